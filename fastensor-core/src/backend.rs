@@ -1,0 +1,303 @@
+//! The contract every I/O path implements.
+
+use crate::{Error, ErrorKind, MemMut, MemRef, MemoryKind, Result};
+use std::fmt;
+use std::path::Path;
+use std::sync::Arc;
+
+/// What a backend can do. One struct drives both run-time checks and which conformance
+/// tests run for the backend.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Capabilities {
+    /// Can read files into memory.
+    pub read: bool,
+    /// Can write memory into files.
+    pub write: bool,
+    /// Accepts host memory.
+    pub host_memory: bool,
+    /// Accepts GPU device memory.
+    pub device_memory: bool,
+    /// Memory alignment (bytes) for the zero-copy path; 1 when any address is as fast.
+    /// Unaligned buffers still work, through a bounce buffer.
+    pub memory_alignment: u64,
+    /// File offset alignment (bytes) for the zero-copy path; 1 when any offset is as fast.
+    pub offset_alignment: u64,
+    /// The batch calls submit many requests at once (rather than one after another).
+    pub native_batch: bool,
+    /// How many requests the backend keeps in flight for one transfer.
+    pub queue_depth: u32,
+    /// `sync` makes written data durable.
+    pub durable_sync: bool,
+    /// Reads bypass the page cache (their speed does not depend on what is cached).
+    pub bypasses_page_cache: bool,
+}
+
+impl Default for Capabilities {
+    fn default() -> Self {
+        Capabilities {
+            read: true,
+            write: true,
+            host_memory: true,
+            device_memory: false,
+            memory_alignment: 1,
+            offset_alignment: 1,
+            native_batch: false,
+            queue_depth: 1,
+            durable_sync: true,
+            bypasses_page_cache: false,
+        }
+    }
+}
+
+impl Capabilities {
+    /// True when the backend accepts memory of this kind.
+    pub fn supports_memory(&self, kind: MemoryKind) -> bool {
+        match kind {
+            MemoryKind::Host => self.host_memory,
+            MemoryKind::Device { .. } => self.device_memory,
+        }
+    }
+
+    /// A one-line summary such as `read write host align=4096 qd=4 batch`.
+    pub fn summary(&self) -> String {
+        let mut parts = Vec::new();
+        if self.read {
+            parts.push("read".to_string());
+        }
+        if self.write {
+            parts.push("write".to_string());
+        }
+        if self.host_memory {
+            parts.push("host".to_string());
+        }
+        if self.device_memory {
+            parts.push("device".to_string());
+        }
+        if self.offset_alignment > 1 || self.memory_alignment > 1 {
+            parts.push(format!("align={}", self.offset_alignment.max(self.memory_alignment)));
+        }
+        parts.push(format!("qd={}", self.queue_depth));
+        if self.native_batch {
+            parts.push("batch".to_string());
+        }
+        if self.bypasses_page_cache {
+            parts.push("direct".to_string());
+        }
+        if !self.durable_sync {
+            parts.push("no-durable-sync".to_string());
+        }
+        parts.join(" ")
+    }
+}
+
+/// Whether a backend can run here.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Availability {
+    /// Ready to use.
+    Available,
+    /// Cannot run on this machine, and why (e.g. "libcufile.so.0 not found").
+    Unavailable {
+        /// A precise, human-readable reason.
+        reason: String,
+    },
+}
+
+impl Availability {
+    /// True when available.
+    pub fn is_available(&self) -> bool {
+        matches!(self, Availability::Available)
+    }
+}
+
+impl fmt::Display for Availability {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Availability::Available => f.write_str("available"),
+            Availability::Unavailable { reason } => write!(f, "unavailable: {reason}"),
+        }
+    }
+}
+
+/// How to open a file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum OpenMode {
+    /// Read an existing file.
+    Read,
+    /// Read and write an existing file.
+    ReadWrite,
+    /// Read and write, creating the file when missing and keeping its content otherwise.
+    Create,
+    /// Read and write, creating the file when missing and emptying it otherwise.
+    Truncate,
+}
+
+impl OpenMode {
+    /// True for the modes that allow writing.
+    pub fn writable(self) -> bool {
+        !matches!(self, OpenMode::Read)
+    }
+}
+
+/// An I/O path: page cache, `O_DIRECT`, mmap, io_uring, GPUDirect Storage, ...
+///
+/// Implementations never panic in `probe`: a backend that cannot run says why.
+pub trait Backend: Send + Sync + 'static {
+    /// The unique name, e.g. `"posix-direct"`.
+    fn name(&self) -> &str;
+
+    /// What the backend can do.
+    fn capabilities(&self) -> Capabilities;
+
+    /// Whether the backend can run on this machine.
+    fn probe(&self) -> Availability;
+
+    /// Opens `path`. Errors name the file and the backend.
+    fn open(&self, path: &Path, mode: OpenMode) -> Result<Box<dyn BackendFile>>;
+}
+
+impl fmt::Debug for dyn Backend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Backend").field("name", &self.name()).finish()
+    }
+}
+
+/// One read of a batch: fill `dst` from `offset`; `done` receives the bytes read.
+#[derive(Debug)]
+pub struct ReadRequest<'a> {
+    /// File offset.
+    pub offset: u64,
+    /// Destination.
+    pub dst: MemMut<'a>,
+    /// Set by the backend: bytes read (short only at the end of the file).
+    pub done: usize,
+}
+
+impl<'a> ReadRequest<'a> {
+    /// A request to fill `dst` from `offset`.
+    pub fn new(offset: u64, dst: impl Into<MemMut<'a>>) -> Self {
+        ReadRequest {
+            offset,
+            dst: dst.into(),
+            done: 0,
+        }
+    }
+}
+
+/// One write of a batch: `src` to `offset`.
+#[derive(Debug, Clone, Copy)]
+pub struct WriteRequest<'a> {
+    /// File offset.
+    pub offset: u64,
+    /// Source.
+    pub src: MemRef<'a>,
+}
+
+impl<'a> WriteRequest<'a> {
+    /// A request to write `src` at `offset`.
+    pub fn new(offset: u64, src: impl Into<MemRef<'a>>) -> Self {
+        WriteRequest {
+            offset,
+            src: src.into(),
+        }
+    }
+}
+
+/// An open file of a backend. All methods take `&self`: a handle may be shared by threads,
+/// and transfers to disjoint ranges may run at the same time.
+///
+/// **Reads past the end** are short, never an error: `read_at` returns how many bytes it
+/// read, which is less than the destination's length only when the file ends first (0 when
+/// `offset` is at or past the end). Every backend behaves this way.
+///
+/// **Writes** write every byte or fail; writing past the end extends the file to exactly
+/// `offset + len` and never changes bytes outside `[offset, offset + len)`.
+pub trait BackendFile: Send + Sync {
+    /// The file's path.
+    fn path(&self) -> &Path;
+
+    /// Reads into `dst` from `offset`; returns the bytes read (short only at end of file).
+    fn read_at(&self, offset: u64, dst: MemMut<'_>) -> Result<usize>;
+
+    /// Writes all of `src` at `offset`.
+    fn write_at(&self, offset: u64, src: MemRef<'_>) -> Result<()>;
+
+    /// Reads many requests; each request's `done` receives its byte count. The default runs
+    /// them one after another; backends with a native batch path override it.
+    fn read_batch(&self, requests: &mut [ReadRequest<'_>]) -> Result<()> {
+        for req in requests.iter_mut() {
+            req.done = self.read_at(req.offset, req.dst.reborrow())?;
+        }
+        Ok(())
+    }
+
+    /// Writes many requests. The default runs them one after another.
+    fn write_batch(&self, requests: &[WriteRequest<'_>]) -> Result<()> {
+        for req in requests {
+            self.write_at(req.offset, req.src)?;
+        }
+        Ok(())
+    }
+
+    /// Makes every completed write durable (data and the file size).
+    fn sync(&self) -> Result<()>;
+
+    /// The file's current length in bytes.
+    fn len(&self) -> Result<u64>;
+
+    /// True when the file is empty.
+    fn is_empty(&self) -> Result<bool> {
+        Ok(self.len()? == 0)
+    }
+
+    /// Sets the file's length, cutting or extending it with zeros.
+    fn set_len(&self, len: u64) -> Result<()>;
+}
+
+impl fmt::Debug for dyn BackendFile {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("BackendFile").field("path", &self.path()).finish()
+    }
+}
+
+/// Conveniences on every [`BackendFile`] (kept out of the core trait).
+pub trait BackendFileExt: BackendFile {
+    /// Reads exactly `dst.len()` bytes or fails with [`ErrorKind::UnexpectedEof`].
+    fn read_exact_at(&self, offset: u64, dst: MemMut<'_>) -> Result<()> {
+        let want = dst.len();
+        let got = self.read_at(offset, dst)?;
+        if got != want {
+            return Err(Error::new(
+                ErrorKind::UnexpectedEof,
+                format!("wanted {want} bytes, the file ended after {got}"),
+            )
+            .with_path(self.path())
+            .with_offset(offset));
+        }
+        Ok(())
+    }
+
+    /// Reads the whole file into a new page-aligned host buffer.
+    fn read_all(&self) -> Result<crate::HostBuffer> {
+        let len = usize::try_from(self.len()?).map_err(|_| {
+            Error::new(ErrorKind::InvalidInput, "file too large for memory").with_path(self.path())
+        })?;
+        let mut buf = crate::HostBuffer::new(len)?;
+        self.read_exact_at(0, buf.as_mem_mut())?;
+        Ok(buf)
+    }
+}
+
+impl<T: BackendFile + ?Sized> BackendFileExt for T {}
+
+/// The error for memory of a kind the backend does not take.
+pub fn unsupported_memory(backend: &str, kind: MemoryKind, path: &Path) -> Error {
+    Error::new(
+        ErrorKind::Unsupported,
+        format!("backend `{backend}` cannot transfer to or from {kind} memory"),
+    )
+    .with_backend(backend)
+    .with_path(path)
+}
+
+/// A shared backend.
+pub type SharedBackend = Arc<dyn Backend>;

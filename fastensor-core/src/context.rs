@@ -1,0 +1,85 @@
+//! What the selector knows about a transfer before it happens.
+
+use crate::MemoryKind;
+use std::fmt;
+
+/// Which way the bytes move.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Direction {
+    /// File to memory.
+    Read,
+    /// Memory to file.
+    Write,
+}
+
+impl Direction {
+    /// `"read"` or `"write"`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Direction::Read => "read",
+            Direction::Write => "write",
+        }
+    }
+}
+
+impl fmt::Display for Direction {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Why the transfer happens; different purposes may prefer different paths.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+pub enum Purpose {
+    /// Anything else.
+    #[default]
+    General,
+    /// Saving or loading model parameters.
+    Checkpoint,
+    /// Activation (feature-map) offload and prefetch.
+    Offload,
+    /// Logs and small records.
+    Log,
+    /// A benchmark measuring the paths themselves.
+    Benchmark,
+}
+
+/// Whether the bytes of a read are likely in the page cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+pub enum CacheState {
+    /// Not known.
+    #[default]
+    Unknown,
+    /// Likely resident in the page cache.
+    Cached,
+    /// Likely on the device only.
+    Cold,
+}
+
+/// The file system and block device a file lives on.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+pub struct FileLocation {
+    /// File system type, e.g. `"ext4"`, `"xfs"`, `"tmpfs"` (empty when unknown).
+    pub fs_type: String,
+    /// The device number (`st_dev`) as `major:minor`, empty when unknown.
+    pub device: String,
+}
+
+/// Everything known about a transfer before it starts.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct TransferContext {
+    /// Read or write.
+    pub direction: Direction,
+    /// Bytes to move.
+    pub bytes: u64,
+    /// Where the memory side lives.
+    pub memory: MemoryKind,
+    /// Where the file lives.
+    pub location: FileLocation,
+    /// Requests in flight on the engine when this one starts (this one included).
+    pub in_flight: u32,
+    /// Why the transfer happens.
+    pub purpose: Purpose,
+    /// Page-cache residency of the bytes (reads only).
+    pub cache: CacheState,
+}

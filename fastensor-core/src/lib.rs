@@ -1,0 +1,30 @@
+//! Core contracts of fastensor: tensor descriptors, memory kinds and buffers, the transfer
+//! context, the [`Backend`] trait every I/O path implements, the [`Registry`], and one
+//! [`Error`] type. This crate does no I/O and knows no CUDA.
+#![deny(missing_docs)]
+
+pub mod align;
+mod backend;
+mod context;
+mod dtype;
+mod error;
+mod memory;
+pub mod parallel;
+mod registry;
+mod tensor;
+
+pub use backend::{
+    unsupported_memory, Availability, Backend, BackendFile, BackendFileExt, Capabilities, OpenMode,
+    ReadRequest, SharedBackend, WriteRequest,
+};
+pub use context::{CacheState, Direction, FileLocation, Purpose, TransferContext};
+pub use dtype::DType;
+pub use error::{kind_of_io, Error, ErrorKind, Result};
+pub use memory::{
+    DeviceSlice, DeviceSliceMut, HostBuffer, MemMut, MemRef, MemoryKind, PAGE_ALIGN,
+};
+pub use registry::{BackendRegistration, Entry, Origin, Registry};
+pub use tensor::TensorDesc;
+
+#[doc(hidden)]
+pub use inventory;

@@ -1,0 +1,96 @@
+//! `posix`: page-cache `pread`/`pwrite`, `fdatasync` on sync. The path `torch.save` takes,
+//! and the baseline every other backend is compared with.
+
+use crate::sys;
+use fastensor_core::{
+    unsupported_memory, Availability, Backend, BackendFile, Capabilities, Error, ErrorKind,
+    MemMut, MemRef, OpenMode, Result,
+};
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+/// The name of the page-cache backend.
+pub const POSIX: &str = "posix";
+
+/// Page-cache `pread`/`pwrite` backend.
+#[derive(Debug, Clone, Default)]
+pub struct PosixBackend;
+
+impl Backend for PosixBackend {
+    fn name(&self) -> &str {
+        POSIX
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::default()
+    }
+
+    fn probe(&self) -> Availability {
+        Availability::Available
+    }
+
+    fn open(&self, path: &Path, mode: OpenMode) -> Result<Box<dyn BackendFile>> {
+        let file = sys::open_file(path, mode, false, POSIX)?;
+        Ok(Box::new(PosixFile {
+            file,
+            path: path.to_path_buf(),
+        }))
+    }
+}
+
+/// An open file of the `posix` backend.
+#[derive(Debug)]
+struct PosixFile {
+    file: File,
+    path: PathBuf,
+}
+
+impl PosixFile {
+    fn err(&self, e: std::io::Error, what: &str, offset: u64) -> Error {
+        sys::transfer_error(e, what, POSIX, &self.path, offset)
+    }
+}
+
+impl BackendFile for PosixFile {
+    fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn read_at(&self, offset: u64, dst: MemMut<'_>) -> Result<usize> {
+        let MemMut::Host(buf) = dst else {
+            return Err(unsupported_memory(POSIX, dst.kind(), &self.path));
+        };
+        sys::pread_full(&self.file, buf, offset).map_err(|e| self.err(e, "read failed", offset))
+    }
+
+    fn write_at(&self, offset: u64, src: MemRef<'_>) -> Result<()> {
+        let MemRef::Host(buf) = src else {
+            return Err(unsupported_memory(POSIX, src.kind(), &self.path));
+        };
+        offset.checked_add(buf.len() as u64).ok_or_else(|| {
+            Error::new(ErrorKind::InvalidInput, "offset + length overflows")
+                .with_path(&self.path)
+                .with_offset(offset)
+        })?;
+        sys::pwrite_all(&self.file, buf, offset).map_err(|e| self.err(e, "write failed", offset))
+    }
+
+    fn sync(&self) -> Result<()> {
+        self.file
+            .sync_data()
+            .map_err(|e| self.err(e, "fdatasync failed", 0))
+    }
+
+    fn len(&self) -> Result<u64> {
+        self.file
+            .metadata()
+            .map(|m| m.len())
+            .map_err(|e| self.err(e, "cannot stat", 0))
+    }
+
+    fn set_len(&self, len: u64) -> Result<()> {
+        self.file
+            .set_len(len)
+            .map_err(|e| self.err(e, "cannot set the length", len))
+    }
+}

@@ -1,0 +1,168 @@
+//! Opening files, mapping OS errors, and the file facts direct I/O needs. Shared by every
+//! backend that works on POSIX file descriptors.
+
+use fastensor_core::align::DirectAlignment;
+use fastensor_core::{Error, ErrorKind, FileLocation, OpenMode, Result};
+use rustix::fs::{AtFlags, OFlags, StatxFlags};
+use std::fs::{File, OpenOptions};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::Path;
+
+/// Opens `path` as `mode` requires, optionally with `O_DIRECT`. Directories are refused with
+/// [`ErrorKind::InvalidInput`]; a file system that refuses `O_DIRECT` gives
+/// [`ErrorKind::Unsupported`]. Errors name the file and `backend`.
+pub fn open_file(path: &Path, mode: OpenMode, direct: bool, backend: &str) -> Result<File> {
+    let mut opts = OpenOptions::new();
+    opts.read(true);
+    match mode {
+        OpenMode::Read => {}
+        OpenMode::ReadWrite => {
+            opts.write(true);
+        }
+        OpenMode::Create => {
+            opts.write(true).create(true);
+        }
+        OpenMode::Truncate => {
+            opts.write(true).create(true).truncate(true);
+        }
+    }
+    if direct {
+        opts.custom_flags(OFlags::DIRECT.bits() as i32);
+    }
+    let what = if mode.writable() {
+        "cannot open for writing"
+    } else {
+        "cannot open for reading"
+    };
+    let file = match opts.open(path) {
+        Ok(f) => f,
+        Err(e) if direct && e.raw_os_error() == Some(22) && !path.is_dir() => {
+            return Err(Error::new(
+                ErrorKind::Unsupported,
+                "the file system refuses O_DIRECT (direct I/O)",
+            )
+            .with_source(e)
+            .with_path(path)
+            .with_backend(backend));
+        }
+        Err(e) => return Err(Error::io(e, what).with_path(path).with_backend(backend)),
+    };
+    let meta = file
+        .metadata()
+        .map_err(|e| Error::io(e, "cannot stat").with_path(path).with_backend(backend))?;
+    if meta.is_dir() {
+        return Err(Error::new(ErrorKind::InvalidInput, "is a directory, not a file")
+            .with_path(path)
+            .with_backend(backend));
+    }
+    Ok(file)
+}
+
+/// The direct-I/O alignment of an open file, from `statx(STATX_DIOALIGN)` where the kernel
+/// reports it, else [`DirectAlignment::PAGE`].
+pub fn direct_alignment(file: &File) -> DirectAlignment {
+    match rustix::fs::statx(file, c"", AtFlags::EMPTY_PATH, StatxFlags::DIOALIGN) {
+        Ok(stx)
+            if StatxFlags::from_bits_retain(stx.stx_mask).contains(StatxFlags::DIOALIGN)
+                && stx.stx_dio_mem_align.is_power_of_two()
+                && stx.stx_dio_offset_align.is_power_of_two() =>
+        {
+            DirectAlignment {
+                memory: u64::from(stx.stx_dio_mem_align),
+                offset: u64::from(stx.stx_dio_offset_align),
+            }
+        }
+        _ => DirectAlignment::PAGE,
+    }
+}
+
+/// Drops the page cache of `file`'s bytes (after writing back dirty pages), so the next read
+/// comes from the device.
+pub fn evict_page_cache(file: &File) -> std::io::Result<()> {
+    rustix::fs::fdatasync(file)?;
+    rustix::fs::fadvise(file, 0, None, rustix::fs::Advice::DontNeed)?;
+    Ok(())
+}
+
+/// Drops the page cache of the file at `path`.
+pub fn evict_path(path: &Path) -> Result<()> {
+    let file = File::open(path).map_err(|e| Error::io(e, "cannot open").with_path(path))?;
+    evict_page_cache(&file).map_err(|e| Error::io(e, "cannot drop the page cache").with_path(path))
+}
+
+/// The file system type and device of `path` (its parent directory when it does not exist).
+pub fn file_location(path: &Path) -> FileLocation {
+    let probe = if path.exists() {
+        path.to_path_buf()
+    } else {
+        path.parent()
+            .filter(|p| !p.as_os_str().is_empty())
+            .map(Path::to_path_buf)
+            .unwrap_or_else(|| ".".into())
+    };
+    let device = rustix::fs::stat(&probe)
+        .map(|st| {
+            let dev = st.st_dev;
+            format!("{}:{}", rustix::fs::major(dev), rustix::fs::minor(dev))
+        })
+        .unwrap_or_default();
+    let fs_type = rustix::fs::statfs(&probe)
+        .map(|s| fs_name(s.f_type as i64))
+        .unwrap_or_default();
+    FileLocation { fs_type, device }
+}
+
+fn fs_name(magic: i64) -> String {
+    match magic {
+        0xEF53 => "ext4".into(),
+        0x5846_5342 => "xfs".into(),
+        0x9123_683E => "btrfs".into(),
+        0x0102_1994 => "tmpfs".into(),
+        0x6969 => "nfs".into(),
+        0x794C_7630 => "overlayfs".into(),
+        0x2FC1_2FC1 => "zfs".into(),
+        0xF2F5_2010 => "f2fs".into(),
+        0x6573_5546 => "fuse".into(),
+        other => format!("0x{other:x}"),
+    }
+}
+
+/// CPU time (user + system) this process has used so far, in seconds, all threads included.
+pub fn process_cpu_seconds() -> f64 {
+    let ts = rustix::time::clock_gettime(rustix::time::ClockId::ProcessCPUTime);
+    ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
+}
+
+/// Reads until `buf` is full or the file ends; returns the bytes read. Retries on `EINTR`
+/// and short reads.
+pub fn pread_full(file: &File, mut buf: &mut [u8], mut offset: u64) -> std::io::Result<usize> {
+    use std::os::unix::fs::FileExt;
+    let mut total = 0;
+    while !buf.is_empty() {
+        match file.read_at(buf, offset) {
+            Ok(0) => break,
+            Ok(n) => {
+                total += n;
+                offset += n as u64;
+                buf = &mut buf[n..];
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(total)
+}
+
+/// Writes all of `buf` at `offset`, retrying on `EINTR` and short writes.
+pub fn pwrite_all(file: &File, buf: &[u8], offset: u64) -> std::io::Result<()> {
+    use std::os::unix::fs::FileExt;
+    file.write_all_at(buf, offset)
+}
+
+/// Wraps an OS error of a transfer with its context.
+pub fn transfer_error(err: std::io::Error, what: &str, backend: &str, path: &Path, offset: u64) -> Error {
+    Error::io(err, what)
+        .with_backend(backend)
+        .with_path(path)
+        .with_offset(offset)
+}

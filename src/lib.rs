@@ -1,0 +1,24 @@
+//! fastensor moves tensors between SSD files and host or GPU memory through the fastest I/O
+//! path the machine offers.
+//!
+//! This facade re-exports the core contracts and links the backend crates its cargo features
+//! enable, so that [`registry`] finds them.
+#![deny(missing_docs)]
+#![forbid(unsafe_code)]
+
+pub use fastensor_core as core;
+pub use fastensor_core::{
+    Availability, Backend, BackendFile, BackendFileExt, Capabilities, DType, Direction, Error,
+    ErrorKind, HostBuffer, MemMut, MemRef, MemoryKind, OpenMode, Origin, Registry, Result,
+    TensorDesc,
+};
+
+#[cfg(feature = "posix")]
+pub use fastensor_posix as posix;
+
+/// Every backend compiled into this build (per the enabled cargo features), by name.
+pub fn registry() -> Registry {
+    #[cfg(feature = "posix")]
+    fastensor_posix::link();
+    Registry::compiled_in()
+}
