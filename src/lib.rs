@@ -15,10 +15,14 @@ pub use fastensor_core::{
 
 #[cfg(feature = "posix")]
 pub use fastensor_posix as posix;
+#[cfg(all(feature = "uring", target_os = "linux"))]
+pub use fastensor_uring as uring;
 
 /// Every backend compiled into this build (per the enabled cargo features), by name.
 pub fn registry() -> Registry {
     #[cfg(feature = "posix")]
     fastensor_posix::link();
+    #[cfg(all(feature = "uring", target_os = "linux"))]
+    fastensor_uring::link();
     Registry::compiled_in()
 }

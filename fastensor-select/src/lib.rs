@@ -1,0 +1,3 @@
+//! fastensor backend selection (in progress).
+#![deny(missing_docs)]
+#![forbid(unsafe_code)]
