@@ -1,1 +1,18 @@
-//! placeholder
+//! The conformance suite every fastensor backend passes, as plain public functions so that
+//! third-party plugin authors can run it on their backends, plus reference backends for tests:
+//! an in-memory backend, a throttled wrapper with known costs, and a fault-injecting wrapper.
+//!
+//! ```no_run
+//! # use fastensor_core::Backend;
+//! # fn my_backend() -> Box<dyn Backend> { unimplemented!() }
+//! fastensor_testkit::conformance::assert_conformance(my_backend().as_ref());
+//! ```
+#![deny(missing_docs)]
+
+pub mod conformance;
+pub mod data;
+mod memory_backend;
+pub mod test_memory;
+pub mod throttled;
+
+pub use memory_backend::{MemoryBackend, MEMORY};
