@@ -1,0 +1,1 @@
+//! Throttled wrapper (arrives with the selection work).
