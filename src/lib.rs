@@ -6,6 +6,8 @@
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 
+pub mod checkpoint;
+
 pub use fastensor_core as core;
 pub use fastensor_core::{
     Availability, Backend, BackendFile, BackendFileExt, Capabilities, DType, Direction, Error,

@@ -1,0 +1,321 @@
+//! Loads: the whole data section into one aligned arena, a selection of tensors (only the
+//! ranges needed, neighbours merged), or the caller's own buffers.
+
+use super::header::{check_header_len, header_len_of, parse_header, Header, HeaderEntry};
+use super::save::TensorView;
+use super::{FileOpener, IO_THREADS};
+use crate::core::align::align_down;
+use crate::core::parallel;
+use crate::{BackendFile, Error, ErrorKind, HostBuffer, MemMut, OpenMode, Result, TensorDesc};
+use std::collections::{BTreeMap, HashMap};
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+
+/// Alignment of file offsets and memory for zero-copy direct reads.
+const ALIGN: u64 = 4096;
+
+/// The first read of a file: enough for most headers.
+const FIRST_READ: u64 = 64 << 10;
+
+/// Selected tensors closer than this are read in one request, gap included.
+const MERGE_GAP: u64 = 1 << 20;
+
+/// Requested tensors smaller than this are read through a staging buffer, with neighbours.
+const SMALL: u64 = 1 << 20;
+
+/// Small requested tensors closer than this are read in one staged request.
+const JOIN_GAP: u64 = 64 << 10;
+
+/// Largest staging read of [`load_into`].
+const STAGE_MAX: u64 = 16 << 20;
+
+/// A loaded checkpoint: one aligned arena holding the tensors' bytes, and zero-copy views.
+#[derive(Debug)]
+pub struct Checkpoint {
+    path: PathBuf,
+    arena: HostBuffer,
+    entries: Vec<(TensorDesc, Range<usize>)>,
+    by_name: HashMap<String, usize>,
+    metadata: BTreeMap<String, String>,
+}
+
+impl Checkpoint {
+    /// The tensor called `name`: its descriptor and bytes (a view into the arena).
+    pub fn tensor(&self, name: &str) -> Option<(&TensorDesc, &[u8])> {
+        self.by_name.get(name).map(|&i| {
+            let (d, r) = &self.entries[i];
+            (d, &self.arena[r.clone()])
+        })
+    }
+
+    /// Every loaded tensor, in file order.
+    pub fn iter(&self) -> impl Iterator<Item = (&TensorDesc, &[u8])> + '_ {
+        self.entries
+            .iter()
+            .map(|(d, r)| (d, &self.arena[r.clone()]))
+    }
+
+    /// The loaded tensors as views, ready to [`save`](super::save) again.
+    pub fn views(&self) -> Vec<TensorView<'_>> {
+        self.iter()
+            .map(|(d, b)| TensorView::new(d.clone(), b))
+            .collect()
+    }
+
+    /// Number of loaded tensors.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// True when no tensor was loaded.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// The `__metadata__` map of the file.
+    pub fn metadata(&self) -> &BTreeMap<String, String> {
+        &self.metadata
+    }
+
+    /// The file the checkpoint came from.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The arena holding every tensor's bytes (page-aligned).
+    pub fn arena(&self) -> &HostBuffer {
+        &self.arena
+    }
+
+    /// Total bytes of the loaded tensors.
+    pub fn data_bytes(&self) -> u64 {
+        self.entries.iter().map(|(_, r)| r.len() as u64).sum()
+    }
+}
+
+/// Reads and validates the header of an open file.
+pub(crate) fn read_header(file: &dyn BackendFile, path: &Path) -> Result<Header> {
+    let ctx = |e: Error| e.with_path(path);
+    let file_len = file.len().map_err(ctx)?;
+    let mut buf = HostBuffer::new(file_len.min(FIRST_READ) as usize)?;
+    let n = file.read_at(0, buf.as_mem_mut()).map_err(ctx)?;
+    let header_len = header_len_of(&buf[..n]).map_err(ctx)?;
+    check_header_len(header_len, file_len).map_err(ctx)?;
+    let need = 8 + header_len as usize;
+    if need > n {
+        buf = HostBuffer::new(need)?;
+        let got = file.read_at(0, buf.as_mem_mut()).map_err(ctx)?;
+        if got < need {
+            return Err(ctx(Error::new(
+                ErrorKind::Corrupt,
+                "the file shrank while its header was read",
+            )));
+        }
+    }
+    parse_header(&buf[..need], file_len).map_err(ctx)
+}
+
+fn truncated(path: &Path, offset: u64) -> Error {
+    Error::new(
+        ErrorKind::Corrupt,
+        "the file ended before its data section did (truncated)",
+    )
+    .with_path(path)
+    .with_offset(offset)
+}
+
+/// Loads every tensor of the safetensors file at `path`.
+///
+/// The data section is read in one transfer into one page-aligned arena. When the data
+/// section is not aligned in the file (files written by other tools), the arena is offset so
+/// that file and memory alignments still match and direct I/O still copies nothing.
+pub fn load<O: FileOpener + ?Sized>(opener: &O, path: &Path) -> Result<Checkpoint> {
+    let file = opener.open_file(path, OpenMode::Read)?;
+    let header = read_header(&*file, path)?;
+    let spans = vec![(header.data_start(), header.file_len())];
+    read_spans(&*file, path, header, spans, |_| true)
+}
+
+/// Loads only the tensors in `names` from the file at `path`. Only their byte ranges are
+/// read; ranges closer than 1 MiB are merged into one request. A name the file lacks is
+/// [`ErrorKind::NotFound`].
+pub fn load_selected<O, I, S>(opener: &O, path: &Path, names: I) -> Result<Checkpoint>
+where
+    O: FileOpener + ?Sized,
+    I: IntoIterator<Item = S>,
+    S: AsRef<str>,
+{
+    let file = opener.open_file(path, OpenMode::Read)?;
+    let header = read_header(&*file, path)?;
+    let mut wanted = vec![false; header.entries().len()];
+    for name in names {
+        let name = name.as_ref();
+        let i = index_of(&header, name, path)?;
+        wanted[i] = true;
+    }
+    let mut spans: Vec<(u64, u64)> = Vec::new();
+    for (e, _) in header.entries().iter().zip(&wanted).filter(|(_, &w)| w) {
+        let r = header.file_range(e);
+        match spans.last_mut() {
+            Some(last) if r.start <= last.1 + MERGE_GAP => last.1 = last.1.max(r.end),
+            _ => spans.push((r.start, r.end)),
+        }
+    }
+    read_spans(&*file, path, header, spans, |i| wanted[i])
+}
+
+fn index_of(header: &Header, name: &str, path: &Path) -> Result<usize> {
+    header.position(name).ok_or_else(|| {
+        Error::new(
+            ErrorKind::NotFound,
+            format!("no tensor `{name}` in the checkpoint"),
+        )
+        .with_path(path)
+    })
+}
+
+/// Reads the file ranges `spans` (sorted, disjoint) into one arena, each placed so that its
+/// aligned-down start sits on an aligned arena offset, and keeps the entries `keep` accepts.
+fn read_spans(
+    file: &dyn BackendFile,
+    path: &Path,
+    header: Header,
+    spans: Vec<(u64, u64)>,
+    keep: impl Fn(usize) -> bool,
+) -> Result<Checkpoint> {
+    // (file start aligned down, file end, arena offset)
+    let mut placed = Vec::with_capacity(spans.len());
+    let mut arena_len = 0u64;
+    for &(start, end) in &spans {
+        let from = align_down(start, ALIGN);
+        placed.push((from, end, arena_len));
+        arena_len = (arena_len + (end - from)).div_ceil(ALIGN) * ALIGN;
+    }
+    let arena_len = usize::try_from(arena_len).map_err(|_| {
+        Error::new(
+            ErrorKind::OutOfMemory,
+            "the checkpoint does not fit in memory",
+        )
+        .with_path(path)
+    })?;
+    let mut arena = HostBuffer::new(arena_len)?;
+    {
+        let mut pieces = Vec::with_capacity(placed.len());
+        let mut rest: &mut [u8] = &mut arena;
+        let mut at = 0u64;
+        for &(from, end, arena_off) in &placed {
+            let (_, tail) = rest.split_at_mut((arena_off - at) as usize);
+            let (piece, tail) = tail.split_at_mut((end - from) as usize);
+            pieces.push((from, piece));
+            rest = tail;
+            at = arena_off + (end - from);
+        }
+        // One big span is already split into parallel chunks by the backend.
+        let threads = if pieces.len() > 1 { IO_THREADS } else { 1 };
+        parallel::for_each(pieces, threads, |(from, piece)| {
+            let want = piece.len();
+            let got = file.read_at(from, MemMut::Host(piece))?;
+            if got < want {
+                return Err(truncated(path, from + got as u64));
+            }
+            Ok(())
+        })?;
+    }
+    let mut entries = Vec::new();
+    let mut by_name = HashMap::new();
+    for (i, e) in header.entries().iter().enumerate() {
+        if !keep(i) {
+            continue;
+        }
+        let r = header.file_range(e);
+        let &(from, _, arena_off) = placed
+            .iter()
+            .find(|(from, end, _)| *from <= r.start && r.end <= *end)
+            .expect("every kept tensor lies in a span");
+        let start = (arena_off + r.start - from) as usize;
+        by_name.insert(e.desc.name.clone(), entries.len());
+        entries.push((e.desc.clone(), start..start + e.byte_len() as usize));
+    }
+    Ok(Checkpoint {
+        path: path.to_path_buf(),
+        arena,
+        entries,
+        by_name,
+        metadata: header.metadata().clone(),
+    })
+}
+
+/// Loads tensors straight into the caller's buffers: each `(name, destination)` pair is
+/// filled with that tensor's bytes. Destinations may be host or device memory (when the
+/// backend takes device memory); each must be exactly the tensor's byte length, else
+/// [`ErrorKind::InvalidInput`]. Small host tensors next to each other are read together
+/// through a staging buffer. Returns the file's header.
+pub fn load_into<O: FileOpener + ?Sized>(
+    opener: &O,
+    path: &Path,
+    targets: Vec<(&str, MemMut<'_>)>,
+) -> Result<Header> {
+    let file = opener.open_file(path, OpenMode::Read)?;
+    let header = read_header(&*file, path)?;
+    let mut reqs: Vec<(Range<u64>, MemMut<'_>)> = Vec::with_capacity(targets.len());
+    for (name, dst) in targets {
+        let e: &HeaderEntry = header.get(name).ok_or_else(|| {
+            Error::new(
+                ErrorKind::NotFound,
+                format!("no tensor `{name}` in the checkpoint"),
+            )
+            .with_path(path)
+        })?;
+        if dst.len() as u64 != e.byte_len() {
+            return Err(Error::new(
+                ErrorKind::InvalidInput,
+                format!(
+                    "tensor `{name}` is {} bytes but its destination holds {}",
+                    e.byte_len(),
+                    dst.len()
+                ),
+            )
+            .with_path(path));
+        }
+        reqs.push((header.file_range(e), dst));
+    }
+    reqs.sort_by_key(|(r, _)| r.start);
+    // Group small host requests that sit close together; the rest go one by one.
+    let mut groups: Vec<(bool, Vec<(Range<u64>, MemMut<'_>)>)> = Vec::new();
+    for (r, dst) in reqs {
+        let small = r.end - r.start < SMALL && matches!(dst, MemMut::Host(_));
+        if let Some((true, g)) = groups.last_mut().filter(|_| small) {
+            let first = g[0].0.start;
+            let last_end = g.iter().map(|(r, _)| r.end).max().unwrap_or(first);
+            if r.start <= last_end + JOIN_GAP && r.end - first <= STAGE_MAX {
+                g.push((r, dst));
+                continue;
+            }
+        }
+        groups.push((small, vec![(r, dst)]));
+    }
+    parallel::for_each(groups, IO_THREADS, |(_, mut group)| {
+        if group.len() == 1 {
+            let (r, dst) = group.pop().expect("one request");
+            let got = file.read_at(r.start, dst)?;
+            if got as u64 != r.end - r.start {
+                return Err(truncated(path, r.start + got as u64));
+            }
+            return Ok(());
+        }
+        let from = align_down(group[0].0.start, ALIGN);
+        let end = group.iter().map(|(r, _)| r.end).max().unwrap_or(from);
+        let mut stage = HostBuffer::new((end - from) as usize)?;
+        let got = file.read_at(from, stage.as_mem_mut())?;
+        if (got as u64) < end - from {
+            return Err(truncated(path, from + got as u64));
+        }
+        for (r, dst) in group {
+            if let MemMut::Host(d) = dst {
+                d.copy_from_slice(&stage[(r.start - from) as usize..(r.end - from) as usize]);
+            }
+        }
+        Ok(())
+    })?;
+    Ok(header)
+}

@@ -1,0 +1,462 @@
+//! End-to-end tests of `fastensor::checkpoint`: round trips through every POSIX backend,
+//! atomic saves, selective loads, loads into caller buffers, validation errors.
+
+use fastensor::checkpoint::{self, FileOpener, TensorView};
+use fastensor::posix::{DirectBackend, PosixBackend};
+use fastensor::{
+    Backend, BackendFile, DType, Error, ErrorKind, MemMut, MemRef, OpenMode, Result, TensorDesc,
+};
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+fn bytes(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect()
+}
+
+/// Every dtype, an empty tensor, a 0-d tensor, and a multi-window mix of sizes.
+fn sample() -> Vec<(TensorDesc, Vec<u8>)> {
+    let mut out = Vec::new();
+    for (i, d) in DType::ALL.iter().enumerate() {
+        let desc = TensorDesc::new(format!("t.{}", d.name()), *d, [3, i as u64 + 1]);
+        let len = desc.byte_len().unwrap() as usize;
+        out.push((desc, bytes(len, i as u8)));
+    }
+    out.push((TensorDesc::new("empty", DType::F16, [0, 5]), Vec::new()));
+    out.push((TensorDesc::new("scalar", DType::F64, []), bytes(8, 99)));
+    out.push((
+        TensorDesc::new("big", DType::F32, [5 << 20]),
+        bytes(20 << 20, 7),
+    ));
+    out.push((
+        TensorDesc::new("odd", DType::U8, [4097 * 3 + 1]),
+        bytes(4097 * 3 + 1, 3),
+    ));
+    out.push((
+        TensorDesc::new("mid", DType::BF16, [3 << 20]),
+        bytes(6 << 20, 5),
+    ));
+    out
+}
+
+fn views(s: &[(TensorDesc, Vec<u8>)]) -> Vec<TensorView<'_>> {
+    s.iter()
+        .map(|(d, b)| TensorView::new(d.clone(), b))
+        .collect()
+}
+
+fn backends() -> Vec<Arc<dyn Backend>> {
+    vec![Arc::new(DirectBackend::default()), Arc::new(PosixBackend)]
+}
+
+fn meta() -> BTreeMap<String, String> {
+    [("format", "pt"), ("note", "quote \" and ünïcode")]
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+#[test]
+fn round_trip_every_backend() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = sample();
+    for b in backends() {
+        let path = dir.path().join(format!("{}.safetensors", b.name()));
+        checkpoint::save_with_metadata(&*b, &path, &views(&s), &meta()).unwrap();
+        let header = checkpoint::inspect(&path).unwrap();
+        assert!(
+            header.is_aligned(),
+            "data starts at {}",
+            header.data_start()
+        );
+        assert_eq!(header.data_start() % 4096, 0);
+        assert_eq!(header.metadata(), &meta());
+        let ckpt = checkpoint::load(&*b, &path).unwrap();
+        assert_eq!(ckpt.len(), s.len());
+        assert_eq!(ckpt.metadata(), &meta());
+        for (d, data) in &s {
+            let (got_d, got) = ckpt.tensor(&d.name).unwrap();
+            assert_eq!(got_d, d);
+            assert!(got == &data[..], "tensor {} differs ({})", d.name, b.name());
+        }
+        assert!(ckpt.tensor("nope").is_none());
+        assert_eq!(ckpt.arena().as_ptr() as usize % 4096, 0);
+    }
+    let leftovers: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .filter(|n| n.to_string_lossy().contains(".tmp."))
+        .collect();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
+}
+
+#[test]
+fn unaligned_sources_are_staged_correctly() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("u.safetensors");
+    let raw = bytes((18 << 20) + 1, 11);
+    let src = &raw[1..]; // not page-aligned
+    let tensors = vec![
+        TensorView::new(TensorDesc::new("a", DType::U8, [1000]), &src[..1000]),
+        TensorView::new(
+            TensorDesc::new("b", DType::U8, [(17 << 20) - 1000]),
+            &src[1000..17 << 20],
+        ),
+        TensorView::new(TensorDesc::new("c", DType::U8, [1 << 20]), &src[17 << 20..]),
+    ];
+    let b = DirectBackend::default();
+    checkpoint::save(&b, &path, &tensors).unwrap();
+    let ckpt = checkpoint::load(&b, &path).unwrap();
+    let all: Vec<u8> = ckpt.iter().flat_map(|(_, d)| d.iter().copied()).collect();
+    assert!(all == src);
+}
+
+#[test]
+fn saving_over_keeps_old_until_rename_and_errors_leave_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("m.safetensors");
+    let s = sample();
+    let b = DirectBackend::default();
+    checkpoint::save(&b, &path, &views(&s)).unwrap();
+    let before = std::fs::read(&path).unwrap();
+
+    // A write failure half way: the old file stays, the temporary file is removed.
+    let failing = Failing {
+        inner: Arc::new(DirectBackend::default()),
+        budget: Arc::new(AtomicU64::new(8 << 20)),
+    };
+    let bigger: Vec<(TensorDesc, Vec<u8>)> = vec![(
+        TensorDesc::new("x", DType::U8, [30 << 20]),
+        bytes(30 << 20, 1),
+    )];
+    let err = checkpoint::save(&failing, &path, &views(&bigger)).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::StorageFull);
+    assert_eq!(std::fs::read(&path).unwrap(), before);
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+
+    // Bad input: nothing is created.
+    let bad = vec![TensorView::new(
+        TensorDesc::new("x", DType::F32, [3]),
+        &[0u8; 11][..],
+    )];
+    let err = checkpoint::save(&b, &dir.path().join("n.safetensors"), &bad).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidInput);
+    assert!(err.to_string().contains("`x`"), "{err}");
+    let dup = vec![
+        TensorView::new(TensorDesc::new("x", DType::U8, [1]), &[0u8][..]),
+        TensorView::new(TensorDesc::new("x", DType::U8, [1]), &[0u8][..]),
+    ];
+    assert_eq!(
+        checkpoint::save(&b, &dir.path().join("n.safetensors"), &dup)
+            .unwrap_err()
+            .kind(),
+        ErrorKind::InvalidInput
+    );
+    let reserved = vec![TensorView::new(
+        TensorDesc::new("__metadata__", DType::U8, [1]),
+        &[0u8][..],
+    )];
+    assert_eq!(
+        checkpoint::save(&b, &dir.path().join("n.safetensors"), &reserved)
+            .unwrap_err()
+            .kind(),
+        ErrorKind::InvalidInput
+    );
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+
+    // A new save replaces the file whole.
+    checkpoint::save(&b, &path, &views(&bigger)).unwrap();
+    let ckpt = checkpoint::load(&b, &path).unwrap();
+    assert_eq!(ckpt.len(), 1);
+    assert!(ckpt.tensor("x").unwrap().1 == &bigger[0].1[..]);
+}
+
+#[test]
+fn selected_loads_read_only_what_they_need() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.safetensors");
+    let s = sample();
+    checkpoint::save(&DirectBackend::default(), &path, &views(&s)).unwrap();
+    let counting = Counting {
+        inner: Arc::new(DirectBackend::default()),
+        read: Arc::new(AtomicU64::new(0)),
+    };
+    let ckpt = checkpoint::load_selected(&counting, &path, ["scalar", "t.F32", "empty"]).unwrap();
+    assert_eq!(ckpt.len(), 3);
+    for name in ["scalar", "t.F32", "empty"] {
+        let want = &s.iter().find(|(d, _)| d.name == name).unwrap().1;
+        assert!(ckpt.tensor(name).unwrap().1 == &want[..], "{name}");
+    }
+    assert!(ckpt.tensor("big").is_none());
+    let read = counting.read.load(Ordering::Relaxed);
+    assert!(read < 1 << 20, "read {read} bytes for a few small tensors");
+
+    let ckpt = checkpoint::load_selected(&counting, &path, ["big"]).unwrap();
+    assert!(
+        ckpt.tensor("big").unwrap().1 == &s.iter().find(|(d, _)| d.name == "big").unwrap().1[..]
+    );
+
+    let err = checkpoint::load_selected(&counting, &path, ["missing"]).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::NotFound);
+    assert!(
+        err.to_string().contains("missing") && err.to_string().contains("s.safetensors"),
+        "{err}"
+    );
+}
+
+#[test]
+fn load_into_fills_caller_buffers() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("i.safetensors");
+    let s = sample();
+    checkpoint::save(&PosixBackend, &path, &views(&s)).unwrap();
+    let mut bufs: Vec<Vec<u8>> = s
+        .iter()
+        .map(|(d, _)| vec![0; d.byte_len().unwrap() as usize])
+        .collect();
+    let targets: Vec<(&str, MemMut<'_>)> = s
+        .iter()
+        .zip(bufs.iter_mut())
+        .map(|((d, _), b)| (d.name.as_str(), MemMut::from(b)))
+        .collect();
+    let header = checkpoint::load_into(&DirectBackend::default(), &path, targets).unwrap();
+    assert_eq!(header.entries().len(), s.len());
+    for ((d, want), got) in s.iter().zip(&bufs) {
+        assert!(got == want, "{}", d.name);
+    }
+    let mut small = vec![0u8; 3];
+    let err = checkpoint::load_into(
+        &PosixBackend,
+        &path,
+        vec![("scalar", MemMut::from(&mut small))],
+    )
+    .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidInput);
+    let err = checkpoint::load_into(&PosixBackend, &path, vec![("zz", MemMut::from(&mut small))])
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::NotFound);
+}
+
+/// A file as other writers make it: header not padded to 4096.
+fn write_foreign(path: &Path, json: &str, data: &[u8]) {
+    let mut f = (json.len() as u64).to_le_bytes().to_vec();
+    f.extend_from_slice(json.as_bytes());
+    f.extend_from_slice(data);
+    std::fs::write(path, f).unwrap();
+}
+
+#[test]
+fn unaligned_foreign_files_load() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("f.safetensors");
+    let data = bytes(3 << 20, 9);
+    let json = format!(
+        r#"{{"b":{{"dtype":"U8","shape":[{}],"data_offsets":[10,{}]}},"a":{{"dtype":"I16","shape":[5],"data_offsets":[0,10]}}}}"#,
+        data.len() - 10,
+        data.len()
+    );
+    write_foreign(&path, &json, &data);
+    for b in backends() {
+        let ckpt = checkpoint::load(&*b, &path).unwrap();
+        assert!(ckpt.tensor("a").unwrap().1 == &data[..10]);
+        assert!(ckpt.tensor("b").unwrap().1 == &data[10..]);
+        let sel = checkpoint::load_selected(&*b, &path, ["b"]).unwrap();
+        assert!(sel.tensor("b").unwrap().1 == &data[10..]);
+    }
+    // copy re-saves it aligned.
+    let dst = dir.path().join("g.safetensors");
+    let n = checkpoint::copy(&DirectBackend::default(), &path, &dst).unwrap();
+    assert_eq!(n, data.len() as u64);
+    let h = checkpoint::inspect(&dst).unwrap();
+    assert!(h.is_aligned());
+    let table = checkpoint::format_table(&h);
+    assert!(
+        table.contains("I16") && table.contains("2 tensors"),
+        "{table}"
+    );
+    assert_eq!(checkpoint::rows(&h)[0].name, "a");
+}
+
+fn corrupt_err(path: &Path) -> Error {
+    let err = checkpoint::load(&DirectBackend::default(), path).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Corrupt, "{err}");
+    assert!(
+        err.to_string()
+            .contains(&*path.file_name().unwrap().to_string_lossy()),
+        "{err}"
+    );
+    assert_eq!(
+        checkpoint::inspect(path).unwrap_err().kind(),
+        ErrorKind::Corrupt
+    );
+    err
+}
+
+#[test]
+fn defects_are_corrupt_errors_naming_file_and_tensor() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("c.safetensors");
+    let t = |name: &str, dtype: &str, shape: &str, a: u64, b: u64| {
+        format!(r#""{name}":{{"dtype":"{dtype}","shape":{shape},"data_offsets":[{a},{b}]}}"#)
+    };
+    let cases: Vec<(String, usize, &str)> = vec![
+        (format!("{{{}}}", t("w", "F32", "[2]", 0, 8)), 4, "w"), // truncated
+        (format!("{{{}}}", t("w", "F32", "[3]", 0, 8)), 8, "w"), // dtype × shape
+        (format!("{{{}}}", t("w", "F77", "[2]", 0, 8)), 8, "w"), // dtype
+        (
+            format!(
+                "{{{},{}}}",
+                t("a", "U8", "[4]", 0, 4),
+                t("b", "U8", "[4]", 2, 6)
+            ),
+            6,
+            "b",
+        ), // overlap
+        (
+            format!(
+                "{{{},{}}}",
+                t("a", "U8", "[4]", 0, 4),
+                t("b", "U8", "[4]", 5, 9)
+            ),
+            9,
+            "b",
+        ), // gap
+        (format!("{{{}}}", t("a", "U8", "[4]", 0, 4)), 6, "a"),  // trailing
+        (format!("{{{}}}", t("a", "U8", "[4]", 4, 0)), 4, "a"),  // reversed
+        (
+            r#"{"a":{"dtype":"U8","shape":[4],"data_offsets":[0]}}"#.to_string(),
+            4,
+            "a",
+        ),
+        (
+            r#"{"a":{"dtype":"U8","shape":[-4],"data_offsets":[0,4]}}"#.to_string(),
+            4,
+            "a",
+        ),
+        (r#"{"a":{"dtype":"U8","shape":[4]}}"#.to_string(), 4, "a"),
+        (r#"{"a":"#.to_string(), 4, "JSON"),
+        (r#"["a"]"#.to_string(), 4, "JSON"),
+        (
+            format!(
+                "{{{},\"__metadata__\":{{\"k\":1}}}}",
+                t("a", "U8", "[4]", 0, 4)
+            ),
+            4,
+            "__metadata__",
+        ),
+    ];
+    for (json, data_len, needle) in cases {
+        write_foreign(&p, &json, &vec![0u8; data_len]);
+        let err = corrupt_err(&p);
+        assert!(err.to_string().contains(needle), "{json}: {err}");
+    }
+    // Header length beyond the file, beyond the limit, file shorter than 8 bytes.
+    std::fs::write(&p, 1000u64.to_le_bytes()).unwrap();
+    corrupt_err(&p);
+    let mut huge = (200_000_000u64).to_le_bytes().to_vec();
+    huge.extend_from_slice(b"{}");
+    std::fs::write(&p, huge).unwrap();
+    assert!(corrupt_err(&p).to_string().contains("limit"));
+    std::fs::write(&p, [1, 2, 3]).unwrap();
+    corrupt_err(&p);
+    // A file truncated after a good save.
+    let s = sample();
+    checkpoint::save(&PosixBackend, &p, &views(&s)).unwrap();
+    let len = std::fs::metadata(&p).unwrap().len();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&p)
+        .unwrap()
+        .set_len(len - 1)
+        .unwrap();
+    let err = corrupt_err(&p);
+    assert!(err.to_string().contains("truncated"), "{err}");
+}
+
+#[test]
+fn empty_checkpoint_round_trips() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("e.safetensors");
+    checkpoint::save(&DirectBackend::default(), &p, &[]).unwrap();
+    let c = checkpoint::load(&DirectBackend::default(), &p).unwrap();
+    assert!(c.is_empty());
+    assert_eq!(std::fs::metadata(&p).unwrap().len(), 4096);
+}
+
+/// Counts the bytes read through it.
+struct Counting {
+    inner: Arc<dyn Backend>,
+    read: Arc<AtomicU64>,
+}
+
+impl FileOpener for Counting {
+    fn open_file(&self, path: &Path, mode: OpenMode) -> Result<Box<dyn BackendFile>> {
+        let inner = self.inner.open(path, mode)?;
+        Ok(Box::new(Wrapped {
+            inner,
+            read: Some(self.read.clone()),
+            budget: None,
+        }))
+    }
+}
+
+/// Fails writes once `budget` bytes are spent (like a full disk).
+struct Failing {
+    inner: Arc<dyn Backend>,
+    budget: Arc<AtomicU64>,
+}
+
+impl FileOpener for Failing {
+    fn open_file(&self, path: &Path, mode: OpenMode) -> Result<Box<dyn BackendFile>> {
+        let inner = self.inner.open(path, mode)?;
+        Ok(Box::new(Wrapped {
+            inner,
+            read: None,
+            budget: Some(self.budget.clone()),
+        }))
+    }
+}
+
+struct Wrapped {
+    inner: Box<dyn BackendFile>,
+    read: Option<Arc<AtomicU64>>,
+    budget: Option<Arc<AtomicU64>>,
+}
+
+impl BackendFile for Wrapped {
+    fn path(&self) -> &Path {
+        self.inner.path()
+    }
+    fn read_at(&self, offset: u64, dst: MemMut<'_>) -> Result<usize> {
+        let n = self.inner.read_at(offset, dst)?;
+        if let Some(c) = &self.read {
+            c.fetch_add(n as u64, Ordering::Relaxed);
+        }
+        Ok(n)
+    }
+    fn write_at(&self, offset: u64, src: MemRef<'_>) -> Result<()> {
+        if let Some(b) = &self.budget {
+            let len = src.len() as u64;
+            if b.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |left| {
+                left.checked_sub(len)
+            })
+            .is_err()
+            {
+                return Err(Error::new(ErrorKind::StorageFull, "no space left (test)"));
+            }
+        }
+        self.inner.write_at(offset, src)
+    }
+    fn sync(&self) -> Result<()> {
+        self.inner.sync()
+    }
+    fn len(&self) -> Result<u64> {
+        self.inner.len()
+    }
+    fn set_len(&self, len: u64) -> Result<()> {
+        self.inner.set_len(len)
+    }
+}
