@@ -1,0 +1,484 @@
+//! The dictionary: what the selector learned, saved as TOML and loaded on the next run.
+
+use crate::key::{cache_str, human_bytes};
+use crate::{
+    CandidateState, ContextKey, Fingerprint, KeyState, Objective, Sample, Samples, Selector,
+    SelectorConfig,
+};
+use fastensor_core::{CacheState, Direction, Error, ErrorKind, MemoryKind, Result};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::fmt;
+use std::io::Write;
+use std::path::Path;
+
+/// The format version this build reads and writes.
+pub const FORMAT_VERSION: u32 = 1;
+
+/// The saved form of a [`Selector`]: format version, machine fingerprint, and per context the
+/// candidates' samples and the choice.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Dictionary {
+    /// Format version ([`FORMAT_VERSION`]).
+    pub version: u32,
+    /// The objective the choices were made for (`time`, `cpu`, `weighted:T,C`).
+    pub objective: String,
+    /// The machine the measurements belong to.
+    pub fingerprint: Fingerprint,
+    /// One entry per context.
+    #[serde(default, rename = "context")]
+    pub contexts: Vec<ContextRecord>,
+}
+
+/// One context of a [`Dictionary`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ContextRecord {
+    /// `read` or `write`.
+    pub direction: String,
+    /// `host` or `device:N`.
+    pub memory: String,
+    /// Size class: transfers of `2^size_class` bytes up to twice that.
+    pub size_class: u8,
+    /// In-flight class (see [`ContextKey::in_flight`]).
+    pub in_flight: u8,
+    /// File system type.
+    #[serde(default)]
+    pub fs_type: String,
+    /// Block device `major:minor`.
+    #[serde(default)]
+    pub device: String,
+    /// `cached`, `cold` or `unknown`.
+    pub cache: String,
+    /// The chosen backend, absent while exploring.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub choice: Option<String>,
+    /// Times drift restarted the exploration.
+    #[serde(default)]
+    pub reexplorations: u32,
+    /// The candidates.
+    #[serde(default, rename = "candidate")]
+    pub candidates: Vec<CandidateRecord>,
+}
+
+/// One candidate of a [`ContextRecord`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CandidateRecord {
+    /// Backend name.
+    pub name: String,
+    /// Dropped from exploration.
+    #[serde(default)]
+    pub eliminated: bool,
+    /// Wall-clock nanoseconds per byte of the recent samples, oldest first.
+    #[serde(default)]
+    pub time_ns_per_byte: Vec<f64>,
+    /// CPU nanoseconds per byte of the same samples.
+    #[serde(default)]
+    pub cpu_ns_per_byte: Vec<f64>,
+}
+
+/// Something the caller may want to print: the dictionary could not be used and the selector
+/// starts afresh.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Warning {
+    /// What happened, naming the file.
+    pub message: String,
+}
+
+impl fmt::Display for Warning {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+fn corrupt(path: &Path, what: impl fmt::Display) -> Error {
+    Error::new(
+        ErrorKind::Corrupt,
+        format!("not a valid fastensor dictionary: {what}"),
+    )
+    .with_path(path)
+}
+
+impl Dictionary {
+    /// Reads a dictionary. A missing file is [`ErrorKind::NotFound`]; a file that is not a
+    /// dictionary is [`ErrorKind::Corrupt`] naming the file; a dictionary of another format
+    /// version is [`ErrorKind::Unsupported`].
+    pub fn read(path: &Path) -> Result<Dictionary> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| Error::io(e, "cannot read the dictionary").with_path(path))?;
+        Self::parse(&text).map_err(|e| e.with_path(path))
+    }
+
+    /// Parses the TOML text of a dictionary (errors as [`Dictionary::read`]).
+    pub fn parse(text: &str) -> Result<Dictionary> {
+        let nowhere = Path::new("");
+        let table: toml::Table = toml::from_str(text).map_err(|e| corrupt(nowhere, e))?;
+        let version = match table.get("version") {
+            Some(toml::Value::Integer(v)) => *v,
+            _ => return Err(corrupt(nowhere, "no integer `version`")),
+        };
+        if version != i64::from(FORMAT_VERSION) {
+            return Err(Error::new(
+                ErrorKind::Unsupported,
+                format!(
+                    "dictionary format version {version}; this build reads version {FORMAT_VERSION}"
+                ),
+            ));
+        }
+        let dict: Dictionary = table.try_into().map_err(|e| corrupt(nowhere, e))?;
+        for c in &dict.contexts {
+            c.key().map_err(|m| corrupt(nowhere, m))?;
+            for cand in &c.candidates {
+                if cand.time_ns_per_byte.len() != cand.cpu_ns_per_byte.len() {
+                    return Err(corrupt(
+                        nowhere,
+                        format!("candidate `{}` has unpaired samples", cand.name),
+                    ));
+                }
+            }
+        }
+        Ok(dict)
+    }
+
+    /// The TOML text.
+    pub fn to_toml(&self) -> String {
+        toml::to_string(self).expect("a dictionary always serialises")
+    }
+
+    /// Writes the dictionary atomically: a temporary file in the same directory, `fsync`,
+    /// then `rename` over `path` (and `fsync` of the directory), so a crash leaves either the
+    /// old or the new dictionary, never a torn one.
+    pub fn save(&self, path: &Path) -> Result<()> {
+        let dir = path
+            .parent()
+            .filter(|p| !p.as_os_str().is_empty())
+            .unwrap_or_else(|| Path::new("."));
+        let file_name = path.file_name().ok_or_else(|| {
+            Error::new(ErrorKind::InvalidInput, "not a file path").with_path(path)
+        })?;
+        let mut tmp_name = std::ffi::OsString::from(".");
+        tmp_name.push(file_name);
+        tmp_name.push(format!(".tmp.{}", std::process::id()));
+        let tmp = dir.join(tmp_name);
+        let io =
+            |e: std::io::Error, what: &str, p: &Path| Error::io(e, what.to_string()).with_path(p);
+        let result = (|| {
+            let mut f = std::fs::File::create(&tmp)
+                .map_err(|e| io(e, "cannot create the dictionary", &tmp))?;
+            f.write_all(self.to_toml().as_bytes())
+                .map_err(|e| io(e, "cannot write the dictionary", &tmp))?;
+            f.sync_all()
+                .map_err(|e| io(e, "cannot fsync the dictionary", &tmp))?;
+            std::fs::rename(&tmp, path).map_err(|e| io(e, "cannot rename the dictionary", path))?;
+            if let Ok(d) = std::fs::File::open(dir) {
+                let _ = d.sync_all();
+            }
+            Ok(())
+        })();
+        if result.is_err() {
+            let _ = std::fs::remove_file(&tmp);
+        }
+        result
+    }
+
+    /// The objective the dictionary was made for (`Time` when unreadable).
+    pub fn objective(&self) -> Objective {
+        self.objective.parse().unwrap_or_default()
+    }
+}
+
+impl ContextRecord {
+    /// The context key (an error message when a field is not understood).
+    pub fn key(&self) -> std::result::Result<ContextKey, String> {
+        let direction = match self.direction.as_str() {
+            "read" => Direction::Read,
+            "write" => Direction::Write,
+            other => return Err(format!("unknown direction `{other}`")),
+        };
+        let memory = match self.memory.as_str() {
+            "host" => MemoryKind::Host,
+            other => other
+                .strip_prefix("device:")
+                .and_then(|n| n.parse().ok())
+                .map(|ordinal| MemoryKind::Device { ordinal })
+                .ok_or_else(|| format!("unknown memory kind `{other}`"))?,
+        };
+        let cache = match self.cache.as_str() {
+            "cached" => CacheState::Cached,
+            "cold" => CacheState::Cold,
+            "unknown" | "-" => CacheState::Unknown,
+            other => return Err(format!("unknown cache state `{other}`")),
+        };
+        if self.size_class > 63 || self.in_flight > ContextKey::MAX_IN_FLIGHT_CLASS {
+            return Err(format!(
+                "size class {} or in-flight class {} out of range",
+                self.size_class, self.in_flight
+            ));
+        }
+        Ok(ContextKey {
+            direction,
+            memory,
+            size_class: self.size_class,
+            in_flight: self.in_flight,
+            fs_type: self.fs_type.clone(),
+            device: self.device.clone(),
+            cache,
+        })
+    }
+
+    fn from_state(key: &ContextKey, state: &KeyState) -> Self {
+        ContextRecord {
+            direction: key.direction.to_string(),
+            memory: key.memory.to_string(),
+            size_class: key.size_class,
+            in_flight: key.in_flight,
+            fs_type: key.fs_type.clone(),
+            device: key.device.clone(),
+            cache: match key.cache {
+                CacheState::Unknown => "unknown".into(),
+                other => cache_str(other).into(),
+            },
+            choice: state.choice.clone(),
+            reexplorations: state.reexplorations,
+            candidates: state
+                .candidates
+                .iter()
+                .map(|(name, c)| CandidateRecord {
+                    name: name.clone(),
+                    eliminated: c.eliminated,
+                    time_ns_per_byte: c
+                        .samples
+                        .as_slice()
+                        .iter()
+                        .map(|s| s.time_ns_per_byte)
+                        .collect(),
+                    cpu_ns_per_byte: c
+                        .samples
+                        .as_slice()
+                        .iter()
+                        .map(|s| s.cpu_ns_per_byte)
+                        .collect(),
+                })
+                .collect(),
+        }
+    }
+
+    fn state(&self) -> KeyState {
+        KeyState {
+            candidates: self
+                .candidates
+                .iter()
+                .map(|c| {
+                    let samples = c
+                        .time_ns_per_byte
+                        .iter()
+                        .zip(&c.cpu_ns_per_byte)
+                        .map(|(t, p)| Sample {
+                            time_ns_per_byte: *t,
+                            cpu_ns_per_byte: *p,
+                        })
+                        .collect();
+                    (
+                        c.name.clone(),
+                        CandidateState {
+                            samples: Samples::from_vec(samples),
+                            eliminated: c.eliminated,
+                            prior: None,
+                        },
+                    )
+                })
+                .collect(),
+            choice: self.choice.clone(),
+            drift_run: 0,
+            reexplorations: self.reexplorations,
+        }
+    }
+}
+
+impl Selector {
+    /// The dictionary of what the selector learned.
+    pub fn dictionary(&self) -> Dictionary {
+        Dictionary {
+            version: FORMAT_VERSION,
+            objective: self.config().objective.to_string(),
+            fingerprint: self.fingerprint().clone(),
+            contexts: self
+                .keys()
+                .iter()
+                .map(|(k, s)| ContextRecord::from_state(k, s))
+                .collect(),
+        }
+    }
+
+    /// A selector continuing from `dictionary` (whose machine is not checked).
+    pub fn from_dictionary(dictionary: &Dictionary, config: SelectorConfig) -> Result<Selector> {
+        let mut keys = BTreeMap::new();
+        for c in &dictionary.contexts {
+            let key = c.key().map_err(|m| {
+                Error::new(ErrorKind::Corrupt, format!("not a valid dictionary: {m}"))
+            })?;
+            keys.insert(key, c.state());
+        }
+        let mut selector =
+            Selector::from_parts(config.clone(), keys, dictionary.fingerprint.clone());
+        // The saved choices were made for the saved objective; settle them for this one.
+        selector.set_objective(config.objective);
+        Ok(selector)
+    }
+
+    /// Loads the dictionary at `path` if it applies to this machine and this build:
+    ///
+    /// * missing file: a fresh selector, no warning;
+    /// * another format version, or measured on another machine (kernel, device model): a
+    ///   fresh selector and a [`Warning`] saying why;
+    /// * not a dictionary: an [`ErrorKind::Corrupt`] error naming the file.
+    pub fn load(path: &Path, config: SelectorConfig) -> Result<(Selector, Option<Warning>)> {
+        let fresh = |config: SelectorConfig| {
+            let mut s = Selector::new(config);
+            s.set_fingerprint(Fingerprint::this_machine());
+            s
+        };
+        let dict = match Dictionary::read(path) {
+            Ok(d) => d,
+            Err(e) if e.kind() == ErrorKind::NotFound => return Ok((fresh(config), None)),
+            Err(e) if e.kind() == ErrorKind::Unsupported => {
+                let warning = Warning {
+                    message: format!(
+                        "ignoring dictionary {}: {}; starting afresh",
+                        path.display(),
+                        e.message()
+                    ),
+                };
+                return Ok((fresh(config), Some(warning)));
+            }
+            Err(e) => return Err(e),
+        };
+        if let Some(diff) = dict.fingerprint.mismatch(&dict.fingerprint.current()) {
+            let warning = Warning {
+                message: format!(
+                    "ignoring dictionary {}: measured on another machine ({diff}); starting afresh",
+                    path.display()
+                ),
+            };
+            return Ok((fresh(config), Some(warning)));
+        }
+        let selector = Selector::from_dictionary(&dict, config).map_err(|e| e.with_path(path))?;
+        Ok((selector, None))
+    }
+
+    /// Saves the dictionary atomically (see [`Dictionary::save`]).
+    pub fn save(&self, path: &Path) -> Result<()> {
+        self.dictionary().save(path)
+    }
+}
+
+/// Renders the dictionary as a table: one line per context with the choice and every
+/// candidate's median throughput (GB/s, wall clock), CPU cost, and sample count.
+impl fmt::Display for Dictionary {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(
+            f,
+            "fastensor dictionary v{}  objective {}  kernel {}",
+            self.version,
+            self.objective,
+            if self.fingerprint.kernel.is_empty() {
+                "?"
+            } else {
+                &self.fingerprint.kernel
+            }
+        )?;
+        for d in &self.fingerprint.devices {
+            writeln!(
+                f,
+                "device {} {} {}",
+                d.device,
+                if d.fs_type.is_empty() {
+                    "?"
+                } else {
+                    &d.fs_type
+                },
+                if d.model.is_empty() {
+                    "(no model)"
+                } else {
+                    &d.model
+                }
+            )?;
+        }
+        let objective = self.objective();
+        let mut rows = vec![[
+            "dir".to_string(),
+            "mem".into(),
+            "size".into(),
+            "qd".into(),
+            "cache".into(),
+            "fs@dev".into(),
+            "choice".into(),
+            "candidates: GB/s, cpu ns/B, samples (x = dropped)".into(),
+        ]];
+        for c in &self.contexts {
+            let Ok(key) = c.key() else { continue };
+            let state = c.state();
+            let mut cands: Vec<(f64, String)> = state
+                .candidates
+                .iter()
+                .map(|(name, cs)| {
+                    let n = cs.samples.len();
+                    let cost = cs
+                        .samples
+                        .estimate(objective)
+                        .map_or(f64::INFINITY, |e| e.median);
+                    let time = cs.samples.estimate(Objective::Time);
+                    let cpu = cs.samples.estimate(Objective::Cpu);
+                    let text = match (time, cpu) {
+                        (Some(t), Some(p)) => format!(
+                            "{name} {:.3} {:.3} n{n}{}",
+                            if t.median > 0.0 {
+                                1.0 / t.median
+                            } else {
+                                f64::INFINITY
+                            },
+                            p.median,
+                            if cs.eliminated { " x" } else { "" }
+                        ),
+                        _ => format!("{name} - n0{}", if cs.eliminated { " x" } else { "" }),
+                    };
+                    (cost, text)
+                })
+                .collect();
+            cands.sort_by(|a, b| a.0.total_cmp(&b.0));
+            let qd = 1u32 << key.in_flight;
+            rows.push([
+                key.direction.to_string(),
+                key.memory.to_string(),
+                human_bytes(key.size_class_start()),
+                if key.in_flight >= ContextKey::MAX_IN_FLIGHT_CLASS {
+                    format!("{qd}+")
+                } else {
+                    qd.to_string()
+                },
+                cache_str(key.cache).to_string(),
+                format!("{}@{}", key.fs_type, key.device),
+                c.choice.clone().unwrap_or_else(|| "(exploring)".into()),
+                cands
+                    .into_iter()
+                    .map(|(_, t)| t)
+                    .collect::<Vec<_>>()
+                    .join(" | "),
+            ]);
+        }
+        let widths: Vec<usize> = (0..8)
+            .map(|i| rows.iter().map(|r| r[i].chars().count()).max().unwrap_or(0))
+            .collect();
+        for row in rows {
+            let mut line = String::new();
+            for (i, cell) in row.iter().enumerate() {
+                if i + 1 == row.len() {
+                    line.push_str(cell);
+                } else {
+                    line.push_str(&format!("{cell:<w$}  ", w = widths[i]));
+                }
+            }
+            writeln!(f, "{}", line.trim_end())?;
+        }
+        Ok(())
+    }
+}

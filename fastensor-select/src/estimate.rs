@@ -1,0 +1,122 @@
+//! Robust estimates of a candidate's cost: median and median absolute deviation (MAD) of a
+//! bounded window of recent samples, so that one slow outlier moves nothing.
+
+use crate::Objective;
+
+/// One measured transfer, normalised per byte.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Sample {
+    /// Wall-clock nanoseconds per byte (the inverse of GB/s).
+    pub time_ns_per_byte: f64,
+    /// CPU nanoseconds per byte (all threads of the process).
+    pub cpu_ns_per_byte: f64,
+}
+
+/// The robust summary of a set of costs.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Estimate {
+    /// Number of samples.
+    pub n: usize,
+    /// Median cost.
+    pub median: f64,
+    /// Median absolute deviation from the median.
+    pub mad: f64,
+    /// Smallest cost.
+    pub min: f64,
+    /// Largest cost.
+    pub max: f64,
+}
+
+impl Estimate {
+    /// The estimate of `costs`; `None` when empty or when a cost is not finite.
+    pub fn of(costs: &[f64]) -> Option<Estimate> {
+        if costs.is_empty() || costs.iter().any(|c| !c.is_finite()) {
+            return None;
+        }
+        let mut sorted = costs.to_vec();
+        sorted.sort_by(f64::total_cmp);
+        let med = median_sorted(&sorted);
+        let mut dev: Vec<f64> = sorted.iter().map(|c| (c - med).abs()).collect();
+        dev.sort_by(f64::total_cmp);
+        Some(Estimate {
+            n: sorted.len(),
+            median: med,
+            mad: median_sorted(&dev),
+            min: sorted[0],
+            max: sorted[sorted.len() - 1],
+        })
+    }
+
+    /// The spread relative to the median (`mad / median`, 0 when the median is 0).
+    pub fn relative_spread(&self) -> f64 {
+        if self.median > 0.0 {
+            self.mad / self.median
+        } else {
+            0.0
+        }
+    }
+}
+
+/// The median of sorted values (the mean of the two middle ones for an even count).
+fn median_sorted(sorted: &[f64]) -> f64 {
+    let n = sorted.len();
+    if n % 2 == 1 {
+        sorted[n / 2]
+    } else {
+        sorted[n / 2 - 1] / 2.0 + sorted[n / 2] / 2.0
+    }
+}
+
+/// The recent samples of one candidate in one context, at most `window` of them.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Samples {
+    samples: Vec<Sample>,
+}
+
+impl Samples {
+    /// No samples.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Samples from a list (as loaded from a dictionary).
+    pub fn from_vec(samples: Vec<Sample>) -> Self {
+        Samples { samples }
+    }
+
+    /// Adds a sample, dropping the oldest beyond `window`.
+    pub fn push(&mut self, sample: Sample, window: usize) {
+        self.samples.push(sample);
+        let window = window.max(1);
+        if self.samples.len() > window {
+            let extra = self.samples.len() - window;
+            self.samples.drain(..extra);
+        }
+    }
+
+    /// Number of samples.
+    pub fn len(&self) -> usize {
+        self.samples.len()
+    }
+
+    /// True when there is none.
+    pub fn is_empty(&self) -> bool {
+        self.samples.is_empty()
+    }
+
+    /// Forgets every sample.
+    pub fn clear(&mut self) {
+        self.samples.clear();
+    }
+
+    /// The samples, oldest first.
+    pub fn as_slice(&self) -> &[Sample] {
+        &self.samples
+    }
+
+    /// The robust estimate of the cost under `objective`.
+    pub fn estimate(&self, objective: Objective) -> Option<Estimate> {
+        let costs: Vec<f64> = self.samples.iter().map(|s| objective.cost(*s)).collect();
+        Estimate::of(&costs)
+    }
+}

@@ -1,0 +1,146 @@
+//! The context key: what two transfers must share for one choice of backend to serve both.
+
+use fastensor_core::{CacheState, Direction, MemoryKind, TransferContext};
+use std::fmt;
+
+/// The selector's view of a transfer: the fields of a [`TransferContext`] that decide which
+/// backend is fastest, with the byte count and the requests in flight bucketed.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ContextKey {
+    /// Read or write.
+    pub direction: Direction,
+    /// Where the memory side lives.
+    pub memory: MemoryKind,
+    /// `floor(log2(bytes))`: class `k` holds transfers of `2^k ..= 2^(k+1) - 1` bytes (class
+    /// 0 also holds empty transfers).
+    pub size_class: u8,
+    /// `floor(log2(requests in flight))`, capped at [`ContextKey::MAX_IN_FLIGHT_CLASS`]: class
+    /// 0 is one request, 1 is two or three, 2 is four to seven, 3 is eight or more.
+    pub in_flight: u8,
+    /// File system type of the file (e.g. `ext4`), empty when unknown.
+    pub fs_type: String,
+    /// Block device of the file as `major:minor`, empty when unknown.
+    pub device: String,
+    /// Whether the bytes of a read are likely in the page cache (`Unknown` for writes).
+    pub cache: CacheState,
+}
+
+impl ContextKey {
+    /// The highest in-flight class.
+    pub const MAX_IN_FLIGHT_CLASS: u8 = 3;
+
+    /// The key of a transfer.
+    pub fn of(ctx: &TransferContext) -> Self {
+        ContextKey {
+            direction: ctx.direction,
+            memory: ctx.memory,
+            size_class: size_class(ctx.bytes),
+            in_flight: in_flight_class(ctx.in_flight),
+            fs_type: ctx.location.fs_type.clone(),
+            device: ctx.location.device.clone(),
+            cache: match ctx.direction {
+                Direction::Read => ctx.cache,
+                Direction::Write => CacheState::Unknown,
+            },
+        }
+    }
+
+    /// True when the keys differ at most in their size class.
+    pub fn same_but_size(&self, other: &ContextKey) -> bool {
+        self.direction == other.direction
+            && self.memory == other.memory
+            && self.in_flight == other.in_flight
+            && self.fs_type == other.fs_type
+            && self.device == other.device
+            && self.cache == other.cache
+    }
+
+    /// The smallest byte count of the size class.
+    pub fn size_class_start(&self) -> u64 {
+        1u64 << self.size_class.min(63)
+    }
+}
+
+/// The size class of a byte count: `floor(log2(bytes))`, 0 for 0 and 1.
+pub fn size_class(bytes: u64) -> u8 {
+    if bytes <= 1 {
+        0
+    } else {
+        (63 - bytes.leading_zeros()) as u8
+    }
+}
+
+/// The in-flight class of a request count (see [`ContextKey::in_flight`]).
+pub fn in_flight_class(in_flight: u32) -> u8 {
+    size_class(u64::from(in_flight.max(1))).min(ContextKey::MAX_IN_FLIGHT_CLASS)
+}
+
+/// A byte count as `4 KiB`, `16 MiB`, ... (exact powers of two stay integral).
+pub fn human_bytes(bytes: u64) -> String {
+    const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
+    let mut value = bytes as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < UNITS.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    if value.fract() == 0.0 {
+        format!("{value} {}", UNITS[unit])
+    } else {
+        format!("{value:.1} {}", UNITS[unit])
+    }
+}
+
+/// `cached`, `cold` or `-`.
+pub fn cache_str(cache: CacheState) -> &'static str {
+    match cache {
+        CacheState::Unknown => "-",
+        CacheState::Cached => "cached",
+        CacheState::Cold => "cold",
+    }
+}
+
+impl fmt::Display for ContextKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let qd = 1u32 << self.in_flight;
+        let qd = if self.in_flight >= Self::MAX_IN_FLIGHT_CLASS {
+            format!("{qd}+")
+        } else {
+            qd.to_string()
+        };
+        write!(
+            f,
+            "{} {} >={} qd{} {}",
+            self.direction,
+            self.memory,
+            human_bytes(self.size_class_start()),
+            qd,
+            cache_str(self.cache)
+        )?;
+        if !self.fs_type.is_empty() || !self.device.is_empty() {
+            write!(f, " {}@{}", self.fs_type, self.device)?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn classes() {
+        assert_eq!(size_class(0), 0);
+        assert_eq!(size_class(1), 0);
+        assert_eq!(size_class(4095), 11);
+        assert_eq!(size_class(4096), 12);
+        assert_eq!(size_class(u64::MAX), 63);
+        assert_eq!(in_flight_class(0), 0);
+        assert_eq!(in_flight_class(1), 0);
+        assert_eq!(in_flight_class(3), 1);
+        assert_eq!(in_flight_class(4), 2);
+        assert_eq!(in_flight_class(1000), 3);
+        assert_eq!(human_bytes(4096), "4 KiB");
+        assert_eq!(human_bytes(1536), "1.5 KiB");
+    }
+}
