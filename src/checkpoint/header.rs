@@ -150,11 +150,6 @@ pub fn parse_header(bytes: &[u8], file_len: u64) -> Result<Header> {
             bytes.len().saturating_sub(8)
         ))
     })?;
-    if json.first() != Some(&b'{') {
-        return Err(corrupt(
-            "the header is not a JSON object (must start with `{`)",
-        ));
-    }
     let raw = parse_json(json)?;
     let data_len = file_len - 8 - header_len;
     let entries = validate::entries(raw.tensors, data_len)?;

@@ -29,6 +29,9 @@ const JOIN_GAP: u64 = 64 << 10;
 /// Largest staging read of [`load_into`].
 const STAGE_MAX: u64 = 16 << 20;
 
+/// A read of [`load_into`]: a file range and its destination.
+type Request<'a> = (Range<u64>, MemMut<'a>);
+
 /// A loaded checkpoint: one aligned arena holding the tensors' bytes, and zero-copy views.
 #[derive(Debug)]
 pub struct Checkpoint {
@@ -257,7 +260,7 @@ pub fn load_into<O: FileOpener + ?Sized>(
 ) -> Result<Header> {
     let file = opener.open_file(path, OpenMode::Read)?;
     let header = read_header(&*file, path)?;
-    let mut reqs: Vec<(Range<u64>, MemMut<'_>)> = Vec::with_capacity(targets.len());
+    let mut reqs: Vec<Request<'_>> = Vec::with_capacity(targets.len());
     for (name, dst) in targets {
         let e: &HeaderEntry = header.get(name).ok_or_else(|| {
             Error::new(
@@ -281,7 +284,7 @@ pub fn load_into<O: FileOpener + ?Sized>(
     }
     reqs.sort_by_key(|(r, _)| r.start);
     // Group small host requests that sit close together; the rest go one by one.
-    let mut groups: Vec<(bool, Vec<(Range<u64>, MemMut<'_>)>)> = Vec::new();
+    let mut groups: Vec<(bool, Vec<Request<'_>>)> = Vec::new();
     for (r, dst) in reqs {
         let small = r.end - r.start < SMALL && matches!(dst, MemMut::Host(_));
         if let Some((true, g)) = groups.last_mut().filter(|_| small) {

@@ -1,0 +1,181 @@
+//! Checkpoint benchmark: durable save and cold load of a GPT-2-medium-shaped state dict
+//! (about 1.4 GB of f32, 292 tensors) through fastensor, the reference `safetensors` crate,
+//! and plain buffered I/O, next to the disk's limit measured in the same run.
+//!
+//! ```text
+//! cargo run --release --example ckpt_bench -- DIR [--scale 0.25] [--rounds 1]
+//! ```
+//!
+//! Every save is durable (fsync of the file and its directory); the page cache is dropped
+//! before every load. The `safetensors` crate saves with `serialize_to_file` followed by an
+//! fsync, and loads through a memory map, copying each tensor into an owned buffer (what a
+//! framework does when it loads a state dict).
+
+use fastensor::checkpoint::bench::{self, Row};
+use fastensor::posix::DirectBackend;
+use fastensor::{Error, MemRef, Result};
+use safetensors::tensor::{Dtype, SafeTensors, TensorView as StView};
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+fn main() {
+    if let Err(e) = run() {
+        eprintln!("ckpt_bench: {e}");
+        std::process::exit(1);
+    }
+}
+
+fn run() -> Result<()> {
+    let mut args = std::env::args().skip(1);
+    let mut dir: Option<PathBuf> = None;
+    let mut scale = 1.0f64;
+    let mut rounds = 1usize;
+    while let Some(a) = args.next() {
+        let mut value = |name: &str| {
+            args.next().ok_or_else(|| {
+                Error::new(
+                    fastensor::ErrorKind::InvalidInput,
+                    format!("{name} needs a value"),
+                )
+            })
+        };
+        match a.as_str() {
+            "--scale" => scale = parse(&value("--scale")?)?,
+            "--rounds" => rounds = parse(&value("--rounds")?)?,
+            "-h" | "--help" => {
+                println!("usage: ckpt_bench DIR [--scale 0.25] [--rounds 1]");
+                return Ok(());
+            }
+            _ => dir = Some(PathBuf::from(a)),
+        }
+    }
+    let dir = dir.ok_or_else(|| {
+        Error::new(
+            fastensor::ErrorKind::InvalidInput,
+            "usage: ckpt_bench DIR [--scale S]",
+        )
+    })?;
+    std::fs::create_dir_all(&dir).map_err(|e| Error::io(e, "cannot create").with_path(&dir))?;
+
+    let descs = bench::gpt2_medium(scale);
+    let bufs = bench::state_dict(&descs)?;
+    let views = bench::views(&descs, &bufs);
+    let bytes: u64 = views.iter().map(|t| t.data.len() as u64).sum();
+    println!(
+        "state dict: {} tensors, {:.1} MiB (scale {scale}), dir {}",
+        views.len(),
+        bytes as f64 / (1 << 20) as f64,
+        dir.display()
+    );
+
+    let backend = DirectBackend::default();
+    let mut all: Vec<Row> = Vec::new();
+    for round in 0..rounds {
+        let path = |name: &str| dir.join(format!("ckpt_bench.{name}"));
+        let mut rows = vec![bench::disk_limit(&path("raw"), bytes)?];
+        rows.push(bench::fastensor_row(
+            &backend,
+            &path("fastensor.safetensors"),
+            &views,
+        )?);
+        rows.push(safetensors_row(&path("st.safetensors"), &views)?);
+        rows.push(bench::buffered_row(&path("plain"), &[], &views)?);
+        for name in ["fastensor.safetensors", "st.safetensors", "plain"] {
+            let _ = std::fs::remove_file(path(name));
+        }
+        if rounds > 1 {
+            println!("\nround {}", round + 1);
+        }
+        println!("{}", bench::format_rows(&rows, SAFETENSORS, DISK));
+        all.extend(rows);
+    }
+    if rounds > 1 {
+        println!("best of {rounds} rounds:");
+        let best: Vec<Row> = [DISK, "fastensor", SAFETENSORS, "plain buffered + fsync"]
+            .iter()
+            .filter_map(|l| {
+                let mine: Vec<&Row> = all.iter().filter(|r| r.label == *l).collect();
+                let mut b = (*mine.first()?).clone();
+                for r in mine {
+                    if r.save.wall_s < b.save.wall_s {
+                        b.save = r.save;
+                    }
+                    if r.load.wall_s < b.load.wall_s {
+                        b.load = r.load;
+                    }
+                }
+                Some(b)
+            })
+            .collect();
+        println!("{}", bench::format_rows(&best, SAFETENSORS, DISK));
+    }
+    Ok(())
+}
+
+const SAFETENSORS: &str = "safetensors crate (mmap)";
+const DISK: &str = "disk (raw O_DIRECT)";
+
+fn parse<T: std::str::FromStr>(s: &str) -> Result<T> {
+    s.parse().map_err(|_| {
+        Error::new(
+            fastensor::ErrorKind::InvalidInput,
+            format!("bad number `{s}`"),
+        )
+    })
+}
+
+fn st_err(e: safetensors::SafeTensorError) -> Error {
+    Error::new(fastensor::ErrorKind::Other, format!("safetensors: {e}"))
+}
+
+fn io(path: &Path) -> impl Fn(std::io::Error) -> Error + '_ {
+    move |e| Error::io(e, "safetensors bench").with_path(path)
+}
+
+/// `serialize_to_file` + fsync of the file and its directory; load through mmap, copying
+/// every tensor into an owned buffer.
+fn safetensors_row(path: &Path, views: &[fastensor::checkpoint::TensorView<'_>]) -> Result<Row> {
+    let bytes = views.iter().map(|t| t.data.len() as u64).sum();
+    bench::measure(
+        SAFETENSORS,
+        bytes,
+        path,
+        || {
+            let st: Vec<(String, StView<'_>)> = views
+                .iter()
+                .map(|t| {
+                    let dtype: Dtype =
+                        serde_json::from_str(&format!("\"{}\"", t.desc.dtype.name()))
+                            .expect("a dtype safetensors knows");
+                    let shape = t.desc.shape.iter().map(|&d| d as usize).collect();
+                    let MemRef::Host(data) = t.data else {
+                        unreachable!("host tensors")
+                    };
+                    (
+                        t.desc.name.clone(),
+                        StView::new(dtype, shape, data).expect("valid view"),
+                    )
+                })
+                .collect();
+            safetensors::serialize_to_file(st, None, path).map_err(st_err)?;
+            File::open(path)
+                .and_then(|f| f.sync_all())
+                .map_err(io(path))?;
+            let dir = path.parent().unwrap_or(Path::new("."));
+            File::open(dir).and_then(|d| d.sync_all()).map_err(io(path))
+        },
+        || {
+            let file = File::open(path).map_err(io(path))?;
+            // SAFETY: the benchmark owns the file and nothing modifies it while it is mapped.
+            let map = unsafe { memmap2::Mmap::map(&file) }.map_err(io(path))?;
+            let st = SafeTensors::deserialize(&map).map_err(st_err)?;
+            let owned: Vec<Vec<u8>> = st
+                .tensors()
+                .into_iter()
+                .map(|(_, t)| t.data().to_vec())
+                .collect();
+            assert_eq!(owned.len(), views.len());
+            Ok(())
+        },
+    )
+}
