@@ -7,6 +7,7 @@
 #![forbid(unsafe_code)]
 
 pub mod checkpoint;
+pub mod engine;
 
 pub use fastensor_core as core;
 pub use fastensor_core::{
@@ -14,6 +15,10 @@ pub use fastensor_core::{
     ErrorKind, HostBuffer, MemMut, MemRef, MemoryKind, OpenMode, Origin, Registry, Result,
     TensorDesc,
 };
+
+pub use engine::{Engine, EngineBuilder, EngineFile, Report};
+pub use fastensor_select as select;
+pub use fastensor_select::{Dictionary, Objective, SelectorConfig};
 
 #[cfg(feature = "posix")]
 pub use fastensor_posix as posix;

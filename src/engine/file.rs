@@ -1,0 +1,466 @@
+//! A file opened through the engine: every transfer picks its backend.
+
+use super::{probe, Candidate, InFlight, Inner};
+use fastensor_core::{
+    BackendFile, CacheState, Direction, Error, ErrorKind, FileLocation, MemMut, MemRef, MemoryKind,
+    OpenMode, Purpose, Result, TransferContext,
+};
+use fastensor_select::Observation;
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
+
+type Handle = Arc<dyn BackendFile>;
+
+/// A file whose `read_at` / `write_at` choose a backend per transfer, time it (wall and CPU)
+/// and tell the selector. Backend handles are opened lazily and kept; all backends reach the
+/// same file through the kernel, so bytes written through one are read back through any
+/// other. `Send + Sync`: threads may transfer disjoint ranges at once.
+pub struct EngineFile {
+    engine: Arc<Inner>,
+    path: PathBuf,
+    writable: bool,
+    location: FileLocation,
+    handles: RwLock<BTreeMap<String, (Handle, bool)>>,
+    /// Backends that refused this file (e.g. `O_DIRECT` on tmpfs).
+    refused: Mutex<BTreeSet<String>>,
+    pinned: RwLock<Option<String>>,
+    purpose: RwLock<Purpose>,
+    probe_fd: OnceLock<Option<std::fs::File>>,
+}
+
+impl fmt::Debug for EngineFile {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("EngineFile")
+            .field("path", &self.path)
+            .field("writable", &self.writable)
+            .field("location", &self.location)
+            .finish()
+    }
+}
+
+/// Errors after which another backend may well succeed with the same transfer.
+fn refusal(kind: ErrorKind) -> bool {
+    matches!(kind, ErrorKind::Unsupported | ErrorKind::Unaligned)
+}
+
+impl EngineFile {
+    pub(crate) fn open(engine: Arc<Inner>, path: &Path, mode: OpenMode) -> Result<EngineFile> {
+        let location = location_of(path);
+        let file = EngineFile {
+            engine,
+            path: path.to_path_buf(),
+            writable: mode.writable(),
+            location,
+            handles: RwLock::new(BTreeMap::new()),
+            refused: Mutex::new(BTreeSet::new()),
+            pinned: RwLock::new(None),
+            purpose: RwLock::new(Purpose::General),
+            probe_fd: OnceLock::new(),
+        };
+        // Open one handle now, in the requested mode: creation and truncation happen once,
+        // and a missing file or a refused permission is reported here.
+        let first: Vec<Candidate> = file
+            .engine
+            .candidates
+            .iter()
+            .filter(|c| {
+                if mode.writable() {
+                    c.caps.write
+                } else {
+                    c.caps.read
+                }
+            })
+            .cloned()
+            .collect();
+        if first.is_empty() {
+            return Err(Error::new(
+                ErrorKind::Unsupported,
+                "no available backend can open the file in this mode",
+            )
+            .with_path(path));
+        }
+        let mut last = None;
+        for c in first {
+            match c.backend.open(path, mode) {
+                Ok(h) => {
+                    file.handles_mut()
+                        .insert(c.name().to_string(), (Arc::from(h), mode.writable()));
+                    return Ok(file);
+                }
+                Err(e) if refusal(e.kind()) => {
+                    file.refused().insert(c.name().to_string());
+                    last = Some(e);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Err(last.expect("at least one candidate was tried"))
+    }
+
+    fn handles_mut(&self) -> std::sync::RwLockWriteGuard<'_, BTreeMap<String, (Handle, bool)>> {
+        self.handles.write().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn refused(&self) -> std::sync::MutexGuard<'_, BTreeSet<String>> {
+        self.refused.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The file system and device of the file.
+    pub fn location(&self) -> &FileLocation {
+        &self.location
+    }
+
+    /// Uses `backend` for this file's transfers (`None`: the engine's pin or the selector).
+    pub fn pin(&self, backend: Option<&str>) -> Result<()> {
+        if let Some(name) = backend {
+            self.engine.candidate(name)?;
+        }
+        *self.pinned.write().unwrap_or_else(|p| p.into_inner()) = backend.map(String::from);
+        Ok(())
+    }
+
+    /// Sets the purpose recorded in the contexts of this file's transfers.
+    pub fn set_purpose(&self, purpose: Purpose) {
+        *self.purpose.write().unwrap_or_else(|p| p.into_inner()) = purpose;
+    }
+
+    /// The backends that have an open handle on this file.
+    pub fn open_backends(&self) -> Vec<String> {
+        self.handles
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .keys()
+            .cloned()
+            .collect()
+    }
+
+    /// The handle of `backend`, opened when first needed.
+    fn handle(&self, c: &Candidate) -> Result<Handle> {
+        if let Some((h, _)) = self
+            .handles
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(c.name())
+        {
+            return Ok(h.clone());
+        }
+        let writable = self.writable && c.caps.write;
+        let mode = if writable {
+            OpenMode::ReadWrite
+        } else {
+            OpenMode::Read
+        };
+        let h: Handle = Arc::from(c.backend.open(&self.path, mode)?);
+        let mut handles = self.handles_mut();
+        let entry = handles.entry(c.name().to_string()).or_insert((h, writable));
+        Ok(entry.0.clone())
+    }
+
+    fn any_handle(&self, writable: bool) -> Result<Handle> {
+        if let Some((h, _)) = self
+            .handles
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .find(|(_, w)| *w || !writable)
+        {
+            return Ok(h.clone());
+        }
+        let c = self
+            .engine
+            .candidates
+            .iter()
+            .find(|c| !writable || c.caps.write)
+            .ok_or_else(|| {
+                Error::new(ErrorKind::Unsupported, "no available backend can write")
+                    .with_path(&self.path)
+            })?;
+        self.handle(c)
+    }
+
+    fn cache_state(&self, offset: u64, len: usize) -> CacheState {
+        if !self.engine.detect_cache {
+            return CacheState::Unknown;
+        }
+        let fd = self
+            .probe_fd
+            .get_or_init(|| std::fs::File::open(&self.path).ok());
+        match fd {
+            Some(f) => probe::cache_state(f, offset, len),
+            None => CacheState::Unknown,
+        }
+    }
+
+    /// The context of a transfer.
+    fn context(
+        &self,
+        direction: Direction,
+        bytes: u64,
+        memory: MemoryKind,
+        in_flight: u32,
+        offset: u64,
+    ) -> TransferContext {
+        let cache = match direction {
+            Direction::Read => self.cache_state(offset, bytes as usize),
+            Direction::Write => CacheState::Unknown,
+        };
+        TransferContext {
+            direction,
+            bytes,
+            memory,
+            location: self.location.clone(),
+            in_flight,
+            purpose: *self.purpose.read().unwrap_or_else(|p| p.into_inner()),
+            cache,
+        }
+    }
+
+    /// Runs one transfer: choose, open, time, record; on a refusal, tries another backend.
+    fn transfer<T>(
+        &self,
+        direction: Direction,
+        bytes: usize,
+        memory: MemoryKind,
+        offset: u64,
+        mut op: impl FnMut(&dyn BackendFile) -> Result<T>,
+        moved: impl Fn(&T) -> usize,
+    ) -> Result<T> {
+        if direction == Direction::Write && !self.writable {
+            return Err(
+                Error::new(ErrorKind::PermissionDenied, "the file was opened read-only")
+                    .with_path(&self.path)
+                    .with_offset(offset),
+            );
+        }
+        let (_guard, in_flight) = InFlight::enter(&self.engine.in_flight);
+        let ctx = self.context(direction, bytes as u64, memory, in_flight, offset);
+        let pinned = self
+            .pinned
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+            .or_else(|| {
+                self.engine
+                    .pinned
+                    .read()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .clone()
+            });
+        let mut last_err: Option<Error> = None;
+        loop {
+            let refused = self.refused().clone();
+            let fitting: Vec<&Candidate> = self
+                .engine
+                .candidates
+                .iter()
+                .filter(|c| c.fits(direction, memory) && !refused.contains(c.name()))
+                .collect();
+            let chosen: &Candidate = match &pinned {
+                Some(name) => {
+                    let c = self.engine.candidate(name)?;
+                    if !c.fits(direction, memory) {
+                        return Err(Error::new(
+                            ErrorKind::Unsupported,
+                            format!(
+                                "the pinned backend `{name}` cannot {direction} {memory} memory"
+                            ),
+                        )
+                        .with_backend(name.clone())
+                        .with_path(&self.path));
+                    }
+                    if refused.contains(name.as_str()) {
+                        return Err(last_err.unwrap_or_else(|| {
+                            Error::new(
+                                ErrorKind::Unsupported,
+                                "the pinned backend refused this file",
+                            )
+                            .with_backend(name.clone())
+                            .with_path(&self.path)
+                        }));
+                    }
+                    c
+                }
+                None => {
+                    if fitting.is_empty() {
+                        return Err(last_err.unwrap_or_else(|| {
+                            Error::new(
+                                ErrorKind::Unsupported,
+                                format!("no available backend can {direction} {memory} memory"),
+                            )
+                            .with_path(&self.path)
+                        }));
+                    }
+                    let names: Vec<&str> = fitting.iter().map(|c| c.name()).collect();
+                    let choice = self
+                        .engine
+                        .choose(&ctx, &names)
+                        .expect("names is not empty");
+                    fitting
+                        .iter()
+                        .copied()
+                        .find(|c| c.name() == choice.backend)
+                        .expect("the selector chooses among the names given")
+                }
+            };
+            let handle = match self.handle(chosen) {
+                Ok(h) => h,
+                Err(e) if refusal(e.kind()) => {
+                    self.refused().insert(chosen.name().to_string());
+                    last_err = Some(e);
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
+            let start = self.engine.clock.now();
+            let result = op(handle.as_ref());
+            let end = self.engine.clock.now();
+            match result {
+                Ok(v) => {
+                    let n = moved(&v);
+                    // A short read (end of file) measures nothing useful.
+                    if n == bytes {
+                        let (wall, cpu) = end.since(start);
+                        let obs = Observation {
+                            bytes: n as u64,
+                            wall,
+                            cpu,
+                        };
+                        self.engine.record(&ctx, chosen.name(), obs);
+                    }
+                    return Ok(v);
+                }
+                Err(e) if refusal(e.kind()) => {
+                    self.refused().insert(chosen.name().to_string());
+                    last_err = Some(e);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+}
+
+impl BackendFile for EngineFile {
+    fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn read_at(&self, offset: u64, mut dst: MemMut<'_>) -> Result<usize> {
+        let (len, kind) = (dst.len(), dst.kind());
+        self.transfer(
+            Direction::Read,
+            len,
+            kind,
+            offset,
+            |h| h.read_at(offset, dst.reborrow()),
+            |n| *n,
+        )
+    }
+
+    fn write_at(&self, offset: u64, src: MemRef<'_>) -> Result<()> {
+        let (len, kind) = (src.len(), src.kind());
+        self.transfer(
+            Direction::Write,
+            len,
+            kind,
+            offset,
+            |h| h.write_at(offset, src),
+            |_| len,
+        )
+    }
+
+    /// Makes every write durable, through every handle that wrote.
+    fn sync(&self) -> Result<()> {
+        let handles: Vec<Handle> = self
+            .handles
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .filter(|(_, w)| *w)
+            .map(|(h, _)| h.clone())
+            .collect();
+        for h in handles {
+            h.sync()?;
+        }
+        Ok(())
+    }
+
+    fn len(&self) -> Result<u64> {
+        self.any_handle(false)?.len()
+    }
+
+    /// Sets the length through one handle and drops the others (a memory map of the old
+    /// length must not outlive a cut).
+    fn set_len(&self, len: u64) -> Result<()> {
+        if !self.writable {
+            return Err(
+                Error::new(ErrorKind::PermissionDenied, "the file was opened read-only")
+                    .with_path(&self.path),
+            );
+        }
+        let h = self.any_handle(true)?;
+        h.set_len(len)?;
+        self.handles_mut()
+            .retain(|_, (other, _)| Arc::ptr_eq(other, &h));
+        Ok(())
+    }
+}
+
+impl EngineFile {
+    /// `sync` through every handle that wrote (same as [`BackendFile::sync`]).
+    pub fn sync_all_handles(&self) -> Result<()> {
+        BackendFile::sync(self)
+    }
+
+    /// Reads into `dst` from `offset` (a `&mut [u8]`, `&mut Vec<u8>`, `&mut HostBuffer` or
+    /// device memory); returns the bytes read, short only at the end of the file.
+    pub fn read_at<'a>(&self, offset: u64, dst: impl Into<MemMut<'a>>) -> Result<usize> {
+        BackendFile::read_at(self, offset, dst.into())
+    }
+
+    /// Writes all of `src` at `offset`.
+    pub fn write_at<'a>(&self, offset: u64, src: impl Into<MemRef<'a>>) -> Result<()> {
+        BackendFile::write_at(self, offset, src.into())
+    }
+}
+
+/// The file system and device of `path` (its directory when the file does not exist yet).
+fn location_of(path: &Path) -> FileLocation {
+    let probe = if path.exists() {
+        path.to_path_buf()
+    } else {
+        path.parent()
+            .filter(|p| !p.as_os_str().is_empty())
+            .map(Path::to_path_buf)
+            .unwrap_or_else(|| ".".into())
+    };
+    let device = rustix::fs::stat(&probe)
+        .map(|st| {
+            format!(
+                "{}:{}",
+                rustix::fs::major(st.st_dev),
+                rustix::fs::minor(st.st_dev)
+            )
+        })
+        .unwrap_or_default();
+    let fs_type = rustix::fs::statfs(&probe)
+        .map(|s| fs_name(s.f_type as i64))
+        .unwrap_or_default();
+    FileLocation { fs_type, device }
+}
+
+fn fs_name(magic: i64) -> String {
+    match magic {
+        0xEF53 => "ext4".into(),
+        0x5846_5342 => "xfs".into(),
+        0x9123_683E => "btrfs".into(),
+        0x0102_1994 => "tmpfs".into(),
+        0x6969 => "nfs".into(),
+        0x794C_7630 => "overlayfs".into(),
+        0x2FC1_2FC1 => "zfs".into(),
+        0xF2F5_2010 => "f2fs".into(),
+        0x6573_5546 => "fuse".into(),
+        other => format!("0x{other:x}"),
+    }
+}

@@ -1,0 +1,409 @@
+//! The engine: a registry of backends plus a selector that picks, per transfer, the backend
+//! that is fastest for its context, measures it, and learns.
+//!
+//! ```no_run
+//! use fastensor::{Engine, OpenMode};
+//! # fn main() -> fastensor::Result<()> {
+//! let engine = Engine::builder().profile("/tmp/fastensor-profile.toml").build()?;
+//! let file = engine.open("/data/tensor.bin".as_ref(), OpenMode::Create)?;
+//! let data = vec![7u8; 1 << 20];
+//! file.write_at(0, &data)?;
+//! let mut back = vec![0u8; 1 << 20];
+//! file.read_at(0, &mut back)?;
+//! println!("{}", engine.report());
+//! engine.save_profile()?;
+//! # Ok(()) }
+//! ```
+
+mod file;
+mod probe;
+mod report;
+mod tune;
+
+pub use file::EngineFile;
+pub use probe::{evict, SystemClock};
+pub use report::{BackendUsage, Report};
+pub use tune::{default_profile_path, tune, TuneOptions, TuneOutcome};
+
+use fastensor_core::{
+    Capabilities, Direction, Error, ErrorKind, MemoryKind, OpenMode, Registry, Result,
+    SharedBackend, TransferContext,
+};
+use fastensor_select::{
+    Choice, Clock, ContextKey, Fingerprint, Objective, Observation, Selector, SelectorConfig,
+    Warning,
+};
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+
+/// One backend the engine may use.
+#[derive(Clone)]
+pub(crate) struct Candidate {
+    pub(crate) backend: SharedBackend,
+    pub(crate) caps: Capabilities,
+}
+
+impl Candidate {
+    pub(crate) fn name(&self) -> &str {
+        self.backend.name()
+    }
+
+    /// True when the backend can move bytes this way with this memory.
+    pub(crate) fn fits(&self, direction: Direction, memory: MemoryKind) -> bool {
+        let way = match direction {
+            Direction::Read => self.caps.read,
+            Direction::Write => self.caps.write,
+        };
+        way && self.caps.supports_memory(memory)
+    }
+}
+
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Usage {
+    pub(crate) transfers: u64,
+    pub(crate) bytes: u64,
+    pub(crate) wall: std::time::Duration,
+    pub(crate) cpu: std::time::Duration,
+}
+
+pub(crate) struct Inner {
+    pub(crate) candidates: Vec<Candidate>,
+    pub(crate) selector: Mutex<Selector>,
+    pub(crate) clock: Arc<dyn Clock>,
+    pub(crate) pinned: RwLock<Option<String>>,
+    pub(crate) profile: Option<PathBuf>,
+    pub(crate) in_flight: AtomicU32,
+    pub(crate) detect_cache: bool,
+    pub(crate) usage: Mutex<BTreeMap<String, Usage>>,
+    pub(crate) warning: Option<Warning>,
+}
+
+impl Inner {
+    pub(crate) fn selector(&self) -> std::sync::MutexGuard<'_, Selector> {
+        self.selector.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub(crate) fn candidate(&self, name: &str) -> Result<&Candidate> {
+        self.candidates
+            .iter()
+            .find(|c| c.name() == name)
+            .ok_or_else(|| {
+                Error::new(
+                    ErrorKind::NotFound,
+                    format!(
+                        "no available backend named `{name}`; available: {}",
+                        self.candidates
+                            .iter()
+                            .map(|c| c.name())
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ),
+                )
+            })
+    }
+
+    pub(crate) fn choose(&self, ctx: &TransferContext, names: &[&str]) -> Option<Choice> {
+        self.selector().choose(ctx, names)
+    }
+
+    pub(crate) fn record(&self, ctx: &TransferContext, backend: &str, obs: Observation) {
+        {
+            let mut usage = self.usage.lock().unwrap_or_else(|p| p.into_inner());
+            let u = usage.entry(backend.to_string()).or_default();
+            u.transfers += 1;
+            u.bytes += obs.bytes;
+            u.wall += obs.wall;
+            u.cpu += obs.cpu;
+        }
+        if obs.bytes > 0 {
+            let mut sel = self.selector();
+            let mut fp = sel.fingerprint().clone();
+            let before = fp.devices.len();
+            fp.add_location(&ctx.location);
+            if fp.devices.len() != before {
+                sel.set_fingerprint(fp);
+            }
+            sel.record(ctx, backend, obs);
+        }
+    }
+}
+
+/// A registry of backends plus a selector. Cheap to clone (clones share everything), `Send`
+/// and `Sync`: open files from any thread.
+#[derive(Clone)]
+pub struct Engine {
+    pub(crate) inner: Arc<Inner>,
+}
+
+impl fmt::Debug for Engine {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Engine")
+            .field("backends", &self.backend_names())
+            .field("pinned", &self.pinned())
+            .field("profile", &self.inner.profile)
+            .finish()
+    }
+}
+
+impl Engine {
+    /// Settings for a new engine.
+    pub fn builder() -> EngineBuilder {
+        EngineBuilder::default()
+    }
+
+    /// An engine with every compiled-in available backend and default settings.
+    pub fn new() -> Result<Engine> {
+        Self::builder().build()
+    }
+
+    /// Opens `path`. `Create` and `Truncate` take effect once, here; the handles of the
+    /// backends the transfers choose are opened later, when first needed, and kept.
+    pub fn open(&self, path: &Path, mode: OpenMode) -> Result<EngineFile> {
+        EngineFile::open(self.inner.clone(), path, mode)
+    }
+
+    /// The names of the backends the engine may use (available ones only), sorted.
+    pub fn backend_names(&self) -> Vec<String> {
+        self.inner
+            .candidates
+            .iter()
+            .map(|c| c.name().to_string())
+            .collect()
+    }
+
+    /// Uses `backend` for every transfer (of every file), or lets the selector choose again
+    /// with `None`. Fails for a backend that is not available.
+    pub fn pin(&self, backend: Option<&str>) -> Result<()> {
+        if let Some(name) = backend {
+            self.inner.candidate(name)?;
+        }
+        *self.inner.pinned.write().unwrap_or_else(|p| p.into_inner()) = backend.map(String::from);
+        Ok(())
+    }
+
+    /// The pinned backend, if any.
+    pub fn pinned(&self) -> Option<String> {
+        self.inner
+            .pinned
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Why the profile given to the builder was not used (another machine or format
+    /// version), for the caller to print.
+    pub fn load_warning(&self) -> Option<&Warning> {
+        self.inner.warning.as_ref()
+    }
+
+    /// What the engine has chosen and measured so far.
+    pub fn report(&self) -> Report {
+        Report::of(self)
+    }
+
+    /// A copy of the selector's dictionary.
+    pub fn dictionary(&self) -> fastensor_select::Dictionary {
+        self.inner.selector().dictionary()
+    }
+
+    /// Counters of the selector (choices, explorations, re-explorations, contexts).
+    pub fn selector_stats(&self) -> fastensor_select::SelectorStats {
+        self.inner.selector().stats()
+    }
+
+    /// The backend chosen for a context once it is explored.
+    pub fn choice_for(&self, ctx: &TransferContext) -> Option<String> {
+        self.inner
+            .selector()
+            .choice_for(&ContextKey::of(ctx))
+            .map(String::from)
+    }
+
+    /// Saves what was learned to the profile path given to the builder (atomically).
+    /// Fails with [`ErrorKind::InvalidInput`] when no path was given.
+    pub fn save_profile(&self) -> Result<()> {
+        let path = self.inner.profile.as_ref().ok_or_else(|| {
+            Error::new(
+                ErrorKind::InvalidInput,
+                "the engine was built without a profile path",
+            )
+        })?;
+        self.save_profile_to(path)
+    }
+
+    /// Saves what was learned to `path` (atomically).
+    pub fn save_profile_to(&self, path: &Path) -> Result<()> {
+        let dict = self.dictionary();
+        dict.save(path)
+    }
+}
+
+/// Settings of an [`Engine`].
+#[derive(Default)]
+pub struct EngineBuilder {
+    registry: Option<Registry>,
+    extra: Vec<SharedBackend>,
+    allowed: Option<Vec<String>>,
+    profile: Option<PathBuf>,
+    config: SelectorConfig,
+    clock: Option<Arc<dyn Clock>>,
+    pinned: Option<String>,
+    no_cache_probe: bool,
+}
+
+impl fmt::Debug for EngineBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("EngineBuilder")
+            .field("registry", &self.registry)
+            .field("allowed", &self.allowed)
+            .field("profile", &self.profile)
+            .field("config", &self.config)
+            .field("pinned", &self.pinned)
+            .finish()
+    }
+}
+
+impl EngineBuilder {
+    /// Starts from this registry instead of every compiled-in backend.
+    pub fn registry(mut self, registry: Registry) -> Self {
+        self.registry = Some(registry);
+        self
+    }
+
+    /// Adds a backend (to the compiled-in ones, or to the registry given).
+    pub fn backend(mut self, backend: SharedBackend) -> Self {
+        self.extra.push(backend);
+        self
+    }
+
+    /// Allows only these backends (an unknown name fails `build`).
+    pub fn backends<S: Into<String>>(mut self, names: impl IntoIterator<Item = S>) -> Self {
+        self.allowed = Some(names.into_iter().map(Into::into).collect());
+        self
+    }
+
+    /// Loads the dictionary from `path` when it exists and applies (see
+    /// [`Engine::load_warning`]), and saves to it with [`Engine::save_profile`].
+    pub fn profile(mut self, path: impl Into<PathBuf>) -> Self {
+        self.profile = Some(path.into());
+        self
+    }
+
+    /// What to minimise (default: wall time).
+    pub fn objective(mut self, objective: Objective) -> Self {
+        self.config.objective = objective;
+        self
+    }
+
+    /// Exploration and drift settings (the objective set before is kept unless `config`
+    /// changes it).
+    pub fn selector_config(mut self, config: SelectorConfig) -> Self {
+        self.config = config;
+        self
+    }
+
+    /// Samples every candidate gets per context before the choice (default 3).
+    pub fn min_samples(mut self, n: usize) -> Self {
+        self.config.min_samples = n.max(1);
+        self
+    }
+
+    /// The time source (default [`SystemClock`]); tests pass a virtual clock.
+    pub fn clock(mut self, clock: impl Clock + 'static) -> Self {
+        self.clock = Some(Arc::new(clock));
+        self
+    }
+
+    /// Uses this backend for every transfer.
+    pub fn pin(mut self, backend: impl Into<String>) -> Self {
+        self.pinned = Some(backend.into());
+        self
+    }
+
+    /// Turns off the page-cache probe of reads (then every read context is `Unknown`).
+    pub fn probe_page_cache(mut self, on: bool) -> Self {
+        self.no_cache_probe = !on;
+        self
+    }
+
+    /// Builds the engine. Fails when no allowed backend is available, when an allowed or
+    /// pinned name is unknown, or when the profile is corrupt.
+    pub fn build(self) -> Result<Engine> {
+        let mut registry = self.registry.unwrap_or_else(crate::registry);
+        for b in self.extra {
+            registry.register(b)?;
+        }
+        if let Some(allowed) = &self.allowed {
+            registry.retain_names(allowed)?;
+        }
+        let mut unavailable = Vec::new();
+        let mut candidates = Vec::new();
+        for entry in registry.entries() {
+            match entry.backend.probe() {
+                fastensor_core::Availability::Available => candidates.push(Candidate {
+                    caps: entry.backend.capabilities(),
+                    backend: entry.backend.clone(),
+                }),
+                other => unavailable.push(format!("{}: {other}", entry.backend.name())),
+            }
+        }
+        if candidates.is_empty() {
+            return Err(Error::new(
+                ErrorKind::Unavailable,
+                format!(
+                    "no backend is available{}",
+                    if unavailable.is_empty() {
+                        String::new()
+                    } else {
+                        format!(" ({})", unavailable.join("; "))
+                    }
+                ),
+            ));
+        }
+        let (selector, warning) = match &self.profile {
+            Some(path) => Selector::load(path, self.config.clone())?,
+            None => {
+                let mut s = Selector::new(self.config.clone());
+                s.set_fingerprint(Fingerprint::this_machine());
+                (s, None)
+            }
+        };
+        let inner = Inner {
+            candidates,
+            selector: Mutex::new(selector),
+            clock: self.clock.unwrap_or_else(|| Arc::new(SystemClock::new())),
+            pinned: RwLock::new(None),
+            profile: self.profile,
+            in_flight: AtomicU32::new(0),
+            detect_cache: !self.no_cache_probe,
+            usage: Mutex::new(BTreeMap::new()),
+            warning,
+        };
+        let engine = Engine {
+            inner: Arc::new(inner),
+        };
+        if let Some(p) = &self.pinned {
+            engine.pin(Some(p))?;
+        }
+        Ok(engine)
+    }
+}
+
+/// Counts a request in flight for as long as it lives.
+pub(crate) struct InFlight<'a>(&'a AtomicU32);
+
+impl<'a> InFlight<'a> {
+    pub(crate) fn enter(counter: &'a AtomicU32) -> (Self, u32) {
+        let n = counter.fetch_add(1, Ordering::SeqCst) + 1;
+        (InFlight(counter), n)
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}

@@ -1,0 +1,72 @@
+//! Cheap facts about a transfer before it runs: page-cache residency, and the real clock.
+
+use fastensor_core::CacheState;
+use fastensor_select::{Clock, ClockReading};
+use std::fs::File;
+use std::io::IoSliceMut;
+use std::time::{Duration, Instant};
+
+/// Whether the first page of `offset..offset + len` is in the page cache, found with a
+/// one-page `preadv2(RWF_NOWAIT)` (which fails with `EAGAIN` instead of waiting for the
+/// device). The probe may start the kernel's readahead of that page, as any read would.
+pub(crate) fn cache_state(file: &File, offset: u64, len: usize) -> CacheState {
+    if len == 0 {
+        return CacheState::Unknown;
+    }
+    let page = offset & !4095;
+    let mut buf = [0u8; 4096];
+    let mut bufs = [IoSliceMut::new(&mut buf)];
+    match rustix::io::preadv2(file, &mut bufs, page, rustix::io::ReadWriteFlags::NOWAIT) {
+        Ok(0) => CacheState::Unknown,
+        Ok(_) => CacheState::Cached,
+        Err(rustix::io::Errno::AGAIN) => CacheState::Cold,
+        Err(_) => CacheState::Unknown,
+    }
+}
+
+/// The real clock: monotonic wall time and the process's CPU time (all threads, so the
+/// helper threads of parallel backends count).
+#[derive(Debug, Clone, Copy)]
+pub struct SystemClock {
+    origin: Instant,
+}
+
+impl SystemClock {
+    /// A clock whose wall time starts now.
+    pub fn new() -> Self {
+        SystemClock {
+            origin: Instant::now(),
+        }
+    }
+}
+
+impl Default for SystemClock {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Clock for SystemClock {
+    fn now(&self) -> ClockReading {
+        let ts = rustix::time::clock_gettime(rustix::time::ClockId::ProcessCPUTime);
+        ClockReading {
+            wall: self.origin.elapsed(),
+            cpu: Duration::new(
+                ts.tv_sec.max(0) as u64,
+                ts.tv_nsec.clamp(0, 999_999_999) as u32,
+            ),
+        }
+    }
+}
+
+/// Drops the page cache of the file at `path` (after writing back its dirty pages), so the
+/// next read of it comes from the device.
+pub fn evict(path: &std::path::Path) -> fastensor_core::Result<()> {
+    let err = |e: std::io::Error| {
+        fastensor_core::Error::io(e, "cannot drop the page cache").with_path(path)
+    };
+    let file = File::open(path).map_err(err)?;
+    rustix::fs::fdatasync(&file).map_err(|e| err(e.into()))?;
+    rustix::fs::fadvise(&file, 0, None, rustix::fs::Advice::DontNeed).map_err(|e| err(e.into()))?;
+    Ok(())
+}

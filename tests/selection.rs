@@ -1,0 +1,308 @@
+//! Engine selection with throttled backends of known costs on a virtual clock: no sleeping,
+//! exact durations, deterministic results.
+
+use fastensor::select::{ClockReading, SelectorConfig};
+use fastensor::{Backend, Engine, OpenMode, Registry};
+use fastensor_testkit::throttled::{Cost, Costs, Throttled, VirtualClock};
+use fastensor_testkit::MemoryBackend;
+use std::path::Path;
+use std::sync::Arc;
+
+struct Setup {
+    engine: Engine,
+    a: Arc<Throttled>,
+    b: Arc<Throttled>,
+}
+
+/// `a`: cheap calls, slow bytes; `b`: expensive calls, fast bytes. Both over one store.
+fn costs_a() -> Cost {
+    Cost::new(10_000, 1.0)
+}
+fn costs_b() -> Cost {
+    Cost::new(200_000, 0.2)
+}
+
+fn setup(config: SelectorConfig) -> Setup {
+    let clock = VirtualClock::new();
+    let store: Arc<dyn Backend> = Arc::new(MemoryBackend::new());
+    let a = Arc::new(Throttled::virtual_clock(
+        "a",
+        store.clone(),
+        Costs::uniform(costs_a()),
+        &clock,
+    ));
+    let b = Arc::new(Throttled::virtual_clock(
+        "b",
+        store,
+        Costs::uniform(costs_b()),
+        &clock,
+    ));
+    let c = clock.clone();
+    let engine = Engine::builder()
+        .registry(Registry::new())
+        .backend(a.clone())
+        .backend(b.clone())
+        .selector_config(config)
+        .clock(move || ClockReading {
+            wall: c.wall(),
+            cpu: c.cpu(),
+        })
+        .build()
+        .unwrap();
+    Setup { engine, a, b }
+}
+
+fn best_of(bytes: u64) -> &'static str {
+    let (ta, _) = costs_a().of(bytes);
+    let (tb, _) = costs_b().of(bytes);
+    if ta <= tb {
+        "a"
+    } else {
+        "b"
+    }
+}
+
+#[test]
+fn finds_the_crossover_with_bounded_exploration() {
+    let s = setup(SelectorConfig::default());
+    let file = s
+        .engine
+        .open(Path::new("/virtual/crossover.bin"), OpenMode::Create)
+        .unwrap();
+    let sizes: Vec<usize> = (12..=24).map(|k| 1usize << k).collect();
+    let mut buf = vec![0u8; 1 << 24];
+    for round in 0..20 {
+        for &n in &sizes {
+            buf[..n].fill(round as u8);
+            file.write_at(0, &buf[..n]).unwrap();
+            assert_eq!(file.read_at(0, &mut buf[..n]).unwrap(), n);
+        }
+    }
+    let report = s.engine.report();
+    let mut crossover_seen = (false, false);
+    for ctx in &report.dictionary.contexts {
+        let bytes = 1u64 << ctx.size_class;
+        let expected = best_of(bytes);
+        assert_eq!(
+            ctx.choice.as_deref(),
+            Some(expected),
+            "size {bytes} {}",
+            ctx.direction
+        );
+        if expected == "a" {
+            crossover_seen.0 = true;
+        } else {
+            crossover_seen.1 = true;
+        }
+    }
+    assert!(
+        crossover_seen.0 && crossover_seen.1,
+        "both sides of the crossover are in range"
+    );
+    // 13 sizes x 2 directions = 26 contexts, 2 candidates: at most confirm_samples (6) each
+    // while exploring.
+    let stats = report.stats;
+    assert_eq!(stats.keys, 26);
+    assert!(
+        stats.explorations <= 26 * 2 * 6,
+        "explorations {}",
+        stats.explorations
+    );
+    // Far from the crossover the loser is dropped after one sample.
+    let far = report
+        .dictionary
+        .contexts
+        .iter()
+        .filter(|c| c.size_class == 12 || c.size_class == 24)
+        .flat_map(|c| c.candidates.iter())
+        .filter(|c| c.eliminated)
+        .count();
+    assert_eq!(far, 4, "{}", report.dictionary);
+    println!("{report}");
+    println!("calls: a {} b {}", s.a.calls(), s.b.calls());
+    assert_eq!(s.a.calls() + s.b.calls(), 20 * 13 * 2);
+}
+
+#[test]
+fn drift_triggers_exploration_again() {
+    let s = setup(SelectorConfig::default());
+    let file = s
+        .engine
+        .open(Path::new("/virtual/drift.bin"), OpenMode::Create)
+        .unwrap();
+    let data = vec![1u8; 1 << 20]; // 1 MiB: b is best (210 µs vs 1058 µs)
+    for _ in 0..30 {
+        file.write_at(0, &data).unwrap();
+    }
+    assert_eq!(s.engine.selector_stats().reexplorations, 0);
+    assert_eq!(
+        s.engine.report().dictionary.contexts[0].choice.as_deref(),
+        Some("b")
+    );
+    // b's device slows down tenfold: after drift_count slow transfers the context is explored
+    // again and a wins.
+    s.b.set_costs(Costs::uniform(Cost::new(2_000_000, 2.0)));
+    for _ in 0..30 {
+        file.write_at(0, &data).unwrap();
+    }
+    let stats = s.engine.selector_stats();
+    assert_eq!(stats.reexplorations, 1);
+    assert_eq!(
+        s.engine.report().dictionary.contexts[0].choice.as_deref(),
+        Some("a")
+    );
+    assert_eq!(s.engine.report().dictionary.contexts[0].reexplorations, 1);
+}
+
+#[test]
+fn pinning_overrides_the_selector() {
+    let s = setup(SelectorConfig::default());
+    let file = s
+        .engine
+        .open(Path::new("/virtual/pin.bin"), OpenMode::Create)
+        .unwrap();
+    s.engine.pin(Some("a")).unwrap();
+    let data = vec![1u8; 1 << 22];
+    for _ in 0..5 {
+        file.write_at(0, &data).unwrap();
+    }
+    assert_eq!(s.b.calls(), 0);
+    assert!(s.engine.pin(Some("nope")).is_err());
+    s.engine.pin(None).unwrap();
+    file.pin(Some("b")).unwrap();
+    file.write_at(0, &data).unwrap();
+    assert_eq!(s.b.calls(), 1);
+}
+
+#[test]
+fn cpu_objective_prefers_the_backend_that_spares_the_cpu() {
+    let clock = VirtualClock::new();
+    let store: Arc<dyn Backend> = Arc::new(MemoryBackend::new());
+    // "busy" is faster but burns CPU on every byte; "idle" is slower and spares the CPU.
+    let busy = Throttled::virtual_clock(
+        "busy",
+        store.clone(),
+        Costs::uniform(Cost::new(1_000, 0.3).with_cpu(1_000, 0.3)),
+        &clock,
+    );
+    let idle = Throttled::virtual_clock(
+        "idle",
+        store,
+        Costs::uniform(Cost::new(1_000, 0.5).with_cpu(1_000, 0.01)),
+        &clock,
+    );
+    let run = |objective| {
+        let c = clock.clone();
+        let engine = Engine::builder()
+            .registry(Registry::new())
+            .backend(Arc::new(busy.clone()))
+            .backend(Arc::new(idle.clone()))
+            .objective(objective)
+            .clock(move || ClockReading {
+                wall: c.wall(),
+                cpu: c.cpu(),
+            })
+            .build()
+            .unwrap();
+        let file = engine
+            .open(Path::new("/virtual/cpu.bin"), OpenMode::Create)
+            .unwrap();
+        let data = vec![0u8; 1 << 20];
+        for _ in 0..20 {
+            file.write_at(0, &data).unwrap();
+        }
+        engine.report().dictionary.contexts[0]
+            .choice
+            .clone()
+            .unwrap()
+    };
+    assert_eq!(run(fastensor::Objective::Time), "busy");
+    assert_eq!(run(fastensor::Objective::Cpu), "idle");
+}
+
+#[test]
+fn profile_round_trip_through_the_engine() {
+    let dir = tempfile::tempdir().unwrap();
+    let profile = dir.path().join("profile.toml");
+    let clock = VirtualClock::new();
+    let store: Arc<dyn Backend> = Arc::new(MemoryBackend::new());
+    let a = Arc::new(Throttled::virtual_clock(
+        "a",
+        store.clone(),
+        Costs::uniform(costs_a()),
+        &clock,
+    ));
+    let b = Arc::new(Throttled::virtual_clock(
+        "b",
+        store,
+        Costs::uniform(costs_b()),
+        &clock,
+    ));
+    let build = || {
+        let c = clock.clone();
+        Engine::builder()
+            .registry(Registry::new())
+            .backend(a.clone())
+            .backend(b.clone())
+            .profile(&profile)
+            .clock(move || ClockReading {
+                wall: c.wall(),
+                cpu: c.cpu(),
+            })
+            .build()
+            .unwrap()
+    };
+    let engine = build();
+    assert!(engine.load_warning().is_none());
+    let file = engine
+        .open(Path::new("/virtual/p.bin"), OpenMode::Create)
+        .unwrap();
+    let data = vec![0u8; 4096];
+    for _ in 0..10 {
+        file.write_at(0, &data).unwrap();
+    }
+    engine.save_profile().unwrap();
+    let saved = engine.dictionary();
+    // A second engine starts from the profile: no exploration at all.
+    let again = build();
+    assert!(again.load_warning().is_none());
+    assert_eq!(again.dictionary(), saved);
+    let file = again
+        .open(Path::new("/virtual/p.bin"), OpenMode::Create)
+        .unwrap();
+    let calls_b = b.calls();
+    for _ in 0..10 {
+        file.write_at(0, &data).unwrap();
+    }
+    assert_eq!(again.selector_stats().explorations, 0);
+    assert_eq!(b.calls(), calls_b, "a is the choice for 4 KiB");
+}
+
+#[test]
+fn engine_is_send_and_sync_and_works_from_threads() {
+    fn assert_send_sync<T: Send + Sync>() {}
+    assert_send_sync::<Engine>();
+    assert_send_sync::<fastensor::EngineFile>();
+    let s = setup(SelectorConfig::default());
+    let file = Arc::new(
+        s.engine
+            .open(Path::new("/virtual/threads.bin"), OpenMode::Create)
+            .unwrap(),
+    );
+    file.write_at(0, &vec![0u8; 8 * 65536]).unwrap();
+    std::thread::scope(|scope| {
+        for t in 0..8u8 {
+            let file = file.clone();
+            scope.spawn(move || {
+                let data = vec![t + 1; 65536];
+                for _ in 0..20 {
+                    file.write_at(u64::from(t) * 65536, &data).unwrap();
+                    let mut back = vec![0u8; 65536];
+                    file.read_at(u64::from(t) * 65536, &mut back).unwrap();
+                    assert_eq!(back, data);
+                }
+            });
+        }
+    });
+    assert!(s.engine.selector_stats().observations >= 8 * 20 * 2);
+}
