@@ -12,7 +12,10 @@ fn backends_lists_the_posix_family_as_available() {
     assert!(out.status.success());
     let text = String::from_utf8(out.stdout).unwrap();
     for name in ["posix ", "posix-direct", "mmap"] {
-        let line = text.lines().find(|l| l.starts_with(name)).unwrap_or_else(|| panic!("{name} missing:\n{text}"));
+        let line = text
+            .lines()
+            .find(|l| l.starts_with(name))
+            .unwrap_or_else(|| panic!("{name} missing:\n{text}"));
         assert!(line.contains("available"), "{line}");
         assert!(line.contains("built in"), "{line}");
     }
@@ -24,7 +27,16 @@ fn bench_writes_a_table_json_and_csv() {
     let json = dir.path().join("out.json");
     let csv = dir.path().join("out.csv");
     let out = fastensor()
-        .args(["bench", "--sizes", "4K,1M", "--repeat", "1", "--backends", "posix,posix-direct,mmap", "--dir"])
+        .args([
+            "bench",
+            "--sizes",
+            "4K,1M",
+            "--repeat",
+            "1",
+            "--backends",
+            "posix,posix-direct,mmap",
+            "--dir",
+        ])
         .arg(dir.path())
         .arg("--json")
         .arg(&json)
@@ -32,13 +44,26 @@ fn bench_writes_a_table_json_and_csv() {
         .arg(&csv)
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let table = String::from_utf8(out.stdout).unwrap();
-    assert!(table.contains("x posix") && table.contains("CPU s/GiB"), "{table}");
+    assert!(
+        table.contains("x posix") && table.contains("CPU s/GiB"),
+        "{table}"
+    );
     for row in ["posix-direct", "mmap", "raw"] {
-        assert!(table.lines().any(|l| l.contains(row) && l.contains("1 MiB")), "{row} missing:\n{table}");
+        assert!(
+            table
+                .lines()
+                .any(|l| l.contains(row) && l.contains("1 MiB")),
+            "{row} missing:\n{table}"
+        );
     }
-    let report: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     assert_eq!(report["schema"], "fastensor-bench/1");
     let cells = report["cells"].as_array().unwrap();
     // 2 sizes x (3 readers + raw) reads + 2 sizes x (2 writers + raw) writes
@@ -52,13 +77,19 @@ fn bench_writes_a_table_json_and_csv() {
     let csv = std::fs::read_to_string(&csv).unwrap();
     assert_eq!(csv.lines().count(), 1 + cells.len());
     // Nothing left behind in the bench directory but the reports.
-    let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+    let left: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
     assert_eq!(left.len(), 2, "{left:?}");
 }
 
 #[test]
 fn bench_on_a_missing_directory_fails_clearly() {
-    let out = fastensor().args(["bench", "--quick", "--dir", "/nonexistent/fastensor"]).output().unwrap();
+    let out = fastensor()
+        .args(["bench", "--quick", "--dir", "/nonexistent/fastensor"])
+        .output()
+        .unwrap();
     assert!(!out.status.success());
     let err = String::from_utf8(out.stderr).unwrap();
     assert!(err.contains("/nonexistent/fastensor"), "{err}");
@@ -67,15 +98,25 @@ fn bench_on_a_missing_directory_fails_clearly() {
 #[test]
 fn bench_with_an_unknown_backend_lists_the_known_ones() {
     let dir = tempfile::tempdir().unwrap();
-    let out = fastensor().args(["bench", "--backends", "nope", "--dir"]).arg(dir.path()).output().unwrap();
+    let out = fastensor()
+        .args(["bench", "--backends", "nope", "--dir"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
     assert!(!out.status.success());
     let err = String::from_utf8(out.stderr).unwrap();
-    assert!(err.contains("no backend named `nope`") && err.contains("posix-direct"), "{err}");
+    assert!(
+        err.contains("no backend named `nope`") && err.contains("posix-direct"),
+        "{err}"
+    );
 }
 
 #[test]
 fn bad_sizes_are_refused_by_the_parser() {
-    let out = fastensor().args(["bench", "--sizes", "12Q", "--dir", "/tmp"]).output().unwrap();
+    let out = fastensor()
+        .args(["bench", "--sizes", "12Q", "--dir", "/tmp"])
+        .output()
+        .unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8(out.stderr).unwrap().contains("12Q"));
 }

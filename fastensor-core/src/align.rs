@@ -76,10 +76,38 @@ mod tests {
 
     #[test]
     fn examples() {
-        assert_eq!(split(0, 4097, 4096), Split { head: 0..0, middle: 0..4096, tail: 4096..4097 });
-        assert_eq!(split(10, 20, 4096), Split { head: 10..30, middle: 30..30, tail: 30..30 });
-        assert_eq!(split(10, 8192, 4096), Split { head: 10..4096, middle: 4096..8192, tail: 8192..8202 });
-        assert_eq!(split(4096, 0, 4096), Split { head: 4096..4096, middle: 4096..4096, tail: 4096..4096 });
+        assert_eq!(
+            split(0, 4097, 4096),
+            Split {
+                head: 0..0,
+                middle: 0..4096,
+                tail: 4096..4097
+            }
+        );
+        assert_eq!(
+            split(10, 20, 4096),
+            Split {
+                head: 10..30,
+                middle: 30..30,
+                tail: 30..30
+            }
+        );
+        assert_eq!(
+            split(10, 8192, 4096),
+            Split {
+                head: 10..4096,
+                middle: 4096..8192,
+                tail: 8192..8202
+            }
+        );
+        assert_eq!(
+            split(4096, 0, 4096),
+            Split {
+                head: 4096..4096,
+                middle: 4096..4096,
+                tail: 4096..4096
+            }
+        );
         assert_eq!(align_up(u64::MAX, 4096), align_down(u64::MAX, 4096));
     }
 

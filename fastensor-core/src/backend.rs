@@ -74,7 +74,10 @@ impl Capabilities {
             parts.push("device".to_string());
         }
         if self.offset_alignment > 1 || self.memory_alignment > 1 {
-            parts.push(format!("align={}", self.offset_alignment.max(self.memory_alignment)));
+            parts.push(format!(
+                "align={}",
+                self.offset_alignment.max(self.memory_alignment)
+            ));
         }
         parts.push(format!("qd={}", self.queue_depth));
         if self.native_batch {
@@ -157,7 +160,9 @@ pub trait Backend: Send + Sync + 'static {
 
 impl fmt::Debug for dyn Backend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Backend").field("name", &self.name()).finish()
+        f.debug_struct("Backend")
+            .field("name", &self.name())
+            .finish()
     }
 }
 
@@ -255,7 +260,9 @@ pub trait BackendFile: Send + Sync {
 
 impl fmt::Debug for dyn BackendFile {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("BackendFile").field("path", &self.path()).finish()
+        f.debug_struct("BackendFile")
+            .field("path", &self.path())
+            .finish()
     }
 }
 

@@ -257,7 +257,9 @@ mod tests {
             .with_offset(4096);
         assert_eq!(err.kind(), ErrorKind::NotFound);
         let text = err.to_string();
-        assert!(text.starts_with("cannot open for reading: /x/y.bin (backend posix, offset 4096): "));
+        assert!(
+            text.starts_with("cannot open for reading: /x/y.bin (backend posix, offset 4096): ")
+        );
         assert_eq!(err.raw_os_error(), Some(2));
     }
 
@@ -272,7 +274,9 @@ mod tests {
 
     #[test]
     fn first_context_wins() {
-        let err = Error::new(ErrorKind::Io, "x").with_path("/a").with_path("/b");
+        let err = Error::new(ErrorKind::Io, "x")
+            .with_path("/a")
+            .with_path("/b");
         assert_eq!(err.path(), Some(Path::new("/a")));
     }
 }

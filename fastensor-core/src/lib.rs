@@ -20,9 +20,7 @@ pub use backend::{
 pub use context::{CacheState, Direction, FileLocation, Purpose, TransferContext};
 pub use dtype::DType;
 pub use error::{kind_of_io, Error, ErrorKind, Result};
-pub use memory::{
-    DeviceSlice, DeviceSliceMut, HostBuffer, MemMut, MemRef, MemoryKind, PAGE_ALIGN,
-};
+pub use memory::{DeviceSlice, DeviceSliceMut, HostBuffer, MemMut, MemRef, MemoryKind, PAGE_ALIGN};
 pub use registry::{BackendRegistration, Entry, Origin, Registry};
 pub use tensor::TensorDesc;
 

@@ -209,7 +209,10 @@ impl<'a> DeviceSlice<'a> {
 
     /// The sub-range `start..start + len`. Panics when it is out of bounds.
     pub fn slice(&self, start: usize, len: usize) -> DeviceSlice<'a> {
-        assert!(start.checked_add(len).is_some_and(|e| e <= self.len), "device slice out of range");
+        assert!(
+            start.checked_add(len).is_some_and(|e| e <= self.len),
+            "device slice out of range"
+        );
         DeviceSlice {
             ptr: self.ptr + start as u64,
             len,
@@ -320,7 +323,9 @@ impl<'a> MemRef<'a> {
     pub fn kind(&self) -> MemoryKind {
         match self {
             MemRef::Host(_) => MemoryKind::Host,
-            MemRef::Device(d) => MemoryKind::Device { ordinal: d.ordinal() },
+            MemRef::Device(d) => MemoryKind::Device {
+                ordinal: d.ordinal(),
+            },
         }
     }
 
@@ -386,7 +391,9 @@ impl<'a> MemMut<'a> {
     pub fn kind(&self) -> MemoryKind {
         match self {
             MemMut::Host(_) => MemoryKind::Host,
-            MemMut::Device(d) => MemoryKind::Device { ordinal: d.ordinal() },
+            MemMut::Device(d) => MemoryKind::Device {
+                ordinal: d.ordinal(),
+            },
         }
     }
 
@@ -479,7 +486,10 @@ mod tests {
     fn chunks_cover_the_buffer_in_order() {
         let mut v = vec![0u8; 10];
         let parts = MemMut::from(&mut v[..]).chunks(4);
-        assert_eq!(parts.iter().map(|p| p.len()).collect::<Vec<_>>(), vec![4, 4, 2]);
+        assert_eq!(
+            parts.iter().map(|p| p.len()).collect::<Vec<_>>(),
+            vec![4, 4, 2]
+        );
         for (i, p) in parts.into_iter().enumerate() {
             if let MemMut::Host(s) = p {
                 s.fill(i as u8 + 1);

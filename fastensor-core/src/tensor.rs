@@ -54,9 +54,15 @@ mod tests {
 
     #[test]
     fn byte_len_counts_elements_times_size() {
-        assert_eq!(TensorDesc::new("a", DType::F32, [2, 3]).byte_len().unwrap(), 24);
+        assert_eq!(
+            TensorDesc::new("a", DType::F32, [2, 3]).byte_len().unwrap(),
+            24
+        );
         assert_eq!(TensorDesc::new("s", DType::F64, []).byte_len().unwrap(), 8);
-        assert_eq!(TensorDesc::new("e", DType::F16, [0, 7]).byte_len().unwrap(), 0);
+        assert_eq!(
+            TensorDesc::new("e", DType::F16, [0, 7]).byte_len().unwrap(),
+            0
+        );
         let big = TensorDesc::new("big", DType::F64, [u64::MAX / 2, 3]);
         assert_eq!(big.byte_len().unwrap_err().kind(), ErrorKind::InvalidInput);
     }

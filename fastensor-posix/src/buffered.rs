@@ -3,8 +3,8 @@
 
 use crate::sys;
 use fastensor_core::{
-    unsupported_memory, Availability, Backend, BackendFile, Capabilities, Error, ErrorKind,
-    MemMut, MemRef, OpenMode, Result,
+    unsupported_memory, Availability, Backend, BackendFile, Capabilities, Error, ErrorKind, MemMut,
+    MemRef, OpenMode, Result,
 };
 use std::fs::File;
 use std::path::{Path, PathBuf};

@@ -10,8 +10,8 @@
 
 use crate::sys;
 use fastensor_core::{
-    unsupported_memory, Availability, Backend, BackendFile, Capabilities, Error, ErrorKind,
-    MemMut, MemRef, OpenMode, Result,
+    unsupported_memory, Availability, Backend, BackendFile, Capabilities, Error, ErrorKind, MemMut,
+    MemRef, OpenMode, Result,
 };
 use memmap2::{Advice, Mmap};
 use parking_lot::RwLock;
@@ -87,7 +87,8 @@ impl MmapFile {
         } else {
             // SAFETY: the map is read-only and private to this handle; the module docs state
             // the remaining hazard (another process truncating the file).
-            let map = unsafe { Mmap::map(&self.file) }.map_err(|e| self.err(e, "mmap failed", 0))?;
+            let map =
+                unsafe { Mmap::map(&self.file) }.map_err(|e| self.err(e, "mmap failed", 0))?;
             Some(map)
         };
         Ok(())
@@ -135,10 +136,12 @@ impl BackendFile for MmapFile {
     }
 
     fn write_at(&self, offset: u64, _src: MemRef<'_>) -> Result<()> {
-        Err(Error::new(ErrorKind::Unsupported, "the mmap backend is read-only")
-            .with_backend(MMAP)
-            .with_path(&self.path)
-            .with_offset(offset))
+        Err(
+            Error::new(ErrorKind::Unsupported, "the mmap backend is read-only")
+                .with_backend(MMAP)
+                .with_path(&self.path)
+                .with_offset(offset),
+        )
     }
 
     fn sync(&self) -> Result<()> {
@@ -153,9 +156,11 @@ impl BackendFile for MmapFile {
     }
 
     fn set_len(&self, len: u64) -> Result<()> {
-        Err(Error::new(ErrorKind::Unsupported, "the mmap backend is read-only")
-            .with_backend(MMAP)
-            .with_path(&self.path)
-            .with_offset(len))
+        Err(
+            Error::new(ErrorKind::Unsupported, "the mmap backend is read-only")
+                .with_backend(MMAP)
+                .with_path(&self.path)
+                .with_offset(len),
+        )
     }
 }

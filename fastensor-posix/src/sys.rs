@@ -47,13 +47,17 @@ pub fn open_file(path: &Path, mode: OpenMode, direct: bool, backend: &str) -> Re
         }
         Err(e) => return Err(Error::io(e, what).with_path(path).with_backend(backend)),
     };
-    let meta = file
-        .metadata()
-        .map_err(|e| Error::io(e, "cannot stat").with_path(path).with_backend(backend))?;
-    if meta.is_dir() {
-        return Err(Error::new(ErrorKind::InvalidInput, "is a directory, not a file")
+    let meta = file.metadata().map_err(|e| {
+        Error::io(e, "cannot stat")
             .with_path(path)
-            .with_backend(backend));
+            .with_backend(backend)
+    })?;
+    if meta.is_dir() {
+        return Err(
+            Error::new(ErrorKind::InvalidInput, "is a directory, not a file")
+                .with_path(path)
+                .with_backend(backend),
+        );
     }
     Ok(file)
 }
@@ -106,6 +110,8 @@ pub fn file_location(path: &Path) -> FileLocation {
             format!("{}:{}", rustix::fs::major(dev), rustix::fs::minor(dev))
         })
         .unwrap_or_default();
+    // `f_type`'s integer type differs between architectures.
+    #[allow(clippy::unnecessary_cast)]
     let fs_type = rustix::fs::statfs(&probe)
         .map(|s| fs_name(s.f_type as i64))
         .unwrap_or_default();
@@ -160,7 +166,13 @@ pub fn pwrite_all(file: &File, buf: &[u8], offset: u64) -> std::io::Result<()> {
 }
 
 /// Wraps an OS error of a transfer with its context.
-pub fn transfer_error(err: std::io::Error, what: &str, backend: &str, path: &Path, offset: u64) -> Error {
+pub fn transfer_error(
+    err: std::io::Error,
+    what: &str,
+    backend: &str,
+    path: &Path,
+    offset: u64,
+) -> Error {
     Error::io(err, what)
         .with_backend(backend)
         .with_path(path)

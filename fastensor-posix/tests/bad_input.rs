@@ -61,7 +61,9 @@ fn a_file_system_refusing_o_direct_gives_unsupported() {
     // ramfs refuses it too, for files we create.
     if let Some(m) = Mount::new("ramfs", "mode=755") {
         let path = m.path().join("t.bin");
-        let err = DirectBackend::default().open(&path, OpenMode::Create).unwrap_err();
+        let err = DirectBackend::default()
+            .open(&path, OpenMode::Create)
+            .unwrap_err();
         assert_eq!(err.kind(), ErrorKind::Unsupported, "{err}");
         assert!(err.to_string().contains("t.bin"), "{err}");
         // The page-cache backend works there.
@@ -72,7 +74,9 @@ fn a_file_system_refusing_o_direct_gives_unsupported() {
 
 #[test]
 fn a_full_disk_gives_storage_full_naming_the_file() {
-    let Some(m) = Mount::new("tmpfs", "size=1m") else { return };
+    let Some(m) = Mount::new("tmpfs", "size=1m") else {
+        return;
+    };
     let data = HostBuffer::new(4 << 20).unwrap();
     for b in backends() {
         if !b.capabilities().write {
@@ -96,7 +100,11 @@ fn an_immutable_file_refuses_writers() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("frozen.bin");
     std::fs::write(&path, [7u8; 8192]).unwrap();
-    let frozen = Command::new("chattr").arg("+i").arg(&path).status().is_ok_and(|s| s.success());
+    let frozen = Command::new("chattr")
+        .arg("+i")
+        .arg(&path)
+        .status()
+        .is_ok_and(|s| s.success());
     if !frozen {
         eprintln!("skipped: chattr +i is not available here");
         return;
@@ -104,7 +112,11 @@ fn an_immutable_file_refuses_writers() {
     for b in backends() {
         for mode in [OpenMode::ReadWrite, OpenMode::Truncate] {
             let err = b.open(&path, mode).unwrap_err();
-            let expected = if b.capabilities().write { ErrorKind::PermissionDenied } else { ErrorKind::Unsupported };
+            let expected = if b.capabilities().write {
+                ErrorKind::PermissionDenied
+            } else {
+                ErrorKind::Unsupported
+            };
             assert_eq!(err.kind(), expected, "{} {mode:?}: {err}", b.name());
             assert!(err.to_string().contains("frozen.bin"), "{err}");
         }
@@ -115,7 +127,11 @@ fn an_immutable_file_refuses_writers() {
         assert!(buf.iter().all(|&x| x == 7));
     }
     let _ = Command::new("chattr").arg("-i").arg(&path).status();
-    assert_eq!(std::fs::read(&path).unwrap(), vec![7u8; 8192], "nothing was changed");
+    assert_eq!(
+        std::fs::read(&path).unwrap(),
+        vec![7u8; 8192],
+        "nothing was changed"
+    );
 }
 
 #[test]
@@ -128,7 +144,9 @@ fn device_memory_on_a_host_backend_is_unsupported() {
         // SAFETY: the pointer is never dereferenced: host backends refuse device memory
         // before touching it.
         let dst = unsafe { fastensor_core::DeviceSliceMut::from_raw(0x1000, 4096, 0) };
-        let err = f.read_at(0, fastensor_core::MemMut::Device(dst)).unwrap_err();
+        let err = f
+            .read_at(0, fastensor_core::MemMut::Device(dst))
+            .unwrap_err();
         assert_eq!(err.kind(), ErrorKind::Unsupported, "{err}");
         assert!(err.to_string().contains("device:0"), "{err}");
     }
@@ -138,7 +156,10 @@ fn device_memory_on_a_host_backend_is_unsupported() {
 fn an_overflowing_offset_is_invalid_input() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("o.bin");
-    for b in [Box::new(PosixBackend) as Box<dyn Backend>, Box::new(DirectBackend::default())] {
+    for b in [
+        Box::new(PosixBackend) as Box<dyn Backend>,
+        Box::new(DirectBackend::default()),
+    ] {
         let f = b.open(&path, OpenMode::Create).unwrap();
         let err = f.write_at(u64::MAX - 2, b"abcdef"[..].into()).unwrap_err();
         assert!(matches!(err.kind(), ErrorKind::InvalidInput), "{err}");

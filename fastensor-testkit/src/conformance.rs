@@ -12,8 +12,8 @@
 use crate::data;
 use crate::test_memory::{HostMemory, TestMemory};
 use fastensor_core::{
-    Availability, Backend, BackendFile, Capabilities, ErrorKind, MemoryKind, OpenMode,
-    ReadRequest, WriteRequest,
+    Availability, Backend, BackendFile, Capabilities, ErrorKind, MemoryKind, OpenMode, ReadRequest,
+    WriteRequest,
 };
 use std::fmt;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -43,19 +43,71 @@ impl fmt::Debug for Check {
 /// Every check of the suite, in the order they run.
 pub fn checks() -> Vec<Check> {
     vec![
-        Check { name: "round_trip_sizes", needs_write: false, run: round_trip_sizes },
-        Check { name: "unaligned_offsets_and_buffers", needs_write: false, run: unaligned_offsets_and_buffers },
-        Check { name: "overwrite_keeps_neighbours", needs_write: true, run: overwrite_keeps_neighbours },
-        Check { name: "read_past_end_is_short", needs_write: false, run: read_past_end_is_short },
-        Check { name: "batch_of_small_requests", needs_write: false, run: batch_of_small_requests },
-        Check { name: "threads_share_one_handle", needs_write: false, run: threads_share_one_handle },
-        Check { name: "missing_file_is_not_found", needs_write: false, run: missing_file_is_not_found },
-        Check { name: "directory_is_refused", needs_write: false, run: directory_is_refused },
-        Check { name: "read_only_handle_refuses_writes", needs_write: true, run: read_only_handle_refuses_writes },
-        Check { name: "zero_length_transfers", needs_write: false, run: zero_length_transfers },
-        Check { name: "write_past_end_sets_exact_length", needs_write: true, run: write_past_end_sets_exact_length },
-        Check { name: "set_len_cuts_and_extends", needs_write: true, run: set_len_cuts_and_extends },
-        Check { name: "proptest_offsets_lengths_alignment", needs_write: false, run: proptest_offsets_lengths_alignment },
+        Check {
+            name: "round_trip_sizes",
+            needs_write: false,
+            run: round_trip_sizes,
+        },
+        Check {
+            name: "unaligned_offsets_and_buffers",
+            needs_write: false,
+            run: unaligned_offsets_and_buffers,
+        },
+        Check {
+            name: "overwrite_keeps_neighbours",
+            needs_write: true,
+            run: overwrite_keeps_neighbours,
+        },
+        Check {
+            name: "read_past_end_is_short",
+            needs_write: false,
+            run: read_past_end_is_short,
+        },
+        Check {
+            name: "batch_of_small_requests",
+            needs_write: false,
+            run: batch_of_small_requests,
+        },
+        Check {
+            name: "threads_share_one_handle",
+            needs_write: false,
+            run: threads_share_one_handle,
+        },
+        Check {
+            name: "missing_file_is_not_found",
+            needs_write: false,
+            run: missing_file_is_not_found,
+        },
+        Check {
+            name: "directory_is_refused",
+            needs_write: false,
+            run: directory_is_refused,
+        },
+        Check {
+            name: "read_only_handle_refuses_writes",
+            needs_write: true,
+            run: read_only_handle_refuses_writes,
+        },
+        Check {
+            name: "zero_length_transfers",
+            needs_write: false,
+            run: zero_length_transfers,
+        },
+        Check {
+            name: "write_past_end_sets_exact_length",
+            needs_write: true,
+            run: write_past_end_sets_exact_length,
+        },
+        Check {
+            name: "set_len_cuts_and_extends",
+            needs_write: true,
+            run: set_len_cuts_and_extends,
+        },
+        Check {
+            name: "proptest_offsets_lengths_alignment",
+            needs_write: false,
+            run: proptest_offsets_lengths_alignment,
+        },
     ]
 }
 
@@ -126,11 +178,21 @@ impl<'a> Harness<'a> {
     }
 
     /// Writes `data` at `offset` from a test buffer `misalign` bytes past a page boundary.
-    pub fn write(&self, file: &dyn BackendFile, offset: u64, data: &[u8], misalign: usize) -> CheckResult {
+    pub fn write(
+        &self,
+        file: &dyn BackendFile,
+        offset: u64,
+        data: &[u8],
+        misalign: usize,
+    ) -> CheckResult {
         let mut buf = self.memory.alloc(data.len(), misalign);
         buf.upload(data);
-        file.write_at(offset, buf.as_mem())
-            .map_err(|e| format!("write_at({offset}, {} bytes, misalign {misalign}) failed: {e}", data.len()))
+        file.write_at(offset, buf.as_mem()).map_err(|e| {
+            format!(
+                "write_at({offset}, {} bytes, misalign {misalign}) failed: {e}",
+                data.len()
+            )
+        })
     }
 
     /// Writes `data` at `offset` of `path`: through the backend when it writes, else with
@@ -154,13 +216,21 @@ impl<'a> Harness<'a> {
 
     /// Reads `len` bytes at `offset` into a test buffer `misalign` bytes past a page
     /// boundary; returns the bytes read (short at end of file).
-    pub fn read(&self, file: &dyn BackendFile, offset: u64, len: usize, misalign: usize) -> Result<Vec<u8>, String> {
+    pub fn read(
+        &self,
+        file: &dyn BackendFile,
+        offset: u64,
+        len: usize,
+        misalign: usize,
+    ) -> Result<Vec<u8>, String> {
         let mut buf = self.memory.alloc(len, misalign);
-        let n = file
-            .read_at(offset, buf.as_mem_mut())
-            .map_err(|e| format!("read_at({offset}, {len} bytes, misalign {misalign}) failed: {e}"))?;
+        let n = file.read_at(offset, buf.as_mem_mut()).map_err(|e| {
+            format!("read_at({offset}, {len} bytes, misalign {misalign}) failed: {e}")
+        })?;
         if n > len {
-            return Err(format!("read_at returned {n} bytes for a {len}-byte buffer"));
+            return Err(format!(
+                "read_at returned {n} bytes for a {len}-byte buffer"
+            ));
         }
         let mut out = buf.download();
         out.truncate(n);
@@ -173,7 +243,10 @@ impl<'a> Harness<'a> {
         let len = f.len().map_err(|e| format!("len failed: {e}"))? as usize;
         let got = self.read(f.as_ref(), 0, len, 0)?;
         if got.len() != len {
-            return Err(format!("read {} of {len} bytes of the whole file", got.len()));
+            return Err(format!(
+                "read {} of {len} bytes of the whole file",
+                got.len()
+            ));
         }
         Ok(got)
     }
@@ -193,9 +266,20 @@ fn compare(what: &str, got: &[u8], want: &[u8]) -> CheckResult {
 const MIB: usize = 1 << 20;
 
 fn round_trip_sizes(h: &Harness<'_>) -> CheckResult {
-    for (i, size) in [0, 1, 511, 4095, 4096, 4097, MIB - 1, MIB, MIB + 1, 64 * MIB + 3]
-        .into_iter()
-        .enumerate()
+    for (i, size) in [
+        0,
+        1,
+        511,
+        4095,
+        4096,
+        4097,
+        MIB - 1,
+        MIB,
+        MIB + 1,
+        64 * MIB + 3,
+    ]
+    .into_iter()
+    .enumerate()
     {
         let path = h.path("size");
         let want = data::bytes(size, 100 + i as u64);
@@ -203,7 +287,9 @@ fn round_trip_sizes(h: &Harness<'_>) -> CheckResult {
         let f = h.open(&path, OpenMode::Read)?;
         let len = f.len().map_err(|e| e.to_string())?;
         if len != size as u64 {
-            return Err(format!("after writing {size} bytes the file is {len} bytes long"));
+            return Err(format!(
+                "after writing {size} bytes the file is {len} bytes long"
+            ));
         }
         let got = h.read(f.as_ref(), 0, size, 0)?;
         compare(&format!("round trip of {size} bytes"), &got, &want)?;
@@ -229,11 +315,19 @@ fn unaligned_offsets_and_buffers(h: &Harness<'_>) -> CheckResult {
                 want[offset as usize..end].copy_from_slice(&chunk);
                 let f = h.open(&path, OpenMode::Read)?;
                 let got = h.read(f.as_ref(), offset, len, (misalign + 3) % 4096)?;
-                compare(&format!("region at {offset}+{len} (buffer misaligned by {misalign})"), &got, &chunk)?;
+                compare(
+                    &format!("region at {offset}+{len} (buffer misaligned by {misalign})"),
+                    &got,
+                    &chunk,
+                )?;
             }
         }
     }
-    compare("whole file after unaligned writes", &h.read_whole(&path)?, &want)
+    compare(
+        "whole file after unaligned writes",
+        &h.read_whole(&path)?,
+        &want,
+    )
 }
 
 fn overwrite_keeps_neighbours(h: &Harness<'_>) -> CheckResult {
@@ -241,7 +335,12 @@ fn overwrite_keeps_neighbours(h: &Harness<'_>) -> CheckResult {
     let mut want = data::bytes(MIB, 11);
     h.create(&path, &want)?;
     let f = h.open(&path, OpenMode::ReadWrite)?;
-    for (offset, len) in [(300_001usize, 5000usize), (4096, 4096), (65_535, 2), (MIB - 10, 10)] {
+    for (offset, len) in [
+        (300_001usize, 5000usize),
+        (4096, 4096),
+        (65_535, 2),
+        (MIB - 10, 10),
+    ] {
         let patch = data::bytes(len, offset as u64);
         h.write(f.as_ref(), offset as u64, &patch, 0)?;
         want[offset..offset + len].copy_from_slice(&patch);
@@ -266,7 +365,10 @@ fn read_past_end_is_short(h: &Harness<'_>) -> CheckResult {
     for offset in [10_000u64, 10_001, 1 << 40] {
         let got = h.read(f.as_ref(), offset, 4096, 0)?;
         if !got.is_empty() {
-            return Err(format!("read at {offset}, past the end, returned {} bytes", got.len()));
+            return Err(format!(
+                "read at {offset}, past the end, returned {} bytes",
+                got.len()
+            ));
         }
     }
     Ok(())
@@ -293,9 +395,13 @@ fn batch_of_small_requests(h: &Harness<'_>) -> CheckResult {
         let reqs: Vec<WriteRequest<'_>> = layout
             .iter()
             .zip(&bufs)
-            .map(|((off, _), b)| WriteRequest { offset: *off, src: b.as_mem() })
+            .map(|((off, _), b)| WriteRequest {
+                offset: *off,
+                src: b.as_mem(),
+            })
             .collect();
-        f.write_batch(&reqs).map_err(|e| format!("write_batch failed: {e}"))?;
+        f.write_batch(&reqs)
+            .map_err(|e| format!("write_batch failed: {e}"))?;
         f.sync().map_err(|e| e.to_string())?;
     } else {
         for (off, bytes) in &layout {
@@ -311,16 +417,29 @@ fn batch_of_small_requests(h: &Harness<'_>) -> CheckResult {
     let mut reqs: Vec<ReadRequest<'_>> = layout
         .iter()
         .zip(bufs.iter_mut())
-        .map(|((off, _), b)| ReadRequest { offset: *off, dst: b.as_mem_mut(), done: 0 })
+        .map(|((off, _), b)| ReadRequest {
+            offset: *off,
+            dst: b.as_mem_mut(),
+            done: 0,
+        })
         .collect();
-    f.read_batch(&mut reqs).map_err(|e| format!("read_batch failed: {e}"))?;
+    f.read_batch(&mut reqs)
+        .map_err(|e| format!("read_batch failed: {e}"))?;
     let done: Vec<usize> = reqs.iter().map(|r| r.done).collect();
     drop(reqs);
     for (i, ((off, want), buf)) in layout.iter().zip(&bufs).enumerate() {
         if done[i] != want.len() {
-            return Err(format!("batch request {i} at {off}: {} of {} bytes read", done[i], want.len()));
+            return Err(format!(
+                "batch request {i} at {off}: {} of {} bytes read",
+                done[i],
+                want.len()
+            ));
         }
-        compare(&format!("batch request {i} at {off}"), &buf.download(), want)?;
+        compare(
+            &format!("batch request {i} at {off}"),
+            &buf.download(),
+            want,
+        )?;
     }
     Ok(())
 }
@@ -329,7 +448,9 @@ fn threads_share_one_handle(h: &Harness<'_>) -> CheckResult {
     const THREADS: usize = 8;
     const REGION: usize = 100_003; // not a multiple of any block: neighbours share blocks
     let path = h.path("threads");
-    let regions: Vec<Vec<u8>> = (0..THREADS).map(|i| data::bytes(REGION, 500 + i as u64)).collect();
+    let regions: Vec<Vec<u8>> = (0..THREADS)
+        .map(|i| data::bytes(REGION, 500 + i as u64))
+        .collect();
     let want: Vec<u8> = regions.concat();
     if h.caps.write {
         let f = h.open(&path, OpenMode::Truncate)?;
@@ -340,7 +461,13 @@ fn threads_share_one_handle(h: &Harness<'_>) -> CheckResult {
                 .enumerate()
                 .map(|(i, r)| s.spawn(move || h.write(f, (i * REGION) as u64, r, i % 2)))
                 .collect();
-            handles.into_iter().map(|t| t.join().unwrap_or_else(|_| Err("writer thread panicked".into()))).collect()
+            handles
+                .into_iter()
+                .map(|t| {
+                    t.join()
+                        .unwrap_or_else(|_| Err("writer thread panicked".into()))
+                })
+                .collect()
         });
         results.into_iter().collect::<CheckResult>()?;
         f.sync().map_err(|e| e.to_string())?;
@@ -360,7 +487,13 @@ fn threads_share_one_handle(h: &Harness<'_>) -> CheckResult {
                 })
             })
             .collect();
-        handles.into_iter().map(|t| t.join().unwrap_or_else(|_| Err("reader thread panicked".into()))).collect()
+        handles
+            .into_iter()
+            .map(|t| {
+                t.join()
+                    .unwrap_or_else(|_| Err("reader thread panicked".into()))
+            })
+            .collect()
     });
     results.into_iter().collect::<CheckResult>()?;
     compare("file written by threads", &h.read_whole(&path)?, &want)
@@ -368,12 +501,19 @@ fn threads_share_one_handle(h: &Harness<'_>) -> CheckResult {
 
 fn missing_file_is_not_found(h: &Harness<'_>) -> CheckResult {
     let path = h.path("missing");
-    let modes: &[OpenMode] = if h.caps.write { &[OpenMode::Read, OpenMode::ReadWrite] } else { &[OpenMode::Read] };
+    let modes: &[OpenMode] = if h.caps.write {
+        &[OpenMode::Read, OpenMode::ReadWrite]
+    } else {
+        &[OpenMode::Read]
+    };
     for &mode in modes {
         match h.backend.open(&path, mode) {
             Ok(_) => return Err(format!("opening a missing file ({mode:?}) succeeded")),
             Err(e) if e.kind() != ErrorKind::NotFound => {
-                return Err(format!("missing file ({mode:?}) gave {:?}, not NotFound: {e}", e.kind()))
+                return Err(format!(
+                    "missing file ({mode:?}) gave {:?}, not NotFound: {e}",
+                    e.kind()
+                ))
             }
             Err(e) if !e.to_string().contains(&*path.to_string_lossy()) => {
                 return Err(format!("the error does not name the file: {e}"))
@@ -387,12 +527,19 @@ fn missing_file_is_not_found(h: &Harness<'_>) -> CheckResult {
 fn directory_is_refused(h: &Harness<'_>) -> CheckResult {
     let dir = h.path("dir");
     std::fs::create_dir(&dir).map_err(|e| e.to_string())?;
-    let modes: &[OpenMode] = if h.caps.write { &[OpenMode::Read, OpenMode::ReadWrite, OpenMode::Create] } else { &[OpenMode::Read] };
+    let modes: &[OpenMode] = if h.caps.write {
+        &[OpenMode::Read, OpenMode::ReadWrite, OpenMode::Create]
+    } else {
+        &[OpenMode::Read]
+    };
     for &mode in modes {
         match h.backend.open(&dir, mode) {
             Ok(_) => return Err(format!("opening a directory ({mode:?}) succeeded")),
             Err(e) if e.kind() != ErrorKind::InvalidInput => {
-                return Err(format!("a directory ({mode:?}) gave {:?}, not InvalidInput: {e}", e.kind()))
+                return Err(format!(
+                    "a directory ({mode:?}) gave {:?}, not InvalidInput: {e}",
+                    e.kind()
+                ))
             }
             Err(e) if !e.to_string().contains(&*dir.to_string_lossy()) => {
                 return Err(format!("the error does not name the directory: {e}"))
@@ -417,13 +564,24 @@ fn read_only_handle_refuses_writes(h: &Harness<'_>) -> CheckResult {
         }
         Err(_) => {}
     }
-    compare("file after a refused write", &h.read_whole(&path)?, &content)
+    compare(
+        "file after a refused write",
+        &h.read_whole(&path)?,
+        &content,
+    )
 }
 
 fn zero_length_transfers(h: &Harness<'_>) -> CheckResult {
     let path = h.path("zero");
     h.create(&path, &[])?;
-    let f = h.open(&path, if h.caps.write { OpenMode::ReadWrite } else { OpenMode::Read })?;
+    let f = h.open(
+        &path,
+        if h.caps.write {
+            OpenMode::ReadWrite
+        } else {
+            OpenMode::Read
+        },
+    )?;
     if h.caps.write {
         h.write(f.as_ref(), 0, &[], 0)?;
         h.write(f.as_ref(), 5000, &[], 3)?;
@@ -446,7 +604,12 @@ fn zero_length_transfers(h: &Harness<'_>) -> CheckResult {
 }
 
 fn write_past_end_sets_exact_length(h: &Harness<'_>) -> CheckResult {
-    for (gap, len) in [(10_000u64, 5usize), (4096, 4096), (8191, 9000), (1 << 20, (1 << 20) + 1)] {
+    for (gap, len) in [
+        (10_000u64, 5usize),
+        (4096, 4096),
+        (8191, 9000),
+        (1 << 20, (1 << 20) + 1),
+    ] {
         let path = h.path("extend");
         let f = h.open(&path, OpenMode::Truncate)?;
         let patch = data::bytes(len, gap);
@@ -454,11 +617,17 @@ fn write_past_end_sets_exact_length(h: &Harness<'_>) -> CheckResult {
         f.sync().map_err(|e| e.to_string())?;
         let flen = f.len().map_err(|e| e.to_string())?;
         if flen != gap + len as u64 {
-            return Err(format!("a write of {len} bytes at {gap} left the file {flen} bytes long"));
+            return Err(format!(
+                "a write of {len} bytes at {gap} left the file {flen} bytes long"
+            ));
         }
         let mut want = vec![0u8; gap as usize];
         want.extend_from_slice(&patch);
-        compare(&format!("file after a write at {gap}"), &h.read_whole(&path)?, &want)?;
+        compare(
+            &format!("file after a write at {gap}"),
+            &h.read_whole(&path)?,
+            &want,
+        )?;
     }
     Ok(())
 }
@@ -468,9 +637,15 @@ fn set_len_cuts_and_extends(h: &Harness<'_>) -> CheckResult {
     let content = data::bytes(20_000, 21);
     h.create(&path, &content)?;
     let f = h.open(&path, OpenMode::ReadWrite)?;
-    f.set_len(5000).map_err(|e| format!("set_len(5000) failed: {e}"))?;
-    compare("file cut to 5000 bytes", &h.read_whole(&path)?, &content[..5000])?;
-    f.set_len(9000).map_err(|e| format!("set_len(9000) failed: {e}"))?;
+    f.set_len(5000)
+        .map_err(|e| format!("set_len(5000) failed: {e}"))?;
+    compare(
+        "file cut to 5000 bytes",
+        &h.read_whole(&path)?,
+        &content[..5000],
+    )?;
+    f.set_len(9000)
+        .map_err(|e| format!("set_len(9000) failed: {e}"))?;
     let mut want = content[..5000].to_vec();
     want.resize(9000, 0);
     compare("file extended to 9000 bytes", &h.read_whole(&path)?, &want)
@@ -492,7 +667,8 @@ fn proptest_offsets_lengths_alignment(h: &Harness<'_>) -> CheckResult {
     runner
         .run(&strategy, |(offset, len, misalign, seed)| {
             let chunk = data::bytes(len, seed);
-            h.put(&path, offset, &chunk, misalign).map_err(TestCaseError::fail)?;
+            h.put(&path, offset, &chunk, misalign)
+                .map_err(TestCaseError::fail)?;
             let mut want = want.lock().unwrap_or_else(|p| p.into_inner());
             let end = offset as usize + len;
             if want.len() < end {
@@ -500,7 +676,9 @@ fn proptest_offsets_lengths_alignment(h: &Harness<'_>) -> CheckResult {
             }
             want[offset as usize..end].copy_from_slice(&chunk);
             let f = h.open(&path, OpenMode::Read).map_err(TestCaseError::fail)?;
-            let got = h.read(f.as_ref(), offset, len, misalign).map_err(TestCaseError::fail)?;
+            let got = h
+                .read(f.as_ref(), offset, len, misalign)
+                .map_err(TestCaseError::fail)?;
             compare("region", &got, &chunk).map_err(TestCaseError::fail)?;
             let whole = h.read_whole(&path).map_err(TestCaseError::fail)?;
             compare("whole file", &whole, &want).map_err(TestCaseError::fail)?;
@@ -536,8 +714,16 @@ impl Report {
 impl fmt::Display for Report {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         if let Some(reason) = &self.skipped {
-            let req = if self.required { " but FASTENSOR_REQUIRE requires it" } else { "" };
-            return write!(f, "conformance of `{}`: SKIPPED, unavailable{req}: {reason}", self.backend);
+            let req = if self.required {
+                " but FASTENSOR_REQUIRE requires it"
+            } else {
+                ""
+            };
+            return write!(
+                f,
+                "conformance of `{}`: SKIPPED, unavailable{req}: {reason}",
+                self.backend
+            );
         }
         writeln!(
             f,
@@ -556,7 +742,9 @@ impl fmt::Display for Report {
 /// True when `FASTENSOR_REQUIRE` (comma-separated names, or `all`) names `backend`.
 pub fn required(backend: &str) -> bool {
     std::env::var("FASTENSOR_REQUIRE").is_ok_and(|v| {
-        v.split(',').map(str::trim).any(|n| n == backend || n == "all")
+        v.split(',')
+            .map(str::trim)
+            .any(|n| n == backend || n == "all")
     })
 }
 
@@ -586,13 +774,20 @@ pub fn run_with_memory(backend: &dyn Backend, memories: &[&dyn TestMemory]) -> R
         let harness = match Harness::new(backend, memory) {
             Ok(h) => h,
             Err(e) => {
-                report.failed.push(("setup".into(), format!("cannot create the test directory: {e}")));
+                report.failed.push((
+                    "setup".into(),
+                    format!("cannot create the test directory: {e}"),
+                ));
                 continue;
             }
         };
         for check in checks() {
             if check.needs_write && !caps.write {
-                eprintln!("conformance of `{}`: {} not applicable (read-only backend)", backend.name(), check.name);
+                eprintln!(
+                    "conformance of `{}`: {} not applicable (read-only backend)",
+                    backend.name(),
+                    check.name
+                );
                 continue;
             }
             let label = format!("{} [{}]", check.name, memory.kind());
@@ -620,7 +815,10 @@ pub fn assert_conformance(backend: &dyn Backend) -> Report {
 }
 
 /// Runs the suite over `memories` and panics with the failures, if any.
-pub fn assert_conformance_with_memory(backend: &dyn Backend, memories: &[&dyn TestMemory]) -> Report {
+pub fn assert_conformance_with_memory(
+    backend: &dyn Backend,
+    memories: &[&dyn TestMemory],
+) -> Report {
     assert_report(run_with_memory(backend, memories))
 }
 

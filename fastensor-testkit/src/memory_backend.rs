@@ -2,8 +2,8 @@
 //! offload and plugins without touching a disk, and as the simplest example of a backend.
 
 use fastensor_core::{
-    unsupported_memory, Availability, Backend, BackendFile, Capabilities, Error, ErrorKind,
-    MemMut, MemRef, OpenMode, Result,
+    unsupported_memory, Availability, Backend, BackendFile, Capabilities, Error, ErrorKind, MemMut,
+    MemRef, OpenMode, Result,
 };
 use parking_lot::{Mutex, RwLock};
 use std::collections::HashMap;
@@ -65,9 +65,11 @@ impl Backend for MemoryBackend {
 
     fn open(&self, path: &Path, mode: OpenMode) -> Result<Box<dyn BackendFile>> {
         if path.is_dir() {
-            return Err(Error::new(ErrorKind::InvalidInput, "is a directory, not a file")
-                .with_backend(self.name())
-                .with_path(path));
+            return Err(
+                Error::new(ErrorKind::InvalidInput, "is a directory, not a file")
+                    .with_backend(self.name())
+                    .with_path(path),
+            );
         }
         let mut files = self.files.lock();
         let store = match (mode, files.get(path)) {
@@ -76,10 +78,9 @@ impl Backend for MemoryBackend {
                 s.clone()
             }
             (_, Some(s)) => s.clone(),
-            (OpenMode::Create | OpenMode::Truncate, None) => files
-                .entry(path.to_path_buf())
-                .or_insert_with(Store::default)
-                .clone(),
+            (OpenMode::Create | OpenMode::Truncate, None) => {
+                files.entry(path.to_path_buf()).or_default().clone()
+            }
             (OpenMode::Read | OpenMode::ReadWrite, None) => {
                 return Err(Error::new(ErrorKind::NotFound, "no such file")
                     .with_backend(self.name())
@@ -145,7 +146,9 @@ impl BackendFile for MemoryFile {
         let end = offset
             .checked_add(buf.len() as u64)
             .and_then(|e| usize::try_from(e).ok())
-            .ok_or_else(|| self.error(ErrorKind::InvalidInput, "offset + length overflows", offset))?;
+            .ok_or_else(|| {
+                self.error(ErrorKind::InvalidInput, "offset + length overflows", offset)
+            })?;
         let mut data = self.store.write();
         if data.len() < end {
             data.resize(end, 0);

@@ -63,7 +63,13 @@ mod broken {
 fn the_suite_catches_a_backend_that_loses_bytes() {
     let report = fastensor_testkit::conformance::run(&broken::Lossy(MemoryBackend::new()));
     assert!(!report.ok());
-    assert!(report.failed.iter().any(|(name, _)| name.starts_with("round_trip_sizes")), "{report}");
+    assert!(
+        report
+            .failed
+            .iter()
+            .any(|(name, _)| name.starts_with("round_trip_sizes")),
+        "{report}"
+    );
 }
 
 #[test]
@@ -77,14 +83,19 @@ fn an_unavailable_backend_is_skipped_and_reported() {
             fastensor_core::Capabilities::default()
         }
         fn probe(&self) -> fastensor_core::Availability {
-            fastensor_core::Availability::Unavailable { reason: "libfoo.so.1 not found".into() }
+            fastensor_core::Availability::Unavailable {
+                reason: "libfoo.so.1 not found".into(),
+            }
         }
         fn open(
             &self,
             path: &std::path::Path,
             _: fastensor_core::OpenMode,
         ) -> fastensor_core::Result<Box<dyn fastensor_core::BackendFile>> {
-            Err(fastensor_core::Error::new(fastensor_core::ErrorKind::Unavailable, "missing").with_path(path))
+            Err(
+                fastensor_core::Error::new(fastensor_core::ErrorKind::Unavailable, "missing")
+                    .with_path(path),
+            )
         }
     }
     let report = fastensor_testkit::conformance::run(&Missing);

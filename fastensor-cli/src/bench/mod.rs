@@ -83,7 +83,10 @@ fn default_sizes(quick: bool) -> Vec<u64> {
     if quick {
         vec![4 << 10, 64 << 10, 1 << 20, 16 << 20, 256 << 20]
     } else {
-        (0..=8).map(|i| (4u64 << 10) << (2 * i)).filter(|&s| s <= 256 << 20).collect()
+        (0..=8)
+            .map(|i| (4u64 << 10) << (2 * i))
+            .filter(|&s| s <= 256 << 20)
+            .collect()
     }
 }
 
@@ -119,10 +122,16 @@ pub fn run(args: BenchArgs) -> Result<()> {
     if !args.no_raw {
         subjects.push(Subject::Raw);
     }
-    let sizes = args.sizes.clone().unwrap_or_else(|| default_sizes(args.quick));
+    let sizes = args
+        .sizes
+        .clone()
+        .unwrap_or_else(|| default_sizes(args.quick));
     let repeat = args.repeat.unwrap_or(if args.quick { 3 } else { 5 }).max(1);
     if !args.dir.is_dir() {
-        return Err(Error::new(ErrorKind::NotFound, "the bench directory does not exist").with_path(&args.dir));
+        return Err(
+            Error::new(ErrorKind::NotFound, "the bench directory does not exist")
+                .with_path(&args.dir),
+        );
     }
     let work = tempfile_dir(&args.dir)?;
     let result = run_cells(&args, &subjects, &sizes, repeat, work.path());
@@ -133,7 +142,10 @@ pub fn run(args: BenchArgs) -> Result<()> {
             let loc = fastensor_posix::sys::file_location(&args.dir);
             format!("{} ({})", loc.fs_type, loc.device)
         },
-        kernel: std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim().to_string(),
+        kernel: std::fs::read_to_string("/proc/sys/kernel/osrelease")
+            .unwrap_or_default()
+            .trim()
+            .to_string(),
         cells: result?,
     };
     report.compute_ratios();
@@ -207,8 +219,10 @@ fn run_cells(
         .sum();
     let bar = ProgressBar::new(total_bytes);
     bar.set_style(
-        ProgressStyle::with_template("{spinner} [{elapsed_precise}] {bar:30} {bytes}/{total_bytes} ETA {eta} {msg}")
-            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+        ProgressStyle::with_template(
+            "{spinner} [{elapsed_precise}] {bar:30} {bytes}/{total_bytes} ETA {eta} {msg}",
+        )
+        .unwrap_or_else(|_| ProgressStyle::default_bar()),
     );
     let mut cells = Vec::new();
     for &size in sizes {
@@ -229,14 +243,22 @@ fn run_cells(
                 if direction == "write" && !subject.writes() {
                     continue;
                 }
-                bar.set_message(format!("{} {direction} {}", subject.name(), format_size(size)));
+                bar.set_message(format!(
+                    "{} {direction} {}",
+                    subject.name(),
+                    format_size(size)
+                ));
                 let target = dir.join(format!("write-{}-{size}.bin", subject.name()));
                 let mut samples: Vec<Sample> = Vec::with_capacity(reps);
                 for rep in 0..reps {
                     let sample = match (direction, subject) {
-                        ("write", Subject::Backend(b)) => measure::write_backend(b.as_ref(), &target, &data),
+                        ("write", Subject::Backend(b)) => {
+                            measure::write_backend(b.as_ref(), &target, &data)
+                        }
                         ("write", Subject::Raw) => measure::write_raw(&target, &data),
-                        (_, Subject::Backend(b)) => measure::read_backend(b.as_ref(), &source, &mut sink),
+                        (_, Subject::Backend(b)) => {
+                            measure::read_backend(b.as_ref(), &source, &mut sink)
+                        }
                         (_, Subject::Raw) => measure::read_raw(&source, &mut sink),
                     }
                     .map_err(|e| with_subject(e, subject.name()))?;
@@ -278,7 +300,10 @@ fn fastensor_posix_fill(buf: &mut [u8], seed: u64) {
 
 fn cell(backend: &str, direction: &str, size: u64, samples: &[Sample]) -> Cell {
     let gib = size as f64 / (1u64 << 30) as f64;
-    let mut bw: Vec<f64> = samples.iter().map(|s| size as f64 / s.seconds.max(1e-9) / 1e9).collect();
+    let mut bw: Vec<f64> = samples
+        .iter()
+        .map(|s| size as f64 / s.seconds.max(1e-9) / 1e9)
+        .collect();
     let mut cpu: Vec<f64> = samples.iter().map(|s| s.cpu_seconds / gib).collect();
     let gbps_min = bw.iter().copied().fold(f64::INFINITY, f64::min);
     let gbps_max = bw.iter().copied().fold(0.0, f64::max);

@@ -72,15 +72,24 @@ impl Report {
         };
         let snapshot = self.cells.clone();
         for c in &mut self.cells {
-            c.ratio_to_posix = find(&snapshot, "posix", &c.direction, c.bytes).map(|p| c.gbps_median / p);
-            c.ratio_to_raw = find(&snapshot, "raw", &c.direction, c.bytes).map(|r| c.gbps_median / r);
+            c.ratio_to_posix =
+                find(&snapshot, "posix", &c.direction, c.bytes).map(|p| c.gbps_median / p);
+            c.ratio_to_raw =
+                find(&snapshot, "raw", &c.direction, c.bytes).map(|r| c.gbps_median / r);
         }
     }
 
     /// The human-readable table.
     pub fn table(&self) -> Table {
         let mut t = Table::new(&[
-            "size", "dir", "backend", "GB/s", "min..max", "x posix", "x raw", "CPU s/GiB",
+            "size",
+            "dir",
+            "backend",
+            "GB/s",
+            "min..max",
+            "x posix",
+            "x raw",
+            "CPU s/GiB",
         ]);
         let ratio = |r: Option<f64>| r.map_or("-".to_string(), |r| format!("{r:.2}"));
         for c in &self.cells {
