@@ -90,12 +90,11 @@ impl fmt::Display for Warning {
     }
 }
 
-fn corrupt(path: &Path, what: impl fmt::Display) -> Error {
+fn corrupt(what: impl fmt::Display) -> Error {
     Error::new(
         ErrorKind::Corrupt,
         format!("not a valid fastensor dictionary: {what}"),
     )
-    .with_path(path)
 }
 
 impl Dictionary {
@@ -110,11 +109,10 @@ impl Dictionary {
 
     /// Parses the TOML text of a dictionary (errors as [`Dictionary::read`]).
     pub fn parse(text: &str) -> Result<Dictionary> {
-        let nowhere = Path::new("");
-        let table: toml::Table = toml::from_str(text).map_err(|e| corrupt(nowhere, e))?;
+        let table: toml::Table = toml::from_str(text).map_err(|e| corrupt(e))?;
         let version = match table.get("version") {
             Some(toml::Value::Integer(v)) => *v,
-            _ => return Err(corrupt(nowhere, "no integer `version`")),
+            _ => return Err(corrupt("no integer `version`")),
         };
         if version != i64::from(FORMAT_VERSION) {
             return Err(Error::new(
@@ -124,15 +122,15 @@ impl Dictionary {
                 ),
             ));
         }
-        let dict: Dictionary = table.try_into().map_err(|e| corrupt(nowhere, e))?;
+        let dict: Dictionary = table.try_into().map_err(|e| corrupt(e))?;
         for c in &dict.contexts {
-            c.key().map_err(|m| corrupt(nowhere, m))?;
+            c.key().map_err(|m| corrupt(m))?;
             for cand in &c.candidates {
                 if cand.time_ns_per_byte.len() != cand.cpu_ns_per_byte.len() {
-                    return Err(corrupt(
-                        nowhere,
-                        format!("candidate `{}` has unpaired samples", cand.name),
-                    ));
+                    return Err(corrupt(format!(
+                        "candidate `{}` has unpaired samples",
+                        cand.name
+                    )));
                 }
             }
         }

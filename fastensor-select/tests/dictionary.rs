@@ -1,0 +1,222 @@
+//! Estimator properties (proptest) and the dictionary's TOML round trip, corruption and
+//! foreign-machine handling.
+
+use fastensor_core::{
+    CacheState, Direction, ErrorKind, FileLocation, MemoryKind, Purpose, TransferContext,
+};
+use fastensor_select::{Dictionary, Estimate, Observation, Selector, SelectorConfig};
+use proptest::prelude::*;
+use std::time::Duration;
+
+fn ctx(direction: Direction, bytes: u64, cache: CacheState) -> TransferContext {
+    TransferContext {
+        direction,
+        bytes,
+        memory: MemoryKind::Host,
+        location: FileLocation {
+            fs_type: "ext4".into(),
+            device: "259:1".into(),
+        },
+        in_flight: 1,
+        purpose: Purpose::General,
+        cache,
+    }
+}
+
+fn trained() -> Selector {
+    let mut s = Selector::new(SelectorConfig::default());
+    let mut f = s.fingerprint().clone();
+    f.kernel = fastensor_select::kernel_release();
+    s.set_fingerprint(f);
+    for (i, bytes) in [4096u64, 1 << 20, 1 << 24].into_iter().enumerate() {
+        for dir in [Direction::Read, Direction::Write] {
+            let c = ctx(
+                dir,
+                bytes,
+                if dir == Direction::Read {
+                    CacheState::Cold
+                } else {
+                    CacheState::Unknown
+                },
+            );
+            for round in 0..12u64 {
+                let choice = s.choose(&c, &["x", "y", "z"]).unwrap();
+                let per = match choice.backend.as_str() {
+                    "x" => 10 + i as u64,
+                    "y" => 12,
+                    _ => 40,
+                };
+                let wall = Duration::from_nanos(bytes * per / 10 + round % 3);
+                s.record(
+                    &c,
+                    &choice.backend,
+                    Observation {
+                        bytes,
+                        wall,
+                        cpu: wall / 3,
+                    },
+                );
+            }
+        }
+    }
+    s
+}
+
+#[test]
+fn toml_round_trip_is_exact() {
+    let s = trained();
+    let dict = s.dictionary();
+    let text = dict.to_toml();
+    assert!(text.contains("version = 1"), "{text}");
+    let back = Dictionary::parse(&text).unwrap();
+    assert_eq!(back, dict);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("p.toml");
+    s.save(&path).unwrap();
+    let (loaded, warning) = Selector::load(&path, SelectorConfig::default()).unwrap();
+    assert!(warning.is_none(), "{warning:?}");
+    assert_eq!(loaded.dictionary(), dict);
+    // No temporary file is left behind.
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+    println!("{dict}");
+}
+
+#[test]
+fn corrupt_dictionary_is_an_error_naming_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bad.toml");
+    for text in ["this is = = not toml", "version = 1\nobjective = 3", "version = 1\nobjective = \"time\"\n[fingerprint]\n[[context]]\ndirection = \"sideways\"\nmemory = \"host\"\nsize_class = 3\nin_flight = 0\ncache = \"cold\"\n"] {
+        std::fs::write(&path, text).unwrap();
+        let err = Selector::load(&path, SelectorConfig::default()).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Corrupt, "{err}");
+        assert_eq!(err.path(), Some(path.as_path()));
+        assert!(err.to_string().contains("bad.toml"));
+    }
+}
+
+#[test]
+fn other_machine_or_version_warns_and_starts_afresh() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("p.toml");
+    let mut dict = trained().dictionary();
+    dict.fingerprint.kernel = "0.0.1-elsewhere".into();
+    dict.save(&path).unwrap();
+    let (s, warning) = Selector::load(&path, SelectorConfig::default()).unwrap();
+    let warning = warning.expect("a warning");
+    assert!(warning.to_string().contains("another machine"), "{warning}");
+    assert!(s.keys().is_empty());
+
+    let text = trained()
+        .dictionary()
+        .to_toml()
+        .replace("version = 1", "version = 99");
+    std::fs::write(&path, text).unwrap();
+    let (s, warning) = Selector::load(&path, SelectorConfig::default()).unwrap();
+    assert!(warning.unwrap().to_string().contains("version 99"));
+    assert!(s.keys().is_empty());
+
+    // Missing: fresh, silently.
+    let (s, warning) =
+        Selector::load(&dir.path().join("none.toml"), SelectorConfig::default()).unwrap();
+    assert!(warning.is_none() && s.keys().is_empty());
+}
+
+#[test]
+fn cached_and_cold_reads_are_different_contexts() {
+    let mut s = Selector::new(SelectorConfig::default());
+    for cache in [CacheState::Cold, CacheState::Cached] {
+        let c = ctx(Direction::Read, 1 << 20, cache);
+        for _ in 0..20 {
+            let ch = s.choose(&c, &["page", "direct"]).unwrap();
+            let fast = (cache == CacheState::Cached) == (ch.backend == "page");
+            let wall = Duration::from_micros(if fast { 100 } else { 400 });
+            s.record(
+                &c,
+                &ch.backend,
+                Observation {
+                    bytes: 1 << 20,
+                    wall,
+                    cpu: Duration::ZERO,
+                },
+            );
+        }
+    }
+    let choices: Vec<_> = s
+        .keys()
+        .iter()
+        .map(|(k, v)| (k.cache, v.choice.clone().unwrap()))
+        .collect();
+    assert_eq!(
+        choices,
+        vec![
+            (CacheState::Cached, "page".to_string()),
+            (CacheState::Cold, "direct".to_string())
+        ]
+    );
+}
+
+proptest! {
+    #[test]
+    fn median_lies_within_the_samples_and_ignores_order(mut v in prop::collection::vec(0.0f64..1e6, 1..40), seed in any::<u64>()) {
+        let e = Estimate::of(&v).unwrap();
+        prop_assert!(e.min <= e.median && e.median <= e.max);
+        prop_assert!(e.mad >= 0.0 && e.mad <= e.max - e.min);
+        // Permutation invariance.
+        let n = v.len();
+        v.rotate_left((seed as usize) % n);
+        prop_assert_eq!(Estimate::of(&v).unwrap(), e);
+    }
+
+    #[test]
+    fn estimate_scales_with_the_data(v in prop::collection::vec(1.0f64..1e6, 1..40), k in 0.001f64..1000.0) {
+        let e = Estimate::of(&v).unwrap();
+        let scaled: Vec<f64> = v.iter().map(|x| x * k).collect();
+        let s = Estimate::of(&scaled).unwrap();
+        prop_assert!((s.median - e.median * k).abs() <= 1e-9 * s.median.abs().max(1.0));
+        prop_assert!((s.mad - e.mad * k).abs() <= 1e-9 * s.median.abs().max(1.0));
+    }
+
+    #[test]
+    fn a_minority_of_outliers_does_not_move_the_median_outside_the_clean_range(
+        clean in prop::collection::vec(100.0f64..200.0, 3..30),
+        outlier in 1e6f64..1e12,
+        count in 0usize..30,
+    ) {
+        let bad = count.min((clean.len() - 1) / 2);
+        let mut all = clean.clone();
+        all.extend(std::iter::repeat_n(outlier, bad));
+        let e = Estimate::of(&all).unwrap();
+        let lo = clean.iter().cloned().fold(f64::MAX, f64::min);
+        let hi = clean.iter().cloned().fold(f64::MIN, f64::max);
+        prop_assert!(e.median >= lo && e.median <= hi, "median {} outside [{lo}, {hi}]", e.median);
+    }
+
+    #[test]
+    fn constant_samples_have_no_spread(x in 0.0f64..1e9, n in 1usize..20) {
+        let e = Estimate::of(&vec![x; n]).unwrap();
+        prop_assert_eq!(e.median, x);
+        prop_assert_eq!(e.mad, 0.0);
+    }
+
+    #[test]
+    fn selector_picks_the_cheapest_of_well_separated_candidates(costs in prop::collection::vec(1u64..1000, 2..6), noise in 0u64..5) {
+        // Candidates whose costs differ by at least 2x apart from noise: the selector ends
+        // on the cheapest, within a bounded number of explorations.
+        let mut costs = costs;
+        costs.sort();
+        costs.dedup();
+        let costs: Vec<u64> = costs.iter().enumerate().map(|(i, c)| c * 100 * (1 << i)).collect();
+        let names: Vec<String> = (0..costs.len()).map(|i| format!("b{}", costs.len() - i)).collect();
+        let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+        let mut s = Selector::new(SelectorConfig::default());
+        let c = ctx(Direction::Write, 1 << 20, CacheState::Unknown);
+        for round in 0..(8 * costs.len() as u64) {
+            let ch = s.choose(&c, &refs).unwrap();
+            let i = names.iter().position(|n| *n == ch.backend).unwrap();
+            let wall = Duration::from_nanos(costs[i] + (round * 7919) % (noise + 1));
+            s.record(&c, &ch.backend, Observation { bytes: 1 << 20, wall, cpu: Duration::ZERO });
+        }
+        prop_assert_eq!(s.choose(&c, &refs).unwrap().backend, names[0].clone());
+        prop_assert!(s.stats().explorations <= (6 * costs.len()) as u64);
+    }
+}

@@ -1,0 +1,128 @@
+//! The engine on a real file system: data written through one backend is read back through
+//! every other, whatever the selector picks.
+
+use fastensor::{BackendFile, Engine, OpenMode};
+
+fn pattern(n: usize, seed: u8) -> Vec<u8> {
+    (0..n)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect()
+}
+
+#[test]
+fn every_backend_reads_what_any_other_wrote() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = Engine::builder().build().unwrap();
+    let names = engine.backend_names();
+    println!("backends: {names:?}");
+    let path = dir.path().join("coherent.bin");
+    let file = engine.open(&path, OpenMode::Truncate).unwrap();
+    let writers: Vec<&String> = names.iter().filter(|n| n.as_str() != "mmap").collect();
+    for (i, w) in writers.iter().enumerate() {
+        // Unaligned offsets and lengths too.
+        for (off, len) in [(0u64, 1 << 20), (4096 * 3 + 17, 100_003), (1 << 21, 4096)] {
+            let data = pattern(len, i as u8 + off as u8);
+            file.pin(Some(w)).unwrap();
+            file.write_at(off, &data).unwrap();
+            for r in &names {
+                file.pin(Some(r)).unwrap();
+                let mut back = vec![0u8; len];
+                assert_eq!(file.read_at(off, &mut back).unwrap(), len, "{w} -> {r}");
+                assert!(back == data, "written by {w}, read by {r} at {off}+{len}");
+            }
+        }
+    }
+    file.pin(None).unwrap();
+    // Automatic choice, many sizes, verified.
+    for k in 10..=22 {
+        let data = pattern(1 << k, k as u8);
+        file.write_at(0, &data).unwrap();
+        let mut back = vec![0u8; 1 << k];
+        file.read_at(0, &mut back).unwrap();
+        assert!(back == data, "size 2^{k}");
+    }
+    file.sync().unwrap();
+    // Cutting the file drops stale maps: reads stop at the new end.
+    file.set_len(5000).unwrap();
+    let mut back = vec![0u8; 8192];
+    for r in &names {
+        file.pin(Some(r)).unwrap();
+        assert_eq!(file.read_at(0, &mut back).unwrap(), 5000, "{r}");
+    }
+    println!("{}", engine.report());
+}
+
+#[test]
+fn truncate_happens_once_and_read_only_refuses_writes() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t.bin");
+    std::fs::write(&path, vec![9u8; 10_000]).unwrap();
+    let engine = Engine::new().unwrap();
+    let file = engine.open(&path, OpenMode::Truncate).unwrap();
+    assert_eq!(file.len().unwrap(), 0);
+    file.write_at(0, &[1u8; 100][..]).unwrap();
+    // Later handles (opened lazily by other backends) do not truncate again.
+    for _ in 0..30 {
+        file.write_at(100, &[2u8; 100][..]).unwrap();
+        let mut b = vec![0u8; 200];
+        assert_eq!(file.read_at(0, &mut b).unwrap(), 200);
+        assert_eq!(&b[..100], &[1u8; 100][..]);
+    }
+    drop(file);
+    let ro = engine.open(&path, OpenMode::Read).unwrap();
+    assert!(ro.write_at(0, &[0u8; 4][..]).is_err());
+    let missing = engine
+        .open(&dir.path().join("missing"), OpenMode::Read)
+        .unwrap_err();
+    assert_eq!(missing.kind(), fastensor::ErrorKind::NotFound);
+}
+
+#[test]
+fn cached_and_cold_reads_are_told_apart() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("c.bin");
+    std::fs::write(&path, pattern(1 << 20, 1)).unwrap();
+    let engine = Engine::builder().backends(["posix"]).build().unwrap();
+    let file = engine.open(&path, OpenMode::Read).unwrap();
+    let mut b = vec![0u8; 1 << 20];
+    file.read_at(0, &mut b).unwrap();
+    fastensor::engine::evict(&path).unwrap();
+    file.read_at(0, &mut b).unwrap();
+    let caches: Vec<String> = engine
+        .dictionary()
+        .contexts
+        .iter()
+        .map(|c| c.cache.clone())
+        .collect();
+    println!("{caches:?}");
+    assert!(caches.contains(&"cached".to_string()));
+    // tmpfs and some overlay file systems cannot drop their pages: cold only where they can.
+    let loc = file.location().fs_type.clone();
+    if loc != "tmpfs" && loc != "overlayfs" {
+        assert!(caches.contains(&"cold".to_string()), "{loc}: {caches:?}");
+    }
+}
+
+#[test]
+fn tune_returns_a_dictionary_with_both_directions() {
+    let dir = tempfile::tempdir().unwrap();
+    let options = fastensor::engine::TuneOptions {
+        sizes: vec![4096, 1 << 20],
+        max_rounds: 12,
+        ..Default::default()
+    };
+    let out = fastensor::engine::tune(dir.path(), &options).unwrap();
+    println!("{}", out.dictionary);
+    let dirs: Vec<&str> = out
+        .dictionary
+        .contexts
+        .iter()
+        .map(|c| c.direction.as_str())
+        .collect();
+    assert!(dirs.contains(&"read") && dirs.contains(&"write"));
+    assert_eq!(
+        std::fs::read_dir(dir.path()).unwrap().count(),
+        0,
+        "scratch file removed"
+    );
+}
