@@ -14,7 +14,7 @@ use crate::sys;
 use fastensor_core::align::{align_down, align_up, is_aligned, split, DirectAlignment};
 use fastensor_core::{
     parallel, unsupported_memory, Availability, Backend, BackendFile, Capabilities, Error,
-    ErrorKind, HostBuffer, MemMut, MemRef, OpenMode, Result,
+    ErrorKind, HostBuffer, MemMut, MemRef, OpenMode, Result, PAGE_ALIGN,
 };
 use parking_lot::Mutex;
 use std::fs::File;
@@ -121,8 +121,14 @@ impl DirectFile {
         config: DirectConfig,
         path: PathBuf,
     ) -> Self {
-        let block = align.offset.max(4096);
-        let chunk = align_up(config.chunk_size.max(1) as u64, block) as usize;
+        // Split at page boundaries at least, even where the device accepts 512-byte direct
+        // I/O: a buffered head or tail and a direct write must never share a page, or the
+        // kernel cannot invalidate the page around the direct write (EIO, stale data).
+        let align = DirectAlignment {
+            memory: align.memory,
+            offset: align.offset.max(PAGE_ALIGN as u64),
+        };
+        let chunk = align_up(config.chunk_size.max(1) as u64, align.offset) as usize;
         DirectFile {
             direct,
             buffered,
