@@ -109,7 +109,7 @@ impl Dictionary {
 
     /// Parses the TOML text of a dictionary (errors as [`Dictionary::read`]).
     pub fn parse(text: &str) -> Result<Dictionary> {
-        let table: toml::Table = toml::from_str(text).map_err(|e| corrupt(e))?;
+        let table: toml::Table = toml::from_str(text).map_err(corrupt)?;
         let version = match table.get("version") {
             Some(toml::Value::Integer(v)) => *v,
             _ => return Err(corrupt("no integer `version`")),
@@ -122,9 +122,9 @@ impl Dictionary {
                 ),
             ));
         }
-        let dict: Dictionary = table.try_into().map_err(|e| corrupt(e))?;
+        let dict: Dictionary = table.try_into().map_err(corrupt)?;
         for c in &dict.contexts {
-            c.key().map_err(|m| corrupt(m))?;
+            c.key().map_err(corrupt)?;
             for cand in &c.candidates {
                 if cand.time_ns_per_byte.len() != cand.cpu_ns_per_byte.len() {
                     return Err(corrupt(format!(

@@ -136,6 +136,17 @@ impl EngineFile {
             .collect()
     }
 
+    /// The handle of `backend` and whether it was opened just now (its first transfer
+    /// pays one-off set-up costs and is not measured).
+    fn handle_fresh(&self, c: &Candidate) -> Result<(Handle, bool)> {
+        let known = self
+            .handles
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains_key(c.name());
+        Ok((self.handle(c)?, !known))
+    }
+
     /// The handle of `backend`, opened when first needed.
     fn handle(&self, c: &Candidate) -> Result<Handle> {
         if let Some((h, _)) = self
@@ -304,7 +315,7 @@ impl EngineFile {
                         .expect("the selector chooses among the names given")
                 }
             };
-            let handle = match self.handle(chosen) {
+            let (handle, fresh) = match self.handle_fresh(chosen) {
                 Ok(h) => h,
                 Err(e) if refusal(e.kind()) => {
                     self.refused().insert(chosen.name().to_string());
@@ -319,8 +330,9 @@ impl EngineFile {
             match result {
                 Ok(v) => {
                     let n = moved(&v);
-                    // A short read (end of file) measures nothing useful.
-                    if n == bytes {
+                    // A short read (end of file) measures nothing useful, nor does the first
+                    // transfer of a new handle (it pays set-up costs once).
+                    if n == bytes && !fresh {
                         let (wall, cpu) = end.since(start);
                         let obs = Observation {
                             bytes: n as u64,
@@ -413,6 +425,26 @@ impl EngineFile {
         BackendFile::sync(self)
     }
 
+    /// Makes every write durable (see [`BackendFile::sync`]).
+    pub fn sync(&self) -> Result<()> {
+        BackendFile::sync(self)
+    }
+
+    /// The file's current length.
+    pub fn len(&self) -> Result<u64> {
+        BackendFile::len(self)
+    }
+
+    /// True when the file is empty.
+    pub fn is_empty(&self) -> Result<bool> {
+        Ok(BackendFile::len(self)? == 0)
+    }
+
+    /// Sets the file's length (see [`BackendFile::set_len`]).
+    pub fn set_len(&self, len: u64) -> Result<()> {
+        BackendFile::set_len(self, len)
+    }
+
     /// Reads into `dst` from `offset` (a `&mut [u8]`, `&mut Vec<u8>`, `&mut HostBuffer` or
     /// device memory); returns the bytes read, short only at the end of the file.
     pub fn read_at<'a>(&self, offset: u64, dst: impl Into<MemMut<'a>>) -> Result<usize> {
@@ -445,7 +477,7 @@ fn location_of(path: &Path) -> FileLocation {
         })
         .unwrap_or_default();
     let fs_type = rustix::fs::statfs(&probe)
-        .map(|s| fs_name(s.f_type as i64))
+        .map(|s| fs_name(s.f_type))
         .unwrap_or_default();
     FileLocation { fs_type, device }
 }

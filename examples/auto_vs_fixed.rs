@@ -1,0 +1,235 @@
+//! `auto` against every fixed backend, in one run, on a real disk.
+//!
+//! `cargo run --release --example auto_vs_fixed -- DIR [--quick]`
+//!
+//! For each size class, and then for a shuffled mix of all sizes, every engine (one per fixed
+//! backend, then `auto` from a cold start, then `auto` warm with what the cold run learned)
+//! runs three timed phases on its own file in DIR:
+//!
+//! * `write`: the whole file in transfers of the size (not synced inside the timing; the file
+//!   is synced and its page cache dropped, untimed, afterwards);
+//! * `cold`: read it all back from the device;
+//! * `cached`: read it all again (now mostly cached, for page-cache backends).
+//!
+//! Ratios are time / time of the best fixed backend of the same row (lower is better).
+//! `mmap` cannot write: its write phase uses `posix` and it is left out of the mixed total.
+
+use fastensor::engine::evict;
+use fastensor::{BackendFile, Engine, EngineFile, OpenMode};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+/// One engine configuration.
+struct Contender {
+    label: String,
+    engine: Engine,
+}
+
+#[derive(Debug, Clone, Copy, Default)]
+struct Phases {
+    write: Duration,
+    cold: Duration,
+    cached: Duration,
+}
+
+impl Phases {
+    fn total(&self) -> Duration {
+        self.write + self.cold + self.cached
+    }
+}
+
+/// The transfers of one workload: (offset, length).
+fn layout(sizes: &[(usize, usize)], seed: u64) -> Vec<(u64, usize)> {
+    let mut items: Vec<usize> = sizes
+        .iter()
+        .flat_map(|&(s, n)| std::iter::repeat(s).take(n))
+        .collect();
+    // Deterministic shuffle (splitmix64).
+    let mut state = seed;
+    let mut next = || {
+        state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    };
+    for i in (1..items.len()).rev() {
+        let j = (next() % (i as u64 + 1)) as usize;
+        items.swap(i, j);
+    }
+    let mut off = 0u64;
+    items
+        .into_iter()
+        .map(|s| {
+            let o = off;
+            off += s as u64;
+            (o, s)
+        })
+        .collect()
+}
+
+fn run(
+    engine: &Engine,
+    write_engine: &Engine,
+    path: &Path,
+    work: &[(u64, usize)],
+    buf: &mut [u8],
+) -> fastensor::Result<Phases> {
+    let mut p = Phases::default();
+    {
+        let file: EngineFile = write_engine.open(path, OpenMode::Truncate)?;
+        let t = Instant::now();
+        for &(off, len) in work {
+            file.write_at(off, &buf[..len])?;
+        }
+        p.write = t.elapsed();
+        file.sync()?;
+    }
+    evict(path)?;
+    let file = engine.open(path, OpenMode::Read)?;
+    let t = Instant::now();
+    for &(off, len) in work {
+        let n = file.read_at(off, &mut buf[..len])?;
+        assert_eq!(n, len);
+    }
+    p.cold = t.elapsed();
+    let t = Instant::now();
+    for &(off, len) in work {
+        file.read_at(off, &mut buf[..len])?;
+    }
+    p.cached = t.elapsed();
+    drop(file);
+    std::fs::remove_file(path).ok();
+    Ok(p)
+}
+
+fn main() -> fastensor::Result<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let dir = PathBuf::from(args.first().cloned().unwrap_or_else(|| ".".into()));
+    let quick = args.iter().any(|a| a == "--quick");
+    let scale = if quick { 4 } else { 1 };
+    // (size, transfers per phase)
+    let classes: Vec<(usize, usize)> = vec![
+        (4 << 10, 4096 / scale),
+        (64 << 10, 512 / scale),
+        (1 << 20, 96 / scale),
+        (8 << 20, 24 / scale),
+    ];
+    let all = fastensor::registry();
+    let names: Vec<String> = Engine::builder().registry(all).build()?.backend_names();
+    println!("dir {}  backends {names:?}", dir.display());
+    let profile = dir.join(".auto_vs_fixed-profile.toml");
+    let _ = std::fs::remove_file(&profile);
+    let posix = Engine::builder().backends(["posix"]).build()?;
+    let mut buf = vec![0u8; 8 << 20];
+    for (i, b) in buf.iter_mut().enumerate() {
+        *b = (i as u32).wrapping_mul(2_654_435_761).to_le_bytes()[1];
+    }
+
+    let mut rows: Vec<(String, Vec<(String, Phases)>)> = Vec::new();
+    let mut workloads: Vec<(String, Vec<(u64, usize)>)> = classes
+        .iter()
+        .map(|&(s, n)| {
+            (
+                fastensor::select::human_bytes(s as u64),
+                layout(&[(s, n)], 1),
+            )
+        })
+        .collect();
+    workloads.push((
+        "mixed".into(),
+        layout(
+            &classes.iter().map(|&(s, n)| (s, n / 2)).collect::<Vec<_>>(),
+            7,
+        ),
+    ));
+
+    // One auto engine for the whole run (cold start), a second one warm from its profile.
+    let auto_cold = Engine::builder().profile(&profile).build()?;
+    let mut auto_warm: Option<Engine> = None;
+    for (label, work) in &workloads {
+        let mut results = Vec::new();
+        let mut contenders: Vec<Contender> = names
+            .iter()
+            .map(|n| Contender {
+                label: n.clone(),
+                engine: Engine::builder()
+                    .backends([n.as_str()])
+                    .build()
+                    .expect("available"),
+            })
+            .collect();
+        contenders.push(Contender {
+            label: "auto".into(),
+            engine: auto_cold.clone(),
+        });
+        for c in &contenders {
+            let writer = if c.label == "mmap" { &posix } else { &c.engine };
+            let path = dir.join(format!(".auto_vs_fixed-{}.bin", c.label));
+            let p = run(&c.engine, writer, &path, work, &mut buf)?;
+            results.push((c.label.clone(), p));
+        }
+        rows.push((label.clone(), results));
+    }
+    auto_cold.save_profile()?;
+    // Warm: the same workloads again with the profile learned above (no exploration left
+    // for the contexts already seen).
+    let warm = Engine::builder().profile(&profile).build()?;
+    if let Some(w) = warm.load_warning() {
+        println!("warning: {w}");
+    }
+    for (i, (_, work)) in workloads.iter().enumerate() {
+        let path = dir.join(".auto_vs_fixed-warm.bin");
+        let p = run(&warm, &warm, &path, work, &mut buf)?;
+        rows[i].1.push(("auto-warm".into(), p));
+    }
+    auto_warm.replace(warm);
+
+    println!();
+    println!("{:8} {:12} {:>10} {:>10} {:>10} {:>10}   ratios to the best fixed (write cold cached total)", "size", "engine", "write ms", "cold ms", "cached ms", "total ms");
+    for (label, results) in &rows {
+        let fixed: Vec<&(String, Phases)> = results
+            .iter()
+            .filter(|(n, _)| !n.starts_with("auto"))
+            .collect();
+        let full: Vec<&&(String, Phases)> = fixed.iter().filter(|(n, _)| n != "mmap").collect();
+        let best = |f: &dyn Fn(&Phases) -> Duration, set: &[&(String, Phases)]| {
+            set.iter().map(|(_, p)| f(p)).min().unwrap_or_default()
+        };
+        let full_refs: Vec<&(String, Phases)> = full.iter().map(|x| **x).collect();
+        let bw = best(&|p| p.write, &full_refs);
+        let bc = best(&|p| p.cold, &fixed);
+        let bk = best(&|p| p.cached, &fixed);
+        let bt = best(&|p| p.total(), &full_refs);
+        for (name, p) in results {
+            let ms = |d: Duration| d.as_secs_f64() * 1e3;
+            let r = |a: Duration, b: Duration| a.as_secs_f64() / b.as_secs_f64().max(1e-12);
+            println!(
+                "{:8} {:12} {:10.1} {:10.1} {:10.1} {:10.1}   {:5.2} {:5.2} {:5.2} {}",
+                label,
+                name,
+                ms(p.write),
+                ms(p.cold),
+                ms(p.cached),
+                ms(p.total()),
+                r(p.write, bw),
+                r(p.cold, bc),
+                r(p.cached, bk),
+                if name == "mmap" {
+                    "  n/a (read-only)".to_string()
+                } else {
+                    format!("{:5.2}", r(p.total(), bt))
+                },
+            );
+        }
+    }
+    println!("\nauto (cold start) report:\n{}", auto_cold.report());
+    if let Some(w) = auto_warm {
+        println!(
+            "auto-warm: explorations {}",
+            w.selector_stats().explorations
+        );
+    }
+    let _ = std::fs::remove_file(&profile);
+    Ok(())
+}
