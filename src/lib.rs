@@ -8,6 +8,7 @@
 
 pub mod checkpoint;
 pub mod engine;
+pub mod offload;
 
 pub use fastensor_core as core;
 pub use fastensor_core::{

@@ -11,6 +11,7 @@
 
 pub mod conformance;
 pub mod data;
+pub mod faulty;
 mod memory_backend;
 pub mod test_memory;
 pub mod throttled;

@@ -1,0 +1,153 @@
+//! Feature-map (activation) offload: tensors go to one swap file on an SSD while compute
+//! goes on, and come back ahead of the `get` that needs them.
+//!
+//! An [`OffloadStore`] keeps, under a memory budget, the tensors handed to
+//! [`OffloadStore::put`] while background I/O threads write them to a preallocated swap
+//! file opened through the [`Engine`](crate::Engine) (purpose
+//! [`Purpose::Offload`](crate::core::Purpose)), so every transfer takes the fastest
+//! backend. [`OffloadStore::get`] returns a tensor, from memory when it is still there (being
+//! written, or prefetched), and prefetches the tensors expected next: by default in backward
+//! order (last in, first out), or in the order given to [`OffloadStore::hint_order`].
+//!
+//! ```no_run
+//! use fastensor::offload::{OffloadConfig, OffloadStore};
+//! use fastensor::{Engine, HostBuffer};
+//! # fn main() -> fastensor::Result<()> {
+//! let engine = Engine::new()?;
+//! let store = OffloadStore::new(&engine, OffloadConfig::new("/scratch", 256 << 20))?;
+//! let mut handles = Vec::new();
+//! for layer in 0..32 {
+//!     let activation = HostBuffer::new(64 << 20)?; // forward pass output
+//!     handles.push(store.put(activation, format!("layer{layer}"))?);
+//! }
+//! while let Some(h) = handles.pop() {
+//!     let activation = store.get(&h)?; // backward pass; the next ones are prefetched
+//!     drop(h); // frees its space in the swap file
+//!     # let _ = activation;
+//! }
+//! println!("{:?}", store.stats());
+//! # Ok(()) }
+//! ```
+//!
+//! Only host memory is handled for now; device memory (GPU activations staged or sent
+//! directly with GPUDirect Storage) can come later through the same engine.
+
+mod allocator;
+mod schedule;
+mod state;
+mod store;
+mod worker;
+
+pub use allocator::{round_up, Extent, ExtentAllocator, EXTENT_ALIGN};
+pub use schedule::Schedule;
+pub use store::{Handle, OffloadStore};
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Settings of an [`OffloadStore`].
+#[derive(Debug, Clone)]
+pub struct OffloadConfig {
+    /// The directory of the swap file (on the SSD).
+    pub dir: PathBuf,
+    /// Most bytes the store holds in memory: tensors being written, being read back, or
+    /// prefetched. `put` waits rather than exceed it. Small tensors are not counted.
+    pub budget: u64,
+    /// How many of the tensors expected next are kept coming back (budget permitting).
+    pub prefetch_depth: usize,
+    /// Tensors smaller than this (bytes) stay in memory and never touch the file.
+    pub small_threshold: usize,
+    /// Background I/O threads.
+    pub io_threads: usize,
+    /// Bytes preallocated in the swap file at creation (it grows when needed).
+    pub initial_capacity: u64,
+    /// Use this backend for the swap file instead of letting the engine choose.
+    pub pin: Option<String>,
+}
+
+impl OffloadConfig {
+    /// A swap file in `dir` and a memory budget of `budget` bytes; prefetch depth 4, small
+    /// threshold 64 KiB, 2 I/O threads, nothing preallocated, no pinned backend.
+    pub fn new(dir: impl Into<PathBuf>, budget: u64) -> Self {
+        OffloadConfig {
+            dir: dir.into(),
+            budget,
+            prefetch_depth: 4,
+            small_threshold: 64 << 10,
+            io_threads: 2,
+            initial_capacity: 0,
+            pin: None,
+        }
+    }
+
+    /// Sets [`OffloadConfig::prefetch_depth`].
+    pub fn prefetch_depth(mut self, depth: usize) -> Self {
+        self.prefetch_depth = depth;
+        self
+    }
+
+    /// Sets [`OffloadConfig::small_threshold`].
+    pub fn small_threshold(mut self, bytes: usize) -> Self {
+        self.small_threshold = bytes;
+        self
+    }
+
+    /// Sets [`OffloadConfig::io_threads`] (at least 1).
+    pub fn io_threads(mut self, n: usize) -> Self {
+        self.io_threads = n.max(1);
+        self
+    }
+
+    /// Sets [`OffloadConfig::initial_capacity`].
+    pub fn initial_capacity(mut self, bytes: u64) -> Self {
+        self.initial_capacity = bytes;
+        self
+    }
+
+    /// Sets [`OffloadConfig::pin`].
+    pub fn pin(mut self, backend: impl Into<String>) -> Self {
+        self.pin = Some(backend.into());
+        self
+    }
+}
+
+/// Counters of an [`OffloadStore`], from [`OffloadStore::stats`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct OffloadStats {
+    /// The memory budget (bytes).
+    pub budget: u64,
+    /// Bytes held now: being written, being read back, or prefetched.
+    pub held_bytes: u64,
+    /// The most bytes ever held at once (resident plus in flight); never above the budget.
+    pub peak_held_bytes: u64,
+    /// Bytes of small tensors kept in memory (not counted in the budget).
+    pub small_bytes: u64,
+    /// The swap file's capacity (bytes).
+    pub file_capacity: u64,
+    /// Bytes of the swap file allocated to live tensors.
+    pub file_allocated: u64,
+    /// Tensors put.
+    pub puts: u64,
+    /// Tensors got.
+    pub gets: u64,
+    /// Gets answered from memory (small, being written, or prefetched) without waiting.
+    pub gets_from_memory: u64,
+    /// Gets that waited for a read in flight.
+    pub gets_waited: u64,
+    /// Gets that read the disk themselves (nothing prefetched).
+    pub gets_from_disk: u64,
+    /// Bytes written to the swap file.
+    pub bytes_written: u64,
+    /// Bytes read from the swap file.
+    pub bytes_read: u64,
+    /// Prefetch reads issued.
+    pub prefetches: u64,
+    /// Prefetched tensors dropped from memory to make room for a `put`.
+    pub evictions: u64,
+    /// Background transfers that failed.
+    pub errors: u64,
+    /// Time `put` waited for the budget (backpressure).
+    pub put_wait: Duration,
+    /// Time `get` waited for I/O (in flight or its own read).
+    pub get_stall: Duration,
+}

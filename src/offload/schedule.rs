@@ -1,0 +1,90 @@
+//! The order in which offloaded tensors are expected back, from which the store decides what
+//! to prefetch next.
+
+use std::collections::BTreeMap;
+
+/// The expected order of `get`s.
+#[derive(Debug, Default, Clone)]
+pub struct Schedule {
+    /// An explicit order given by [`crate::offload::OffloadStore::hint_order`]; `None`:
+    /// backward order (last in, first out).
+    hint: Option<Vec<u64>>,
+    /// The last tensor taken with `get` (the schedule's cursor).
+    cursor: Option<u64>,
+}
+
+impl Schedule {
+    /// Sets an explicit order; the cursor moves before its first tensor.
+    pub fn set_hint(&mut self, ids: Vec<u64>) {
+        self.hint = Some(ids);
+        self.cursor = None;
+    }
+
+    /// Back to the default backward (LIFO) order.
+    pub fn clear_hint(&mut self) {
+        self.hint = None;
+    }
+
+    /// Records that `id` was taken: prefetching continues after it.
+    pub fn taken(&mut self, id: u64) {
+        self.cursor = Some(id);
+    }
+
+    /// Forgets a tensor whose handle was dropped.
+    pub fn forget(&mut self, id: u64) {
+        if let Some(h) = &mut self.hint {
+            h.retain(|&x| x != id);
+        }
+    }
+
+    /// Up to `depth` tensors expected next, nearest first, among the `entries` (keyed by id,
+    /// in put order) for which `live` holds. With no hint and no `get` yet, nothing is
+    /// expected (the caller is still putting).
+    pub fn next<V>(
+        &self,
+        entries: &BTreeMap<u64, V>,
+        depth: usize,
+        live: impl Fn(&V) -> bool,
+    ) -> Vec<u64> {
+        let is_live = |id: &u64| entries.get(id).is_some_and(&live);
+        match (&self.hint, self.cursor) {
+            (Some(order), cursor) => {
+                let start = cursor
+                    .and_then(|c| order.iter().position(|&x| x == c))
+                    .map_or(0, |p| p + 1);
+                order[start..]
+                    .iter()
+                    .copied()
+                    .filter(is_live)
+                    .take(depth)
+                    .collect()
+            }
+            (None, Some(c)) => entries
+                .range(..c)
+                .rev()
+                .filter(|(_, v)| live(v))
+                .map(|(&id, _)| id)
+                .take(depth)
+                .collect(),
+            (None, None) => Vec::new(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lifo_and_hint() {
+        let live: BTreeMap<u64, ()> = (0..10).map(|i| (i, ())).collect();
+        let mut s = Schedule::default();
+        assert!(s.next(&live, 3, |_| true).is_empty());
+        s.taken(7);
+        assert_eq!(s.next(&live, 3, |_| true), vec![6, 5, 4]);
+        s.set_hint(vec![1, 3, 5, 20, 7]);
+        assert_eq!(s.next(&live, 2, |_| true), vec![1, 3]);
+        s.taken(5);
+        assert_eq!(s.next(&live, 5, |_| true), vec![7]);
+    }
+}

@@ -1,0 +1,311 @@
+//! The store's bookkeeping, kept under one lock: tensors and where their bytes are, the
+//! budget, the job queue of the I/O threads, and the prefetch decisions.
+
+use super::allocator::{Extent, ExtentAllocator};
+use super::schedule::Schedule;
+use super::OffloadStats;
+use fastensor_core::{Error, ErrorKind, HostBuffer};
+use std::collections::{BTreeMap, VecDeque};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+/// A failed background transfer, kept to be reported (possibly several times).
+#[derive(Debug, Clone)]
+pub(crate) struct Failure {
+    kind: ErrorKind,
+    message: String,
+    backend: Option<String>,
+    path: Option<PathBuf>,
+    offset: Option<u64>,
+}
+
+impl Failure {
+    /// Records `err`, which happened while `what` the tensor `label`.
+    pub(crate) fn new(err: &Error, what: &str, id: u64, label: &str) -> Self {
+        Failure {
+            kind: err.kind(),
+            message: format!(
+                "offloaded tensor `{label}` (id {id}): {what} failed: {}",
+                err.message()
+            ),
+            backend: err.backend().map(String::from),
+            path: err.path().map(PathBuf::from),
+            offset: err.offset(),
+        }
+    }
+
+    /// The error to return.
+    pub(crate) fn error(&self) -> Error {
+        let mut e = Error::new(self.kind, self.message.clone());
+        if let Some(b) = &self.backend {
+            e = e.with_backend(b.clone());
+        }
+        if let Some(p) = &self.path {
+            e = e.with_path(p);
+        }
+        if let Some(o) = self.offset {
+            e = e.with_offset(o);
+        }
+        e
+    }
+}
+
+/// Where a tensor's bytes are.
+#[derive(Debug)]
+pub(crate) enum Data {
+    /// Below the small threshold: in memory only.
+    Small(Arc<HostBuffer>),
+    /// In memory and being written (counted in the budget).
+    Writing(Arc<HostBuffer>),
+    /// On disk only.
+    OnDisk,
+    /// A prefetch read is queued (its bytes are reserved in the budget).
+    Queued,
+    /// A prefetch read is running.
+    Reading,
+    /// Prefetched: in memory and on disk.
+    Loaded(HostBuffer),
+    /// A background transfer failed.
+    Failed(Failure),
+}
+
+/// One tensor.
+#[derive(Debug)]
+pub(crate) struct Entry {
+    pub(crate) label: Arc<str>,
+    pub(crate) len: u64,
+    pub(crate) extent: Option<Extent>,
+    pub(crate) data: Data,
+    /// Already returned by `get` (not expected again by the schedule).
+    pub(crate) taken: bool,
+    /// The handle was dropped while a transfer ran; the transfer's end frees it.
+    pub(crate) dropped: bool,
+}
+
+/// Work for an I/O thread.
+#[derive(Debug)]
+pub(crate) enum Job {
+    /// Write the buffer at the offset.
+    Write {
+        id: u64,
+        offset: u64,
+        buf: Arc<HostBuffer>,
+    },
+    /// Read `len` bytes at the offset.
+    Read { id: u64, offset: u64, len: u64 },
+}
+
+impl Job {
+    fn id(&self) -> u64 {
+        match self {
+            Job::Write { id, .. } | Job::Read { id, .. } => *id,
+        }
+    }
+}
+
+/// Everything under the store's lock.
+#[derive(Debug, Default)]
+pub(crate) struct State {
+    pub(crate) entries: BTreeMap<u64, Entry>,
+    pub(crate) jobs: VecDeque<Job>,
+    pub(crate) alloc: ExtentAllocator,
+    pub(crate) schedule: Schedule,
+    /// Tensors asked for with `prefetch`, first served.
+    pub(crate) explicit: VecDeque<u64>,
+    /// Failures not yet reported by a `put`.
+    pub(crate) unreported: VecDeque<Failure>,
+    pub(crate) held: u64,
+    pub(crate) put_waiters: usize,
+    pub(crate) next_id: u64,
+    pub(crate) shutdown: bool,
+    pub(crate) stats: OffloadStats,
+}
+
+impl State {
+    /// Adds `bytes` to the held bytes and tracks the peak.
+    pub(crate) fn hold(&mut self, bytes: u64) {
+        self.held += bytes;
+        self.stats.peak_held_bytes = self.stats.peak_held_bytes.max(self.held);
+    }
+
+    /// True for a tensor the schedule may still expect.
+    fn expected(e: &Entry) -> bool {
+        !e.taken && !e.dropped && !matches!(e.data, Data::Small(_) | Data::Failed(_))
+    }
+
+    /// The tensors wanted in memory soon, nearest first: explicit prefetches, then the
+    /// schedule's next `depth`.
+    pub(crate) fn desired(&self, depth: usize) -> Vec<u64> {
+        let live = |id: &u64| self.entries.get(id).is_some_and(Self::expected);
+        let mut out: Vec<u64> = self.explicit.iter().copied().filter(live).collect();
+        for id in self.schedule.next(&self.entries, depth, Self::expected) {
+            if !out.contains(&id) {
+                out.push(id);
+            }
+        }
+        out
+    }
+
+    /// Queues prefetch reads for the desired tensors on disk while the budget allows (and
+    /// no `put` is waiting for room). Returns whether a job was queued.
+    pub(crate) fn pump(&mut self, budget: u64, depth: usize) -> bool {
+        if self.put_waiters > 0 || self.shutdown {
+            return false;
+        }
+        let mut queued = false;
+        for id in self.desired(depth) {
+            let e = self.entries.get_mut(&id).expect("desired ids are live");
+            if !matches!(e.data, Data::OnDisk) {
+                continue;
+            }
+            if self.held + e.len > budget {
+                break;
+            }
+            let extent = e.extent.expect("tensors on disk have an extent");
+            e.data = Data::Queued;
+            let len = e.len;
+            self.hold(len);
+            self.stats.prefetches += 1;
+            self.jobs.push_back(Job::Read {
+                id,
+                offset: extent.offset,
+                len,
+            });
+            queued = true;
+        }
+        self.explicit
+            .retain(|id| self.entries.get(id).is_some_and(Self::expected));
+        queued
+    }
+
+    /// Drops prefetched tensors (farthest from use first) until `need` more bytes fit.
+    pub(crate) fn evict_for(&mut self, need: u64, budget: u64, depth: usize) {
+        if self.held + need <= budget {
+            return;
+        }
+        let desired = self.desired(depth);
+        let mut loaded: Vec<u64> = self
+            .entries
+            .iter()
+            .filter(|(_, e)| matches!(e.data, Data::Loaded(_)))
+            .map(|(&id, _)| id)
+            .collect();
+        // Not desired first, then the desired ones from the farthest.
+        let rank = |id: &u64| desired.iter().position(|d| d == id).unwrap_or(usize::MAX);
+        loaded.sort_by_key(|id| std::cmp::Reverse(rank(id)));
+        for id in loaded {
+            if self.held + need <= budget {
+                break;
+            }
+            let e = self.entries.get_mut(&id).expect("listed above");
+            e.data = Data::OnDisk;
+            self.held -= e.len;
+            self.stats.evictions += 1;
+        }
+    }
+
+    /// Removes a tensor and frees its extent.
+    fn remove(&mut self, id: u64) {
+        if let Some(e) = self.entries.remove(&id) {
+            if let Some(x) = e.extent {
+                self.alloc.free(x);
+            }
+        }
+        self.schedule.forget(id);
+    }
+
+    /// The handle of `id` was dropped.
+    pub(crate) fn release(&mut self, id: u64) {
+        let Some(e) = self.entries.get_mut(&id) else {
+            return;
+        };
+        match &e.data {
+            Data::Writing(_) | Data::Reading => {
+                e.dropped = true;
+                return;
+            }
+            Data::Queued => {
+                self.jobs.retain(|j| j.id() != id);
+                self.held -= e.len;
+            }
+            Data::Loaded(_) => self.held -= e.len,
+            Data::Small(_) => self.stats.small_bytes -= e.len,
+            Data::OnDisk | Data::Failed(_) => {}
+        }
+        self.remove(id);
+    }
+
+    /// Cancels a queued prefetch of `id` (its `get` reads it directly instead).
+    pub(crate) fn cancel_queued(&mut self, id: u64) {
+        self.jobs.retain(|j| j.id() != id);
+        let e = self.entries.get_mut(&id).expect("caller checked");
+        e.data = Data::OnDisk;
+        self.held -= e.len;
+    }
+
+    /// Records the end of a write.
+    pub(crate) fn write_done(
+        &mut self,
+        id: u64,
+        buf: Arc<HostBuffer>,
+        result: fastensor_core::Result<()>,
+        depth: usize,
+    ) {
+        let keep = self.desired(depth).contains(&id);
+        let e = self
+            .entries
+            .get_mut(&id)
+            .expect("written tensors stay until done");
+        e.data = Data::OnDisk;
+        match result {
+            Err(err) => {
+                let f = Failure::new(&err, "background write", id, &e.label);
+                e.data = Data::Failed(f.clone());
+                self.unreported.push_back(f);
+                self.stats.errors += 1;
+                self.held -= e.len;
+            }
+            Ok(()) => {
+                self.stats.bytes_written += e.len;
+                match Arc::try_unwrap(buf) {
+                    Ok(b) if keep && !e.dropped => e.data = Data::Loaded(b),
+                    _ => self.held -= e.len,
+                }
+            }
+        }
+        if e.dropped {
+            if matches!(e.data, Data::Loaded(_)) {
+                self.held -= e.len;
+            }
+            self.remove(id);
+        }
+    }
+
+    /// Records the end of a prefetch read.
+    pub(crate) fn read_done(&mut self, id: u64, result: fastensor_core::Result<HostBuffer>) {
+        let e = self
+            .entries
+            .get_mut(&id)
+            .expect("read tensors stay until done");
+        match result {
+            Ok(buf) if !e.dropped => {
+                self.stats.bytes_read += e.len;
+                e.data = Data::Loaded(buf);
+            }
+            Ok(_) => {}
+            Err(err) => {
+                let f = Failure::new(&err, "background read", id, &e.label);
+                e.data = Data::Failed(f.clone());
+                self.unreported.push_back(f);
+                self.stats.errors += 1;
+                self.held -= e.len;
+            }
+        }
+        if e.dropped {
+            if !matches!(e.data, Data::Failed(_)) {
+                self.held -= e.len;
+            }
+            self.remove(id);
+        }
+    }
+}

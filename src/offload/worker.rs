@@ -1,0 +1,75 @@
+//! The background I/O threads: they take jobs from the store's queue, move the bytes
+//! through the engine with the store's lock released, and record the outcome.
+
+use super::state::{Data, Job};
+use super::store::Shared;
+use fastensor_core::{Error, ErrorKind, HostBuffer, Result};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+/// Starts `n` I/O threads on `shared`.
+pub(crate) fn spawn(shared: &Arc<Shared>, n: usize) -> Result<Vec<JoinHandle<()>>> {
+    (0..n.max(1))
+        .map(|i| {
+            let s = shared.clone();
+            std::thread::Builder::new()
+                .name(format!("fastensor-offload-{i}"))
+                .spawn(move || run(&s))
+                .map_err(|e| Error::io(e, "start an offload I/O thread"))
+        })
+        .collect()
+}
+
+/// The loop of one I/O thread; returns at shutdown.
+fn run(shared: &Shared) {
+    loop {
+        let job = {
+            let mut st = shared.lock();
+            loop {
+                if st.shutdown {
+                    return;
+                }
+                if let Some(job) = st.jobs.pop_front() {
+                    if let Job::Read { id, .. } = &job {
+                        if let Some(e) = st.entries.get_mut(id) {
+                            e.data = Data::Reading;
+                        }
+                    }
+                    break job;
+                }
+                st = shared.work.wait(st).unwrap_or_else(|p| p.into_inner());
+            }
+        };
+        match job {
+            Job::Write { id, offset, buf } => {
+                let result = shared.file.write_at(offset, &*buf);
+                let mut st = shared.lock();
+                st.write_done(id, buf, result, shared.config.prefetch_depth);
+                shared.after_change(&mut st);
+            }
+            Job::Read { id, offset, len } => {
+                let result = read(shared, offset, len);
+                let mut st = shared.lock();
+                st.read_done(id, result);
+                shared.after_change(&mut st);
+            }
+        }
+    }
+}
+
+/// Reads exactly `len` bytes at `offset` of the swap file.
+pub(crate) fn read(shared: &Shared, offset: u64, len: u64) -> Result<HostBuffer> {
+    let n = usize::try_from(len)
+        .map_err(|_| Error::new(ErrorKind::InvalidInput, "tensor too large for memory"))?;
+    let mut buf = HostBuffer::new(n)?;
+    let got = shared.file.read_at(offset, &mut buf)?;
+    if got != n {
+        return Err(Error::new(
+            ErrorKind::UnexpectedEof,
+            format!("wanted {n} bytes, the swap file ended after {got}"),
+        )
+        .with_path(&shared.path)
+        .with_offset(offset));
+    }
+    Ok(buf)
+}

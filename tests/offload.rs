@@ -1,0 +1,260 @@
+//! Offload store: bit-exact round trips under a tight budget (checked through the store's
+//! instrumentation), scheduling and prefetch, error propagation from a failing backend, and
+//! removal of the swap file after drop and after a panic.
+
+use fastensor::offload::{OffloadConfig, OffloadStore};
+use fastensor::{Engine, ErrorKind, HostBuffer, Registry};
+use fastensor_testkit::faulty::{Fault, Faulty, Op, When};
+use fastensor_testkit::MemoryBackend;
+use std::sync::Arc;
+
+/// Deterministic content for tensor `seed` of `len` bytes.
+fn tensor(seed: u64, len: usize) -> HostBuffer {
+    let mut b = HostBuffer::new(len).unwrap();
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    for chunk in b.chunks_mut(8) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let bytes = x.to_le_bytes();
+        chunk.copy_from_slice(&bytes[..chunk.len()]);
+    }
+    b
+}
+
+fn memory_engine() -> Engine {
+    Engine::builder()
+        .registry(Registry::new())
+        .backend(Arc::new(MemoryBackend::new()))
+        .build()
+        .unwrap()
+}
+
+fn faulty_engine(fault: Fault) -> (Engine, Faulty) {
+    let faulty = Faulty::new("faulty", Arc::new(MemoryBackend::new())).with_fault(fault);
+    let engine = Engine::builder()
+        .registry(Registry::new())
+        .backend(Arc::new(faulty.clone()))
+        .pin("faulty")
+        .build()
+        .unwrap();
+    (engine, faulty)
+}
+
+/// Sizes from tiny (kept in memory) to several pages, not multiples of 4096.
+fn size_of(i: u64) -> usize {
+    match i % 7 {
+        0 => 100 + (i % 50) as usize,
+        _ => 4096 + ((i * 7919) % 40_000) as usize,
+    }
+}
+
+#[test]
+fn thousands_round_trip_bit_exact_under_tight_budget() {
+    let dir = tempfile::tempdir().unwrap();
+    let budget = 256 << 10;
+    let config = OffloadConfig::new(dir.path(), budget).small_threshold(1024);
+    let store = OffloadStore::new(&memory_engine(), config).unwrap();
+    let mut capacity_after_first = 0;
+    for iter in 0..3u64 {
+        let n = 2000u64;
+        let mut handles = Vec::new();
+        for i in 0..n {
+            let seed = iter * 1_000_000 + i;
+            handles.push(
+                store
+                    .put(tensor(seed, size_of(i)), format!("t{seed}"))
+                    .unwrap(),
+            );
+        }
+        for i in (0..n).rev() {
+            let h = handles.pop().unwrap();
+            let seed = iter * 1_000_000 + i;
+            let got = store.get(&h).unwrap();
+            assert!(
+                got[..] == tensor(seed, size_of(i))[..],
+                "tensor {seed} differs"
+            );
+        }
+        store.flush();
+        let s = store.stats();
+        assert!(
+            s.peak_held_bytes <= budget,
+            "peak {} > budget {budget}",
+            s.peak_held_bytes
+        );
+        assert!(s.peak_held_bytes > budget / 2, "the budget was used: {s:?}");
+        assert_eq!((s.held_bytes, s.file_allocated, s.small_bytes), (0, 0, 0));
+        if iter == 0 {
+            capacity_after_first = s.file_capacity;
+        } else {
+            assert_eq!(s.file_capacity, capacity_after_first, "space is reused");
+        }
+    }
+    let s = store.stats();
+    assert_eq!(s.gets, 6000);
+    assert!(
+        s.gets_from_memory > 1000,
+        "prefetch served most gets: {s:?}"
+    );
+    assert!(
+        s.put_wait > std::time::Duration::ZERO,
+        "backpressure happened"
+    );
+}
+
+#[test]
+fn real_disk_round_trip_and_file_removed_on_drop() {
+    let dir = tempfile::tempdir().unwrap();
+    let budget = 1 << 20;
+    let engine = Engine::new().unwrap();
+    let store = OffloadStore::new(&engine, OffloadConfig::new(dir.path(), budget)).unwrap();
+    let path = store.path().to_path_buf();
+    assert!(path.exists());
+    let mut handles = Vec::new();
+    for i in 0..400u64 {
+        let len = 65536 + ((i * 4099) % 200_000) as usize;
+        handles.push((i, len, store.put(tensor(i, len), format!("a{i}")).unwrap()));
+    }
+    while let Some((i, len, h)) = handles.pop() {
+        assert!(
+            store.get(&h).unwrap()[..] == tensor(i, len)[..],
+            "tensor {i}"
+        );
+    }
+    let s = store.stats();
+    assert!(s.peak_held_bytes <= budget, "{s:?}");
+    assert!(s.bytes_written > 40 << 20);
+    drop(store);
+    assert!(!path.exists(), "swap file removed");
+}
+
+#[test]
+fn swap_file_removed_after_panic() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_path_buf();
+    let result = std::panic::catch_unwind(move || {
+        let store =
+            OffloadStore::new(&Engine::new().unwrap(), OffloadConfig::new(&d, 1 << 20)).unwrap();
+        let _h = store.put(tensor(1, 100_000), "x").unwrap();
+        assert_eq!(std::fs::read_dir(&d).unwrap().count(), 1);
+        panic!("training step failed");
+    });
+    assert!(result.is_err());
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+}
+
+#[test]
+fn backward_order_prefetches_next_tensors() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = OffloadConfig::new(dir.path(), 1 << 20)
+        .small_threshold(0)
+        .prefetch_depth(4);
+    let store = OffloadStore::new(&memory_engine(), config).unwrap();
+    let hs: Vec<_> = (0..10u64)
+        .map(|i| store.put(tensor(i, 8192), format!("l{i}")).unwrap())
+        .collect();
+    store.flush();
+    assert_eq!(store.stats().held_bytes, 0, "written tensors leave memory");
+    assert!(store.get(&hs[9]).unwrap()[..] == tensor(9, 8192)[..]);
+    store.flush();
+    let s = store.stats();
+    assert_eq!(
+        (s.gets_from_disk, s.prefetches, s.held_bytes),
+        (1, 4, 4 * 8192)
+    );
+    for i in (5..9).rev() {
+        assert!(store.get(&hs[i]).unwrap()[..] == tensor(i as u64, 8192)[..]);
+    }
+    store.flush();
+    let s = store.stats();
+    assert_eq!(s.gets_from_memory, 4, "{s:?}");
+}
+
+#[test]
+fn hint_order_and_explicit_prefetch() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = OffloadConfig::new(dir.path(), 1 << 20).small_threshold(0);
+    let store = OffloadStore::new(&memory_engine(), config).unwrap();
+    let hs: Vec<_> = (0..10u64)
+        .map(|i| store.put(tensor(i, 8192), format!("l{i}")).unwrap())
+        .collect();
+    store.flush();
+    store.prefetch(&[&hs[3]]);
+    store.flush();
+    assert!(store.get(&hs[3]).unwrap()[..] == tensor(3, 8192)[..]);
+    assert_eq!(store.stats().gets_from_memory, 1);
+    // Forward order instead of backward.
+    let order: Vec<&_> = hs.iter().collect();
+    store.hint_order(&order);
+    store.flush();
+    assert_eq!(store.stats().held_bytes, 4 * 8192, "first four of the hint");
+    for (i, h) in hs.iter().enumerate() {
+        assert!(store.get(h).unwrap()[..] == tensor(i as u64, 8192)[..]);
+    }
+    let s = store.stats();
+    assert_eq!(s.gets, 11);
+    assert!(s.gets_from_memory >= 5, "{s:?}");
+}
+
+#[test]
+fn write_failure_surfaces_on_get_and_next_put() {
+    let (engine, faulty) = faulty_engine(Fault::new(Op::Write, When::Nth(5), ErrorKind::Io));
+    let dir = tempfile::tempdir().unwrap();
+    let config = OffloadConfig::new(dir.path(), 1 << 20)
+        .small_threshold(0)
+        .io_threads(1);
+    let store = OffloadStore::new(&engine, config).unwrap();
+    let hs: Vec<_> = (0..10u64)
+        .map(|i| store.put(tensor(i, 8192), format!("act-{i}")).unwrap())
+        .collect();
+    store.flush();
+    assert_eq!(faulty.injected(), 1);
+    let err = store.put(tensor(99, 8192), "next").unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Io);
+    assert!(err.to_string().contains("`act-4`"), "{err}");
+    store.put(tensor(99, 8192), "after").unwrap();
+    for (i, h) in hs.iter().enumerate().rev() {
+        match store.get(h) {
+            Ok(b) => {
+                assert_ne!(i, 4);
+                assert!(b[..] == tensor(i as u64, 8192)[..]);
+            }
+            Err(e) => {
+                assert_eq!(i, 4, "only act-4 failed: {e}");
+                assert_eq!(e.kind(), ErrorKind::Io);
+                assert!(e.to_string().contains("`act-4`"), "{e}");
+                assert_eq!(e.backend(), Some("faulty"));
+            }
+        }
+    }
+    assert_eq!(store.stats().errors, 1);
+}
+
+#[test]
+fn read_failure_surfaces_on_get() {
+    let (engine, faulty) = faulty_engine(Fault::new(Op::Read, When::From(1), ErrorKind::Io));
+    let dir = tempfile::tempdir().unwrap();
+    let config = OffloadConfig::new(dir.path(), 1 << 20).small_threshold(0);
+    let store = OffloadStore::new(&engine, config).unwrap();
+    let hs: Vec<_> = (0..6u64)
+        .map(|i| store.put(tensor(i, 8192), format!("feat-{i}")).unwrap())
+        .collect();
+    store.flush();
+    for (i, h) in hs.iter().enumerate().rev() {
+        let e = store.get(h).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Io);
+        assert!(e.to_string().contains(&format!("`feat-{i}`")), "{e}");
+    }
+    assert!(faulty.injected() >= 1);
+}
+
+#[test]
+fn tensor_larger_than_budget_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let store =
+        OffloadStore::new(&memory_engine(), OffloadConfig::new(dir.path(), 1 << 16)).unwrap();
+    let e = store.put(tensor(0, 1 << 17), "huge").unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidInput);
+    assert!(e.to_string().contains("huge"));
+}
