@@ -3,8 +3,10 @@
 
 mod backends;
 mod bench;
+mod ckpt;
 mod sizes;
 mod table;
+mod tune;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
@@ -23,6 +25,14 @@ enum Command {
     Backends,
     /// Measure every backend for sizes x directions on a directory's file system.
     Bench(bench::BenchArgs),
+    /// Explore the backends on a directory's file system and write the selection profile.
+    Tune(tune::TuneArgs),
+    /// Work with selection profiles.
+    #[command(subcommand)]
+    Profile(tune::ProfileCommand),
+    /// Inspect and copy safetensors checkpoints.
+    #[command(subcommand)]
+    Ckpt(ckpt::CkptCommand),
 }
 
 fn main() -> ExitCode {
@@ -30,6 +40,9 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Backends => backends::run(),
         Command::Bench(args) => bench::run(args),
+        Command::Tune(args) => tune::run_tune(args),
+        Command::Profile(cmd) => tune::run_profile(cmd),
+        Command::Ckpt(cmd) => ckpt::run(cmd),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -74,6 +74,17 @@ fn bench_writes_a_table_json_and_csv() {
             assert_eq!(c["ratio_to_posix"].as_f64().unwrap(), 1.0);
         }
     }
+    let random = report["random_reads"].as_array().unwrap();
+    assert_eq!(random.len(), 3 * 2, "batch and one-at-a-time per backend");
+    let direct_single = random
+        .iter()
+        .find(|r| r["backend"] == "posix-direct" && r["mode"] == "one-at-a-time")
+        .unwrap();
+    assert_eq!(
+        direct_single["ratio_to_direct_single"].as_f64().unwrap(),
+        1.0
+    );
+    assert!(table.contains("random 4 KiB reads"), "{table}");
     let csv = std::fs::read_to_string(&csv).unwrap();
     assert_eq!(csv.lines().count(), 1 + cells.len());
     // Nothing left behind in the bench directory but the reports.

@@ -407,3 +407,17 @@ impl Drop for InFlight<'_> {
         self.0.fetch_sub(1, Ordering::SeqCst);
     }
 }
+
+/// Checkpoints opened through the engine pick their backend per transfer, and their
+/// transfers are tagged with the checkpoint purpose.
+impl crate::checkpoint::FileOpener for Engine {
+    fn open_file(
+        &self,
+        path: &Path,
+        mode: OpenMode,
+    ) -> Result<Box<dyn fastensor_core::BackendFile>> {
+        let file = self.open(path, mode)?;
+        file.set_purpose(fastensor_core::Purpose::Checkpoint);
+        Ok(Box::new(file))
+    }
+}

@@ -2,6 +2,7 @@
 //! loop measured in the same run.
 
 mod measure;
+mod random;
 mod report;
 
 use crate::sizes::{format_size, parse_size};
@@ -40,7 +41,8 @@ pub struct BenchArgs {
     /// Backends to measure (default: every available one).
     #[arg(long, value_delimiter = ',')]
     backends: Option<Vec<String>>,
-    /// Timed repetitions per cell (small sizes repeat more, to at least 8 MiB moved).
+    /// Timed repetitions per cell. Without it: 5 (3 with --quick), and small sizes repeat
+    /// more, until 8 MiB has moved (at most 64 times).
     #[arg(long)]
     repeat: Option<usize>,
     /// Directions to measure.
@@ -55,6 +57,12 @@ pub struct BenchArgs {
     /// Leave out the `raw` O_DIRECT reference row.
     #[arg(long)]
     no_raw: bool,
+    /// Random 4 KiB reads from a cold file, as one batch and one at a time (0: skip).
+    #[arg(long, default_value_t = 10_000)]
+    random_reads: usize,
+    /// Size of the file the random reads come from.
+    #[arg(long, value_parser = parse_size, default_value = "1G")]
+    random_file: u64,
 }
 
 /// A measured path: a backend, or the raw reference loop.
@@ -135,6 +143,24 @@ pub fn run(args: BenchArgs) -> Result<()> {
     }
     let work = tempfile_dir(&args.dir)?;
     let result = run_cells(&args, &subjects, &sizes, repeat, work.path());
+    let random_rows =
+        if args.random_reads > 0 && args.direction != Directions::Write && result.is_ok() {
+            let readers: Vec<Arc<dyn Backend>> = subjects
+                .iter()
+                .filter_map(|s| match s {
+                    Subject::Backend(b) => Some(b.clone()),
+                    Subject::Raw => None,
+                })
+                .collect();
+            eprintln!(
+                "random reads: {} x 4 KiB from a cold {} file",
+                args.random_reads,
+                format_size(args.random_file)
+            );
+            random::measure(&readers, work.path(), args.random_reads, args.random_file)?
+        } else {
+            Vec::new()
+        };
     let mut report = Report {
         schema: SCHEMA,
         dir: args.dir.display().to_string(),
@@ -147,6 +173,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
             .trim()
             .to_string(),
         cells: result?,
+        random_reads: random_rows,
     };
     report.compute_ratios();
     println!(
@@ -154,6 +181,16 @@ pub fn run(args: BenchArgs) -> Result<()> {
         report.dir, report.file_system, report.kernel
     );
     print!("{}", report.table());
+    if !report.random_reads.is_empty() {
+        println!();
+        println!(
+            "random {} KiB reads from a cold {} file ({} requests):",
+            random::REQUEST >> 10,
+            format_size(args.random_file),
+            args.random_reads
+        );
+        print!("{}", random::table(&report.random_reads));
+    }
     if let Some(path) = &args.json {
         let text = serde_json::to_string_pretty(&report)
             .map_err(|e| Error::new(ErrorKind::Other, format!("cannot encode JSON: {e}")))?;
@@ -195,7 +232,10 @@ fn write_output(path: &Path, text: &str) -> Result<()> {
     std::fs::write(path, text).map_err(|e| Error::io(e, "cannot write the report").with_path(path))
 }
 
-fn repeats_for(size: u64, repeat: usize) -> usize {
+fn repeats_for(size: u64, repeat: usize, exact: bool) -> usize {
+    if exact {
+        return repeat;
+    }
     let min_bytes = 8u64 << 20;
     let want = min_bytes.div_ceil(size.max(1)) as usize;
     want.clamp(repeat, 64.max(repeat))
@@ -215,7 +255,7 @@ fn run_cells(
     };
     let total_bytes: u64 = sizes
         .iter()
-        .map(|&s| s * repeats_for(s, repeat) as u64 * (subjects.len() * dirs.len()) as u64)
+        .map(|&s| s * repeats_for(s, repeat, args.repeat.is_some()) as u64 * (subjects.len() * dirs.len()) as u64)
         .sum();
     let bar = ProgressBar::new(total_bytes);
     bar.set_style(
@@ -232,7 +272,7 @@ fn run_cells(
         fastensor_posix_fill(&mut data, size);
         let mut sink = HostBuffer::new(len)?;
         let source = dir.join(format!("read-{size}.bin"));
-        let reps = repeats_for(size, repeat);
+        let reps = repeats_for(size, repeat, args.repeat.is_some());
         for &direction in dirs {
             if direction == "read" {
                 measure::write_raw(&source, &data).or_else(|_| {

@@ -45,6 +45,8 @@ pub struct Report {
     pub kernel: String,
     /// Cells in run order.
     pub cells: Vec<Cell>,
+    /// Random small reads, batched and one at a time.
+    pub random_reads: Vec<super::random::RandomRow>,
 }
 
 /// Median of a non-empty slice.

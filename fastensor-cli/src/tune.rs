@@ -1,0 +1,104 @@
+//! `fastensor tune` and `fastensor profile show`.
+
+use crate::sizes::parse_size;
+use clap::{Args, Subcommand, ValueEnum};
+use fastensor::engine::{default_profile_path, tune, TuneOptions};
+use fastensor::{Dictionary, Error, ErrorKind, Objective, Result};
+use std::path::PathBuf;
+
+/// What the selector minimises.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ObjectiveArg {
+    /// Wall-clock time.
+    Time,
+    /// CPU time per byte.
+    Cpu,
+}
+
+/// Options of `fastensor tune`.
+#[derive(Debug, Args)]
+pub struct TuneArgs {
+    /// Directory on the file system to tune for (a scratch file is created and removed).
+    #[arg(long)]
+    dir: PathBuf,
+    /// Where to write the profile (default: $FASTENSOR_PROFILE, else
+    /// ~/.cache/fastensor/profile.toml).
+    #[arg(long)]
+    profile: Option<PathBuf>,
+    /// Transfer sizes to explore (default 4K,64K,1M,8M,32M).
+    #[arg(long, value_delimiter = ',', value_parser = parse_size)]
+    sizes: Option<Vec<u64>>,
+    /// Backends to consider (default: every available one).
+    #[arg(long, value_delimiter = ',')]
+    backends: Option<Vec<String>>,
+    /// What to minimise.
+    #[arg(long, value_enum, default_value_t = ObjectiveArg::Time)]
+    objective: ObjectiveArg,
+    /// Most rounds per size (exploration usually ends sooner).
+    #[arg(long, default_value_t = 40)]
+    max_rounds: usize,
+}
+
+/// `fastensor profile ...`.
+#[derive(Debug, Subcommand)]
+pub enum ProfileCommand {
+    /// Print a saved profile (the context -> backend dictionary) as a table.
+    Show {
+        /// The profile file (default: the default profile path).
+        file: Option<PathBuf>,
+    },
+}
+
+fn profile_path(given: Option<PathBuf>) -> Result<PathBuf> {
+    given.or_else(default_profile_path).ok_or_else(|| {
+        Error::new(
+            ErrorKind::InvalidInput,
+            "no profile path: give one, or set FASTENSOR_PROFILE or HOME",
+        )
+    })
+}
+
+/// Runs a short exploration and writes the profile.
+pub fn run_tune(args: TuneArgs) -> Result<()> {
+    let mut options = TuneOptions {
+        objective: match args.objective {
+            ObjectiveArg::Time => Objective::Time,
+            ObjectiveArg::Cpu => Objective::Cpu,
+        },
+        backends: args.backends,
+        max_rounds: args.max_rounds.max(1),
+        ..TuneOptions::default()
+    };
+    if let Some(sizes) = args.sizes {
+        options.sizes = sizes;
+    }
+    let path = profile_path(args.profile)?;
+    let outcome = tune(&args.dir, &options)?;
+    if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+        std::fs::create_dir_all(parent)
+            .map_err(|e| Error::io(e, "cannot create the profile directory").with_path(parent))?;
+    }
+    outcome.dictionary.save(&path)?;
+    print!("{}", outcome.dictionary);
+    println!(
+        "{} transfers, {:.1} MiB in {:.1} s; {} explorations; profile written to {}",
+        outcome.transfers,
+        outcome.bytes as f64 / (1u64 << 20) as f64,
+        outcome.elapsed.as_secs_f64(),
+        outcome.stats.explorations,
+        path.display()
+    );
+    Ok(())
+}
+
+/// Runs `fastensor profile ...`.
+pub fn run_profile(cmd: ProfileCommand) -> Result<()> {
+    match cmd {
+        ProfileCommand::Show { file } => {
+            let path = profile_path(file)?;
+            let dict = Dictionary::read(&path)?;
+            print!("{dict}");
+            Ok(())
+        }
+    }
+}
