@@ -460,3 +460,18 @@ impl BackendFile for Wrapped {
         self.inner.set_len(len)
     }
 }
+
+#[test]
+fn round_trip_through_the_engine() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("engine.safetensors");
+    let engine = fastensor::Engine::builder().build().unwrap();
+    let s = sample();
+    checkpoint::save_with_metadata(&engine, &path, &views(&s), &meta()).unwrap();
+    let ckpt = checkpoint::load(&engine, &path).unwrap();
+    for (d, data) in &s {
+        assert!(ckpt.tensor(&d.name).unwrap().1 == &data[..], "{}", d.name);
+    }
+    let sel = checkpoint::load_selected(&engine, &path, ["odd"]).unwrap();
+    assert_eq!(sel.len(), 1);
+}

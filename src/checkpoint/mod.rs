@@ -9,16 +9,15 @@
 //!   [`load_into`] fills the caller's buffers.
 //! * [`parse_header`] validates hostile input without panicking; every defect is an
 //!   [`ErrorKind::Corrupt`](crate::ErrorKind::Corrupt) error naming the file and the tensor.
-//! * [`inspect`], [`rows`] and [`copy`] serve the command line; [`bench`] builds the
+//! * [`inspect`], [`rows`] and [`copy`] serve the command line; [`bench`](mod@bench) builds the
 //!   benchmark's state dict and measures the disk.
 //!
 //! Files written by other tools (unaligned data sections) load too.
 //!
-//! Every transfer goes through a [`FileOpener`]: any [`Backend`] today.
-// NOTE(engine): when `fastensor::Engine` lands, add `impl FileOpener for Engine` (in
-// src/engine, or here) so that the engine picks the backend per transfer; the functions below
-// are generic over `FileOpener` and need no other change.
+//! Every transfer goes through a [`FileOpener`]: the [`Engine`](crate::Engine) (which picks
+//! the backend per transfer; its implementation lives in `src/engine`) or any [`Backend`].
 
+mod arena;
 #[cfg(feature = "posix")]
 pub mod bench;
 mod header;
@@ -27,6 +26,7 @@ mod save;
 mod tools;
 mod validate;
 
+pub use arena::Arena;
 pub use header::{parse_header, Header, HeaderEntry, DATA_ALIGN, MAX_HEADER_LEN, METADATA_KEY};
 pub use load::{load, load_into, load_selected, Checkpoint};
 pub use save::{save, save_with_metadata, TensorView};
@@ -38,8 +38,7 @@ use std::path::Path;
 /// Threads that issue the transfers of one checkpoint (the caller's included).
 pub(crate) const IO_THREADS: usize = 4;
 
-/// Opens files for checkpoint transfers: a [`Backend`] now, the engine (which picks a backend
-/// per transfer) once it exists.
+/// Opens files for checkpoint transfers: the [`Engine`](crate::Engine) or a [`Backend`].
 pub trait FileOpener: Send + Sync {
     /// Opens `path` in `mode`. Errors name the file.
     fn open_file(&self, path: &Path, mode: OpenMode) -> Result<Box<dyn BackendFile>>;
