@@ -287,6 +287,7 @@ impl ContextRecord {
                 .collect(),
             choice: self.choice.clone(),
             drift_run: 0,
+            drift_samples: Samples::default(),
             reexplorations: self.reexplorations,
         }
     }

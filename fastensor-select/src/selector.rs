@@ -73,6 +73,8 @@ pub struct KeyState {
     pub choice: Option<String>,
     /// Slow observations of the choice in a row.
     pub drift_run: u32,
+    /// The samples of that run of slow observations (not persisted).
+    pub drift_samples: Samples,
     /// How many times drift restarted the exploration.
     pub reexplorations: u32,
 }
@@ -119,12 +121,28 @@ impl KeyState {
             .min_by(|a, b| a.1.median.total_cmp(&b.1.median))
     }
 
-    /// Restarts the exploration of this context.
-    fn reset(&mut self) {
-        for c in self.candidates.values_mut() {
+    /// Explores again after the choice drifted, as cheaply as the evidence allows: the choice
+    /// restarts from its recent (slow) samples; every other candidate keeps its old median as
+    /// a prior and is measured again only when that prior is not clearly worse than the
+    /// choice's new cost. When the whole device slowed down, everything is measured again;
+    /// when only the choice degraded, only the candidates that can now beat it are.
+    fn reexplore_after_drift(&mut self, choice: &str, cfg: &SelectorConfig) {
+        let recent = std::mem::take(&mut self.drift_samples);
+        let new_cost = recent.estimate(cfg.objective).map(|e| e.median);
+        for (name, c) in self.candidates.iter_mut() {
+            if name == choice {
+                c.samples = recent.clone();
+                c.eliminated = false;
+                c.prior = None;
+                continue;
+            }
+            let old = c.samples.estimate(cfg.objective).map(|e| e.median).or(c.prior);
             c.samples.clear();
-            c.eliminated = false;
-            c.prior = None;
+            c.prior = old;
+            c.eliminated = match (old, new_cost) {
+                (Some(old), Some(new)) => old > cfg.elimination_factor * new,
+                _ => false,
+            };
         }
         self.choice = None;
         self.drift_run = 0;
@@ -332,11 +350,19 @@ impl Selector {
             let slow = state
                 .estimate(backend, cfg.objective)
                 .is_some_and(|e| cost > cfg.drift_factor * e.median);
-            state.drift_run = if slow { state.drift_run + 1 } else { 0 };
+            if slow {
+                state.drift_run += 1;
+                state.drift_samples.push(sample, cfg.window);
+            } else {
+                state.drift_run = 0;
+                state.drift_samples.clear();
+            }
             if state.drift_run >= cfg.drift_count.max(1) {
-                state.reset();
+                state.reexplore_after_drift(backend, &cfg);
                 state.reexplorations += 1;
                 self.stats.reexplorations += 1;
+                // The slow samples already stand for the choice.
+                return;
             }
         }
 
