@@ -37,10 +37,19 @@ impl fmt::Display for MemoryKind {
 /// A zero-initialised host buffer whose start is aligned to [`PAGE_ALIGN`] (or more), so
 /// direct I/O can read into it and write from it with no copy.
 pub struct HostBuffer {
+    /// The aligned start.
     ptr: NonNull<u8>,
     len: usize,
-    layout: Option<Layout>,
+    /// The allocation (its start `base`, its layout) and the alignment asked for; `None`
+    /// for an empty buffer.
+    alloc: Option<(NonNull<u8>, Layout, usize)>,
 }
+
+/// From this size on, buffers are over-allocated with the allocator's natural alignment and
+/// aligned by hand: `calloc` then takes fresh zero pages from the kernel instead of clearing
+/// memory with `memset`, which an aligned zeroed allocation always does (and which costs as
+/// much as filling the buffer from a fast disk).
+const LAZY_ZERO_THRESHOLD: usize = 1 << 20;
 
 // SAFETY: HostBuffer owns its allocation exclusively, like Vec<u8>.
 unsafe impl Send for HostBuffer {}
@@ -67,27 +76,42 @@ impl HostBuffer {
             return Ok(HostBuffer {
                 ptr,
                 len,
-                layout: None,
+                alloc: None,
             });
         }
-        let layout = Layout::from_size_align(len, align).map_err(|_| {
+        let too_large = || {
             Error::new(
                 ErrorKind::InvalidInput,
                 format!("cannot allocate {len} bytes aligned to {align}"),
             )
-        })?;
+        };
+        let (layout, pad) = if len >= LAZY_ZERO_THRESHOLD {
+            let size = len.checked_add(align - 1).ok_or_else(too_large)?;
+            let natural = std::mem::align_of::<u128>();
+            (Layout::from_size_align(size, natural).map_err(|_| too_large())?, true)
+        } else {
+            (Layout::from_size_align(len, align).map_err(|_| too_large())?, false)
+        };
         // SAFETY: layout has a non-zero size (len > 0).
         let raw = unsafe { alloc::alloc_zeroed(layout) };
-        let ptr = NonNull::new(raw).ok_or_else(|| {
+        let base = NonNull::new(raw).ok_or_else(|| {
             Error::new(
                 ErrorKind::OutOfMemory,
                 format!("cannot allocate a host buffer of {len} bytes"),
             )
         })?;
+        let offset = if pad {
+            (align - (raw as usize) % align) % align
+        } else {
+            0
+        };
+        // SAFETY: offset < align and the allocation holds len + align - 1 bytes when padded
+        // (offset 0 otherwise), so base + offset .. + len stays inside it.
+        let ptr = unsafe { NonNull::new_unchecked(raw.add(offset)) };
         Ok(HostBuffer {
             ptr,
             len,
-            layout: Some(layout),
+            alloc: Some((base, layout, align)),
         })
     }
 
@@ -137,9 +161,9 @@ impl DerefMut for HostBuffer {
 
 impl Drop for HostBuffer {
     fn drop(&mut self) {
-        if let Some(layout) = self.layout {
-            // SAFETY: ptr was returned by alloc_zeroed with exactly this layout.
-            unsafe { alloc::dealloc(self.ptr.as_ptr(), layout) }
+        if let Some((base, layout, _)) = self.alloc {
+            // SAFETY: base was returned by alloc_zeroed with exactly this layout.
+            unsafe { alloc::dealloc(base.as_ptr(), layout) }
         }
     }
 }
@@ -155,7 +179,7 @@ impl fmt::Debug for HostBuffer {
 
 impl Clone for HostBuffer {
     fn clone(&self) -> Self {
-        let align = self.layout.map_or(PAGE_ALIGN, |l| l.align());
+        let align = self.alloc.map_or(PAGE_ALIGN, |(_, _, a)| a);
         let mut copy = HostBuffer::with_alignment(self.len, align)
             .unwrap_or_else(|e| panic!("cloning a host buffer: {e}"));
         copy.copy_from_slice(self);
@@ -473,13 +497,18 @@ mod tests {
 
     #[test]
     fn host_buffer_is_page_aligned_and_zeroed() {
-        for len in [0, 1, 4095, 4096, 1 << 20] {
+        for len in [0, 1, 4095, 4096, (1 << 20) - 1, 1 << 20, (8 << 20) + 3] {
             let buf = HostBuffer::new(len).unwrap();
             assert_eq!(buf.as_ptr() as usize % PAGE_ALIGN, 0);
             assert_eq!(buf.len(), len);
             assert!(buf.iter().all(|&b| b == 0));
         }
         assert!(HostBuffer::with_alignment(10, 3).is_err());
+        let big = HostBuffer::with_alignment(3 << 20, 1 << 16).unwrap();
+        assert_eq!(big.as_ptr() as usize % (1 << 16), 0);
+        assert!(big.iter().step_by(4093).all(|&b| b == 0));
+        let copy = big.clone();
+        assert_eq!(copy.as_ptr() as usize % (1 << 16), 0);
     }
 
     #[test]
