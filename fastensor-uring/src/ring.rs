@@ -195,6 +195,70 @@ impl Ring {
     pub(crate) fn staging_mut(&mut self) -> Option<&mut Staging> {
         self.staging.as_mut()
     }
+
+    /// Points the ring at another file's descriptors (one system call when the files are
+    /// registered). Must only be called with no op in flight.
+    fn retarget(&mut self, fds: [RawFd; 2], register_files: bool) {
+        if self.fixed_files {
+            if self
+                .uring
+                .submitter()
+                .register_files_update(0, &fds)
+                .is_err()
+            {
+                let _ = self.uring.submitter().unregister_files();
+                self.fixed_files = false;
+            }
+        } else if register_files {
+            self.fixed_files = self.uring.submitter().register_files(&fds).is_ok();
+        }
+        self.fds = fds;
+    }
+
+    /// Drops the ring's references to its file's descriptors, so that a ring kept for later
+    /// does not hold a closed file open.
+    fn detach(&mut self) -> bool {
+        if self.fixed_files
+            && self
+                .uring
+                .submitter()
+                .register_files_update(0, &[-1, -1])
+                .is_err()
+        {
+            return false;
+        }
+        self.fds = [-1, -1];
+        true
+    }
+}
+
+/// Rings of closed files, kept for the next file opened with the same settings: setting up a
+/// ring and allocating and registering its staging area costs far more than re-pointing its
+/// file table, and a file opened for one small transfer should not pay it.
+static SPARE: Mutex<Vec<(SpareKey, Ring)>> = Mutex::new(Vec::new());
+
+/// Rings kept in [`SPARE`] at most.
+const MAX_SPARE: usize = 8;
+
+/// What a spare ring must match to be reused.
+#[derive(Debug, Clone, PartialEq)]
+struct SpareKey {
+    config: UringConfig,
+    staging_size: usize,
+    staging_unit: usize,
+}
+
+fn take_spare(key: &SpareKey) -> Option<Ring> {
+    let mut spare = SPARE.lock();
+    let i = spare.iter().position(|(k, _)| k == key)?;
+    Some(spare.swap_remove(i).1)
+}
+
+fn keep_spare(key: SpareKey, ring: Ring) {
+    let mut spare = SPARE.lock();
+    if spare.len() < MAX_SPARE {
+        spare.push((key, ring));
+    }
 }
 
 /// The rings of one open file: idle ones wait behind a mutex; a transfer takes one (or sets
@@ -221,12 +285,27 @@ impl RingPool {
         }
     }
 
-    /// Takes an idle ring or sets up a new one.
+    fn spare_key(&self) -> SpareKey {
+        SpareKey {
+            config: self.config.clone(),
+            staging_size: self.staging_size,
+            staging_unit: self.staging_unit,
+        }
+    }
+
+    /// Takes an idle ring of this file, else a spare ring of a closed file, else sets up a
+    /// new one.
     pub(crate) fn take(&self) -> io::Result<RingLease<'_>> {
         let ring = self.idle.lock().pop();
         let ring = match ring {
             Some(r) => r,
-            None => Ring::new(&self.config, self.fds, self.staging_size, self.staging_unit)?,
+            None => match take_spare(&self.spare_key()) {
+                Some(mut r) => {
+                    r.retarget(self.fds, self.config.register_files);
+                    r
+                }
+                None => Ring::new(&self.config, self.fds, self.staging_size, self.staging_unit)?,
+            },
         };
         Ok(RingLease {
             ring: Some(ring),
@@ -238,6 +317,17 @@ impl RingPool {
         let mut idle = self.idle.lock();
         if idle.len() < self.config.max_idle_rings.max(1) {
             idle.push(ring);
+        }
+    }
+}
+
+impl Drop for RingPool {
+    fn drop(&mut self) {
+        let key = self.spare_key();
+        for mut ring in self.idle.get_mut().drain(..) {
+            if ring.detach() {
+                keep_spare(key.clone(), ring);
+            }
         }
     }
 }
