@@ -10,6 +10,7 @@ mod dtype;
 mod error;
 mod memory;
 pub mod parallel;
+pub mod plugin;
 mod registry;
 mod tensor;
 

@@ -1,0 +1,440 @@
+//! Backends from outside this workspace: the versioned C ABI of dynamic plugins.
+//!
+//! There are two ways to add a backend that fastensor does not ship:
+//!
+//! * **Compiled in**: a crate implements [`Backend`](crate::Backend) and registers it with
+//!   [`register_backend!`](crate::register_backend). Once the crate is linked into the
+//!   program, [`Registry::compiled_in`](crate::Registry::compiled_in) lists it with
+//!   [`Origin::CompiledInPlugin`](crate::Origin::CompiledInPlugin).
+//! * **Dynamic**: a `cdylib` crate turns its backend into a plugin with
+//!   [`export_plugin!`](crate::export_plugin), and a program loads the library at run time
+//!   with `Registry::load_plugin` or from the `FASTENSOR_PLUGINS` variable (colon-separated
+//!   paths) with `Registry::load_env_plugins` (both need the `plugins` cargo feature of
+//!   `fastensor-core`, which pulls in `libloading`). The backend is listed with
+//!   [`Origin::DynamicPlugin`](crate::Origin::DynamicPlugin).
+//!
+//! # The ABI (version [`ABI_VERSION`])
+//!
+//! A plugin library exports one symbol, [`ENTRY_SYMBOL`] (`fastensor_plugin`), an
+//! `extern "C" fn() -> *const PluginV1`. The returned table lives as long as the library; its
+//! first two fields, `abi_version` and `struct_size` (the [`PluginHeader`]), never change
+//! place, so a host can refuse a plugin built for another version before it reads anything
+//! else. Every other field is an `extern "C"` function:
+//!
+//! * `create` makes one backend instance (an opaque pointer), `destroy` frees it;
+//! * `name`, `probe` and `capabilities` describe the instance;
+//! * `open` makes an opaque file handle; `read_at`, `write_at`, `sync`, `len` and `set_len`
+//!   act on it; `close` frees it;
+//! * `last_error` copies the message, [error kind code](ErrorCode) and OS error code of the
+//!   last call that failed on the calling thread.
+//!
+//! Every function but `destroy`, `close` and `last_error` returns a status: `0` for success,
+//! otherwise an [`ErrorCode`]; the details are then fetched with `last_error` on the same
+//! thread, before any other call. Memory is freed on the side that allocated it: the plugin
+//! frees its instances and handles in `destroy` and `close`, strings it hands out stay owned
+//! by it (the host copies them at once), and the host passes its own buffers for data and
+//! messages. Only host memory crosses the boundary: the host refuses device memory with
+//! [`ErrorKind::Unsupported`](crate::ErrorKind::Unsupported) before calling the plugin. No
+//! panic crosses it either: every exported function runs under `catch_unwind` and turns a
+//! panic into an error. Instances and handles must be usable from several threads at once,
+//! as the [`Backend`](crate::Backend) and [`BackendFile`](crate::BackendFile) traits require.
+//!
+//! The host keeps the library loaded while any backend or file handle from it lives.
+
+use crate::{Capabilities, Error, ErrorKind, OpenMode};
+use std::ffi::c_void;
+
+#[doc(hidden)]
+pub mod export;
+#[cfg(feature = "plugins")]
+mod load;
+
+#[cfg(feature = "plugins")]
+pub use load::{DynamicBackend, PLUGINS_ENV};
+
+/// Turns a [`Backend`](crate::Backend) into a dynamic plugin: exports the
+/// [`ENTRY_SYMBOL`] function of the plugin ABI from a `cdylib` crate.
+///
+/// The argument is an expression that makes one backend value; it is evaluated each time a
+/// host loads the plugin (once per `Registry::load_plugin`). Use it once per library, at the
+/// crate root:
+///
+/// ```ignore
+/// // Cargo.toml: [lib] crate-type = ["cdylib", "rlib"]
+/// fastensor_core::export_plugin!(MyBackend::default());
+/// ```
+///
+/// Every exported function catches panics, and errors keep their [`ErrorKind`] across the
+/// boundary.
+#[macro_export]
+macro_rules! export_plugin {
+    ($create:expr) => {
+        #[doc(hidden)]
+        struct __FastensorPluginConstructor;
+
+        impl $crate::plugin::export::Constructor for __FastensorPluginConstructor {
+            fn construct() -> $crate::SharedBackend {
+                $crate::plugin::export::shared($create)
+            }
+        }
+
+        /// The fastensor plugin entry point: returns this library's function table.
+        #[no_mangle]
+        pub extern "C" fn fastensor_plugin() -> *const $crate::plugin::PluginV1 {
+            static TABLE: $crate::plugin::PluginV1 =
+                $crate::plugin::export::table::<__FastensorPluginConstructor>();
+            &TABLE
+        }
+    };
+}
+
+/// The ABI version this build of fastensor speaks. A plugin with another version is refused
+/// with [`ErrorKind::Unsupported`].
+pub const ABI_VERSION: u32 = 1;
+
+/// The name of the one symbol a plugin library exports (without the trailing NUL).
+pub const ENTRY_SYMBOL: &str = "fastensor_plugin";
+
+/// The type of the [`ENTRY_SYMBOL`] function.
+pub type EntryFn = unsafe extern "C" fn() -> *const PluginV1;
+
+/// The start of every plugin table, whatever its version: read first, to check the version
+/// before trusting the rest of the layout.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PluginHeader {
+    /// The ABI version the plugin was built for.
+    pub abi_version: u32,
+    /// `size_of` the plugin's table, in bytes.
+    pub struct_size: u32,
+}
+
+/// A status returned by the plugin functions: `0` is success, anything else an error whose
+/// details `last_error` gives.
+pub type Status = i32;
+
+/// Success.
+pub const STATUS_OK: Status = 0;
+
+/// Error kind codes on the wire: a stable number for each [`ErrorKind`].
+///
+/// Codes the host does not know map to [`ErrorKind::Other`].
+#[repr(i32)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorCode {
+    /// [`ErrorKind::NotFound`].
+    NotFound = 1,
+    /// [`ErrorKind::PermissionDenied`].
+    PermissionDenied = 2,
+    /// [`ErrorKind::AlreadyExists`].
+    AlreadyExists = 3,
+    /// [`ErrorKind::Unavailable`]; also what `probe` returns for an unavailable backend.
+    Unavailable = 4,
+    /// [`ErrorKind::Unsupported`].
+    Unsupported = 5,
+    /// [`ErrorKind::InvalidInput`].
+    InvalidInput = 6,
+    /// [`ErrorKind::Unaligned`].
+    Unaligned = 7,
+    /// [`ErrorKind::Corrupt`].
+    Corrupt = 8,
+    /// [`ErrorKind::UnexpectedEof`].
+    UnexpectedEof = 9,
+    /// [`ErrorKind::StorageFull`].
+    StorageFull = 10,
+    /// [`ErrorKind::OutOfMemory`].
+    OutOfMemory = 11,
+    /// [`ErrorKind::Device`].
+    Device = 12,
+    /// [`ErrorKind::Io`].
+    Io = 13,
+    /// [`ErrorKind::Other`], and panics caught in the plugin.
+    Other = 14,
+}
+
+impl ErrorCode {
+    /// The code of an error kind.
+    pub fn from_kind(kind: ErrorKind) -> Self {
+        match kind {
+            ErrorKind::NotFound => ErrorCode::NotFound,
+            ErrorKind::PermissionDenied => ErrorCode::PermissionDenied,
+            ErrorKind::AlreadyExists => ErrorCode::AlreadyExists,
+            ErrorKind::Unavailable => ErrorCode::Unavailable,
+            ErrorKind::Unsupported => ErrorCode::Unsupported,
+            ErrorKind::InvalidInput => ErrorCode::InvalidInput,
+            ErrorKind::Unaligned => ErrorCode::Unaligned,
+            ErrorKind::Corrupt => ErrorCode::Corrupt,
+            ErrorKind::UnexpectedEof => ErrorCode::UnexpectedEof,
+            ErrorKind::StorageFull => ErrorCode::StorageFull,
+            ErrorKind::OutOfMemory => ErrorCode::OutOfMemory,
+            ErrorKind::Device => ErrorCode::Device,
+            ErrorKind::Io => ErrorCode::Io,
+            ErrorKind::Other => ErrorCode::Other,
+        }
+    }
+
+    /// The error kind of a code received from a plugin; unknown codes are
+    /// [`ErrorKind::Other`].
+    pub fn kind_of(code: i32) -> ErrorKind {
+        match code {
+            1 => ErrorKind::NotFound,
+            2 => ErrorKind::PermissionDenied,
+            3 => ErrorKind::AlreadyExists,
+            4 => ErrorKind::Unavailable,
+            5 => ErrorKind::Unsupported,
+            6 => ErrorKind::InvalidInput,
+            7 => ErrorKind::Unaligned,
+            8 => ErrorKind::Corrupt,
+            9 => ErrorKind::UnexpectedEof,
+            10 => ErrorKind::StorageFull,
+            11 => ErrorKind::OutOfMemory,
+            12 => ErrorKind::Device,
+            13 => ErrorKind::Io,
+            _ => ErrorKind::Other,
+        }
+    }
+
+    /// The status value of this code.
+    pub fn status(self) -> Status {
+        self as i32
+    }
+}
+
+/// [`OpenMode`] on the wire.
+pub mod open_mode {
+    /// [`OpenMode::Read`](crate::OpenMode::Read).
+    pub const READ: u32 = 0;
+    /// [`OpenMode::ReadWrite`](crate::OpenMode::ReadWrite).
+    pub const READ_WRITE: u32 = 1;
+    /// [`OpenMode::Create`](crate::OpenMode::Create).
+    pub const CREATE: u32 = 2;
+    /// [`OpenMode::Truncate`](crate::OpenMode::Truncate).
+    pub const TRUNCATE: u32 = 3;
+}
+
+/// The wire code of an open mode.
+pub fn mode_code(mode: OpenMode) -> u32 {
+    match mode {
+        OpenMode::Read => open_mode::READ,
+        OpenMode::ReadWrite => open_mode::READ_WRITE,
+        OpenMode::Create => open_mode::CREATE,
+        OpenMode::Truncate => open_mode::TRUNCATE,
+    }
+}
+
+/// The open mode of a wire code, or an error for an unknown code.
+pub fn mode_of_code(code: u32) -> Result<OpenMode, Error> {
+    match code {
+        open_mode::READ => Ok(OpenMode::Read),
+        open_mode::READ_WRITE => Ok(OpenMode::ReadWrite),
+        open_mode::CREATE => Ok(OpenMode::Create),
+        open_mode::TRUNCATE => Ok(OpenMode::Truncate),
+        other => Err(Error::new(
+            ErrorKind::InvalidInput,
+            format!("unknown open mode code {other}"),
+        )),
+    }
+}
+
+/// [`Capabilities`] on the wire. Flags are bytes (`0` false, anything else true) so that no
+/// invalid `bool` can cross the boundary.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FfiCapabilities {
+    /// [`Capabilities::read`].
+    pub read: u8,
+    /// [`Capabilities::write`].
+    pub write: u8,
+    /// [`Capabilities::host_memory`].
+    pub host_memory: u8,
+    /// [`Capabilities::device_memory`] (the host ignores it: only host memory crosses).
+    pub device_memory: u8,
+    /// [`Capabilities::native_batch`].
+    pub native_batch: u8,
+    /// [`Capabilities::durable_sync`].
+    pub durable_sync: u8,
+    /// [`Capabilities::bypasses_page_cache`].
+    pub bypasses_page_cache: u8,
+    /// Padding, zero.
+    pub reserved: u8,
+    /// [`Capabilities::memory_alignment`].
+    pub memory_alignment: u64,
+    /// [`Capabilities::offset_alignment`].
+    pub offset_alignment: u64,
+    /// [`Capabilities::queue_depth`].
+    pub queue_depth: u32,
+    /// Padding, zero.
+    pub reserved2: u32,
+}
+
+impl From<&Capabilities> for FfiCapabilities {
+    fn from(c: &Capabilities) -> Self {
+        FfiCapabilities {
+            read: c.read.into(),
+            write: c.write.into(),
+            host_memory: c.host_memory.into(),
+            device_memory: c.device_memory.into(),
+            native_batch: c.native_batch.into(),
+            durable_sync: c.durable_sync.into(),
+            bypasses_page_cache: c.bypasses_page_cache.into(),
+            reserved: 0,
+            memory_alignment: c.memory_alignment,
+            offset_alignment: c.offset_alignment,
+            queue_depth: c.queue_depth,
+            reserved2: 0,
+        }
+    }
+}
+
+impl From<&FfiCapabilities> for Capabilities {
+    fn from(c: &FfiCapabilities) -> Self {
+        Capabilities {
+            read: c.read != 0,
+            write: c.write != 0,
+            host_memory: c.host_memory != 0,
+            device_memory: c.device_memory != 0,
+            native_batch: c.native_batch != 0,
+            durable_sync: c.durable_sync != 0,
+            bypasses_page_cache: c.bypasses_page_cache != 0,
+            memory_alignment: c.memory_alignment.max(1),
+            offset_alignment: c.offset_alignment.max(1),
+            queue_depth: c.queue_depth.max(1),
+        }
+    }
+}
+
+/// The function table of ABI version 1, returned by the [`ENTRY_SYMBOL`] function.
+///
+/// Pointers named `backend` are instances made by `create`; pointers named `file` are handles
+/// made by `open`. See the [module documentation](self) for the rules every function follows.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct PluginV1 {
+    /// [`ABI_VERSION`] when the plugin was built; first, never moves.
+    pub abi_version: u32,
+    /// `size_of::<PluginV1>()` when the plugin was built; second, never moves.
+    pub struct_size: u32,
+    /// Makes a backend instance and stores it in `*out`.
+    pub create: unsafe extern "C" fn(out: *mut *mut c_void) -> Status,
+    /// Frees a backend instance. Handles it opened stay valid.
+    pub destroy: unsafe extern "C" fn(backend: *mut c_void),
+    /// Stores the backend's name (UTF-8, not NUL-terminated, owned by the instance and valid
+    /// while it lives) in `*ptr` and `*len`.
+    pub name: unsafe extern "C" fn(
+        backend: *const c_void,
+        ptr: *mut *const u8,
+        len: *mut usize,
+    ) -> Status,
+    /// `0` when the backend can run here; otherwise a code (usually
+    /// [`ErrorCode::Unavailable`]) and the reason in `last_error`.
+    pub probe: unsafe extern "C" fn(backend: *const c_void) -> Status,
+    /// Stores the backend's capabilities in `*out`.
+    pub capabilities:
+        unsafe extern "C" fn(backend: *const c_void, out: *mut FfiCapabilities) -> Status,
+    /// Opens the file whose path is the `path_len` bytes at `path` (the OS string's bytes on
+    /// Unix, UTF-8 elsewhere) in the [mode](open_mode) `mode`, storing the handle in `*out`.
+    pub open: unsafe extern "C" fn(
+        backend: *const c_void,
+        path: *const u8,
+        path_len: usize,
+        mode: u32,
+        out: *mut *mut c_void,
+    ) -> Status,
+    /// Reads up to `len` bytes at `offset` into `dst`, storing the count in `*read` (short
+    /// only at the end of the file).
+    pub read_at: unsafe extern "C" fn(
+        file: *const c_void,
+        offset: u64,
+        dst: *mut u8,
+        len: usize,
+        read: *mut usize,
+    ) -> Status,
+    /// Writes all `len` bytes at `src` to `offset`.
+    pub write_at: unsafe extern "C" fn(
+        file: *const c_void,
+        offset: u64,
+        src: *const u8,
+        len: usize,
+    ) -> Status,
+    /// Makes completed writes durable.
+    pub sync: unsafe extern "C" fn(file: *const c_void) -> Status,
+    /// Stores the file's length in `*out`.
+    pub len: unsafe extern "C" fn(file: *const c_void, out: *mut u64) -> Status,
+    /// Cuts or extends the file to `len` bytes.
+    pub set_len: unsafe extern "C" fn(file: *const c_void, len: u64) -> Status,
+    /// Frees a file handle.
+    pub close: unsafe extern "C" fn(file: *mut c_void),
+    /// Describes the last failed call on this thread: stores its [`ErrorCode`] in `*kind`
+    /// (`0` when none), its OS error code in `*os_error` (`0` when none), copies up to `cap`
+    /// bytes of its UTF-8 message to `buf`, and returns the message's full length (call again
+    /// with a larger buffer when it exceeds `cap`).
+    pub last_error:
+        unsafe extern "C" fn(kind: *mut i32, os_error: *mut i32, buf: *mut u8, cap: usize) -> usize,
+}
+
+impl PluginV1 {
+    /// The header every table starts with.
+    pub fn header(&self) -> PluginHeader {
+        PluginHeader {
+            abi_version: self.abi_version,
+            struct_size: self.struct_size,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn error_codes_round_trip_every_kind() {
+        for kind in [
+            ErrorKind::NotFound,
+            ErrorKind::PermissionDenied,
+            ErrorKind::AlreadyExists,
+            ErrorKind::Unavailable,
+            ErrorKind::Unsupported,
+            ErrorKind::InvalidInput,
+            ErrorKind::Unaligned,
+            ErrorKind::Corrupt,
+            ErrorKind::UnexpectedEof,
+            ErrorKind::StorageFull,
+            ErrorKind::OutOfMemory,
+            ErrorKind::Device,
+            ErrorKind::Io,
+            ErrorKind::Other,
+        ] {
+            let code = ErrorCode::from_kind(kind).status();
+            assert_ne!(code, STATUS_OK);
+            assert_eq!(ErrorCode::kind_of(code), kind);
+        }
+        assert_eq!(ErrorCode::kind_of(999), ErrorKind::Other);
+    }
+
+    #[test]
+    fn modes_and_capabilities_round_trip() {
+        for mode in [
+            OpenMode::Read,
+            OpenMode::ReadWrite,
+            OpenMode::Create,
+            OpenMode::Truncate,
+        ] {
+            assert_eq!(mode_of_code(mode_code(mode)).unwrap(), mode);
+        }
+        assert_eq!(mode_of_code(7).unwrap_err().kind(), ErrorKind::InvalidInput);
+        let caps = Capabilities {
+            native_batch: true,
+            queue_depth: 8,
+            memory_alignment: 4096,
+            ..Capabilities::default()
+        };
+        assert_eq!(Capabilities::from(&FfiCapabilities::from(&caps)), caps);
+    }
+
+    #[test]
+    fn header_is_the_start_of_the_table() {
+        assert_eq!(std::mem::offset_of!(PluginV1, abi_version), 0);
+        assert_eq!(std::mem::offset_of!(PluginV1, struct_size), 4);
+        assert_eq!(std::mem::size_of::<PluginHeader>(), 8);
+    }
+}
