@@ -1,0 +1,308 @@
+//! An open file of the `gds` backend: parallel cuFile pieces, buffered heads and tails of
+//! writes, buffer registration, batches.
+
+use super::GDS;
+use crate::cufile::{CuFile, FileHandle};
+use crate::{cuda, device_buffer};
+use fastensor_core::align::split;
+use fastensor_core::{
+    parallel, unsupported_memory, BackendFile, Error, ErrorKind, MemMut, MemRef, ReadRequest,
+    Result, WriteRequest,
+};
+use fastensor_posix::sys;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+/// An open file of the `gds` backend. `handle` is declared first: it is deregistered before
+/// the descriptor closes.
+#[derive(Debug)]
+pub(super) struct GdsFile {
+    pub(super) handle: FileHandle,
+    pub(super) direct: File,
+    pub(super) buffered: File,
+    pub(super) cufile: &'static CuFile,
+    pub(super) align: u64,
+    pub(super) chunk: usize,
+    pub(super) threads: usize,
+    pub(super) register: bool,
+    pub(super) batch: Option<usize>,
+    pub(super) writable: bool,
+    pub(super) path: PathBuf,
+}
+
+/// A device range resolved for cuFile: the base to pass and the offset of the range in it.
+#[derive(Debug, Clone, Copy)]
+struct Target {
+    base: u64,
+    offset: u64,
+    ordinal: u32,
+}
+
+impl GdsFile {
+    fn err(&self, e: std::io::Error, what: &str, offset: u64) -> Error {
+        sys::transfer_error(e, what, GDS, &self.path, offset)
+    }
+
+    fn eof(&self, offset: u64) -> Error {
+        Error::new(ErrorKind::UnexpectedEof, "the file shrank during the read")
+            .with_backend(GDS)
+            .with_path(&self.path)
+            .with_offset(offset)
+    }
+
+    /// Binds the GPU's context and resolves `ptr..ptr + len`, registering its allocation
+    /// with cuFile when it is a [`DeviceBuffer`](crate::DeviceBuffer) used before.
+    fn target(&self, ptr: u64, len: usize, ordinal: u32) -> Result<Target> {
+        cuda::require()?.bind(ordinal)?;
+        let plain = Target {
+            base: ptr,
+            offset: 0,
+            ordinal,
+        };
+        if !self.register {
+            return Ok(plain);
+        }
+        let mut table = device_buffer::ALLOCATIONS.lock();
+        let Some((&base, alloc)) = table.range_mut(..=ptr).next_back() else {
+            return Ok(plain);
+        };
+        if ptr + len as u64 > base + alloc.len as u64 {
+            return Ok(plain);
+        }
+        alloc.uses = alloc.uses.saturating_add(1);
+        if !alloc.registered && alloc.uses >= 2 {
+            alloc.registered = self.cufile.register_buffer(base, alloc.len).is_ok();
+        }
+        Ok(if alloc.registered {
+            Target {
+                base,
+                offset: ptr - base,
+                ordinal,
+            }
+        } else {
+            plain
+        })
+    }
+
+    /// Pieces `(file offset, length, offset in the transfer)` of `[offset, offset + len)`,
+    /// split at multiples of the chunk size.
+    fn pieces(&self, offset: u64, len: usize) -> Vec<(u64, usize, u64)> {
+        let chunk = self.chunk as u64;
+        let end = offset + len as u64;
+        let mut out = Vec::new();
+        let mut at = offset;
+        while at < end {
+            let next = ((at / chunk) + 1).saturating_mul(chunk).min(end);
+            out.push((at, (next - at) as usize, at - offset));
+            at = next;
+        }
+        out
+    }
+
+    /// Reads exactly `len` bytes at `offset` into `t` (+ `skip`), in parallel pieces.
+    fn read_exact(&self, t: Target, skip: u64, offset: u64, len: usize) -> Result<()> {
+        parallel::for_each(self.pieces(offset, len), self.threads, |(off, n, rel)| {
+            cuda::require()?.bind(t.ordinal)?;
+            let mut done = 0usize;
+            while done < n {
+                let at = off + done as u64;
+                // SAFETY: the range lies in the destination the caller borrowed mutably for
+                // this transfer (pieces are disjoint); its context is current.
+                let got = unsafe {
+                    self.handle
+                        .read(t.base, n - done, at, t.offset + skip + rel + done as u64)
+                }
+                .map_err(|e| self.err(e, "cuFileRead failed", at))?;
+                if got == 0 {
+                    return Err(self.eof(at));
+                }
+                done += got;
+            }
+            Ok(())
+        })
+    }
+
+    /// Writes `len` bytes from `t` (+ `skip`) at the aligned `offset`, in parallel pieces.
+    fn write_direct(&self, t: Target, skip: u64, offset: u64, len: usize) -> Result<()> {
+        parallel::for_each(self.pieces(offset, len), self.threads, |(off, n, rel)| {
+            cuda::require()?.bind(t.ordinal)?;
+            let mut done = 0usize;
+            while done < n {
+                let at = off + done as u64;
+                // SAFETY: the range lies in the source the caller borrowed for this transfer;
+                // its context is current.
+                let put = unsafe {
+                    self.handle
+                        .write(t.base, n - done, at, t.offset + skip + rel + done as u64)
+                }
+                .map_err(|e| self.err(e, "cuFileWrite failed", at))?;
+                if put == 0 {
+                    return Err(self.err(
+                        std::io::Error::other("wrote 0 bytes"),
+                        "cuFileWrite failed",
+                        at,
+                    ));
+                }
+                done += put;
+            }
+            Ok(())
+        })
+    }
+
+    /// Writes a partial block through the page cache (copied from the device first).
+    fn write_buffered(&self, src: u64, ordinal: u32, offset: u64, len: usize) -> Result<()> {
+        let mut host = vec![0u8; len];
+        device_buffer::copy_to_host(src, ordinal, &mut host)?;
+        sys::pwrite_all(&self.buffered, &host, offset)
+            .map_err(|e| self.err(e, "write failed", offset))
+    }
+
+    fn read_each(&self, requests: &mut [ReadRequest<'_>]) -> Result<()> {
+        let items: Vec<&mut ReadRequest<'_>> = requests.iter_mut().collect();
+        parallel::for_each(items, self.threads, |r| {
+            r.done = self.read_at(r.offset, r.dst.reborrow())?;
+            Ok(())
+        })
+    }
+}
+
+impl BackendFile for GdsFile {
+    fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn read_at(&self, offset: u64, dst: MemMut<'_>) -> Result<usize> {
+        let MemMut::Device(d) = dst else {
+            return Err(unsupported_memory(GDS, dst.kind(), &self.path));
+        };
+        if d.is_empty() {
+            return Ok(0);
+        }
+        let file_len = self.len()?;
+        if offset >= file_len {
+            return Ok(0);
+        }
+        let len = (d.len() as u64).min(file_len - offset) as usize;
+        let t = self.target(d.ptr(), len, d.ordinal())?;
+        self.read_exact(t, 0, offset, len)?;
+        Ok(len)
+    }
+
+    fn write_at(&self, offset: u64, src: MemRef<'_>) -> Result<()> {
+        let MemRef::Device(d) = src else {
+            return Err(unsupported_memory(GDS, src.kind(), &self.path));
+        };
+        if !self.writable {
+            return Err(Error::new(
+                ErrorKind::PermissionDenied,
+                "the file was opened for reading only",
+            )
+            .with_backend(GDS)
+            .with_path(&self.path)
+            .with_offset(offset));
+        }
+        offset.checked_add(d.len() as u64).ok_or_else(|| {
+            Error::new(ErrorKind::InvalidInput, "offset + length overflows")
+                .with_backend(GDS)
+                .with_path(&self.path)
+                .with_offset(offset)
+        })?;
+        if d.is_empty() {
+            return Ok(());
+        }
+        let s = split(offset, d.len() as u64, self.align);
+        let head = (s.head.end - s.head.start) as usize;
+        let middle = (s.middle.end - s.middle.start) as usize;
+        let tail = (s.tail.end - s.tail.start) as usize;
+        if middle > 0 {
+            let t = self.target(d.ptr(), d.len(), d.ordinal())?;
+            self.write_direct(t, head as u64, s.middle.start, middle)?;
+        }
+        if head > 0 {
+            self.write_buffered(d.ptr(), d.ordinal(), s.head.start, head)?;
+        }
+        if tail > 0 {
+            let src = d.ptr() + (head + middle) as u64;
+            self.write_buffered(src, d.ordinal(), s.tail.start, tail)?;
+        }
+        Ok(())
+    }
+
+    fn read_batch(&self, requests: &mut [ReadRequest<'_>]) -> Result<()> {
+        if let Some(r) = requests
+            .iter()
+            .find(|r| !matches!(r.dst, MemMut::Device(_)))
+        {
+            return Err(unsupported_memory(GDS, r.dst.kind(), &self.path));
+        }
+        match self.batch {
+            Some(max) if requests.len() > 1 => {
+                for group in requests.chunks_mut(max) {
+                    if crate::batch::read(self, group).is_err() {
+                        // Reads are idempotent: redo the whole group one request at a time.
+                        self.read_each(group)?;
+                    }
+                }
+                Ok(())
+            }
+            _ => self.read_each(requests),
+        }
+    }
+
+    fn write_batch(&self, requests: &[WriteRequest<'_>]) -> Result<()> {
+        parallel::for_each(requests.iter().collect(), self.threads, |r| {
+            self.write_at(r.offset, r.src)
+        })
+    }
+
+    fn sync(&self) -> Result<()> {
+        self.direct
+            .sync_data()
+            .map_err(|e| self.err(e, "fdatasync failed", 0))
+    }
+
+    fn len(&self) -> Result<u64> {
+        self.direct
+            .metadata()
+            .map(|m| m.len())
+            .map_err(|e| self.err(e, "cannot stat", 0))
+    }
+
+    fn set_len(&self, len: u64) -> Result<()> {
+        self.direct
+            .set_len(len)
+            .map_err(|e| self.err(e, "cannot set the length", len))
+    }
+}
+
+/// What the batch module needs from an open file.
+pub(crate) trait BatchTarget {
+    fn cufile(&self) -> &'static CuFile;
+    fn handle(&self) -> &FileHandle;
+    fn file_len(&self) -> Result<u64>;
+    fn resolve(&self, ptr: u64, len: usize, ordinal: u32) -> Result<(u64, u64)>;
+    fn finish(&self, base: u64, skip: u64, offset: u64, len: usize, ordinal: u32) -> Result<()>;
+}
+
+impl BatchTarget for GdsFile {
+    fn cufile(&self) -> &'static CuFile {
+        self.cufile
+    }
+    fn handle(&self) -> &FileHandle {
+        &self.handle
+    }
+    fn file_len(&self) -> Result<u64> {
+        self.len()
+    }
+    fn resolve(&self, ptr: u64, len: usize, ordinal: u32) -> Result<(u64, u64)> {
+        self.target(ptr, len, ordinal).map(|t| (t.base, t.offset))
+    }
+    fn finish(&self, base: u64, skip: u64, offset: u64, len: usize, ordinal: u32) -> Result<()> {
+        let t = Target {
+            base,
+            offset: 0,
+            ordinal,
+        };
+        self.read_exact(t, skip, offset, len)
+    }
+}

@@ -1,0 +1,75 @@
+//! fastensor's CUDA backends, with CUDA loaded at run time (the crate builds on machines with
+//! no CUDA toolkit, and without a GPU the backends say why they cannot run):
+//!
+//! * [`GDS`] (`gds`): GPUDirect Storage through cuFile, file <-> GPU memory with no host
+//!   copy (or cuFile's compatibility mode, reported by [`GdsBackend::detail`]);
+//! * [`CUDA_STAGED`] (`cuda-staged`): `O_DIRECT` reads and writes through pinned host
+//!   buffers, overlapped with asynchronous copies to and from the GPU;
+//! * [`DeviceBuffer`]: GPU memory usable wherever a host buffer is
+//!   ([`as_mem`](DeviceBuffer::as_mem), [`as_mem_mut`](DeviceBuffer::as_mem_mut)).
+//!
+//! Layering for foreign code: cudarc's `sys`/`result` and [`cufile::ffi`] (raw) ->
+//! [`cuda`] and [`cufile`] (`Result`-returning wrappers, RAII types) -> the backends. No call
+//! panics when `libcuda.so.1` or `libcufile.so.0` is missing: the first touch of each library
+//! is probed and wrapped in `catch_unwind`, and the reason is kept.
+//!
+//! cuFile is looked for at the path in [`GdsConfig::cufile_path`], else `FASTENSOR_CUFILE`,
+//! else in `LD_LIBRARY_PATH`, the CUDA and system library directories and Python's
+//! `nvidia/cufile/lib/` (see [`probe`]).
+#![deny(missing_docs)]
+
+mod batch;
+pub mod cuda;
+pub mod cufile;
+mod device_buffer;
+mod gds;
+pub mod probe;
+mod staged;
+pub mod testing;
+
+pub use device_buffer::{copy_to_device, copy_to_host, DeviceBuffer};
+pub use gds::{GdsBackend, GdsConfig, GDS};
+pub use staged::{StagedBackend, StagedConfig, CUDA_STAGED};
+
+use std::path::Path;
+use std::sync::Arc;
+
+fastensor_core::register_backend!(GDS, || Arc::new(GdsBackend::default()));
+fastensor_core::register_backend!(CUDA_STAGED, || Arc::new(StagedBackend::default()));
+
+/// Makes sure this crate is linked, so its registrations are seen. The `fastensor` facade
+/// calls it under its `gds` feature.
+#[inline(never)]
+pub fn link() {}
+
+/// The GPUs this process sees, e.g. `1 GPU: NVIDIA H100`, or why there is none.
+pub fn gpus() -> String {
+    match cuda::driver() {
+        Ok(d) => {
+            let names: Vec<&str> = (0..d.device_count()).map(|i| d.device_name(i)).collect();
+            let n = names.len();
+            format!(
+                "{n} GPU{}: {}",
+                if n == 1 { "" } else { "s" },
+                names.join(", ")
+            )
+        }
+        Err(reason) => reason,
+    }
+}
+
+/// `reason`, plus where cuFile was found or looked for when CUDA itself is the problem.
+fn with_cufile_search(reason: String, explicit: Option<&Path>) -> String {
+    if cuda::driver().is_ok() {
+        return reason;
+    }
+    let (candidates, _) = probe::cufile_candidates(explicit);
+    let found = candidates.iter().find_map(|c| match c {
+        probe::Candidate::Path(p) if p.exists() => Some(p.display().to_string()),
+        _ => None,
+    });
+    match found {
+        Some(p) => format!("{reason}; cuFile found at {p}"),
+        None => format!("{reason}; libcufile.so.0 not found either"),
+    }
+}

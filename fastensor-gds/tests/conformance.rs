@@ -1,0 +1,54 @@
+//! The shared conformance suite over GPU memory. Without a GPU (or without cuFile, for `gds`)
+//! the backends are unavailable and the suite prints SKIPPED with the reason;
+//! `FASTENSOR_REQUIRE=gds,cuda-staged` turns that into a failure on a GPU machine.
+
+use fastensor_gds::testing::DeviceMemory;
+use fastensor_gds::{GdsBackend, GdsConfig, StagedBackend, StagedConfig};
+use fastensor_testkit::conformance::assert_conformance_with_memory;
+use fastensor_testkit::test_memory::HostMemory;
+
+#[test]
+fn gds_passes_conformance_on_device_memory() {
+    let backend = GdsBackend::default();
+    eprintln!("gds: {}", backend.detail());
+    assert_conformance_with_memory(&backend, &[&HostMemory, &DeviceMemory { ordinal: 0 }]);
+}
+
+#[test]
+fn gds_with_small_chunks_and_no_registration_passes_conformance() {
+    let backend = GdsBackend::new(GdsConfig {
+        chunk_size: 64 << 10,
+        threads: 3,
+        register_buffers: false,
+        batch: false,
+        ..GdsConfig::default()
+    });
+    assert_conformance_with_memory(&backend, &[&DeviceMemory { ordinal: 0 }]);
+}
+
+#[test]
+fn cuda_staged_passes_conformance_on_device_memory() {
+    let backend = StagedBackend::default();
+    assert_conformance_with_memory(&backend, &[&HostMemory, &DeviceMemory { ordinal: 0 }]);
+}
+
+#[test]
+fn cuda_staged_with_small_buffers_passes_conformance() {
+    // Many chunks per transfer: three buffers in flight on each of three lanes.
+    let backend = StagedBackend::new(StagedConfig {
+        buffer_size: 8192,
+        buffers: 3,
+        threads: 3,
+        direct: true,
+    });
+    assert_conformance_with_memory(&backend, &[&DeviceMemory { ordinal: 0 }]);
+}
+
+#[test]
+fn cuda_staged_through_the_page_cache_passes_conformance() {
+    let backend = StagedBackend::new(StagedConfig {
+        direct: false,
+        ..StagedConfig::default()
+    });
+    assert_conformance_with_memory(&backend, &[&DeviceMemory { ordinal: 0 }]);
+}
