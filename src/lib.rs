@@ -25,6 +25,8 @@ pub use fastensor_select::{Dictionary, Objective, SelectorConfig};
 pub use fastensor_posix as posix;
 #[cfg(all(feature = "uring", target_os = "linux"))]
 pub use fastensor_uring as uring;
+#[cfg(feature = "gds")]
+pub use fastensor_gds as gds;
 
 /// Every backend compiled into this build (per the enabled cargo features), by name.
 pub fn registry() -> Registry {
@@ -32,5 +34,7 @@ pub fn registry() -> Registry {
     fastensor_posix::link();
     #[cfg(all(feature = "uring", target_os = "linux"))]
     fastensor_uring::link();
+    #[cfg(feature = "gds")]
+    fastensor_gds::link();
     Registry::compiled_in()
 }
