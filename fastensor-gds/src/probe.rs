@@ -195,7 +195,10 @@ fn summarize_dirs() -> String {
 
 /// Why `libcuda.so.1` could not be found, naming the names tried and where.
 pub fn libcuda_missing_reason() -> String {
-    let ld = std::env::var("LD_LIBRARY_PATH").unwrap_or_else(|_| "unset".into());
+    let ld = std::env::var("LD_LIBRARY_PATH")
+        .ok()
+        .filter(|v| !v.is_empty())
+        .unwrap_or_else(|| "<unset>".into());
     let mut names: Vec<String> = vec!["libcuda.so.1".into(), "libcuda.so".into()];
     for n in cudarc::get_lib_name_candidates("cuda") {
         if !names.contains(&n) {
