@@ -10,7 +10,10 @@ pub fn run() -> fastensor::Result<()> {
     for entry in registry.entries() {
         let b = &entry.backend;
         let status = match b.probe() {
-            Availability::Available => "available".to_string(),
+            Availability::Available => match b.detail() {
+                Some(detail) => format!("available: {detail}"),
+                None => "available".to_string(),
+            },
             Availability::Unavailable { reason } => format!("unavailable: {reason}"),
         };
         table.row(vec![

@@ -156,6 +156,13 @@ pub trait Backend: Send + Sync + 'static {
 
     /// Opens `path`. Errors name the file and the backend.
     fn open(&self, path: &Path, mode: OpenMode) -> Result<Box<dyn BackendFile>>;
+
+    /// More about how the backend runs on this machine, when it is available, e.g.
+    /// `true GDS (nvidia-fs 2.17)` or `compatibility mode (...)` for GPUDirect Storage.
+    /// `fastensor backends` prints it after the status. Default: none.
+    fn detail(&self) -> Option<String> {
+        None
+    }
 }
 
 impl fmt::Debug for dyn Backend {

@@ -95,7 +95,7 @@ fn run(dir: &Path, size: usize, repeat: usize) -> Result<()> {
     }
     println!("GPUs: {}", fastensor_gds::gpus());
     let gds = GdsBackend::default();
-    println!("gds: {}", gds.detail());
+    println!("gds: {}", gds.describe());
     let mut paths: Vec<Box<dyn Path2Gpu>> = Vec::new();
     if gds.probe().is_available() {
         paths.push(Box::new(Direct(Box::new(gds))));

@@ -2,7 +2,7 @@
 //! no CUDA toolkit, and without a GPU the backends say why they cannot run):
 //!
 //! * [`GDS`] (`gds`): GPUDirect Storage through cuFile, file <-> GPU memory with no host
-//!   copy (or cuFile's compatibility mode, reported by [`GdsBackend::detail`]);
+//!   copy (or cuFile's compatibility mode, reported by [`GdsBackend::describe`]);
 //! * [`CUDA_STAGED`] (`cuda-staged`): `O_DIRECT` reads and writes through pinned host
 //!   buffers, overlapped with asynchronous copies to and from the GPU;
 //! * [`DeviceBuffer`]: GPU memory usable wherever a host buffer is

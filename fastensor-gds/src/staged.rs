@@ -92,6 +92,10 @@ impl Backend for StagedBackend {
         }
     }
 
+    fn detail(&self) -> Option<String> {
+        cuda::driver().ok().map(|_| crate::gpus())
+    }
+
     fn probe(&self) -> Availability {
         match cuda::driver() {
             Ok(_) => Availability::Available,

@@ -10,7 +10,7 @@ use fastensor_testkit::test_memory::HostMemory;
 #[test]
 fn gds_passes_conformance_on_device_memory() {
     let backend = GdsBackend::default();
-    eprintln!("gds: {}", backend.detail());
+    eprintln!("gds: {}", backend.describe());
     assert_conformance_with_memory(&backend, &[&HostMemory, &DeviceMemory { ordinal: 0 }]);
 }
 

@@ -32,6 +32,7 @@ fn nothing_panics_without_cuda() {
             };
             eprintln!("{}: {reason}", b.name());
             assert!(reason.contains("libcuda"), "{reason}");
+            assert_eq!(b.detail(), None, "no detail while unavailable");
             let caps = b.capabilities();
             assert!(caps.device_memory && !caps.host_memory);
             let err = b.open(&path, OpenMode::Read).unwrap_err();

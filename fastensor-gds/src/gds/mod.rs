@@ -74,9 +74,9 @@ impl GdsBackend {
         cufile::cufile(self.config.cufile_path.as_deref())
     }
 
-    /// How cuFile moves the bytes here (`true GDS (nvidia-fs 2.17)`, `compatibility mode
+    /// How cuFile moves the bytes here (`true GDS (nvidia-fs 2.17)` or `compatibility mode
     /// (...)`), the library loaded and the GPUs; or why the backend is unavailable.
-    pub fn detail(&self) -> String {
+    pub fn describe(&self) -> String {
         match self.cufile() {
             Ok(cf) => format!("{}; {}; {}", cf.mode(), cf.library(), crate::gpus()),
             Err(reason) => reason,
@@ -100,6 +100,10 @@ impl Backend for GdsBackend {
             bypasses_page_cache: true,
             ..Capabilities::default()
         }
+    }
+
+    fn detail(&self) -> Option<String> {
+        self.cufile().ok().map(|_| self.describe())
     }
 
     fn probe(&self) -> Availability {
