@@ -126,3 +126,78 @@ fn tune_returns_a_dictionary_with_both_directions() {
         "scratch file removed"
     );
 }
+
+/// A page-cache backend that records the knobs the engine applies to it.
+#[derive(Debug, Clone, Default)]
+struct KnobRecorder {
+    seen: std::sync::Arc<std::sync::Mutex<Option<String>>>,
+}
+
+impl fastensor::Backend for KnobRecorder {
+    fn name(&self) -> &str {
+        "knob-recorder"
+    }
+    fn capabilities(&self) -> fastensor::Capabilities {
+        fastensor::Capabilities::default()
+    }
+    fn probe(&self) -> fastensor::Availability {
+        fastensor::Availability::Available
+    }
+    fn open(
+        &self,
+        path: &std::path::Path,
+        mode: OpenMode,
+    ) -> fastensor::Result<Box<dyn BackendFile>> {
+        fastensor::Backend::open(&fastensor::posix::PosixBackend, path, mode)
+    }
+    fn knobs(&self) -> Vec<fastensor::core::KnobSpec> {
+        vec![fastensor::core::KnobSpec::new(
+            "depth",
+            "1",
+            &["1", "2"],
+            "test knob",
+        )]
+    }
+    fn with_knobs(
+        &self,
+        knobs: &fastensor::core::Knobs,
+    ) -> fastensor::Result<fastensor::core::SharedBackend> {
+        knobs.check_names(self.name(), &self.knobs())?;
+        *self.seen.lock().unwrap() = Some(knobs.to_string());
+        Ok(std::sync::Arc::new(self.clone()))
+    }
+}
+
+#[test]
+fn profile_knobs_are_applied_and_bad_ones_warn() {
+    let dir = tempfile::tempdir().unwrap();
+    let profile = dir.path().join("profile.toml");
+    let mut dict = Engine::builder().build().unwrap().dictionary();
+    let knob = |k: &str, v: &str| [(k.to_string(), v.to_string())].into_iter().collect();
+    dict.knobs
+        .insert("knob-recorder".into(), knob("depth", "2"));
+    dict.save(&profile).unwrap();
+    let recorder = KnobRecorder::default();
+    let engine = Engine::builder()
+        .backend(std::sync::Arc::new(recorder.clone()))
+        .profile(&profile)
+        .build()
+        .unwrap();
+    assert!(
+        engine.load_warning().is_none(),
+        "{:?}",
+        engine.load_warning()
+    );
+    assert_eq!(recorder.seen.lock().unwrap().as_deref(), Some("depth=2"));
+    // Saving keeps the knobs.
+    engine.save_profile().unwrap();
+    let saved = fastensor::Dictionary::read(&profile).unwrap();
+    assert_eq!(saved.knobs["knob-recorder"]["depth"], "2");
+    // A knob the backend does not have: defaults kept, and a warning says why.
+    dict.knobs.insert("posix-direct".into(), knob("bogus", "1"));
+    dict.save(&profile).unwrap();
+    let engine = Engine::builder().profile(&profile).build().unwrap();
+    let warning = engine.load_warning().expect("a warning").to_string();
+    assert!(warning.contains("bogus"), "{warning}");
+    assert!(engine.backend_names().contains(&"posix-direct".to_string()));
+}

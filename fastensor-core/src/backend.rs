@@ -1,5 +1,6 @@
 //! The contract every I/O path implements.
 
+use crate::knobs::{KnobSpec, Knobs};
 use crate::{Error, ErrorKind, MemMut, MemRef, MemoryKind, Result};
 use std::fmt;
 use std::path::Path;
@@ -162,6 +163,24 @@ pub trait Backend: Send + Sync + 'static {
     /// `fastensor backends` prints it after the status. Default: none.
     fn detail(&self) -> Option<String> {
         None
+    }
+
+    /// The tuning knobs this backend exposes (see [`crate::knobs`]). Default: none.
+    fn knobs(&self) -> Vec<KnobSpec> {
+        Vec::new()
+    }
+
+    /// A copy of this backend with `knobs` applied over its current settings; unknown names
+    /// and bad values are [`ErrorKind::InvalidInput`]. Default: [`ErrorKind::Unsupported`].
+    fn with_knobs(&self, knobs: &Knobs) -> Result<SharedBackend> {
+        Err(Error::new(
+            ErrorKind::Unsupported,
+            format!(
+                "backend `{}` has no knobs (asked for `{knobs}`)",
+                self.name()
+            ),
+        )
+        .with_backend(self.name()))
     }
 }
 

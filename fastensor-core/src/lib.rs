@@ -8,6 +8,7 @@ mod backend;
 mod context;
 mod dtype;
 mod error;
+pub mod knobs;
 mod memory;
 pub mod parallel;
 pub mod plugin;
@@ -21,6 +22,7 @@ pub use backend::{
 pub use context::{CacheState, Direction, FileLocation, Purpose, TransferContext};
 pub use dtype::DType;
 pub use error::{kind_of_io, Error, ErrorKind, Result};
+pub use knobs::{KnobSpec, Knobs};
 pub use memory::{DeviceSlice, DeviceSliceMut, HostBuffer, MemMut, MemRef, MemoryKind, PAGE_ALIGN};
 pub use registry::{BackendRegistration, Entry, Origin, Registry};
 pub use tensor::TensorDesc;

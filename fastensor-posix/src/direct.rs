@@ -13,12 +13,14 @@
 use crate::sys;
 use fastensor_core::align::{align_down, align_up, is_aligned, split, DirectAlignment};
 use fastensor_core::{
-    parallel, unsupported_memory, Availability, Backend, BackendFile, Capabilities, Error,
-    ErrorKind, HostBuffer, MemMut, MemRef, OpenMode, Result, PAGE_ALIGN,
+    knobs, parallel, unsupported_memory, Availability, Backend, BackendFile, Capabilities, Error,
+    ErrorKind, HostBuffer, KnobSpec, Knobs, MemMut, MemRef, OpenMode, Result, SharedBackend,
+    PAGE_ALIGN,
 };
 use parking_lot::Mutex;
 use std::fs::File;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 /// The name of the `O_DIRECT` backend.
 pub const POSIX_DIRECT: &str = "posix-direct";
@@ -80,6 +82,45 @@ impl Backend for DirectBackend {
 
     fn probe(&self) -> Availability {
         Availability::Available
+    }
+
+    fn knobs(&self) -> Vec<KnobSpec> {
+        let d = DirectConfig::default();
+        vec![
+            KnobSpec::new(
+                "threads",
+                &d.threads.to_string(),
+                &["1", "2", "4", "8"],
+                "threads issuing the chunks of one transfer",
+            ),
+            KnobSpec::new(
+                "chunk",
+                &knobs::format_size(d.chunk_size),
+                &["1M", "4M", "16M"],
+                "bytes per request",
+            ),
+            KnobSpec::new(
+                "preallocate",
+                &d.preallocate.to_string(),
+                &["true"],
+                "allocate the blocks of an extending write first",
+            ),
+        ]
+    }
+
+    fn with_knobs(&self, knobs: &Knobs) -> Result<SharedBackend> {
+        knobs.check_names(POSIX_DIRECT, &self.knobs())?;
+        let mut config = self.config.clone();
+        if let Some(t) = knobs.count("threads")? {
+            config.threads = t.max(1);
+        }
+        if let Some(c) = knobs.size("chunk")? {
+            config.chunk_size = c.max(1);
+        }
+        if let Some(p) = knobs.flag("preallocate")? {
+            config.preallocate = p;
+        }
+        Ok(Arc::new(DirectBackend::new(config)))
     }
 
     fn open(&self, path: &Path, mode: OpenMode) -> Result<Box<dyn BackendFile>> {

@@ -28,6 +28,10 @@ pub struct Dictionary {
     /// One entry per context.
     #[serde(default, rename = "context")]
     pub contexts: Vec<ContextRecord>,
+    /// Tuned knob settings per backend (`[knobs.posix-direct] threads = "2"`), applied by the
+    /// engine when it loads the dictionary. Absent in older files.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub knobs: BTreeMap<String, BTreeMap<String, String>>,
 }
 
 /// One context of a [`Dictionary`].
@@ -305,6 +309,7 @@ impl Selector {
                 .iter()
                 .map(|(k, s)| ContextRecord::from_state(k, s))
                 .collect(),
+            knobs: self.knobs().clone(),
         }
     }
 
@@ -319,6 +324,7 @@ impl Selector {
         }
         let mut selector =
             Selector::from_parts(config.clone(), keys, dictionary.fingerprint.clone());
+        selector.set_knobs(dictionary.knobs.clone());
         // The saved choices were made for the saved objective; settle them for this one.
         selector.set_objective(config.objective);
         Ok(selector)

@@ -136,7 +136,11 @@ impl KeyState {
                 c.prior = None;
                 continue;
             }
-            let old = c.samples.estimate(cfg.objective).map(|e| e.median).or(c.prior);
+            let old = c
+                .samples
+                .estimate(cfg.objective)
+                .map(|e| e.median)
+                .or(c.prior);
             c.samples.clear();
             c.prior = old;
             c.eliminated = match (old, new_cost) {
@@ -184,6 +188,7 @@ pub struct Selector {
     keys: BTreeMap<ContextKey, KeyState>,
     fingerprint: Fingerprint,
     stats: SelectorStats,
+    knobs: BTreeMap<String, BTreeMap<String, String>>,
 }
 
 impl Selector {
@@ -194,6 +199,7 @@ impl Selector {
             keys: BTreeMap::new(),
             fingerprint: Fingerprint::default(),
             stats: SelectorStats::default(),
+            knobs: BTreeMap::new(),
         }
     }
 
@@ -242,7 +248,18 @@ impl Selector {
             keys,
             fingerprint,
             stats: SelectorStats::default(),
+            knobs: BTreeMap::new(),
         }
+    }
+
+    /// Tuned knob settings per backend, kept with the dictionary (see [`Dictionary::knobs`]).
+    pub fn knobs(&self) -> &BTreeMap<String, BTreeMap<String, String>> {
+        &self.knobs
+    }
+
+    /// Replaces the tuned knob settings.
+    pub fn set_knobs(&mut self, knobs: BTreeMap<String, BTreeMap<String, String>>) {
+        self.knobs = knobs;
     }
 
     /// The chosen backend of a context, once explored.

@@ -220,3 +220,25 @@ proptest! {
         prop_assert!(s.stats().explorations <= (6 * costs.len()) as u64);
     }
 }
+
+#[test]
+fn knobs_round_trip_and_old_files_load_without_them() {
+    let mut s = trained();
+    let old_text = s.dictionary().to_toml();
+    assert!(!old_text.contains("knobs"), "{old_text}");
+    assert!(Dictionary::parse(&old_text).unwrap().knobs.is_empty());
+    let mut knobs = std::collections::BTreeMap::new();
+    knobs.insert(
+        "posix-direct".to_string(),
+        [("threads".to_string(), "2".to_string())]
+            .into_iter()
+            .collect(),
+    );
+    s.set_knobs(knobs.clone());
+    let text = s.dictionary().to_toml();
+    assert!(text.contains("[knobs.posix-direct]"), "{text}");
+    let back = Dictionary::parse(&text).unwrap();
+    assert_eq!(back.knobs, knobs);
+    let again = Selector::from_dictionary(&back, SelectorConfig::default()).unwrap();
+    assert_eq!(again.knobs(), &knobs);
+}

@@ -26,7 +26,10 @@ mod ring;
 pub use config::UringConfig;
 pub use probe::{probe, probe_with, DISABLED_SYSCTL};
 
-use fastensor_core::{Availability, Backend, BackendFile, Capabilities, OpenMode, Result};
+use fastensor_core::{
+    knobs, Availability, Backend, BackendFile, Capabilities, KnobSpec, Knobs, OpenMode, Result,
+    SharedBackend,
+};
 use fastensor_posix::sys;
 use std::path::Path;
 use std::sync::Arc;
@@ -70,6 +73,45 @@ impl Backend for UringBackend {
 
     fn probe(&self) -> Availability {
         probe()
+    }
+
+    fn knobs(&self) -> Vec<KnobSpec> {
+        let d = UringConfig::default();
+        vec![
+            KnobSpec::new(
+                "qd",
+                &d.queue_depth.to_string(),
+                &["4", "16", "64"],
+                "requests in flight per ring",
+            ),
+            KnobSpec::new(
+                "chunk",
+                &knobs::format_size(d.chunk_size),
+                &["512K", "2M", "8M"],
+                "bytes per request of a large transfer",
+            ),
+            KnobSpec::new(
+                "sqpoll",
+                &d.sqpoll.to_string(),
+                &["false"],
+                "a kernel thread polls the submission queue",
+            ),
+        ]
+    }
+
+    fn with_knobs(&self, knobs: &Knobs) -> Result<SharedBackend> {
+        knobs.check_names(URING, &self.knobs())?;
+        let mut config = self.config.clone();
+        if let Some(qd) = knobs.count("qd")? {
+            config.queue_depth = u32::try_from(qd).unwrap_or(u32::MAX).max(1);
+        }
+        if let Some(c) = knobs.size("chunk")? {
+            config.chunk_size = c.max(1);
+        }
+        if let Some(p) = knobs.flag("sqpoll")? {
+            config.sqpoll = p;
+        }
+        Ok(Arc::new(UringBackend::new(config)))
     }
 
     fn open(&self, path: &Path, mode: OpenMode) -> Result<Box<dyn BackendFile>> {

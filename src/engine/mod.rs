@@ -26,7 +26,7 @@ pub use report::{BackendUsage, Report};
 pub use tune::{default_profile_path, tune, TuneOptions, TuneOutcome};
 
 use fastensor_core::{
-    Capabilities, Direction, Error, ErrorKind, MemoryKind, OpenMode, Registry, Result,
+    Capabilities, Direction, Error, ErrorKind, Knobs, MemoryKind, OpenMode, Registry, Result,
     SharedBackend, TransferContext,
 };
 use fastensor_select::{
@@ -371,6 +371,7 @@ impl EngineBuilder {
                 (s, None)
             }
         };
+        let (candidates, warning) = apply_knobs(candidates, selector.knobs(), warning);
         let inner = Inner {
             candidates,
             selector: Mutex::new(selector),
@@ -390,6 +391,36 @@ impl EngineBuilder {
         }
         Ok(engine)
     }
+}
+
+/// Runs each candidate with the knob settings the profile holds for it. A backend that
+/// refuses its settings keeps its defaults, and the reason becomes the load warning.
+fn apply_knobs(
+    candidates: Vec<Candidate>,
+    knobs: &BTreeMap<String, BTreeMap<String, String>>,
+    mut warning: Option<Warning>,
+) -> (Vec<Candidate>, Option<Warning>) {
+    let candidates = candidates
+        .into_iter()
+        .map(|c| {
+            let Some(settings) = knobs.get(c.name()).filter(|k| !k.is_empty()) else {
+                return c;
+            };
+            match c.backend.with_knobs(&Knobs::from(settings.clone())) {
+                Ok(backend) => Candidate {
+                    caps: backend.capabilities(),
+                    backend,
+                },
+                Err(e) => {
+                    warning.get_or_insert(Warning {
+                        message: format!("ignoring the profile's knobs for `{}`: {e}", c.name()),
+                    });
+                    c
+                }
+            }
+        })
+        .collect();
+    (candidates, warning)
 }
 
 /// Counts a request in flight for as long as it lives.

@@ -1,0 +1,197 @@
+//! Tuning knobs: named settings a backend exposes (threads, queue depth, chunk size, ...) so
+//! benchmarks can sweep them and profiles can store the best values, without knowing any
+//! backend's configuration type.
+//!
+//! A backend lists its knobs with [`Backend::knobs`](crate::Backend::knobs) and builds a
+//! configured copy of itself with [`Backend::with_knobs`](crate::Backend::with_knobs). Values
+//! are strings (`"4"`, `"1M"`, `"true"`); [`Knobs`] has parsers for the common kinds.
+
+use crate::{Error, ErrorKind, Result};
+use std::collections::BTreeMap;
+use std::fmt;
+
+/// One knob of a backend.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KnobSpec {
+    /// Name, e.g. `"threads"`, `"chunk"`, `"qd"`.
+    pub name: String,
+    /// The value the backend uses when the knob is not set.
+    pub default: String,
+    /// Values worth trying in a sweep (the default among them).
+    pub candidates: Vec<String>,
+    /// One line saying what the knob does.
+    pub help: String,
+}
+
+impl KnobSpec {
+    /// A knob with these values.
+    pub fn new(name: &str, default: &str, candidates: &[&str], help: &str) -> Self {
+        KnobSpec {
+            name: name.to_string(),
+            default: default.to_string(),
+            candidates: candidates.iter().map(|s| s.to_string()).collect(),
+            help: help.to_string(),
+        }
+    }
+}
+
+/// Knob settings: name to value, sorted by name.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Knobs(pub BTreeMap<String, String>);
+
+impl Knobs {
+    /// No settings.
+    pub fn new() -> Self {
+        Knobs::default()
+    }
+
+    /// True when nothing is set.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// Sets `name` to `value`.
+    pub fn set(&mut self, name: impl Into<String>, value: impl Into<String>) -> &mut Self {
+        self.0.insert(name.into(), value.into());
+        self
+    }
+
+    /// The value of `name`, if set.
+    pub fn get(&self, name: &str) -> Option<&str> {
+        self.0.get(name).map(String::as_str)
+    }
+
+    /// Fails with [`ErrorKind::InvalidInput`] naming the backend and its knobs when a set
+    /// name is not among `specs`.
+    pub fn check_names(&self, backend: &str, specs: &[KnobSpec]) -> Result<()> {
+        for name in self.0.keys() {
+            if !specs.iter().any(|s| &s.name == name) {
+                let known: Vec<&str> = specs.iter().map(|s| s.name.as_str()).collect();
+                return Err(Error::new(
+                    ErrorKind::InvalidInput,
+                    format!(
+                        "backend `{backend}` has no knob `{name}`; its knobs: {}",
+                        if known.is_empty() {
+                            "none".to_string()
+                        } else {
+                            known.join(", ")
+                        }
+                    ),
+                )
+                .with_backend(backend));
+            }
+        }
+        Ok(())
+    }
+
+    /// The value of `name` as a count (`4`), if set.
+    pub fn count(&self, name: &str) -> Result<Option<usize>> {
+        self.parsed(name, |v| v.parse::<usize>().ok(), "a count such as 4")
+    }
+
+    /// The value of `name` as a byte size (`4096`, `512K`, `4M`, `1G`), if set.
+    pub fn size(&self, name: &str) -> Result<Option<usize>> {
+        self.parsed(name, parse_size, "a size such as 512K or 4M")
+    }
+
+    /// The value of `name` as a flag (`true`/`false`, `on`/`off`, `1`/`0`), if set.
+    pub fn flag(&self, name: &str) -> Result<Option<bool>> {
+        self.parsed(
+            name,
+            |v| match v.to_ascii_lowercase().as_str() {
+                "true" | "on" | "1" | "yes" => Some(true),
+                "false" | "off" | "0" | "no" => Some(false),
+                _ => None,
+            },
+            "true or false",
+        )
+    }
+
+    fn parsed<T>(
+        &self,
+        name: &str,
+        parse: impl Fn(&str) -> Option<T>,
+        expected: &str,
+    ) -> Result<Option<T>> {
+        match self.get(name) {
+            None => Ok(None),
+            Some(v) => parse(v.trim()).map(Some).ok_or_else(|| {
+                Error::new(
+                    ErrorKind::InvalidInput,
+                    format!("knob `{name}`: `{v}` is not {expected}"),
+                )
+            }),
+        }
+    }
+}
+
+impl fmt::Display for Knobs {
+    /// `chunk=4M,threads=2` (empty when nothing is set).
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, (k, v)) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str(",")?;
+            }
+            write!(f, "{k}={v}")?;
+        }
+        Ok(())
+    }
+}
+
+impl From<BTreeMap<String, String>> for Knobs {
+    fn from(map: BTreeMap<String, String>) -> Self {
+        Knobs(map)
+    }
+}
+
+/// Parses `4096`, `4K`, `4KiB`, `16M`, `1G` (binary units).
+pub fn parse_size(text: &str) -> Option<usize> {
+    let t = text.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: usize = num.parse().ok()?;
+    let mult: usize = match unit.trim().to_ascii_uppercase().as_str() {
+        "" | "B" => 1,
+        "K" | "KB" | "KIB" => 1 << 10,
+        "M" | "MB" | "MIB" => 1 << 20,
+        "G" | "GB" | "GIB" => 1 << 30,
+        _ => return None,
+    };
+    n.checked_mul(mult)
+}
+
+/// Formats a byte size as a knob value: `512K`, `4M`, `1G`, or plain bytes.
+pub fn format_size(bytes: usize) -> String {
+    for (shift, unit) in [(30, "G"), (20, "M"), (10, "K")] {
+        if bytes >= 1 << shift && bytes % (1 << shift) == 0 {
+            return format!("{}{unit}", bytes >> shift);
+        }
+    }
+    bytes.to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn values_parse_and_names_are_checked() {
+        let mut k = Knobs::new();
+        k.set("threads", "8")
+            .set("chunk", "1M")
+            .set("prealloc", "off");
+        assert_eq!(k.count("threads").unwrap(), Some(8));
+        assert_eq!(k.size("chunk").unwrap(), Some(1 << 20));
+        assert_eq!(k.flag("prealloc").unwrap(), Some(false));
+        assert_eq!(k.count("missing").unwrap(), None);
+        assert!(k.count("chunk").is_err());
+        assert_eq!(k.to_string(), "chunk=1M,prealloc=off,threads=8");
+        let specs = [KnobSpec::new("threads", "4", &["1", "4"], "threads")];
+        let err = k.check_names("x", &specs).unwrap_err();
+        assert!(err.to_string().contains("no knob `chunk`"), "{err}");
+        assert_eq!(format_size(4 << 20), "4M");
+        assert_eq!(format_size(512 << 10), "512K");
+        assert_eq!(format_size(1000), "1000");
+        assert_eq!(parse_size("2G"), Some(2 << 30));
+    }
+}
