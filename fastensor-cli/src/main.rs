@@ -23,8 +23,9 @@ struct Cli {
 enum Command {
     /// List every backend of this build: available or why not, origin, capabilities.
     Backends,
-    /// Measure every backend for sizes x directions on a directory's file system.
-    Bench(bench::BenchArgs),
+    /// Measure every backend (and its knobs) for sizes x directions x page-cache states on a
+    /// directory's file system; `bench compare A.json B.json` for two runs.
+    Bench(Box<bench::BenchCli>),
     /// Explore the backends on a directory's file system and write the selection profile.
     Tune(tune::TuneArgs),
     /// Work with selection profiles.
@@ -39,7 +40,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Backends => backends::run(),
-        Command::Bench(args) => bench::run(args),
+        Command::Bench(args) => bench::run(*args),
         Command::Tune(args) => tune::run_tune(args),
         Command::Profile(cmd) => tune::run_profile(cmd),
         Command::Ckpt(cmd) => ckpt::run(cmd),

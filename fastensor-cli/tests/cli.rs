@@ -35,6 +35,10 @@ fn bench_writes_a_table_json_and_csv() {
             "1",
             "--backends",
             "posix,posix-direct,mmap",
+            "--random-reads",
+            "200",
+            "--random-file",
+            "8M",
             "--dir",
         ])
         .arg(dir.path())
@@ -64,7 +68,7 @@ fn bench_writes_a_table_json_and_csv() {
     }
     let report: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
-    assert_eq!(report["schema"], "fastensor-bench/1");
+    assert_eq!(report["schema"], "fastensor-bench/2");
     let cells = report["cells"].as_array().unwrap();
     // 2 sizes x (3 readers + raw) reads + 2 sizes x (2 writers + raw) writes
     assert_eq!(cells.len(), 2 * 4 + 2 * 3);

@@ -1,12 +1,11 @@
 //! Random small reads from a cold file: a batch through each backend's `read_batch`, and the
 //! same requests one `read_at` at a time.
 
-use super::measure::Sample;
 use crate::table::Table;
 use fastensor::core::ReadRequest;
 use fastensor::{Backend, Error, ErrorKind, HostBuffer, OpenMode, Result};
 use fastensor_posix::sys;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
@@ -15,7 +14,7 @@ use std::time::Instant;
 pub const REQUEST: usize = 4096;
 
 /// One row of the random-read table.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RandomRow {
     /// Backend name.
     pub backend: String,
@@ -31,6 +30,12 @@ pub struct RandomRow {
     pub cpu_seconds: f64,
     /// Requests per second over `posix-direct` one at a time, in the same run.
     pub ratio_to_direct_single: Option<f64>,
+}
+
+/// Wall and CPU seconds of a run of requests.
+struct Timing {
+    seconds: f64,
+    cpu_seconds: f64,
 }
 
 /// Deterministic, distinct, 4 KiB-aligned offsets inside `file_bytes`.
@@ -53,7 +58,7 @@ fn run_one(
     offs: &[u64],
     batch: bool,
     arena: &mut HostBuffer,
-) -> Result<Sample> {
+) -> Result<Timing> {
     sys::evict_path(path)?;
     let cpu0 = sys::process_cpu_seconds();
     let t0 = Instant::now();
@@ -84,7 +89,7 @@ fn run_one(
             }
         }
     }
-    Ok(Sample {
+    Ok(Timing {
         seconds: t0.elapsed().as_secs_f64(),
         cpu_seconds: sys::process_cpu_seconds() - cpu0,
     })
