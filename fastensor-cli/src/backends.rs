@@ -3,9 +3,21 @@
 use crate::table::Table;
 use fastensor::Availability;
 
-/// Prints one row per backend.
+/// Prints one row per backend: the compiled-in ones and, with the `plugins` feature, the
+/// dynamic plugins listed in `FASTENSOR_PLUGINS` (a plugin that cannot be loaded is a warning
+/// on standard error, not a failure).
 pub fn run() -> fastensor::Result<()> {
     let registry = fastensor::registry();
+    #[cfg(feature = "plugins")]
+    let registry = {
+        let mut registry = registry;
+        for result in registry.load_env_plugins() {
+            if let Err(e) = result {
+                eprintln!("fastensor: warning: plugin not loaded: {e}");
+            }
+        }
+        registry
+    };
     let mut table = Table::new(&["backend", "status", "origin", "capabilities"]);
     for entry in registry.entries() {
         let b = &entry.backend;

@@ -209,6 +209,13 @@ impl Backend for ChecksumBackend {
         self.inner.probe()
     }
 
+    fn detail(&self) -> Option<String> {
+        Some(format!(
+            "CRC-32 of every write, over `{}`",
+            self.inner.name()
+        ))
+    }
+
     fn open(&self, path: &Path, mode: OpenMode) -> Result<Box<dyn BackendFile>> {
         let inner = self
             .inner

@@ -96,6 +96,18 @@ impl fmt::Debug for DynamicBackend {
     }
 }
 
+/// An error and its sources, as one line: libloading keeps the `dlerror` text in the source.
+fn chain(err: &dyn std::error::Error) -> String {
+    let mut text = err.to_string();
+    let mut cur = err.source();
+    while let Some(e) = cur {
+        text.push_str(": ");
+        text.push_str(&e.to_string());
+        cur = e.source();
+    }
+    text
+}
+
 fn load_error(kind: ErrorKind, path: &Path, message: impl Into<String>) -> Error {
     Error::new(kind, message).with_path(path)
 }
@@ -133,9 +145,11 @@ impl DynamicBackend {
             load_error(
                 kind,
                 path,
-                "cannot load plugin: not a loadable shared library",
+                format!(
+                    "cannot load plugin: not a loadable shared library ({})",
+                    chain(&e)
+                ),
             )
-            .with_source(e)
         })?;
         let symbol = format!("{ENTRY_SYMBOL}\0");
         // SAFETY: the symbol, when present, is the plugin entry point whose type the ABI fixes
@@ -148,10 +162,10 @@ impl DynamicBackend {
                     path,
                     format!(
                         "cannot load plugin: not a fastensor plugin (the library exports no \
-                         `{ENTRY_SYMBOL}` symbol)"
+                         `{ENTRY_SYMBOL}` symbol: {})",
+                        chain(&e)
                     ),
                 )
-                .with_source(e)
             })?;
         // SAFETY: calling the entry point takes no arguments; it returns a pointer to a
         // table that lives as long as the library.
