@@ -88,9 +88,15 @@ impl HostBuffer {
         let (layout, pad) = if len >= LAZY_ZERO_THRESHOLD {
             let size = len.checked_add(align - 1).ok_or_else(too_large)?;
             let natural = std::mem::align_of::<u128>();
-            (Layout::from_size_align(size, natural).map_err(|_| too_large())?, true)
+            (
+                Layout::from_size_align(size, natural).map_err(|_| too_large())?,
+                true,
+            )
         } else {
-            (Layout::from_size_align(len, align).map_err(|_| too_large())?, false)
+            (
+                Layout::from_size_align(len, align).map_err(|_| too_large())?,
+                false,
+            )
         };
         // SAFETY: layout has a non-zero size (len > 0).
         let raw = unsafe { alloc::alloc_zeroed(layout) };
