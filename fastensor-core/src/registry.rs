@@ -39,6 +39,21 @@ macro_rules! register_backend {
     };
 }
 
+/// The crates whose backends are fastensor's own.
+const BUILT_IN_CRATES: [&str; 4] = [
+    "fastensor_posix",
+    "fastensor_uring",
+    "fastensor_gds",
+    "fastensor_testkit",
+];
+
+/// True when `module` (a `module_path!()`) belongs to one of fastensor's own crates; a
+/// third-party crate named `fastensor_foo` is a plugin.
+fn is_built_in(module: &str) -> bool {
+    let krate = module.split("::").next().unwrap_or(module);
+    BUILT_IN_CRATES.contains(&krate)
+}
+
 /// Where a registered backend came from.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Origin {
@@ -104,7 +119,7 @@ impl Registry {
     pub fn compiled_in() -> Self {
         let mut reg = Registry::new();
         for r in inventory::iter::<BackendRegistration> {
-            let origin = if r.module.starts_with("fastensor_") {
+            let origin = if is_built_in(r.module) {
                 Origin::BuiltIn
             } else {
                 Origin::CompiledInPlugin { module: r.module }
@@ -203,5 +218,19 @@ impl Registry {
     /// True when there is none.
     pub fn is_empty(&self) -> bool {
         self.entries.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_built_in;
+
+    #[test]
+    fn only_fastensor_crates_are_built_in() {
+        assert!(is_built_in("fastensor_posix"));
+        assert!(is_built_in("fastensor_uring::probe"));
+        assert!(!is_built_in("fastensor_foo"));
+        assert!(!is_built_in("fastensor_posixx::x"));
+        assert!(!is_built_in("checksum_plugin"));
     }
 }
