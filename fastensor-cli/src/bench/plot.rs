@@ -144,6 +144,7 @@ fn draw_panel<DB: DrawingBackend>(
         .y_desc("bandwidth (GB/s, 10^9 B/s)")
         .x_label_formatter(&|v| format_size(v.round() as u64))
         .y_label_formatter(&|v| format!("{v:.2}"))
+        .max_light_lines(2)
         .label_style(("sans-serif", 13))
         .axis_desc_style(("sans-serif", 15))
         .draw()
