@@ -73,7 +73,11 @@ pub fn run_tune(args: TuneArgs) -> Result<()> {
         options.sizes = sizes;
     }
     let path = profile_path(args.profile)?;
-    let outcome = tune(&args.dir, &options)?;
+    let mut outcome = tune(&args.dir, &options)?;
+    // Keep the knob settings `bench --write-profile` stored in the profile being replaced.
+    if let Ok(old) = Dictionary::read(&path) {
+        outcome.dictionary.knobs = old.knobs;
+    }
     if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
         std::fs::create_dir_all(parent)
             .map_err(|e| Error::io(e, "cannot create the profile directory").with_path(parent))?;

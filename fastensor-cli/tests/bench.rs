@@ -118,6 +118,22 @@ fn sweep_writes_json_csv_svg_and_profile_knobs() {
     assert!(best == "1" || best == "2", "{r}");
     let profile = std::fs::read_to_string(dir.path().join("profile.toml")).unwrap();
     assert!(profile.contains("[knobs.posix-direct]"), "{profile}");
+    // `tune` rewrites the profile's measurements and keeps its knobs.
+    ok(fastensor()
+        .args(["tune", "--sizes", "4K", "--max-rounds", "1"])
+        .args([
+            "--backends",
+            "posix,posix-direct",
+            "--profile",
+            &p("profile.toml"),
+        ])
+        .arg("--dir")
+        .arg(dir.path())
+        .output()
+        .unwrap());
+    let tuned = std::fs::read_to_string(dir.path().join("profile.toml")).unwrap();
+    assert!(tuned.contains("[knobs.posix-direct]"), "{tuned}");
+    assert!(tuned.contains("[[context]]"), "{tuned}");
     let csv = std::fs::read_to_string(dir.path().join("r.csv")).unwrap();
     assert!(csv.starts_with("label,backend,knobs,direction,cache,bytes"));
     assert_eq!(csv.lines().count(), 1 + cells.len());
