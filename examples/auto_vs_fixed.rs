@@ -15,7 +15,7 @@
 //! `mmap` cannot write: its write phase uses `posix` and it is left out of the mixed total.
 
 use fastensor::engine::evict;
-use fastensor::{BackendFile, Engine, EngineFile, OpenMode};
+use fastensor::{Engine, EngineFile, OpenMode};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 

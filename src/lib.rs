@@ -21,12 +21,12 @@ pub use engine::{Engine, EngineBuilder, EngineFile, Report};
 pub use fastensor_select as select;
 pub use fastensor_select::{Dictionary, Objective, SelectorConfig};
 
+#[cfg(feature = "gds")]
+pub use fastensor_gds as gds;
 #[cfg(feature = "posix")]
 pub use fastensor_posix as posix;
 #[cfg(all(feature = "uring", target_os = "linux"))]
 pub use fastensor_uring as uring;
-#[cfg(feature = "gds")]
-pub use fastensor_gds as gds;
 
 /// Every backend compiled into this build (per the enabled cargo features), by name.
 pub fn registry() -> Registry {
