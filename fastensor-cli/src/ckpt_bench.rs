@@ -1,11 +1,7 @@
-//! Checkpoint benchmark: durable save and cold load of a GPT-2-medium-shaped state dict
+//! `fastensor ckpt bench`: durable save and cold load of a GPT-2-medium-shaped state dict
 //! (about 1.4 GB of f32, 292 tensors) through fastensor (`posix-direct`, and the `Engine`
-//! choosing per transfer), the reference `safetensors` crate,
-//! and plain buffered I/O, next to the disk's limit measured in the same run.
-//!
-//! ```text
-//! cargo run --release --example ckpt_bench -- DIR [--scale 0.25] [--rounds 1]
-//! ```
+//! choosing per transfer), the reference `safetensors` crate, and plain buffered I/O, next to
+//! the disk's limit measured in the same run.
 //!
 //! Every save is durable (fsync of the file and its directory); the page cache is dropped
 //! before every load. The `safetensors` crate saves with `serialize_to_file` followed by an
@@ -17,47 +13,24 @@ use fastensor::posix::DirectBackend;
 use fastensor::{Error, MemRef, Result};
 use safetensors::tensor::{Dtype, SafeTensors, TensorView as StView};
 use std::fs::File;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-fn main() {
-    if let Err(e) = run() {
-        eprintln!("ckpt_bench: {e}");
-        std::process::exit(1);
-    }
-}
-
-fn run() -> Result<()> {
-    let mut args = std::env::args().skip(1);
-    let mut dir: Option<PathBuf> = None;
-    let mut scale = 1.0f64;
-    let mut rounds = 1usize;
-    while let Some(a) = args.next() {
-        let mut value = |name: &str| {
-            args.next().ok_or_else(|| {
-                Error::new(
-                    fastensor::ErrorKind::InvalidInput,
-                    format!("{name} needs a value"),
-                )
-            })
-        };
-        match a.as_str() {
-            "--scale" => scale = parse(&value("--scale")?)?,
-            "--rounds" => rounds = parse(&value("--rounds")?)?,
-            "-h" | "--help" => {
-                println!("usage: ckpt_bench DIR [--scale 0.25] [--rounds 1]");
-                return Ok(());
-            }
-            _ => dir = Some(PathBuf::from(a)),
-        }
-    }
-    let dir = dir.ok_or_else(|| {
-        Error::new(
-            fastensor::ErrorKind::InvalidInput,
-            "usage: ckpt_bench DIR [--scale S]",
+/// Runs `rounds` rounds at `scale` (1.0: the full 1.4 GB state dict) in `dir`.
+pub fn run(dir: &Path, scale: f64, rounds: usize) -> Result<()> {
+    if !dir.is_dir() {
+        return Err(Error::new(
+            fastensor::ErrorKind::NotFound,
+            "the bench directory does not exist",
         )
-    })?;
-    std::fs::create_dir_all(&dir).map_err(|e| Error::io(e, "cannot create").with_path(&dir))?;
-
+        .with_path(dir));
+    }
+    if !(scale > 0.0 && scale <= 4.0) {
+        return Err(Error::new(
+            fastensor::ErrorKind::InvalidInput,
+            format!("--scale {scale} is outside (0, 4]"),
+        ));
+    }
+    let rounds = rounds.max(1);
     let descs = bench::gpt2_medium(scale);
     let bufs = bench::state_dict(&descs)?;
     let views = bench::views(&descs, &bufs);
@@ -68,7 +41,6 @@ fn run() -> Result<()> {
         bytes as f64 / (1 << 20) as f64,
         dir.display()
     );
-
     let backend = DirectBackend::default();
     let engine = fastensor::Engine::builder().build()?;
     let mut all: Vec<Row> = Vec::new();
@@ -131,15 +103,6 @@ fn run() -> Result<()> {
 const SAFETENSORS: &str = "safetensors crate (mmap)";
 const DISK: &str = "disk (raw O_DIRECT)";
 
-fn parse<T: std::str::FromStr>(s: &str) -> Result<T> {
-    s.parse().map_err(|_| {
-        Error::new(
-            fastensor::ErrorKind::InvalidInput,
-            format!("bad number `{s}`"),
-        )
-    })
-}
-
 fn st_err(e: safetensors::SafeTensorError) -> Error {
     Error::new(fastensor::ErrorKind::Other, format!("safetensors: {e}"))
 }
@@ -182,7 +145,9 @@ fn safetensors_row(path: &Path, views: &[fastensor::checkpoint::TensorView<'_>])
         },
         || {
             let file = File::open(path).map_err(io(path))?;
-            // SAFETY: the benchmark owns the file and nothing modifies it while it is mapped.
+            // SAFETY: the benchmark owns the file in its own directory and nothing modifies it
+            // while it is mapped.
+            #[allow(unsafe_code)]
             let map = unsafe { memmap2::Mmap::map(&file) }.map_err(io(path))?;
             let st = SafeTensors::deserialize(&map).map_err(st_err)?;
             let owned: Vec<Vec<u8>> = st
