@@ -1,4 +1,4 @@
-//! Pieces of the checkpoint benchmark (`examples/ckpt_bench.rs`, the command line): a
+//! Pieces of the checkpoint benchmark (`fastensor ckpt bench`): a
 //! GPT-2-medium-shaped state dict, the disk's measured limit, and timed durable saves and cold
 //! loads (page cache dropped before each load), wall and CPU time.
 
