@@ -130,7 +130,17 @@ pub fn run(plan: &Plan, subjects: &[Subject], dir: &Path, meter: &EnergyMeter) -
     let mut exhausted = false;
     let mut current: Option<(u64, HostBuffer, HostBuffer)> = None;
     let source = |size: u64| dir.join(format!("read-{size}.bin"));
+    // Cells of one (size, direction, cache) run their repetitions round-robin over the
+    // subjects, so that a slow spell of a shared, noisy machine hits every subject alike
+    // rather than whichever happened to run then.
+    let mut groups: Vec<((u64, &'static str, Option<Cache>), Vec<usize>)> = Vec::new();
     for &(size, direction, cache, i) in &todo {
+        match groups.last_mut() {
+            Some((key, members)) if *key == (size, direction, cache) => members.push(i),
+            _ => groups.push(((size, direction, cache), vec![i])),
+        }
+    }
+    for ((size, direction, cache), members) in groups {
         if deadline.is_some_and(|d| Instant::now() >= d) {
             exhausted = true;
             break;
@@ -152,51 +162,55 @@ pub fn run(plan: &Plan, subjects: &[Subject], dir: &Path, meter: &EnergyMeter) -
         let Some((_, data, sink)) = current.as_mut() else {
             continue;
         };
-        let subject = &subjects[i];
         let path = source(size);
         if cache == Some(Cache::Warm) {
             measure::prime(&path, sink)?;
         }
-        bar.set_message(format!(
-            "{} {direction}{} {}",
-            subject.label(),
-            cache.map_or(String::new(), |c| format!(" {}", c.as_str())),
-            format_size(size)
-        ));
         let target = dir.join(format!("write-{size}.bin"));
         let reps = plan.repeats_for(size);
-        let mut samples: Vec<Sample> = Vec::with_capacity(reps);
-        if cache.is_some() {
-            sink.fill(0); // so the check below sees what this subject read
-        }
+        let mut samples: Vec<Vec<Sample>> = vec![Vec::with_capacity(reps); members.len()];
         for rep in 0..plan.warmup + reps {
-            let sample = match cache {
-                None => measure::write(subject, &target, data, meter),
-                Some(c) => measure::read(subject, &path, sink, c, meter),
+            for (slot, &i) in members.iter().enumerate() {
+                let subject = &subjects[i];
+                bar.set_message(format!(
+                    "{} {direction}{} {}",
+                    subject.label(),
+                    cache.map_or(String::new(), |c| format!(" {}", c.as_str())),
+                    format_size(size)
+                ));
+                if rep == 0 && cache.is_some() {
+                    sink.fill(0); // so the check below sees what this subject read
+                }
+                let sample = match cache {
+                    None => measure::write(subject, &target, data, meter),
+                    Some(c) => measure::read(subject, &path, sink, c, meter),
+                }
+                .map_err(|e| e.with_backend(subject.name()))?;
+                if rep == 0 && direction == "read" && sink[..] != data[..] {
+                    return Err(Error::new(
+                        ErrorKind::Corrupt,
+                        format!("`{}` read back different bytes", subject.label()),
+                    )
+                    .with_path(&path));
+                }
+                if rep >= plan.warmup {
+                    samples[slot].push(sample);
+                }
+                bar.inc(size + TRANSFER_COST);
             }
-            .map_err(|e| e.with_backend(subject.name()))?;
-            if rep == 0 && direction == "read" && sink[..] != data[..] {
-                return Err(Error::new(
-                    ErrorKind::Corrupt,
-                    format!("`{}` read back different bytes", subject.label()),
-                )
-                .with_path(&path));
-            }
-            if rep >= plan.warmup {
-                samples.push(sample);
-            }
-            bar.inc(size + TRANSFER_COST);
         }
         let _ = std::fs::remove_file(&target);
-        cells.push(Cell::from_samples(
-            subject,
-            direction,
-            cache,
-            size,
-            plan.warmup,
-            &samples,
-            &gpu,
-        ));
+        for (slot, &i) in members.iter().enumerate() {
+            cells.push(Cell::from_samples(
+                &subjects[i],
+                direction,
+                cache,
+                size,
+                plan.warmup,
+                &samples[slot],
+                &gpu,
+            ));
+        }
     }
     if let Some((old, _, _)) = current.take() {
         let _ = std::fs::remove_file(source(old));
