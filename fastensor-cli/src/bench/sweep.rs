@@ -119,6 +119,9 @@ fn fill(buf: &mut [u8], seed: u64) {
     }
 }
 
+/// The cells that share a source file and run round-robin: size, direction, cache state.
+type GroupKey = (u64, &'static str, Option<Cache>);
+
 /// Runs the plan in `dir`.
 pub fn run(plan: &Plan, subjects: &[Subject], dir: &Path, meter: &EnergyMeter) -> Result<Outcome> {
     let todo = plan.cells(subjects);
@@ -133,7 +136,7 @@ pub fn run(plan: &Plan, subjects: &[Subject], dir: &Path, meter: &EnergyMeter) -
     // Cells of one (size, direction, cache) run their repetitions round-robin over the
     // subjects, so that a slow spell of a shared, noisy machine hits every subject alike
     // rather than whichever happened to run then.
-    let mut groups: Vec<((u64, &'static str, Option<Cache>), Vec<usize>)> = Vec::new();
+    let mut groups: Vec<(GroupKey, Vec<usize>)> = Vec::new();
     for &(size, direction, cache, i) in &todo {
         match groups.last_mut() {
             Some((key, members)) if *key == (size, direction, cache) => members.push(i),
