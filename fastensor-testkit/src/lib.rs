@@ -4,7 +4,7 @@
 //!
 //! ```no_run
 //! # use fastensor_core::Backend;
-//! # fn my_backend() -> Box<dyn Backend> { unimplemented!() }
+//! # fn my_backend() -> Box<dyn Backend> { Box::new(fastensor_testkit::MemoryBackend::new()) }
 //! fastensor_testkit::conformance::assert_conformance(my_backend().as_ref());
 //! ```
 #![deny(missing_docs)]

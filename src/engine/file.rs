@@ -457,42 +457,14 @@ impl EngineFile {
     }
 }
 
-/// The file system and device of `path` (its directory when the file does not exist yet).
+/// The file system and device of `path` (its directory when the file does not exist yet);
+/// unknown in a build without the POSIX backends.
 fn location_of(path: &Path) -> FileLocation {
-    let probe = if path.exists() {
-        path.to_path_buf()
-    } else {
-        path.parent()
-            .filter(|p| !p.as_os_str().is_empty())
-            .map(Path::to_path_buf)
-            .unwrap_or_else(|| ".".into())
-    };
-    let device = rustix::fs::stat(&probe)
-        .map(|st| {
-            format!(
-                "{}:{}",
-                rustix::fs::major(st.st_dev),
-                rustix::fs::minor(st.st_dev)
-            )
-        })
-        .unwrap_or_default();
-    let fs_type = rustix::fs::statfs(&probe)
-        .map(|s| fs_name(s.f_type))
-        .unwrap_or_default();
-    FileLocation { fs_type, device }
-}
-
-fn fs_name(magic: i64) -> String {
-    match magic {
-        0xEF53 => "ext4".into(),
-        0x5846_5342 => "xfs".into(),
-        0x9123_683E => "btrfs".into(),
-        0x0102_1994 => "tmpfs".into(),
-        0x6969 => "nfs".into(),
-        0x794C_7630 => "overlayfs".into(),
-        0x2FC1_2FC1 => "zfs".into(),
-        0xF2F5_2010 => "f2fs".into(),
-        0x6573_5546 => "fuse".into(),
-        other => format!("0x{other:x}"),
+    #[cfg(feature = "posix")]
+    return fastensor_posix::sys::file_location(path);
+    #[cfg(not(feature = "posix"))]
+    {
+        let _ = path;
+        FileLocation::default()
     }
 }
