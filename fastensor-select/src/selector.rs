@@ -25,8 +25,10 @@ pub struct SelectorConfig {
     pub confirm_samples: usize,
     /// Samples kept per candidate and context (default 16).
     pub window: usize,
-    /// An observation of the chosen candidate costing more than this times its estimate
-    /// counts as a slow one (default 1.5).
+    /// An observation of the chosen candidate costing more than this times the slowest of
+    /// its recent samples counts as a slow one (default 1.5). Measured against the slowest
+    /// rather than the median, a path whose cost is naturally bimodal (page-cache writes:
+    /// a memory copy, or a wait for writeback) is not taken for a drifting one.
     pub drift_factor: f64,
     /// This many slow observations in a row explore the context again (default 5).
     pub drift_count: u32,
@@ -366,20 +368,26 @@ impl Selector {
         if state.choice.as_deref() == Some(backend) {
             let slow = state
                 .estimate(backend, cfg.objective)
-                .is_some_and(|e| cost > cfg.drift_factor * e.median);
+                .is_some_and(|e| cost > cfg.drift_factor * e.max.max(e.median));
             if slow {
+                // Held aside while the run lasts, so the yardstick does not move with it.
                 state.drift_run += 1;
                 state.drift_samples.push(sample, cfg.window);
-            } else {
-                state.drift_run = 0;
-                state.drift_samples.clear();
-            }
-            if state.drift_run >= cfg.drift_count.max(1) {
-                state.reexplore_after_drift(backend, &cfg);
-                state.reexplorations += 1;
-                self.stats.reexplorations += 1;
-                // The slow samples already stand for the choice.
+                if state.drift_run >= cfg.drift_count.max(1) {
+                    state.reexplore_after_drift(backend, &cfg);
+                    state.reexplorations += 1;
+                    self.stats.reexplorations += 1;
+                }
+                // The slow samples stand for the choice (after re-exploration) or join its
+                // window when the run ends.
                 return;
+            }
+            state.drift_run = 0;
+            let held = std::mem::take(&mut state.drift_samples);
+            if let Some(cand) = state.candidates.get_mut(backend) {
+                for s in held.as_slice() {
+                    cand.samples.push(*s, cfg.window);
+                }
             }
         }
 
