@@ -25,6 +25,7 @@ mod device_buffer;
 mod gds;
 pub mod probe;
 mod staged;
+#[cfg(feature = "testing")]
 pub mod testing;
 
 pub use device_buffer::{copy_to_device, copy_to_host, DeviceBuffer};
