@@ -204,8 +204,16 @@ fn run_bench(args: BenchArgs) -> Result<()> {
 fn print_report(report: &Report, args: &BenchArgs) {
     let m = &report.machine;
     println!(
-        "fastensor bench: {} on {} ({} {}), kernel {}; reads cold (page cache dropped) or warm, writes durable (synced); median per cell",
-        m.dir, m.file_system, m.device, m.device_model, m.kernel
+        "fastensor bench: {} on {} ({}), kernel {}; reads cold (page cache dropped) or warm, writes durable (synced); median per cell",
+        m.dir,
+        m.file_system,
+        [m.device.as_str(), m.device_model.as_str()]
+            .iter()
+            .filter(|s| !s.is_empty())
+            .copied()
+            .collect::<Vec<_>>()
+            .join(" "),
+        m.kernel
     );
     print!("{}", render::table(report));
     for (what, s) in [("CPU", &report.energy.cpu), ("GPU", &report.energy.gpu)] {
