@@ -334,3 +334,44 @@ pub fn unsupported_memory(backend: &str, kind: MemoryKind, path: &Path) -> Error
 
 /// A shared backend.
 pub type SharedBackend = Arc<dyn Backend>;
+
+/// How many of `want` bytes a read at `offset` can return from a file of `file_len` bytes:
+/// fewer only at the end of the file, 0 at or past it. Every backend clamps its reads so.
+pub fn readable_len(offset: u64, want: usize, file_len: u64) -> usize {
+    if offset >= file_len {
+        return 0;
+    }
+    (want as u64).min(file_len - offset) as usize
+}
+
+/// The end of a write of `len` bytes at `offset`, or an [`ErrorKind::InvalidInput`] error
+/// naming the backend and file when it overflows a 64-bit offset.
+pub fn write_end(offset: u64, len: usize, backend: &str, path: &Path) -> Result<u64> {
+    offset.checked_add(len as u64).ok_or_else(|| {
+        Error::new(ErrorKind::InvalidInput, "offset + length overflows")
+            .with_backend(backend)
+            .with_path(path)
+            .with_offset(offset)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_are_clamped_to_the_file() {
+        assert_eq!(readable_len(0, 10, 100), 10);
+        assert_eq!(readable_len(95, 10, 100), 5);
+        assert_eq!(readable_len(100, 10, 100), 0);
+        assert_eq!(readable_len(u64::MAX, 10, 100), 0);
+    }
+
+    #[test]
+    fn overflowing_writes_are_refused() {
+        assert_eq!(write_end(10, 5, "b", Path::new("/f")).unwrap(), 15);
+        let err = write_end(u64::MAX - 1, 5, "b", Path::new("/f")).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::InvalidInput);
+        assert!(err.to_string().contains("/f"));
+    }
+}

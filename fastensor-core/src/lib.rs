@@ -16,8 +16,8 @@ mod registry;
 mod tensor;
 
 pub use backend::{
-    unsupported_memory, Availability, Backend, BackendFile, BackendFileExt, Capabilities, OpenMode,
-    ReadRequest, SharedBackend, WriteRequest,
+    readable_len, unsupported_memory, write_end, Availability, Backend, BackendFile,
+    BackendFileExt, Capabilities, OpenMode, ReadRequest, SharedBackend, WriteRequest,
 };
 pub use context::{CacheState, Direction, FileLocation, Purpose, TransferContext};
 pub use dtype::DType;

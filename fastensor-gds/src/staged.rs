@@ -20,6 +20,7 @@ use fastensor_core::{
     parallel, unsupported_memory, Availability, Backend, BackendFile, Capabilities, Error,
     ErrorKind, MemMut, MemRef, OpenMode, Result,
 };
+use fastensor_core::{readable_len, write_end};
 use fastensor_posix::sys;
 use parking_lot::Mutex;
 use std::fs::File;
@@ -276,11 +277,10 @@ impl BackendFile for StagedFile {
         if d.is_empty() {
             return Ok(0);
         }
-        let file_len = self.len()?;
-        if offset >= file_len {
+        let len = readable_len(offset, d.len(), self.len()?);
+        if len == 0 {
             return Ok(0);
         }
-        let len = (d.len() as u64).min(file_len - offset) as usize;
         let end = offset + len as u64;
         // Read the aligned blocks around the range; copy only the requested bytes.
         let chunks = self.chunks(align_down(offset, self.align), align_up(end, self.align));
@@ -329,12 +329,7 @@ impl BackendFile for StagedFile {
             .with_path(&self.path)
             .with_offset(offset));
         }
-        offset.checked_add(d.len() as u64).ok_or_else(|| {
-            Error::new(ErrorKind::InvalidInput, "offset + length overflows")
-                .with_backend(CUDA_STAGED)
-                .with_path(&self.path)
-                .with_offset(offset)
-        })?;
+        write_end(offset, d.len(), CUDA_STAGED, &self.path)?;
         if d.is_empty() {
             return Ok(());
         }
@@ -387,21 +382,14 @@ impl BackendFile for StagedFile {
     }
 
     fn sync(&self) -> Result<()> {
-        self.file
-            .sync_data()
-            .map_err(|e| self.err(e, "fdatasync failed", 0))
+        sys::sync_file(&self.file, CUDA_STAGED, &self.path)
     }
 
     fn len(&self) -> Result<u64> {
-        self.file
-            .metadata()
-            .map(|m| m.len())
-            .map_err(|e| self.err(e, "cannot stat", 0))
+        sys::file_len(&self.file, CUDA_STAGED, &self.path)
     }
 
     fn set_len(&self, len: u64) -> Result<()> {
-        self.file
-            .set_len(len)
-            .map_err(|e| self.err(e, "cannot set the length", len))
+        sys::set_file_len(&self.file, len, CUDA_STAGED, &self.path)
     }
 }

@@ -2,9 +2,10 @@
 //! and the baseline every other backend is compared with.
 
 use crate::sys;
+use fastensor_core::write_end;
 use fastensor_core::{
-    unsupported_memory, Availability, Backend, BackendFile, Capabilities, Error, ErrorKind, MemMut,
-    MemRef, OpenMode, Result,
+    unsupported_memory, Availability, Backend, BackendFile, Capabilities, Error, MemMut, MemRef,
+    OpenMode, Result,
 };
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -67,30 +68,19 @@ impl BackendFile for PosixFile {
         let MemRef::Host(buf) = src else {
             return Err(unsupported_memory(POSIX, src.kind(), &self.path));
         };
-        offset.checked_add(buf.len() as u64).ok_or_else(|| {
-            Error::new(ErrorKind::InvalidInput, "offset + length overflows")
-                .with_path(&self.path)
-                .with_offset(offset)
-        })?;
+        write_end(offset, buf.len(), POSIX, &self.path)?;
         sys::pwrite_all(&self.file, buf, offset).map_err(|e| self.err(e, "write failed", offset))
     }
 
     fn sync(&self) -> Result<()> {
-        self.file
-            .sync_data()
-            .map_err(|e| self.err(e, "fdatasync failed", 0))
+        sys::sync_file(&self.file, POSIX, &self.path)
     }
 
     fn len(&self) -> Result<u64> {
-        self.file
-            .metadata()
-            .map(|m| m.len())
-            .map_err(|e| self.err(e, "cannot stat", 0))
+        sys::file_len(&self.file, POSIX, &self.path)
     }
 
     fn set_len(&self, len: u64) -> Result<()> {
-        self.file
-            .set_len(len)
-            .map_err(|e| self.err(e, "cannot set the length", len))
+        sys::set_file_len(&self.file, len, POSIX, &self.path)
     }
 }

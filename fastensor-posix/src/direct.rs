@@ -17,6 +17,7 @@ use fastensor_core::{
     ErrorKind, HostBuffer, KnobSpec, Knobs, MemMut, MemRef, OpenMode, Result, SharedBackend,
     PAGE_ALIGN,
 };
+use fastensor_core::{readable_len, write_end};
 use parking_lot::Mutex;
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -327,11 +328,10 @@ impl BackendFile for DirectFile {
         if buf.is_empty() {
             return Ok(0);
         }
-        let file_len = self.len()?;
-        if offset >= file_len {
+        let len = readable_len(offset, buf.len(), self.len()?);
+        if len == 0 {
             return Ok(0);
         }
-        let len = (buf.len() as u64).min(file_len - offset) as usize;
         let s = split(offset, len as u64, self.align.offset);
         let (head, rest) = buf[..len].split_at_mut((s.head.end - s.head.start) as usize);
         let (middle, tail) = rest.split_at_mut((s.middle.end - s.middle.start) as usize);
@@ -351,12 +351,7 @@ impl BackendFile for DirectFile {
         let MemRef::Host(buf) = src else {
             return Err(unsupported_memory(POSIX_DIRECT, src.kind(), &self.path));
         };
-        let end = offset.checked_add(buf.len() as u64).ok_or_else(|| {
-            Error::new(ErrorKind::InvalidInput, "offset + length overflows")
-                .with_backend(POSIX_DIRECT)
-                .with_path(&self.path)
-                .with_offset(offset)
-        })?;
+        write_end(offset, buf.len(), POSIX_DIRECT, &self.path)?;
         if buf.is_empty() {
             return Ok(());
         }
@@ -375,28 +370,20 @@ impl BackendFile for DirectFile {
             sys::pwrite_all(&self.buffered, tail, s.tail.start)
                 .map_err(|e| self.err(e, "write failed", s.tail.start))?;
         }
-        debug_assert!(end >= offset);
         Ok(())
     }
 
     fn sync(&self) -> Result<()> {
         // Both descriptors share one inode: fdatasync writes back the buffered heads and tails
         // and the file size, and flushes the device cache for the direct writes.
-        self.direct
-            .sync_data()
-            .map_err(|e| self.err(e, "fdatasync failed", 0))
+        sys::sync_file(&self.direct, POSIX_DIRECT, &self.path)
     }
 
     fn len(&self) -> Result<u64> {
-        self.direct
-            .metadata()
-            .map(|m| m.len())
-            .map_err(|e| self.err(e, "cannot stat", 0))
+        sys::file_len(&self.direct, POSIX_DIRECT, &self.path)
     }
 
     fn set_len(&self, len: u64) -> Result<()> {
-        self.direct
-            .set_len(len)
-            .map_err(|e| self.err(e, "cannot set the length", len))
+        sys::set_file_len(&self.direct, len, POSIX_DIRECT, &self.path)
     }
 }

@@ -178,3 +178,22 @@ pub fn transfer_error(
         .with_path(path)
         .with_offset(offset)
 }
+
+/// `fdatasync` of `file`, errors naming the backend and path.
+pub fn sync_file(file: &File, backend: &str, path: &Path) -> Result<()> {
+    file.sync_data()
+        .map_err(|e| transfer_error(e, "fdatasync failed", backend, path, 0))
+}
+
+/// The length of `file`, errors naming the backend and path.
+pub fn file_len(file: &File, backend: &str, path: &Path) -> Result<u64> {
+    file.metadata()
+        .map(|m| m.len())
+        .map_err(|e| transfer_error(e, "cannot stat", backend, path, 0))
+}
+
+/// Cuts or extends `file` to `len` bytes, errors naming the backend and path.
+pub fn set_file_len(file: &File, len: u64, backend: &str, path: &Path) -> Result<()> {
+    file.set_len(len)
+        .map_err(|e| transfer_error(e, "cannot set the length", backend, path, len))
+}

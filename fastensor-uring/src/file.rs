@@ -17,6 +17,7 @@ use crate::engine::{self, Buf, Ctx, Op, Target};
 use crate::ring::RingPool;
 use crate::URING;
 use fastensor_core::align::{align_down, align_up, is_aligned, split, DirectAlignment};
+use fastensor_core::{readable_len, write_end};
 use fastensor_core::{
     unsupported_memory, BackendFile, Error, ErrorKind, MemMut, MemRef, ReadRequest, Result,
     WriteRequest,
@@ -168,12 +169,7 @@ impl UringFile {
         if src.is_empty() {
             return Ok(());
         }
-        offset.checked_add(src.len() as u64).ok_or_else(|| {
-            Error::new(ErrorKind::InvalidInput, "offset + length overflows")
-                .with_backend(URING)
-                .with_path(&self.path)
-                .with_offset(offset)
-        })?;
+        write_end(offset, src.len(), URING, &self.path)?;
         let s = split(offset, src.len() as u64, self.block);
         let head = (s.head.end - s.head.start) as usize;
         let middle = (s.middle.end - s.middle.start) as usize;
@@ -258,11 +254,10 @@ impl BackendFile for UringFile {
         if buf.is_empty() {
             return Ok(0);
         }
-        let file_len = self.len()?;
-        if offset >= file_len {
+        let len = readable_len(offset, buf.len(), self.len()?);
+        if len == 0 {
             return Ok(0);
         }
-        let len = (buf.len() as u64).min(file_len - offset) as usize;
         let mut ops = Vec::new();
         self.plan_read(offset, buf.as_mut_ptr(), len, &mut ops);
         // SAFETY: the ops point into `buf` (exclusively borrowed for this call, `len <=
@@ -327,21 +322,14 @@ impl BackendFile for UringFile {
     fn sync(&self) -> Result<()> {
         // Both descriptors share one inode: fdatasync writes back the buffered partial blocks
         // and the size, and flushes the device cache for the direct writes.
-        self.direct
-            .sync_data()
-            .map_err(|e| self.err(e, "fdatasync failed", 0))
+        sys::sync_file(&self.direct, URING, &self.path)
     }
 
     fn len(&self) -> Result<u64> {
-        self.direct
-            .metadata()
-            .map(|m| m.len())
-            .map_err(|e| self.err(e, "cannot stat", 0))
+        sys::file_len(&self.direct, URING, &self.path)
     }
 
     fn set_len(&self, len: u64) -> Result<()> {
-        self.direct
-            .set_len(len)
-            .map_err(|e| self.err(e, "cannot set the length", len))
+        sys::set_file_len(&self.direct, len, URING, &self.path)
     }
 }

@@ -9,6 +9,7 @@ use fastensor_core::{
     parallel, unsupported_memory, BackendFile, Error, ErrorKind, MemMut, MemRef, ReadRequest,
     Result, WriteRequest,
 };
+use fastensor_core::{readable_len, write_end};
 use fastensor_posix::sys;
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -178,11 +179,10 @@ impl BackendFile for GdsFile {
         if d.is_empty() {
             return Ok(0);
         }
-        let file_len = self.len()?;
-        if offset >= file_len {
+        let len = readable_len(offset, d.len(), self.len()?);
+        if len == 0 {
             return Ok(0);
         }
-        let len = (d.len() as u64).min(file_len - offset) as usize;
         let t = self.target(d.ptr(), len, d.ordinal())?;
         self.read_exact(t, 0, offset, len)?;
         Ok(len)
@@ -201,12 +201,7 @@ impl BackendFile for GdsFile {
             .with_path(&self.path)
             .with_offset(offset));
         }
-        offset.checked_add(d.len() as u64).ok_or_else(|| {
-            Error::new(ErrorKind::InvalidInput, "offset + length overflows")
-                .with_backend(GDS)
-                .with_path(&self.path)
-                .with_offset(offset)
-        })?;
+        write_end(offset, d.len(), GDS, &self.path)?;
         if d.is_empty() {
             return Ok(());
         }
@@ -256,22 +251,15 @@ impl BackendFile for GdsFile {
     }
 
     fn sync(&self) -> Result<()> {
-        self.direct
-            .sync_data()
-            .map_err(|e| self.err(e, "fdatasync failed", 0))
+        sys::sync_file(&self.direct, GDS, &self.path)
     }
 
     fn len(&self) -> Result<u64> {
-        self.direct
-            .metadata()
-            .map(|m| m.len())
-            .map_err(|e| self.err(e, "cannot stat", 0))
+        sys::file_len(&self.direct, GDS, &self.path)
     }
 
     fn set_len(&self, len: u64) -> Result<()> {
-        self.direct
-            .set_len(len)
-            .map_err(|e| self.err(e, "cannot set the length", len))
+        sys::set_file_len(&self.direct, len, GDS, &self.path)
     }
 }
 
