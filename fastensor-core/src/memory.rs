@@ -40,16 +40,35 @@ pub struct HostBuffer {
     /// The aligned start.
     ptr: NonNull<u8>,
     len: usize,
-    /// The allocation (its start `base`, its layout) and the alignment asked for; `None`
-    /// for an empty buffer.
-    alloc: Option<(NonNull<u8>, Layout, usize)>,
+    /// The allocation and the alignment asked for; `None` for an empty buffer.
+    alloc: Option<(Allocation, usize)>,
 }
 
-/// From this size on, buffers are over-allocated with the allocator's natural alignment and
-/// aligned by hand: `calloc` then takes fresh zero pages from the kernel instead of clearing
-/// memory with `memset`, which an aligned zeroed allocation always does (and which costs as
-/// much as filling the buffer from a fast disk).
+/// Where a [`HostBuffer`]'s bytes come from.
+#[derive(Clone, Copy)]
+enum Allocation {
+    /// The global allocator (small buffers): its start and layout.
+    Heap(NonNull<u8>, Layout),
+    /// An anonymous mapping of its own (large buffers): its start and length.
+    Mapped(NonNull<u8>, usize),
+}
+
+/// From this size on, a buffer is an anonymous mapping of its own: the kernel hands out
+/// fresh zero pages lazily (an aligned zeroed heap allocation clears memory with `memset`,
+/// which costs as much as filling the buffer from a fast disk).
 const LAZY_ZERO_THRESHOLD: usize = 1 << 20;
+
+/// The size of a transparent huge page on x86-64 and most aarch64 kernels.
+const HUGE_PAGE: usize = 2 << 20;
+
+/// From this size on, a mapped buffer starts on a [`HUGE_PAGE`] boundary and asks for
+/// transparent huge pages (`MADV_HUGEPAGE`). Physically contiguous 2 MiB pieces let the block
+/// layer build direct-I/O requests of up to `max_sectors_kb` (4 MiB on a virtio disk) instead
+/// of ~0.5 MiB (a request holds at most `max_segments` scattered 4 KiB pages): measured on a
+/// virtio disk, one thread of 8 MiB `O_DIRECT` reads went from 0.55-0.67 to 2.3-3.6 GB/s and
+/// writes from 0.40-0.49 to 0.90 GB/s. Faulting the buffer in also costs a fifth of the CPU
+/// (0.15 against 0.8 s per GiB). Where huge pages are disabled the hint is ignored.
+const HUGE_PAGE_THRESHOLD: usize = HUGE_PAGE;
 
 // SAFETY: HostBuffer owns its allocation exclusively, like Vec<u8>.
 unsafe impl Send for HostBuffer {}
@@ -85,39 +104,79 @@ impl HostBuffer {
                 format!("cannot allocate {len} bytes aligned to {align}"),
             )
         };
-        let (layout, pad) = if len >= LAZY_ZERO_THRESHOLD {
-            let size = len.checked_add(align - 1).ok_or_else(too_large)?;
-            let natural = std::mem::align_of::<u128>();
-            (
-                Layout::from_size_align(size, natural).map_err(|_| too_large())?,
-                true,
-            )
-        } else {
-            (
-                Layout::from_size_align(len, align).map_err(|_| too_large())?,
-                false,
-            )
-        };
+        if len >= LAZY_ZERO_THRESHOLD {
+            return Self::mapped(len, align);
+        }
+        let layout = Layout::from_size_align(len, align).map_err(|_| too_large())?;
         // SAFETY: layout has a non-zero size (len > 0).
         let raw = unsafe { alloc::alloc_zeroed(layout) };
-        let base = NonNull::new(raw).ok_or_else(|| {
+        let ptr = NonNull::new(raw).ok_or_else(|| {
             Error::new(
                 ErrorKind::OutOfMemory,
                 format!("cannot allocate a host buffer of {len} bytes"),
             )
         })?;
-        let offset = if pad {
-            (align - (raw as usize) % align) % align
-        } else {
-            0
-        };
-        // SAFETY: offset < align and the allocation holds len + align - 1 bytes when padded
-        // (offset 0 otherwise), so base + offset .. + len stays inside it.
-        let ptr = unsafe { NonNull::new_unchecked(raw.add(offset)) };
         Ok(HostBuffer {
             ptr,
             len,
-            alloc: Some((base, layout, align)),
+            alloc: Some((Allocation::Heap(ptr, layout), align)),
+        })
+    }
+
+    /// A large buffer in an anonymous mapping of its own, aligned to `align` (and to a huge
+    /// page from [`HUGE_PAGE_THRESHOLD`] on, with the huge-page hint).
+    fn mapped(len: usize, align: usize) -> Result<Self> {
+        let huge = len >= HUGE_PAGE_THRESHOLD;
+        let start_align = if huge { align.max(HUGE_PAGE) } else { align };
+        // Whole huge pages at the end too, so the last piece can be one.
+        let body = if huge {
+            len.checked_next_multiple_of(HUGE_PAGE)
+        } else {
+            Some(len)
+        };
+        let map_len = body
+            .and_then(|b| b.checked_add(start_align.saturating_sub(PAGE_ALIGN)))
+            .ok_or_else(|| {
+                Error::new(
+                    ErrorKind::InvalidInput,
+                    format!("cannot allocate {len} bytes aligned to {align}"),
+                )
+            })?;
+        // SAFETY: a fresh private anonymous mapping; no existing memory is affected.
+        let raw = unsafe {
+            rustix::mm::mmap_anonymous(
+                std::ptr::null_mut(),
+                map_len,
+                rustix::mm::ProtFlags::READ | rustix::mm::ProtFlags::WRITE,
+                rustix::mm::MapFlags::PRIVATE,
+            )
+        }
+        .map_err(|e| {
+            Error::new(
+                ErrorKind::OutOfMemory,
+                format!("cannot map a host buffer of {len} bytes: {e}"),
+            )
+        })?;
+        let base = NonNull::new(raw.cast::<u8>()).ok_or_else(|| {
+            Error::new(ErrorKind::OutOfMemory, "mmap returned a null mapping")
+        })?;
+        let offset = (start_align - (raw as usize) % start_align) % start_align;
+        // SAFETY: mmap returns page-aligned memory, so offset <= start_align - PAGE_ALIGN and
+        // base + offset .. + len lies inside the map_len bytes mapped.
+        let ptr = unsafe { NonNull::new_unchecked(base.as_ptr().add(offset)) };
+        if huge {
+            let whole = len.next_multiple_of(HUGE_PAGE);
+            // SAFETY: ptr..ptr + whole lies inside the mapping made above, which this buffer
+            // owns; the advice changes how pages are backed, never their contents. A refusal
+            // (huge pages disabled) leaves ordinary pages, which is fine.
+            let _ = unsafe {
+                rustix::mm::madvise(ptr.as_ptr().cast(), whole, rustix::mm::Advice::LinuxHugepage)
+            };
+        }
+        Ok(HostBuffer {
+            ptr,
+            len,
+            alloc: Some((Allocation::Mapped(base, map_len), align)),
         })
     }
 
@@ -167,9 +226,17 @@ impl DerefMut for HostBuffer {
 
 impl Drop for HostBuffer {
     fn drop(&mut self) {
-        if let Some((base, layout, _)) = self.alloc {
-            // SAFETY: base was returned by alloc_zeroed with exactly this layout.
-            unsafe { alloc::dealloc(base.as_ptr(), layout) }
+        match self.alloc {
+            Some((Allocation::Heap(base, layout), _)) => {
+                // SAFETY: base was returned by alloc_zeroed with exactly this layout.
+                unsafe { alloc::dealloc(base.as_ptr(), layout) }
+            }
+            Some((Allocation::Mapped(base, map_len), _)) => {
+                // SAFETY: base..base + map_len is the mapping this buffer made and owns; no
+                // borrow of it outlives self.
+                let _ = unsafe { rustix::mm::munmap(base.as_ptr().cast(), map_len) };
+            }
+            None => {}
         }
     }
 }
@@ -185,7 +252,7 @@ impl fmt::Debug for HostBuffer {
 
 impl Clone for HostBuffer {
     fn clone(&self) -> Self {
-        let align = self.alloc.map_or(PAGE_ALIGN, |(_, _, a)| a);
+        let align = self.alloc.map_or(PAGE_ALIGN, |(_, a)| a);
         let mut copy = HostBuffer::with_alignment(self.len, align)
             .unwrap_or_else(|e| panic!("cloning a host buffer: {e}"));
         copy.copy_from_slice(self);
@@ -515,6 +582,29 @@ mod tests {
         assert!(big.iter().step_by(4093).all(|&b| b == 0));
         let copy = big.clone();
         assert_eq!(copy.as_ptr() as usize % (1 << 16), 0);
+    }
+
+    #[test]
+    fn large_buffers_start_on_a_huge_page_and_hold_their_bytes() {
+        for len in [HUGE_PAGE, HUGE_PAGE + 1, (5 << 20) + 4096, 16 << 20] {
+            let mut buf = HostBuffer::new(len).unwrap();
+            assert_eq!(buf.as_ptr() as usize % HUGE_PAGE, 0, "len {len}");
+            assert!(buf.iter().step_by(4095).all(|&b| b == 0));
+            // Every byte, including the last, is writable and reads back.
+            for (i, b) in buf.iter_mut().enumerate() {
+                *b = (i % 251) as u8;
+            }
+            assert!(buf.iter().enumerate().all(|(i, &b)| b == (i % 251) as u8));
+            let copy = buf.clone();
+            assert_eq!(&copy[..], &buf[..]);
+        }
+        // A larger alignment than a huge page is honoured too.
+        let wide = HostBuffer::with_alignment(3 << 20, 8 << 20).unwrap();
+        assert_eq!(wide.as_ptr() as usize % (8 << 20), 0);
+        // Buffers between the mapping threshold and a huge page keep page alignment.
+        let mid = HostBuffer::new(LAZY_ZERO_THRESHOLD + 5).unwrap();
+        assert_eq!(mid.as_ptr() as usize % PAGE_ALIGN, 0);
+        assert!(mid.iter().all(|&b| b == 0));
     }
 
     #[test]
