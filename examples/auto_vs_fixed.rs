@@ -1,6 +1,6 @@
 //! `auto` against every fixed backend, in one run, on a real disk.
 //!
-//! `cargo run --release --example auto_vs_fixed -- DIR [--quick]`
+//! `cargo run --release --example auto_vs_fixed -- DIR [--quick] [--rounds N]`
 //!
 //! For each size class, and then for a shuffled mix of all sizes, every engine (one per fixed
 //! backend, then `auto` from a cold start, then `auto` warm with what the cold run learned)
@@ -11,11 +11,16 @@
 //! * `cold`: read it all back from the device;
 //! * `cached`: read it all again (now mostly cached, for page-cache backends).
 //!
+//! The whole run is repeated `--rounds` times (default 3), each round with a new cold-start
+//! `auto` engine (so every round pays for its exploration) and a warm one built from that
+//! round's profile; the contenders' order rotates from round to round, and each phase's
+//! median over the rounds is reported (this disk's speed swings between runs).
 //! Ratios are time / time of the best fixed backend of the same row (lower is better).
 //! `mmap` cannot write: its write phase uses `posix` and it is left out of the mixed total.
 
 use fastensor::engine::evict;
 use fastensor::{Engine, EngineFile, OpenMode};
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -103,10 +108,22 @@ fn run(
     Ok(p)
 }
 
+fn median(mut v: Vec<Duration>) -> Duration {
+    v.sort();
+    v.get(v.len() / 2).copied().unwrap_or_default()
+}
+
 fn main() -> fastensor::Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let dir = PathBuf::from(args.first().cloned().unwrap_or_else(|| ".".into()));
     let quick = args.iter().any(|a| a == "--quick");
+    let rounds: usize = args
+        .iter()
+        .position(|a| a == "--rounds")
+        .and_then(|i| args.get(i + 1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(3)
+        .max(1);
     let scale = if quick { 4 } else { 1 };
     // (size, transfers per phase)
     let classes: Vec<(usize, usize)> = vec![
@@ -117,16 +134,15 @@ fn main() -> fastensor::Result<()> {
     ];
     let all = fastensor::registry();
     let names: Vec<String> = Engine::builder().registry(all).build()?.backend_names();
-    println!("dir {}  backends {names:?}", dir.display());
+    println!("dir {}  backends {names:?}  rounds {rounds}", dir.display());
     let profile = dir.join(".auto_vs_fixed-profile.toml");
-    let _ = std::fs::remove_file(&profile);
     let posix = Engine::builder().backends(["posix"]).build()?;
-    let mut buf = vec![0u8; 8 << 20];
+    // A huge-page-backed buffer, as an application moving tensors would use.
+    let mut buf = fastensor::HostBuffer::new(8 << 20)?;
     for (i, b) in buf.iter_mut().enumerate() {
         *b = (i as u32).wrapping_mul(2_654_435_761).to_le_bytes()[1];
     }
 
-    let mut rows: Vec<(String, Vec<(String, Phases)>)> = Vec::new();
     let mut workloads: Vec<(String, Vec<(u64, usize)>)> = classes
         .iter()
         .map(|&(s, n)| {
@@ -144,48 +160,83 @@ fn main() -> fastensor::Result<()> {
         ),
     ));
 
-    // One auto engine for the whole run (cold start), a second one warm from its profile.
-    let auto_cold = Engine::builder().profile(&profile).build()?;
-    let mut auto_warm: Option<Engine> = None;
-    for (label, work) in &workloads {
-        let mut results = Vec::new();
-        let mut contenders: Vec<Contender> = names
-            .iter()
-            .map(|n| Contender {
-                label: n.clone(),
-                engine: Engine::builder()
-                    .backends([n.as_str()])
-                    .build()
-                    .expect("available"),
-            })
-            .collect();
-        contenders.push(Contender {
-            label: "auto".into(),
-            engine: auto_cold.clone(),
-        });
-        for c in &contenders {
-            let writer = if c.label == "mmap" { &posix } else { &c.engine };
-            let path = dir.join(format!(".auto_vs_fixed-{}.bin", c.label));
-            let p = run(&c.engine, writer, &path, work, &mut buf)?;
-            results.push((c.label.clone(), p));
+    let mut labels: Vec<String> = names.clone();
+    labels.push("auto".into());
+    labels.push("auto-warm".into());
+    // samples[workload][label] = phases of every round
+    let mut samples: Vec<BTreeMap<String, Vec<Phases>>> = vec![BTreeMap::new(); workloads.len()];
+    let mut last_auto: Option<Engine> = None;
+    let mut warm_explorations = Vec::new();
+    for round in 0..rounds {
+        let _ = std::fs::remove_file(&profile);
+        // One auto engine for the whole round (cold start), a second one warm from its
+        // profile.
+        let auto_cold = Engine::builder().profile(&profile).build()?;
+        for (w, (_, work)) in workloads.iter().enumerate() {
+            let mut contenders: Vec<Contender> = names
+                .iter()
+                .map(|n| Contender {
+                    label: n.clone(),
+                    engine: Engine::builder()
+                        .backends([n.as_str()])
+                        .build()
+                        .expect("available"),
+                })
+                .collect();
+            contenders.push(Contender {
+                label: "auto".into(),
+                engine: auto_cold.clone(),
+            });
+            let k = contenders.len();
+            contenders.rotate_left(round % k);
+            for c in &contenders {
+                let writer = if c.label == "mmap" { &posix } else { &c.engine };
+                let path = dir.join(format!(".auto_vs_fixed-{}.bin", c.label));
+                let p = run(&c.engine, writer, &path, work, &mut buf)?;
+                samples[w].entry(c.label.clone()).or_default().push(p);
+            }
         }
-        rows.push((label.clone(), results));
+        auto_cold.save_profile()?;
+        // Warm: the same workloads again with the profile learned above (no exploration left
+        // for the contexts already seen).
+        let warm = Engine::builder().profile(&profile).build()?;
+        if let Some(w) = warm.load_warning() {
+            println!("warning: {w}");
+        }
+        for (w, (_, work)) in workloads.iter().enumerate() {
+            let path = dir.join(".auto_vs_fixed-warm.bin");
+            let p = run(&warm, &warm, &path, work, &mut buf)?;
+            samples[w].entry("auto-warm".into()).or_default().push(p);
+        }
+        warm_explorations.push(warm.selector_stats().explorations);
+        last_auto = Some(auto_cold);
+        eprintln!("round {} of {rounds} done", round + 1);
     }
-    auto_cold.save_profile()?;
-    // Warm: the same workloads again with the profile learned above (no exploration left
-    // for the contexts already seen).
-    let warm = Engine::builder().profile(&profile).build()?;
-    if let Some(w) = warm.load_warning() {
-        println!("warning: {w}");
-    }
-    for (i, (_, work)) in workloads.iter().enumerate() {
-        let path = dir.join(".auto_vs_fixed-warm.bin");
-        let p = run(&warm, &warm, &path, work, &mut buf)?;
-        rows[i].1.push(("auto-warm".into(), p));
-    }
-    auto_warm.replace(warm);
+    let rows: Vec<(String, Vec<(String, Phases)>)> = workloads
+        .iter()
+        .zip(&samples)
+        .map(|((label, _), by_label)| {
+            let results = labels
+                .iter()
+                .filter_map(|l| {
+                    let v = by_label.get(l)?;
+                    let m = |f: fn(&Phases) -> Duration| median(v.iter().map(f).collect());
+                    Some((
+                        l.clone(),
+                        Phases {
+                            write: m(|p| p.write),
+                            cold: m(|p| p.cold),
+                            cached: m(|p| p.cached),
+                        },
+                    ))
+                })
+                .collect();
+            (label.clone(), results)
+        })
+        .collect();
 
     println!();
+    println!("medians over {rounds} rounds");
     println!("{:8} {:12} {:>10} {:>10} {:>10} {:>10}   ratios to the best fixed (write cold cached total)", "size", "engine", "write ms", "cold ms", "cached ms", "total ms");
     for (label, results) in &rows {
         let fixed: Vec<&(String, Phases)> = results
@@ -223,13 +274,10 @@ fn main() -> fastensor::Result<()> {
             );
         }
     }
-    println!("\nauto (cold start) report:\n{}", auto_cold.report());
-    if let Some(w) = auto_warm {
-        println!(
-            "auto-warm: explorations {}",
-            w.selector_stats().explorations
-        );
+    if let Some(a) = last_auto {
+        println!("\nauto (cold start, last round) report:\n{}", a.report());
     }
+    println!("auto-warm explorations per round: {warm_explorations:?}");
     let _ = std::fs::remove_file(&profile);
     Ok(())
 }

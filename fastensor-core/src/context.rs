@@ -44,6 +44,16 @@ pub enum Purpose {
     Benchmark,
 }
 
+impl Purpose {
+    /// True when this purpose's writes count only once they are on the device (a checkpoint
+    /// or a log is synced before it is relied on): the engine then measures a write until
+    /// its bytes have left the page cache, so a buffered write is not mistaken for a fast
+    /// one, and learns the choice for these writes apart from the others.
+    pub fn durable_writes(self) -> bool {
+        matches!(self, Purpose::Checkpoint | Purpose::Log)
+    }
+}
+
 /// Whether the bytes of a read are likely in the page cache.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
 pub enum CacheState {

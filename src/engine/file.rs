@@ -121,7 +121,10 @@ impl EngineFile {
         Ok(())
     }
 
-    /// Sets the purpose recorded in the contexts of this file's transfers.
+    /// Sets the purpose recorded in the contexts of this file's transfers. With a purpose
+    /// whose writes are durable ([`Purpose::durable_writes`]: checkpoints, logs) every write
+    /// is measured until its bytes have reached the device, so the selector compares
+    /// buffered and direct writes at their true cost.
     pub fn set_purpose(&self, purpose: Purpose) {
         *self.purpose.write().unwrap_or_else(|p| p.into_inner()) = purpose;
     }
@@ -195,13 +198,35 @@ impl EngineFile {
         if !self.engine.detect_cache {
             return CacheState::Unknown;
         }
-        let fd = self
-            .probe_fd
-            .get_or_init(|| std::fs::File::open(&self.path).ok());
-        match fd {
+        match self.probe_file() {
             Some(f) => probe::cache_state(f, offset, len),
             None => CacheState::Unknown,
         }
+    }
+
+    /// A read-only descriptor of the file for cheap questions (page-cache residency) and
+    /// write-back; `None` when it cannot be opened.
+    fn probe_file(&self) -> Option<&std::fs::File> {
+        self.probe_fd
+            .get_or_init(|| std::fs::File::open(&self.path).ok())
+            .as_ref()
+    }
+
+    /// Waits until the bytes just written at `offset..offset + len` have left the page
+    /// cache for the device (a no-op for direct writes, which left it already), so that a
+    /// durable write is measured at its true cost. Without the POSIX backends nothing is
+    /// waited for (the final `sync` still makes the file durable).
+    fn write_back(&self, offset: u64, len: usize) -> Result<()> {
+        #[cfg(feature = "posix")]
+        if let Some(f) = self.probe_file() {
+            return fastensor_posix::sys::flush_range(f, offset, len as u64).map_err(|e| {
+                Error::io(e, "cannot write back a durable write")
+                    .with_path(&self.path)
+                    .with_offset(offset)
+            });
+        }
+        let _ = (offset, len);
+        Ok(())
     }
 
     /// The context of a transfer.
@@ -247,6 +272,7 @@ impl EngineFile {
         }
         let (_guard, in_flight) = InFlight::enter(&self.engine.in_flight);
         let ctx = self.context(direction, bytes as u64, memory, in_flight, offset);
+        let durable = direction == Direction::Write && ctx.purpose.durable_writes();
         let pinned = self
             .pinned
             .read()
@@ -325,7 +351,11 @@ impl EngineFile {
                 Err(e) => return Err(e),
             };
             let start = self.engine.clock.now();
-            let result = op(handle.as_ref());
+            let result = match op(handle.as_ref()) {
+                // A durable write costs what it takes to reach the device.
+                Ok(v) if durable => self.write_back(offset, bytes).map(|()| v),
+                other => other,
+            };
             let end = self.engine.clock.now();
             match result {
                 Ok(v) => {
