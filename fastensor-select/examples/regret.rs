@@ -2,8 +2,10 @@
 //!
 //! Four simulated backends with known per-call and per-byte costs (different for cold reads,
 //! cached reads and writes) and 5% noise with rare 3x outliers; 1,000 transfers of mixed sizes,
-//! directions and cache states. Regret is the time spent, exploration included, over the
-//! time of an oracle that knows the best backend of every context and sees the same noise.
+//! directions and cache states (and a workload whose sizes grow, 60 transfers per size class,
+//! where every new class is seeded from the explored smaller ones). Regret is the time spent,
+//! exploration included, over the time of an oracle that knows the best backend of every
+//! context and sees the same noise.
 //!
 //! `cargo run --release -p fastensor-select --example regret`
 #![allow(dead_code)]
@@ -98,9 +100,14 @@ fn noise(seed: u64, i: usize, backend: usize) -> f64 {
     (1.0 + 0.05 * g * 1.73).max(0.5) * outlier
 }
 
-/// One simulated transfer.
+/// One simulated transfer of a size drawn from `sizes`.
 fn transfer(rng: &mut Rng, sizes: &[u64]) -> TransferContext {
     let base = sizes[(rng.next_u64() % sizes.len() as u64) as usize];
+    transfer_of(rng, base)
+}
+
+/// One simulated transfer in the size class of `base`.
+fn transfer_of(rng: &mut Rng, base: u64) -> TransferContext {
     // Stay in the size class: up to 1.9x the base.
     let bytes = (base as f64 * (1.0 + 0.9 * rng.unit())) as u64;
     let r = rng.unit();
@@ -142,13 +149,36 @@ pub struct RegretReport {
 
 /// Runs `n` transfers with sizes drawn from `sizes` and returns the regret.
 pub fn simulate(n: usize, sizes: &[u64], seed: u64, config: SelectorConfig) -> RegretReport {
-    let sims = backends();
     let mut rng = Rng::new(seed);
     let workload: Vec<TransferContext> = (0..n).map(|_| transfer(&mut rng, sizes)).collect();
+    run(&workload, seed, config)
+}
+
+/// Runs `per_size` transfers of each of `sizes` in turn (a workload whose transfers grow, so
+/// that every new size class meets explored smaller ones) and returns the regret.
+pub fn simulate_ascending(
+    per_size: usize,
+    sizes: &[u64],
+    seed: u64,
+    config: SelectorConfig,
+) -> RegretReport {
+    let mut rng = Rng::new(seed);
+    let workload: Vec<TransferContext> = sizes
+        .iter()
+        .flat_map(|&base| (0..per_size).map(move |_| base))
+        .map(|base| transfer_of(&mut rng, base))
+        .collect();
+    run(&workload, seed, config)
+}
+
+/// Runs `workload` through a fresh selector and returns the regret.
+fn run(workload: &[TransferContext], seed: u64, config: SelectorConfig) -> RegretReport {
+    let n = workload.len();
+    let sims = backends();
 
     // The oracle: per context, the backend with the least expected total time.
     let mut totals: BTreeMap<ContextKey, Vec<f64>> = BTreeMap::new();
-    for ctx in &workload {
+    for ctx in workload {
         let t = totals
             .entry(ContextKey::of(ctx))
             .or_insert_with(|| vec![0.0; sims.len()]);
@@ -253,13 +283,23 @@ fn main() {
         return;
     }
     let wide: Vec<u64> = (12..=26).map(|k| 1u64 << k).collect();
-    for (label, sizes) in [
-        ("model sizes (6 classes)", &MODEL_SIZES[..]),
-        ("log-uniform 4 KiB..64 MiB (15 classes)", &wide[..]),
+    let ascending: Vec<u64> = (12..=26).step_by(2).map(|k| 1u64 << k).collect();
+    for (label, sizes, grow) in [
+        ("model sizes (6 classes)", &MODEL_SIZES[..], false),
+        ("log-uniform 4 KiB..64 MiB (15 classes)", &wide[..], false),
+        (
+            "ascending 4 KiB..64 MiB (8 classes x 60)",
+            &ascending[..],
+            true,
+        ),
     ] {
         let mut regrets = Vec::new();
         for seed in 1..=5u64 {
-            let r = simulate(1000, sizes, seed, SelectorConfig::default());
+            let r = if grow {
+                simulate_ascending(60, sizes, seed, SelectorConfig::default())
+            } else {
+                simulate(1000, sizes, seed, SelectorConfig::default())
+            };
             println!(
                 "{label:42} seed {seed}: contexts {:3}  explorations {:4}  spent {:9.1} ms  oracle {:9.1} ms  regret {:5.2}% (exploring {:5.2}%)  wrong final choices {}",
                 r.contexts,

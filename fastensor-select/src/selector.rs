@@ -32,11 +32,24 @@ pub struct SelectorConfig {
     pub drift_factor: f64,
     /// This many slow observations in a row explore the context again (default 5).
     pub drift_count: u32,
-    /// Unseen contexts start from the nearest known size class of the same context: a
-    /// candidate that cost there more than `elimination_factor * 2^(distance + 1)` times the
-    /// leader is not explored (per-byte costs of `latency + size * rate` change by at most
-    /// 2x per doubling of the size). Default on.
+    /// Unseen contexts start from the explored size classes of the same context (default
+    /// on). A candidate measured in two or more of them gets a cost model, `latency + bytes *
+    /// per_byte` per transfer, fitted through the two classes nearest the new one (bracketing
+    /// it when possible), and its predicted cost orders the exploration; it is not explored
+    /// when the prediction is clearly worse than the best one (see `model_margin`). A
+    /// candidate measured in one explored class only keeps the worst-case rule: it is not
+    /// explored when it cost in the nearest explored class more than `elimination_factor *
+    /// 2^distance` times that class's leader (per-byte costs of `latency + bytes * per_byte`
+    /// change by at most 2x per doubling of the size). A candidate never measured is always
+    /// explored.
     pub inherit: bool,
+    /// A candidate with a cost model (see `inherit`) is not explored in a new size class when
+    /// even its most favourable prediction costs more than this times the least favourable
+    /// prediction of the best candidate (default 2.0; values below 1 count as 1, so the best
+    /// predicted candidate is always explored). A prediction's range follows from taking
+    /// each class's median as uncertain by twice its median absolute deviation, and by at
+    /// least 10%, so that a far extrapolation from noisy classes eliminates nothing.
+    pub model_margin: f64,
 }
 
 impl Default for SelectorConfig {
@@ -51,6 +64,7 @@ impl Default for SelectorConfig {
             drift_factor: 1.5,
             drift_count: 5,
             inherit: true,
+            model_margin: 2.0,
         }
     }
 }
@@ -438,63 +452,429 @@ impl Selector {
         }
     }
 
-    /// Seeds the unmeasured candidates of an exploring context from the nearest explored size
-    /// class of the same context: their cost there orders the exploration, and a candidate
-    /// that cost there more than `elimination_factor * 2^distance` times the leader is not
-    /// explored.
+    /// Seeds the unmeasured candidates of an exploring context from the explored size classes
+    /// of the same context (see [`SelectorConfig::inherit`]): a candidate with a cost model
+    /// gets its predicted cost here as prior and is not explored when that prediction is
+    /// clearly worse than the best one; a candidate known in one class only gets its cost in
+    /// the nearest explored class as prior and is not explored when that cost exceeded
+    /// `elimination_factor * 2^distance` times the leader's there. Never eliminates a
+    /// candidate without history, nor every candidate.
     fn inherit(&mut self, key: &ContextKey) {
         if !self.config.inherit {
             return;
         }
         let objective = self.config.objective;
+        let unseeded =
+            |c: &CandidateState| c.samples.is_empty() && !c.eliminated && c.prior.is_none();
         let Some(state) = self.keys.get(key) else {
             return;
         };
-        if state.choice.is_some()
-            || !state
-                .candidates
-                .values()
-                .any(|c| c.samples.is_empty() && !c.eliminated && c.prior.is_none())
-        {
+        if state.choice.is_some() || !state.candidates.values().any(unseeded) {
             return;
         }
-        let neighbour = self
+        // The explored classes of the same context, by size class.
+        let mut explored: Vec<(&ContextKey, &KeyState)> = self
             .keys
             .iter()
             .filter(|(k, s)| k.same_but_size(key) && *k != key && s.choice.is_some())
-            .min_by_key(|(k, _)| (k.size_class.abs_diff(key.size_class), k.size_class));
-        let Some((nk, ns)) = neighbour else { return };
-        let Some((_, lead)) = ns.leader(objective) else {
+            .collect();
+        explored.sort_by_key(|(k, _)| k.size_class);
+        let Some(&(nk, ns)) = explored
+            .iter()
+            .min_by_key(|(k, _)| (k.size_class.abs_diff(key.size_class), k.size_class))
+        else {
             return;
         };
-        let distance = i32::from(nk.size_class.abs_diff(key.size_class)).min(60);
-        let limit = self.config.elimination_factor * 2f64.powi(distance);
-        let priors: Vec<(String, f64)> = ns
-            .candidates
-            .iter()
-            .filter_map(|(n, c)| c.samples.estimate(objective).map(|e| (n.clone(), e.median)))
-            .collect();
-        let state = self.keys.get_mut(key).expect("present");
-        let mut inherited = false;
-        for (name, median) in priors {
-            if let Some(c) = state.candidates.get_mut(&name) {
-                if c.samples.is_empty() && !c.eliminated && c.prior.is_none() {
-                    c.prior = Some(median);
-                    inherited = true;
-                    if lead.median > 0.0 && median > limit * lead.median {
-                        c.eliminated = true;
-                    }
-                }
+        let target = key.size_class_start() as f64;
+        // Per candidate of this context: the model's prediction (centre, lowest, highest) and
+        // the median in the nearest explored class.
+        let mut predictions: BTreeMap<&str, Prediction> = BTreeMap::new();
+        let mut nearest: BTreeMap<&str, f64> = BTreeMap::new();
+        for name in state.candidates.keys() {
+            let points: Vec<ClassCost> = explored
+                .iter()
+                .filter_map(|(k, s)| {
+                    let est = s.candidates.get(name)?.samples.estimate(objective)?;
+                    Some(ClassCost::new(k, &est))
+                })
+                .collect();
+            if let Some(p) = Prediction::of(&points, key.size_class, target) {
+                predictions.insert(name, p);
+            }
+            if let Some(est) = ns
+                .candidates
+                .get(name)
+                .and_then(|c| c.samples.estimate(objective))
+            {
+                nearest.insert(name, est.median);
             }
         }
-        if inherited {
-            self.stats.inherited_keys += 1;
+        // The best candidate's least favourable prediction.
+        let best_high = predictions.values().map(|p| p.high).min_by(f64::total_cmp);
+        let margin = self.config.model_margin.max(1.0);
+        let lead = ns.leader(objective).map(|(_, e)| e.median);
+        let distance = i32::from(nk.size_class.abs_diff(key.size_class)).min(60);
+        let limit = self.config.elimination_factor * 2f64.powi(distance);
+        let seeds: Vec<(String, f64, bool)> = state
+            .candidates
+            .iter()
+            .filter(|(_, c)| unseeded(c))
+            .filter_map(|(name, _)| {
+                if let Some(p) = predictions.get(name.as_str()) {
+                    let worse = best_high.is_some_and(|b| b > 0.0 && p.low > margin * b);
+                    Some((name.clone(), p.centre, worse))
+                } else {
+                    let median = *nearest.get(name.as_str())?;
+                    let worse = lead.is_some_and(|l| l > 0.0 && median > limit * l);
+                    Some((name.clone(), median, worse))
+                }
+            })
+            .collect();
+        if seeds.is_empty() {
+            return;
         }
+        let state = self.keys.get_mut(key).expect("present");
+        for (name, prior, worse) in seeds {
+            if let Some(c) = state.candidates.get_mut(&name) {
+                c.prior = Some(prior);
+                c.eliminated = worse;
+            }
+        }
+        // Never eliminate every candidate: the one with the best prior stays.
+        if state.candidates.values().all(|c| c.eliminated) {
+            if let Some(c) = state
+                .candidates
+                .values_mut()
+                .filter(|c| c.prior.is_some())
+                .min_by(|a, b| {
+                    a.prior
+                        .unwrap_or(f64::INFINITY)
+                        .total_cmp(&b.prior.unwrap_or(f64::INFINITY))
+                })
+            {
+                c.eliminated = false;
+            }
+        }
+        self.stats.inherited_keys += 1;
     }
 
     /// Forgets everything measured (keeps the settings).
     pub fn clear(&mut self) {
         self.keys.clear();
         self.stats = SelectorStats::default();
+    }
+}
+
+/// A candidate's cost in one explored size class: the class's first byte count, the median
+/// cost per byte, and how uncertain that median is taken to be (relative).
+#[derive(Debug, Clone, Copy)]
+struct ClassCost {
+    size_class: u8,
+    bytes: f64,
+    per_byte: f64,
+    uncertainty: f64,
+}
+
+impl ClassCost {
+    /// The smallest relative uncertainty of a class's median.
+    const MIN_UNCERTAINTY: f64 = 0.1;
+
+    fn new(key: &ContextKey, est: &Estimate) -> Self {
+        ClassCost {
+            size_class: key.size_class,
+            // Every class stands at its first byte count: transfers sit at about the same
+            // place within their classes, so the fit is consistent with the prediction.
+            bytes: key.size_class_start() as f64,
+            per_byte: est.median,
+            uncertainty: (2.0 * est.relative_spread()).clamp(Self::MIN_UNCERTAINTY, 1.0),
+        }
+    }
+
+    /// The cost of one transfer of the class (costs are per byte).
+    fn total(&self) -> f64 {
+        self.per_byte * self.bytes
+    }
+}
+
+/// A transfer of `b` bytes costs `latency + b * per_byte`, both non-negative.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct LinearCost {
+    latency: f64,
+    per_byte: f64,
+}
+
+impl LinearCost {
+    /// The line through two classes' transfer costs `(bytes, total)`, clamped to
+    /// non-negative terms while still passing through `near` (the point nearer the target):
+    /// a falling total becomes a pure latency, a negative latency a pure per-byte cost.
+    fn through(p: (f64, f64), q: (f64, f64), near: (f64, f64)) -> Self {
+        let per_byte = (q.1 - p.1) / (q.0 - p.0);
+        let latency = p.1 - per_byte * p.0;
+        if per_byte < 0.0 {
+            LinearCost {
+                latency: near.1.max(0.0),
+                per_byte: 0.0,
+            }
+        } else if latency < 0.0 {
+            LinearCost {
+                latency: 0.0,
+                per_byte: (near.1 / near.0).max(0.0),
+            }
+        } else {
+            LinearCost { latency, per_byte }
+        }
+    }
+
+    /// The cost per byte of a transfer of `bytes`.
+    fn per_byte_at(&self, bytes: f64) -> f64 {
+        self.latency / bytes + self.per_byte
+    }
+}
+
+/// A candidate's predicted cost per byte in a new size class: the fitted line's value and
+/// its range over the uncertainty of the two classes it goes through.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Prediction {
+    centre: f64,
+    low: f64,
+    high: f64,
+}
+
+impl Prediction {
+    /// The prediction at `target` bytes (size class `class`) from the classes where the
+    /// candidate was measured (sorted by class, `class` not among them); `None` with fewer
+    /// than two. The line goes through the nearest classes below and above the target, or
+    /// the two nearest ones when all are on one side.
+    fn of(points: &[ClassCost], class: u8, target: f64) -> Option<Prediction> {
+        if points.len() < 2 {
+            return None;
+        }
+        let above = points.iter().position(|p| p.size_class > class);
+        let (p, q) = match above {
+            Some(0) => (points[0], points[1]),
+            Some(i) => (points[i - 1], points[i]),
+            None => (points[points.len() - 2], points[points.len() - 1]),
+        };
+        let p_nearer = p.size_class.abs_diff(class) <= q.size_class.abs_diff(class);
+        let predict = |tp: f64, tq: f64| {
+            let (pp, qq) = ((p.bytes, tp), (q.bytes, tq));
+            let near = if p_nearer { pp } else { qq };
+            LinearCost::through(pp, qq, near).per_byte_at(target)
+        };
+        let centre = predict(p.total(), q.total());
+        // The prediction is monotone in each class's cost: its range is at the corners.
+        let (mut low, mut high) = (centre, centre);
+        for dp in [-1.0, 1.0] {
+            for dq in [-1.0, 1.0] {
+                let v = predict(
+                    p.total() * (1.0 + dp * p.uncertainty),
+                    q.total() * (1.0 + dq * q.uncertainty),
+                );
+                low = low.min(v);
+                high = high.max(v);
+            }
+        }
+        Some(Prediction { centre, low, high })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fastensor_core::{CacheState, Direction, FileLocation, MemoryKind, Purpose};
+    use std::time::Duration;
+
+    fn ctx(bytes: u64) -> TransferContext {
+        TransferContext {
+            direction: Direction::Write,
+            bytes,
+            memory: MemoryKind::Host,
+            location: FileLocation {
+                fs_type: "ext4".into(),
+                device: "259:1".into(),
+            },
+            in_flight: 1,
+            purpose: Purpose::General,
+            cache: CacheState::Unknown,
+        }
+    }
+
+    /// A backend costing `latency_ns + bytes * per_byte_ns` per transfer, without noise.
+    #[derive(Clone, Copy)]
+    struct Linear(&'static str, f64, f64);
+
+    impl Linear {
+        fn observation(&self, bytes: u64) -> Observation {
+            let wall = Duration::from_nanos((self.1 + self.2 * bytes as f64) as u64);
+            Observation {
+                bytes,
+                wall,
+                cpu: Duration::ZERO,
+            }
+        }
+    }
+
+    /// Measures every backend `n` times at `bytes` (the class ends up explored).
+    fn measure_all(s: &mut Selector, bytes: u64, backends: &[Linear], n: usize) {
+        for _ in 0..n {
+            for b in backends {
+                s.record(&ctx(bytes), b.0, b.observation(bytes));
+            }
+        }
+        assert!(s.choice_for(&ContextKey::of(&ctx(bytes))).is_some());
+    }
+
+    /// Runs transfers of `bytes` through the selector until it stops exploring; returns the
+    /// backends it explored, in order.
+    fn explore(s: &mut Selector, bytes: u64, backends: &[Linear]) -> Vec<&'static str> {
+        let names: Vec<&str> = backends.iter().map(|b| b.0).collect();
+        let mut explored = Vec::new();
+        for _ in 0..100 {
+            let choice = s.choose(&ctx(bytes), &names).unwrap();
+            if !choice.exploring {
+                return explored;
+            }
+            let b = backends.iter().find(|b| b.0 == choice.backend).unwrap();
+            explored.push(b.0);
+            s.record(&ctx(bytes), b.0, b.observation(bytes));
+        }
+        panic!("still exploring after 100 transfers");
+    }
+
+    fn state(s: &Selector, bytes: u64) -> &KeyState {
+        &s.keys()[&ContextKey::of(&ctx(bytes))]
+    }
+
+    #[test]
+    fn model_skips_a_candidate_6x_worse_in_three_classes() {
+        let a = Linear("a", 10_000.0, 0.3);
+        let b = Linear("b", 60_000.0, 1.8); // 6x a at every size
+        let mut s = Selector::new(SelectorConfig::default());
+        for bytes in [4 << 10, 64 << 10, 1 << 20] {
+            measure_all(&mut s, bytes, &[a, b], 6);
+        }
+        // The old rule would explore b at 8 MiB: 6 < 1.3 * 2^3.
+        let cfg = SelectorConfig::default();
+        assert!(6.0 < cfg.elimination_factor * 8.0);
+        let before = s.stats().explorations;
+        let explored = explore(&mut s, 8 << 20, &[a, b]);
+        assert!(!explored.contains(&"b"), "{explored:?}");
+        // Only a is measured, as often as a leader needs (`confirm_samples`).
+        assert_eq!(s.stats().explorations - before, 6, "{explored:?}");
+        let st = state(&s, 8 << 20);
+        assert!(st.candidates["b"].eliminated);
+        assert!(st.candidates["b"].samples.is_empty());
+        assert_eq!(st.choice.as_deref(), Some("a"));
+        // b's prediction is its model's cost at 8 MiB (per byte): 6x a's.
+        let prior = st.candidates["b"].prior.unwrap();
+        let expected = 60_000.0 / (8 << 20) as f64 + 1.8;
+        assert!(
+            (prior - expected).abs() < 1e-3 * expected,
+            "{prior} {expected}"
+        );
+    }
+
+    #[test]
+    fn model_never_eliminates_a_candidate_without_history() {
+        let a = Linear("a", 10_000.0, 0.3);
+        let b = Linear("b", 60_000.0, 1.8);
+        let c = Linear("c", 10_000.0, 0.35);
+        let mut s = Selector::new(SelectorConfig::default());
+        for bytes in [4 << 10, 64 << 10, 1 << 20] {
+            measure_all(&mut s, bytes, &[a, b], 6);
+        }
+        // Seeded on the first choice: b is dropped, c (never measured) is not.
+        s.choose(&ctx(8 << 20), &["a", "b", "c"]).unwrap();
+        let st = state(&s, 8 << 20);
+        assert!(st.candidates["b"].eliminated);
+        assert!(!st.candidates["c"].eliminated);
+        assert_eq!(st.candidates["c"].prior, None);
+        let explored = explore(&mut s, 8 << 20, &[a, b, c]);
+        assert!(explored.contains(&"c"), "{explored:?}");
+        assert!(!explored.contains(&"b"), "{explored:?}");
+        assert_eq!(s.choice_for(&ContextKey::of(&ctx(8 << 20))), Some("a"));
+    }
+
+    #[test]
+    fn model_predicts_a_crossover_to_the_bandwidth_candidate() {
+        // a: cheap calls, slow bytes; b: expensive calls, fast bytes. a wins at 4 KiB and
+        // 64 KiB (2.8x), b wins at 1 MiB (a costs 2.6x b).
+        let a = Linear("a", 10_000.0, 1.0);
+        let b = Linear("b", 200_000.0, 0.2);
+        let mut s = Selector::new(SelectorConfig::default());
+        for bytes in [4 << 10, 64 << 10] {
+            measure_all(&mut s, bytes, &[a, b], 6);
+            assert_eq!(s.choice_for(&ContextKey::of(&ctx(bytes))), Some("a"));
+        }
+        let explored = explore(&mut s, 1 << 20, &[a, b]);
+        // The model orders b first: its prediction is the better one.
+        assert_eq!(explored.first(), Some(&"b"), "{explored:?}");
+        let st = state(&s, 1 << 20);
+        assert!(!st.candidates["b"].eliminated);
+        assert_eq!(st.choice.as_deref(), Some("b"));
+    }
+
+    #[test]
+    fn one_known_class_keeps_the_distance_rule() {
+        let a = Linear("a", 10_000.0, 0.3);
+        let b = Linear("b", 60_000.0, 1.8); // 6x a
+        let known = 4 << 10;
+        // One class away the limit is 1.3 * 2 = 2.6: b is not explored.
+        let mut s = Selector::new(SelectorConfig::default());
+        measure_all(&mut s, known, &[a, b], 6);
+        let explored = explore(&mut s, known * 2, &[a, b]);
+        assert!(!explored.contains(&"b"), "{explored:?}");
+        let st = state(&s, known * 2);
+        assert!(st.candidates["b"].eliminated);
+        assert!(st.candidates["b"].prior.is_some());
+        // Three classes away it is 1.3 * 8 = 10.4: b is explored (after a, by its prior).
+        let mut s = Selector::new(SelectorConfig::default());
+        measure_all(&mut s, known, &[a, b], 6);
+        let explored = explore(&mut s, known * 8, &[a, b]);
+        assert_eq!(explored.first(), Some(&"a"), "{explored:?}");
+        assert!(explored.contains(&"b"), "{explored:?}");
+        assert_eq!(s.stats().inherited_keys, 1);
+    }
+
+    #[test]
+    fn linear_fit_is_clamped_and_exact_on_lines() {
+        let exact = LinearCost::through((1.0, 12.0), (3.0, 16.0), (3.0, 16.0));
+        assert_eq!(
+            exact,
+            LinearCost {
+                latency: 10.0,
+                per_byte: 2.0
+            }
+        );
+        assert_eq!(exact.per_byte_at(10.0), 3.0);
+        // A falling total: pure latency through the nearer point.
+        let falling = LinearCost::through((1.0, 12.0), (3.0, 9.0), (3.0, 9.0));
+        assert_eq!(falling.latency, 9.0);
+        assert_eq!(falling.per_byte, 0.0);
+        // A negative latency: a pure per-byte cost through the nearer point.
+        let steep = LinearCost::through((1.0, 1.0), (3.0, 9.0), (3.0, 9.0));
+        assert_eq!(steep.latency, 0.0);
+        assert_eq!(steep.per_byte, 3.0);
+    }
+
+    #[test]
+    fn far_extrapolation_from_noisy_small_classes_eliminates_nothing() {
+        // a wins at 64 MiB (0.2 vs 0.3 ns per byte), but latency-bound classes of 4 and 8 KiB
+        // say little about it: measured 8% low at 4 KiB and 8% high at 8 KiB, a's line
+        // through them costs 0.64 ns per byte at 64 MiB, more than twice b's 0.30.
+        let a = Linear("a", 10_000.0, 0.2);
+        let b = Linear("b", 5_000.0, 0.3);
+        let mut s = Selector::new(SelectorConfig::default());
+        for (bytes, skew) in [(4u64 << 10, 0.92), (8 << 10, 1.08)] {
+            let mut skewed = a.observation(bytes);
+            skewed.wall = skewed.wall.mul_f64(skew);
+            for _ in 0..6 {
+                s.record(&ctx(bytes), "a", skewed);
+                s.record(&ctx(bytes), "b", b.observation(bytes));
+            }
+        }
+        let explored = explore(&mut s, 64 << 20, &[a, b]);
+        assert!(explored.contains(&"a"), "{explored:?}");
+        assert_eq!(s.choice_for(&ContextKey::of(&ctx(64 << 20))), Some("a"));
     }
 }
