@@ -41,6 +41,8 @@ pub fn run(dir: &Path, scale: f64, rounds: usize) -> Result<()> {
         bytes as f64 / (1 << 20) as f64,
         dir.display()
     );
+    // The memory a model's parameters already occupy: loads "into existing" fill it.
+    let mut dests = bench::state_dict(&descs)?;
     let backend = DirectBackend::default();
     let engine = fastensor::Engine::builder().build()?;
     let mut all: Vec<Row> = Vec::new();
@@ -56,6 +58,17 @@ pub fn run(dir: &Path, scale: f64, rounds: usize) -> Result<()> {
         engine_row.label = "fastensor via Engine".into();
         rows.push(engine_row);
         rows.push(safetensors_row(&path("st.safetensors"), &views)?);
+        rows.push(bench::fastensor_into_row(
+            &backend,
+            &path("fastensor.safetensors"),
+            &views,
+            &mut dests,
+        )?);
+        rows.push(safetensors_into_row(
+            &path("st.safetensors"),
+            &views,
+            &mut dests,
+        )?);
         rows.push(bench::buffered_row(&path("plain"), &[], &views)?);
         for name in [
             "fastensor.safetensors",
@@ -78,6 +91,8 @@ pub fn run(dir: &Path, scale: f64, rounds: usize) -> Result<()> {
             "fastensor",
             "fastensor via Engine",
             SAFETENSORS,
+            INTO,
+            SAFETENSORS_INTO,
             "plain buffered + fsync",
         ]
         .iter()
@@ -101,6 +116,8 @@ pub fn run(dir: &Path, scale: f64, rounds: usize) -> Result<()> {
 }
 
 const SAFETENSORS: &str = "safetensors crate (mmap)";
+const INTO: &str = "fastensor, into existing";
+const SAFETENSORS_INTO: &str = "safetensors, into existing";
 const DISK: &str = "disk (raw O_DIRECT)";
 
 fn st_err(e: safetensors::SafeTensorError) -> Error {
@@ -114,9 +131,42 @@ fn io(path: &Path) -> impl Fn(std::io::Error) -> Error + '_ {
 /// `serialize_to_file` + fsync of the file and its directory; load through mmap, copying
 /// every tensor into an owned buffer.
 fn safetensors_row(path: &Path, views: &[fastensor::checkpoint::TensorView<'_>]) -> Result<Row> {
+    safetensors_measure(SAFETENSORS, path, views, |st| {
+        let owned: Vec<Vec<u8>> = st
+            .tensors()
+            .into_iter()
+            .map(|(_, t)| t.data().to_vec())
+            .collect();
+        assert_eq!(owned.len(), views.len());
+    })
+}
+
+/// As [`safetensors_row`], but the load copies every tensor from the map into existing,
+/// already written buffers (a model's parameters), so it pays no fresh page faults.
+fn safetensors_into_row(
+    path: &Path,
+    views: &[fastensor::checkpoint::TensorView<'_>],
+    dests: &mut [fastensor::HostBuffer],
+) -> Result<Row> {
+    safetensors_measure(SAFETENSORS_INTO, path, views, |st| {
+        for (v, d) in views.iter().zip(dests.iter_mut()) {
+            let t = st.tensor(&v.desc.name).expect("saved above");
+            d.copy_from_slice(t.data());
+        }
+    })
+}
+
+/// The safetensors crate's save (see [`safetensors_row`]) and a load through a memory map
+/// that hands the parsed file to `consume`.
+fn safetensors_measure(
+    label: &str,
+    path: &Path,
+    views: &[fastensor::checkpoint::TensorView<'_>],
+    consume: impl FnOnce(&SafeTensors<'_>),
+) -> Result<Row> {
     let bytes = views.iter().map(|t| t.data.len() as u64).sum();
     bench::measure(
-        SAFETENSORS,
+        label,
         bytes,
         path,
         || {
@@ -150,12 +200,7 @@ fn safetensors_row(path: &Path, views: &[fastensor::checkpoint::TensorView<'_>])
             #[allow(unsafe_code)]
             let map = unsafe { memmap2::Mmap::map(&file) }.map_err(io(path))?;
             let st = SafeTensors::deserialize(&map).map_err(st_err)?;
-            let owned: Vec<Vec<u8>> = st
-                .tensors()
-                .into_iter()
-                .map(|(_, t)| t.data().to_vec())
-                .collect();
-            assert_eq!(owned.len(), views.len());
+            consume(&st);
             Ok(())
         },
     )

@@ -157,9 +157,8 @@ impl HostBuffer {
                 format!("cannot map a host buffer of {len} bytes: {e}"),
             )
         })?;
-        let base = NonNull::new(raw.cast::<u8>()).ok_or_else(|| {
-            Error::new(ErrorKind::OutOfMemory, "mmap returned a null mapping")
-        })?;
+        let base = NonNull::new(raw.cast::<u8>())
+            .ok_or_else(|| Error::new(ErrorKind::OutOfMemory, "mmap returned a null mapping"))?;
         let offset = (start_align - (raw as usize) % start_align) % start_align;
         // SAFETY: mmap returns page-aligned memory, so offset <= start_align - PAGE_ALIGN and
         // base + offset .. + len lies inside the map_len bytes mapped.
@@ -170,7 +169,11 @@ impl HostBuffer {
             // owns; the advice changes how pages are backed, never their contents. A refusal
             // (huge pages disabled) leaves ordinary pages, which is fine.
             let _ = unsafe {
-                rustix::mm::madvise(ptr.as_ptr().cast(), whole, rustix::mm::Advice::LinuxHugepage)
+                rustix::mm::madvise(
+                    ptr.as_ptr().cast(),
+                    whole,
+                    rustix::mm::Advice::LinuxHugepage,
+                )
             };
         }
         Ok(HostBuffer {

@@ -53,6 +53,9 @@ pub struct ContextRecord {
     pub device: String,
     /// `cached`, `cold` or `unknown`.
     pub cache: String,
+    /// A durable write's context (see [`ContextKey::durable`]); absent means false.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub durable: bool,
     /// The chosen backend, absent while exploring.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub choice: Option<String>,
@@ -224,6 +227,7 @@ impl ContextRecord {
             fs_type: self.fs_type.clone(),
             device: self.device.clone(),
             cache,
+            durable: self.durable && direction == Direction::Write,
         })
     }
 
@@ -239,6 +243,7 @@ impl ContextRecord {
                 CacheState::Unknown => "unknown".into(),
                 other => cache_str(other).into(),
             },
+            durable: key.durable,
             choice: state.choice.clone(),
             reexplorations: state.reexplorations,
             candidates: state
@@ -460,7 +465,7 @@ impl fmt::Display for Dictionary {
                 } else {
                     qd.to_string()
                 },
-                cache_str(key.cache).to_string(),
+                key.cache_label().to_string(),
                 format!("{}@{}", key.fs_type, key.device),
                 c.choice.clone().unwrap_or_else(|| "(exploring)".into()),
                 cands

@@ -23,6 +23,12 @@ pub struct ContextKey {
     pub device: String,
     /// Whether the bytes of a read are likely in the page cache (`Unknown` for writes).
     pub cache: CacheState,
+    /// A write whose purpose needs it on the device ([`Purpose::durable_writes`]), measured
+    /// until written back: buffered writes cost far more here than in a plain write's
+    /// context, so the two are learned apart. Always false for reads.
+    ///
+    /// [`Purpose::durable_writes`]: fastensor_core::Purpose::durable_writes
+    pub durable: bool,
 }
 
 impl ContextKey {
@@ -42,6 +48,16 @@ impl ContextKey {
                 Direction::Read => ctx.cache,
                 Direction::Write => CacheState::Unknown,
             },
+            durable: ctx.direction == Direction::Write && ctx.purpose.durable_writes(),
+        }
+    }
+
+    /// The cache column of tables: `cached`, `cold`, `-`, or `sync` for a durable write.
+    pub fn cache_label(&self) -> &'static str {
+        if self.durable {
+            "sync"
+        } else {
+            cache_str(self.cache)
         }
     }
 
@@ -53,6 +69,7 @@ impl ContextKey {
             && self.fs_type == other.fs_type
             && self.device == other.device
             && self.cache == other.cache
+            && self.durable == other.durable
     }
 
     /// The smallest byte count of the size class.
@@ -115,7 +132,7 @@ impl fmt::Display for ContextKey {
             self.memory,
             human_bytes(self.size_class_start()),
             qd,
-            cache_str(self.cache)
+            self.cache_label()
         )?;
         if !self.fs_type.is_empty() || !self.device.is_empty() {
             write!(f, " {}@{}", self.fs_type, self.device)?;

@@ -242,3 +242,49 @@ fn knobs_round_trip_and_old_files_load_without_them() {
     let again = Selector::from_dictionary(&back, SelectorConfig::default()).unwrap();
     assert_eq!(again.knobs(), &knobs);
 }
+
+#[test]
+fn durable_writes_are_their_own_context_and_round_trip() {
+    let mut s = Selector::new(SelectorConfig::default());
+    let plain = ctx(Direction::Write, 1 << 20, CacheState::Unknown);
+    let durable = TransferContext {
+        purpose: Purpose::Checkpoint,
+        ..plain.clone()
+    };
+    // Buffered ("cache") writes are cheap until they must reach the device.
+    for _ in 0..20 {
+        for (c, cache_cost, direct_cost) in [(&plain, 1u64, 4u64), (&durable, 9, 4)] {
+            let choice = s.choose(c, &["cache", "direct"]).unwrap();
+            let per = if choice.backend == "cache" {
+                cache_cost
+            } else {
+                direct_cost
+            };
+            let wall = Duration::from_micros(100 * per);
+            let obs = Observation {
+                bytes: 1 << 20,
+                wall,
+                cpu: wall / 2,
+            };
+            s.record(c, &choice.backend, obs);
+        }
+    }
+    let (kp, kd) = (
+        fastensor_select::ContextKey::of(&plain),
+        fastensor_select::ContextKey::of(&durable),
+    );
+    assert!(!kp.durable && kd.durable);
+    assert_eq!(s.choice_for(&kp), Some("cache"));
+    assert_eq!(s.choice_for(&kd), Some("direct"));
+    // Reads are never durable, whatever their purpose.
+    let read = TransferContext {
+        direction: Direction::Read,
+        ..durable.clone()
+    };
+    assert!(!fastensor_select::ContextKey::of(&read).durable);
+    let dict = s.dictionary();
+    let text = dict.to_toml();
+    assert_eq!(text.matches("durable = true").count(), 1, "{text}");
+    assert_eq!(Dictionary::parse(&text).unwrap(), dict);
+    assert!(dict.to_string().contains("sync"), "{dict}");
+}

@@ -2,7 +2,7 @@
 //! GPT-2-medium-shaped state dict, the disk's measured limit, and timed durable saves and cold
 //! loads (page cache dropped before each load), wall and CPU time.
 
-use super::{load, save, FileOpener, TensorView};
+use super::{load, load_into, save, FileOpener, TensorView};
 use crate::posix::sys;
 use crate::{DType, Error, HostBuffer, OpenMode, Result, TensorDesc};
 use std::fs::File;
@@ -183,6 +183,32 @@ pub fn fastensor_row<O: FileOpener + ?Sized>(
         path,
         || save(opener, path, tensors),
         || load(opener, path).map(|c| assert_eq!(c.len(), tensors.len())),
+    )
+}
+
+/// fastensor loading into existing memory: [`save`], then [`load_into`] `dests` (one buffer
+/// per tensor, allocated and written before the timing starts, as a model's parameters are
+/// when a state dict is loaded into it). The load pays no page faults, only the I/O.
+pub fn fastensor_into_row<O: FileOpener + ?Sized>(
+    opener: &O,
+    path: &Path,
+    tensors: &[TensorView<'_>],
+    dests: &mut [HostBuffer],
+) -> Result<Row> {
+    let bytes = tensors.iter().map(|t| t.data.len() as u64).sum();
+    measure(
+        "fastensor, into existing",
+        bytes,
+        path,
+        || save(opener, path, tensors),
+        || {
+            let targets = tensors
+                .iter()
+                .zip(dests.iter_mut())
+                .map(|(t, d)| (t.desc.name.as_str(), d.as_mem_mut()))
+                .collect();
+            load_into(opener, path, targets).map(|_| ())
+        },
     )
 }
 
