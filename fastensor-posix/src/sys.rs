@@ -209,6 +209,107 @@ pub fn flush_range(file: &File, offset: u64, len: u64) -> std::io::Result<()> {
     }
 }
 
+/// How many of the pages under `offset..offset + len` are in the page cache, as
+/// `(cached, pages)`, found without reading anything and without starting readahead: the
+/// `cachestat` system call (Linux 6.5), or `mincore` over a temporary mapping on older
+/// kernels. `None` when neither works (or `len` is 0).
+pub fn cached_pages(file: &File, offset: u64, len: u64) -> Option<(u64, u64)> {
+    if len == 0 {
+        return None;
+    }
+    let page = page_size();
+    let first = offset / page;
+    let end = offset.checked_add(len)?.div_ceil(page);
+    let pages = end - first;
+    let cached = cachestat(file, first * page, pages * page).or_else(|| {
+        mincore_pages(
+            file,
+            first * page,
+            usize::try_from(pages * page).ok()?,
+            page,
+        )
+    })?;
+    Some((cached.min(pages), pages))
+}
+
+/// The kernel's page size.
+pub fn page_size() -> u64 {
+    // SAFETY: sysconf reads a constant of the running system.
+    let n = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    u64::try_from(n).ok().filter(|&n| n > 0).unwrap_or(4096)
+}
+
+/// Cached pages of a page-aligned range through `cachestat(2)`; `None` where the kernel
+/// lacks it.
+fn cachestat(file: &File, offset: u64, len: u64) -> Option<u64> {
+    #[cfg(any(
+        target_arch = "x86_64",
+        target_arch = "aarch64",
+        target_arch = "riscv64"
+    ))]
+    {
+        use std::os::fd::AsRawFd;
+        /// `cachestat`'s number in the unified system call table.
+        const SYS_CACHESTAT: libc::c_long = 451;
+        #[repr(C)]
+        struct Range {
+            off: u64,
+            len: u64,
+        }
+        #[repr(C)]
+        #[derive(Default)]
+        struct Stat {
+            nr_cache: u64,
+            nr_dirty: u64,
+            nr_writeback: u64,
+            nr_evicted: u64,
+            nr_recently_evicted: u64,
+        }
+        let range = Range { off: offset, len };
+        let mut stat = Stat::default();
+        // SAFETY: the descriptor is open for the lifetime of `file`; `range` and `stat` are
+        // live, properly laid out (`repr(C)`, the kernel's structs) and `stat` is writable.
+        let rc = unsafe {
+            libc::syscall(
+                SYS_CACHESTAT,
+                file.as_raw_fd(),
+                &range as *const Range,
+                &mut stat as *mut Stat,
+                0u32,
+            )
+        };
+        (rc == 0).then_some(stat.nr_cache)
+    }
+    #[cfg(not(any(
+        target_arch = "x86_64",
+        target_arch = "aarch64",
+        target_arch = "riscv64"
+    )))]
+    {
+        let _ = (file, offset, len);
+        None
+    }
+}
+
+/// Cached pages of a page-aligned range through `mincore(2)` over a read-only mapping of
+/// it (mapping a file reads nothing).
+fn mincore_pages(file: &File, offset: u64, len: usize, page: u64) -> Option<u64> {
+    // SAFETY: a private read-only mapping that is never read through; the file changing
+    // under it cannot cause undefined behaviour because no byte of it is accessed.
+    let map = unsafe {
+        memmap2::MmapOptions::new()
+            .offset(offset)
+            .len(len)
+            .map(file)
+            .ok()?
+    };
+    let mut vec = vec![0u8; len.div_ceil(page as usize)];
+    // SAFETY: the mapping covers `len` bytes from its page-aligned start; `vec` holds one
+    // byte per page of it, as mincore requires.
+    let rc = unsafe { libc::mincore(map.as_ptr() as *mut libc::c_void, len, vec.as_mut_ptr()) };
+    (rc == 0).then(|| vec.iter().filter(|&&b| b & 1 == 1).count() as u64)
+}
+
 /// The length of `file`, errors naming the backend and path.
 pub fn file_len(file: &File, backend: &str, path: &Path) -> Result<u64> {
     file.metadata()
@@ -239,5 +340,33 @@ mod tests {
         let r = File::open(&path).unwrap();
         flush_range(&r, 0, 1 << 20).unwrap();
         assert!(flush_range(&r, u64::MAX, 1).is_err());
+    }
+
+    #[test]
+    fn cached_pages_sees_eviction_and_reads_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        std::fs::write(&path, vec![5u8; 1 << 20]).unwrap();
+        let f = File::open(&path).unwrap();
+        let page = page_size();
+        let pages = (1u64 << 20) / page;
+        assert_eq!(cached_pages(&f, 0, 1 << 20), Some((pages, pages)));
+        // An unaligned range counts every page it touches.
+        assert_eq!(cached_pages(&f, 100, page), Some((2, 2)));
+        assert_eq!(cached_pages(&f, 0, 0), None);
+        f.sync_all().unwrap();
+        evict_page_cache(&f).unwrap();
+        let (cached, total) = cached_pages(&f, 0, 1 << 20).unwrap();
+        assert_eq!(total, pages);
+        if file_location(&path).fs_type != "tmpfs" {
+            assert!(cached < pages / 2, "{cached} of {pages} pages still cached");
+        }
+        // Asking twice starts no readahead: still (nearly) nothing cached. Some file
+        // systems (tmpfs) cannot drop pages at all.
+        let again = cached_pages(&f, 0, 1 << 20).unwrap().0;
+        assert!(again <= cached, "{again} > {cached}");
+        // mincore agrees with cachestat.
+        let m = mincore_pages(&f, 0, 1 << 20, page).unwrap();
+        assert_eq!(m, cached);
     }
 }

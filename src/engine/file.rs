@@ -9,6 +9,7 @@ use fastensor_select::Observation;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
 
 type Handle = Arc<dyn BackendFile>;
@@ -28,6 +29,8 @@ pub struct EngineFile {
     pinned: RwLock<Option<String>>,
     purpose: RwLock<Purpose>,
     probe_fd: OnceLock<Option<std::fs::File>>,
+    /// Where the last read ended: a read starting there continues a stream.
+    read_end: AtomicU64,
 }
 
 impl fmt::Debug for EngineFile {
@@ -58,6 +61,7 @@ impl EngineFile {
             pinned: RwLock::new(None),
             purpose: RwLock::new(Purpose::General),
             probe_fd: OnceLock::new(),
+            read_end: AtomicU64::new(0),
         };
         // Open one handle now, in the requested mode: creation and truncation happen once,
         // and a missing file or a refused permission is reported here.
@@ -238,7 +242,15 @@ impl EngineFile {
         in_flight: u32,
         offset: u64,
     ) -> TransferContext {
+        // A read that continues a stream (it starts where the last one ended) is left
+        // `Unknown`: its cost depends on the path's own effect on the cache (a buffered
+        // stream is mostly served by the readahead its earlier reads started), so it is
+        // learned per path over the stream, not per page-cache state of its first bytes,
+        // which would favour the direct paths' single cold reads and forgo readahead.
         let cache = match direction {
+            Direction::Read if self.read_end.load(Ordering::Relaxed) == offset => {
+                CacheState::Unknown
+            }
             Direction::Read => self.cache_state(offset, bytes as usize),
             Direction::Write => CacheState::Unknown,
         };
@@ -390,14 +402,16 @@ impl BackendFile for EngineFile {
 
     fn read_at(&self, offset: u64, mut dst: MemMut<'_>) -> Result<usize> {
         let (len, kind) = (dst.len(), dst.kind());
-        self.transfer(
+        let n = self.transfer(
             Direction::Read,
             len,
             kind,
             offset,
             |h| h.read_at(offset, dst.reborrow()),
             |n| *n,
-        )
+        )?;
+        self.read_end.store(offset + n as u64, Ordering::Relaxed);
+        Ok(n)
     }
 
     fn write_at(&self, offset: u64, src: MemRef<'_>) -> Result<()> {

@@ -3,24 +3,23 @@
 use fastensor_core::CacheState;
 use fastensor_select::{Clock, ClockReading};
 use std::fs::File;
-use std::io::IoSliceMut;
 use std::time::{Duration, Instant};
 
-/// Whether the first page of `offset..offset + len` is in the page cache, found with a
-/// one-page `preadv2(RWF_NOWAIT)` (which fails with `EAGAIN` instead of waiting for the
-/// device). The probe may start the kernel's readahead of that page, as any read would.
+/// Whether the bytes of `offset..offset + len` are in the page cache: `Cached` when every
+/// page is, `Cold` when any page must come from the device. Asked without reading anything
+/// (`cachestat`, or `mincore` on older kernels), so the question starts no readahead that
+/// would compete with a direct read of the same bytes. `Unknown` without the POSIX helpers.
 pub(crate) fn cache_state(file: &File, offset: u64, len: usize) -> CacheState {
-    if len == 0 {
-        return CacheState::Unknown;
-    }
-    let page = offset & !4095;
-    let mut buf = [0u8; 4096];
-    let mut bufs = [IoSliceMut::new(&mut buf)];
-    match rustix::io::preadv2(file, &mut bufs, page, rustix::io::ReadWriteFlags::NOWAIT) {
-        Ok(0) => CacheState::Unknown,
-        Ok(_) => CacheState::Cached,
-        Err(rustix::io::Errno::AGAIN) => CacheState::Cold,
-        Err(_) => CacheState::Unknown,
+    #[cfg(feature = "posix")]
+    return match fastensor_posix::sys::cached_pages(file, offset, len as u64) {
+        Some((cached, pages)) if cached >= pages => CacheState::Cached,
+        Some(_) => CacheState::Cold,
+        None => CacheState::Unknown,
+    };
+    #[cfg(not(feature = "posix"))]
+    {
+        let _ = (file, offset, len);
+        CacheState::Unknown
     }
 }
 
