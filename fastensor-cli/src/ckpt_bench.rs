@@ -4,7 +4,9 @@
 //! the disk's limit measured in the same run.
 //!
 //! Every save is durable (fsync of the file and its directory); the page cache is dropped
-//! before every load. The `safetensors` crate saves with `serialize_to_file` followed by an
+//! before every load. Round `r` starts with row `r` (mod 7) and goes round: with 7 rounds
+//! every path has run in every position once, so the disk slowing down as a round's saves
+//! fill its write cache favours none of them. The `safetensors` crate saves with `serialize_to_file` followed by an
 //! fsync, and loads through a memory map, copying each tensor into an owned buffer (what a
 //! framework does when it loads a state dict).
 
@@ -48,28 +50,35 @@ pub fn run(dir: &Path, scale: f64, rounds: usize) -> Result<()> {
     let mut all: Vec<Row> = Vec::new();
     for round in 0..rounds {
         let path = |name: &str| dir.join(format!("ckpt_bench.{name}"));
-        let mut rows = vec![bench::disk_limit(&path("raw"), bytes)?];
-        rows.push(bench::fastensor_row(
-            &backend,
-            &path("fastensor.safetensors"),
-            &views,
-        )?);
-        let mut engine_row = bench::fastensor_row(&engine, &path("engine.safetensors"), &views)?;
-        engine_row.label = "fastensor via Engine".into();
-        rows.push(engine_row);
-        rows.push(safetensors_row(&path("st.safetensors"), &views)?);
-        rows.push(bench::fastensor_into_row(
-            &backend,
-            &path("fastensor.safetensors"),
-            &views,
-            &mut dests,
-        )?);
-        rows.push(safetensors_into_row(
-            &path("st.safetensors"),
-            &views,
-            &mut dests,
-        )?);
-        rows.push(bench::buffered_row(&path("plain"), &[], &views)?);
+        // The disk slows down as a round's saves fill the host's write cache: each round
+        // starts at a different row, so every path meets every position across rounds.
+        const ROWS: usize = 7;
+        let mut rows: Vec<(usize, Row)> = Vec::with_capacity(ROWS);
+        for k in 0..ROWS {
+            let i = (k + round) % ROWS;
+            let row = match i {
+                0 => bench::disk_limit(&path("raw"), bytes)?,
+                1 => bench::fastensor_row(&backend, &path("fastensor.safetensors"), &views)?,
+                2 => {
+                    let mut r =
+                        bench::fastensor_row(&engine, &path("engine.safetensors"), &views)?;
+                    r.label = "fastensor via Engine".into();
+                    r
+                }
+                3 => safetensors_row(&path("st.safetensors"), &views)?,
+                4 => bench::fastensor_into_row(
+                    &backend,
+                    &path("fastensor.safetensors"),
+                    &views,
+                    &mut dests,
+                )?,
+                5 => safetensors_into_row(&path("st.safetensors"), &views, &mut dests)?,
+                _ => bench::buffered_row(&path("plain"), &[], &views)?,
+            };
+            rows.push((i, row));
+        }
+        rows.sort_by_key(|(i, _)| *i);
+        let rows: Vec<Row> = rows.into_iter().map(|(_, r)| r).collect();
         for name in [
             "fastensor.safetensors",
             "engine.safetensors",
@@ -79,7 +88,7 @@ pub fn run(dir: &Path, scale: f64, rounds: usize) -> Result<()> {
             let _ = std::fs::remove_file(path(name));
         }
         if rounds > 1 {
-            println!("\nround {}", round + 1);
+            println!("\nround {} (started with row {})", round + 1, round % 7 + 1);
         }
         println!("{}", bench::format_rows(&rows, SAFETENSORS, DISK));
         all.extend(rows);

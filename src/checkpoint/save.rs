@@ -1,9 +1,10 @@
-//! Durable, atomic saves: the data section goes out in large aligned writes issued in
-//! parallel, straight from the caller's buffers where they are aligned and through staging
-//! buffers where they are not (small tensors are coalesced, never written one by one).
+//! Durable, atomic saves: the data section goes out in large aligned writes, in file order,
+//! each split by the backend into requests in flight in parallel; straight from the caller's
+//! buffers where they are aligned and through staging buffers where they are not (small
+//! tensors are coalesced, never written one by one).
 
 use super::header::{self, HeaderEntry, DATA_ALIGN};
-use super::{validate, FileOpener, IO_THREADS};
+use super::{validate, FileOpener};
 use crate::core::parallel;
 use crate::{BackendFile, Error, ErrorKind, HostBuffer, MemRef, OpenMode, Result, TensorDesc};
 use std::collections::{BTreeMap, HashSet};
@@ -13,6 +14,13 @@ use std::sync::Mutex;
 
 /// Bytes of the data section written by one job (a multiple of [`DATA_ALIGN`]).
 const WINDOW: u64 = 16 << 20;
+
+/// Jobs written at once. One: the jobs go out in file order, each already split into parallel
+/// requests by the backend (`posix-direct`: 4 x 4 MiB). Measured on a virtio ext4 disk under
+/// sustained writes (1.35 GiB saves, 6 rounds, order rotated), one job at a time saved in a
+/// median 2.435 s against 2.681 s for four jobs at once: out-of-order windows cost more than
+/// the extra requests in flight win.
+const SAVE_JOBS_IN_FLIGHT: usize = 1;
 
 /// A piece of an aligned buffer at least this long is written in place, not staged.
 const DIRECT_MIN: u64 = 256 << 10;
@@ -185,7 +193,7 @@ fn write_data(
 ) -> Result<()> {
     let jobs = jobs(data_start, tensors, entries);
     let pool: Mutex<Vec<HostBuffer>> = Mutex::new(Vec::new());
-    parallel::for_each(jobs, IO_THREADS, |job| match job {
+    parallel::for_each(jobs, SAVE_JOBS_IN_FLIGHT, |job| match job {
         Job::Direct { offset, src } => file.write_at(offset, src),
         Job::Staged {
             offset,
