@@ -60,33 +60,39 @@ pub fn run(dir: &Path, scale: f64, rounds: usize) -> Result<()> {
                 0 => bench::disk_limit(&path("raw"), bytes)?,
                 1 => bench::fastensor_row(&backend, &path("fastensor.safetensors"), &views)?,
                 2 => {
-                    let mut r =
-                        bench::fastensor_row(&engine, &path("engine.safetensors"), &views)?;
+                    let mut r = bench::fastensor_row(&engine, &path("engine.safetensors"), &views)?;
                     r.label = "fastensor via Engine".into();
                     r
                 }
                 3 => safetensors_row(&path("st.safetensors"), &views)?,
                 4 => bench::fastensor_into_row(
                     &backend,
-                    &path("fastensor.safetensors"),
+                    &path("fastensor-into.safetensors"),
                     &views,
                     &mut dests,
                 )?,
-                5 => safetensors_into_row(&path("st.safetensors"), &views, &mut dests)?,
+                5 => safetensors_into_row(&path("st-into.safetensors"), &views, &mut dests)?,
                 _ => bench::buffered_row(&path("plain"), &[], &views)?,
             };
             rows.push((i, row));
         }
         rows.sort_by_key(|(i, _)| *i);
         let rows: Vec<Row> = rows.into_iter().map(|(_, r)| r).collect();
+        // Every row wrote a file of its own; they go only now, so that no row pays for
+        // freeing another's blocks (online discard makes that slow), and the device gets
+        // to finish those discards before the next round.
         for name in [
+            "raw",
             "fastensor.safetensors",
             "engine.safetensors",
             "st.safetensors",
+            "fastensor-into.safetensors",
+            "st-into.safetensors",
             "plain",
         ] {
             let _ = std::fs::remove_file(path(name));
         }
+        bench::quiesce(std::time::Duration::from_secs(3));
         if rounds > 1 {
             println!("\nround {} (started with row {})", round + 1, round % 7 + 1);
         }

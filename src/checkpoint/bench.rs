@@ -117,7 +117,18 @@ impl Row {
     }
 }
 
-/// Measures a save (`save`, which must be durable) then, after dropping `path` from the page
+/// Writes back every dirty page of the system (`sync`) and waits `pause`, so the next
+/// measurement starts from a quiet device.
+pub fn quiesce(pause: std::time::Duration) {
+    rustix::fs::sync();
+    std::thread::sleep(pause);
+}
+
+/// The pause before every save (after a global `sync`).
+const SETTLE: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Measures a save (`save`, which must be durable; after a global `sync` and a pause of
+/// [`SETTLE`]) then, after dropping `path` from the page
 /// cache, a load (`load`).
 pub fn measure(
     label: &str,
@@ -126,6 +137,10 @@ pub fn measure(
     save: impl FnOnce() -> Result<()>,
     load: impl FnOnce() -> Result<()>,
 ) -> Result<Row> {
+    // Every save starts from a quiet device: what earlier rows wrote is flushed, and the
+    // device gets a moment to drain its own write cache, so a row's time does not depend on
+    // how much the row before it left behind.
+    quiesce(SETTLE);
     let ((), save) = timed(save)?;
     sys::evict_path(path)?;
     let ((), load) = timed(load)?;
@@ -139,7 +154,9 @@ pub fn measure(
 }
 
 /// The disk's limit: a plain `O_DIRECT` loop writing then (cold) reading `bytes` bytes in
-/// 16 MiB requests, one at a time, at `path` (removed afterwards).
+/// 16 MiB requests, one at a time, at `path` (left for the caller to remove: on a file
+/// system mounted with `discard`, freeing 1 GB costs the next commit dearly, and that cost
+/// belongs to no row).
 pub fn disk_limit(path: &Path, bytes: u64) -> Result<Row> {
     const BLOCK: usize = 16 << 20;
     let blocks = bytes.div_ceil(BLOCK as u64).max(1);
@@ -166,7 +183,6 @@ pub fn disk_limit(path: &Path, bytes: u64) -> Result<Row> {
             Ok(())
         },
     )?;
-    let _ = std::fs::remove_file(path);
     Ok(row)
 }
 
