@@ -13,7 +13,7 @@ pub mod offload;
 pub use fastensor_core as core;
 pub use fastensor_core::{
     Availability, Backend, BackendFile, BackendFileExt, Capabilities, DType, Direction, Error,
-    ErrorKind, HostBuffer, MemMut, MemRef, MemoryKind, OpenMode, Origin, Registry, Result,
+    ErrorKind, HostBuffer, MemMut, MemRef, MemoryKind, OpenMode, Origin, Purpose, Registry, Result,
     TensorDesc,
 };
 

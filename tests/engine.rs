@@ -215,3 +215,35 @@ fn profile_knobs_are_applied_and_bad_ones_warn() {
     assert!(warning.contains("bogus"), "{warning}");
     assert!(engine.backend_names().contains(&"posix-direct".to_string()));
 }
+
+#[test]
+fn durable_writes_are_learned_apart_and_land_intact() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("d.bin");
+    let engine = Engine::builder()
+        .backends(["posix", "posix-direct"])
+        .build()
+        .unwrap();
+    let file = engine.open(&path, OpenMode::Truncate).unwrap();
+    let data = fastensor::HostBuffer::from_slice(&pattern(1 << 20, 7)).unwrap();
+    file.write_at(0, &data[..]).unwrap();
+    file.set_purpose(fastensor::Purpose::Checkpoint);
+    for i in 1..8u64 {
+        file.write_at(i << 20, &data[..]).unwrap();
+    }
+    file.sync().unwrap();
+    let dict = engine.dictionary();
+    let writes: Vec<bool> = dict
+        .contexts
+        .iter()
+        .filter(|c| c.direction == "write")
+        .map(|c| c.durable)
+        .collect();
+    assert!(writes.contains(&true), "{dict}");
+    assert!(dict.to_string().contains("sync"), "{dict}");
+    let back = std::fs::read(&path).unwrap();
+    assert_eq!(back.len(), 8 << 20);
+    for chunk in back.chunks(1 << 20) {
+        assert_eq!(chunk, &data[..]);
+    }
+}
