@@ -4,9 +4,9 @@
 //! the disk's limit measured in the same run.
 //!
 //! Every save is durable (fsync of the file and its directory); the page cache is dropped
-//! before every load. Round `r` starts with row `r` (mod 7) and goes round: with 7 rounds
-//! every path has run in every position once, so the disk slowing down as a round's saves
-//! fill its write cache favours none of them. The `safetensors` crate saves with `serialize_to_file` followed by an
+//! before every load. Each round runs the rows in its own shuffled order, so no path always
+//! runs after the same one (the device's state after a row's writes, and the memory a row
+//! hands back, change the next row's time). The `safetensors` crate saves with `serialize_to_file` followed by an
 //! fsync, and loads through a memory map, copying each tensor into an owned buffer (what a
 //! framework does when it loads a state dict).
 
@@ -50,12 +50,13 @@ pub fn run(dir: &Path, scale: f64, rounds: usize) -> Result<()> {
     let mut all: Vec<Row> = Vec::new();
     for round in 0..rounds {
         let path = |name: &str| dir.join(format!("ckpt_bench.{name}"));
-        // The disk slows down as a round's saves fill the host's write cache: each round
-        // starts at a different row, so every path meets every position across rounds.
+        // A row's time depends on what ran before it (the device's write cache, memory
+        // handed back by the previous row): each round runs the rows in its own shuffled
+        // order, so no path always follows the same one.
         const ROWS: usize = 7;
+        let order = shuffled(ROWS, round as u64);
         let mut rows: Vec<(usize, Row)> = Vec::with_capacity(ROWS);
-        for k in 0..ROWS {
-            let i = (k + round) % ROWS;
+        for &i in &order {
             let row = match i {
                 0 => bench::disk_limit(&path("raw"), bytes)?,
                 1 => bench::fastensor_row(&backend, &path("fastensor.safetensors"), &views)?,
@@ -94,7 +95,12 @@ pub fn run(dir: &Path, scale: f64, rounds: usize) -> Result<()> {
         }
         bench::quiesce(std::time::Duration::from_secs(3));
         if rounds > 1 {
-            println!("\nround {} (started with row {})", round + 1, round % 7 + 1);
+            let names: Vec<String> = order.iter().map(|i| (i + 1).to_string()).collect();
+            println!(
+                "\nround {} (rows run in the order {})",
+                round + 1,
+                names.join(", ")
+            );
         }
         println!("{}", bench::format_rows(&rows, SAFETENSORS, DISK));
         all.extend(rows);
@@ -128,6 +134,24 @@ pub fn run(dir: &Path, scale: f64, rounds: usize) -> Result<()> {
         println!("{}", bench::format_rows(&best, SAFETENSORS, DISK));
     }
     Ok(())
+}
+
+/// `0..n` in an order fixed by `seed` (a Fisher-Yates shuffle driven by splitmix64).
+fn shuffled(n: usize, seed: u64) -> Vec<usize> {
+    let mut state = seed.wrapping_mul(0x2545_F491_4F6C_DD1D);
+    let mut next = || {
+        state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    };
+    let mut v: Vec<usize> = (0..n).collect();
+    for i in (1..n).rev() {
+        let j = (next() % (i as u64 + 1)) as usize;
+        v.swap(i, j);
+    }
+    v
 }
 
 const SAFETENSORS: &str = "safetensors crate (mmap)";
@@ -219,4 +243,22 @@ fn safetensors_measure(
             Ok(())
         },
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::shuffled;
+
+    #[test]
+    fn every_round_runs_every_row_once_in_its_own_order() {
+        let orders: Vec<Vec<usize>> = (0..7).map(|r| shuffled(7, r)).collect();
+        for o in &orders {
+            let mut sorted = o.clone();
+            sorted.sort_unstable();
+            assert_eq!(sorted, (0..7).collect::<Vec<_>>());
+        }
+        assert_eq!(shuffled(7, 3), orders[3], "deterministic");
+        let distinct: std::collections::BTreeSet<&Vec<usize>> = orders.iter().collect();
+        assert!(distinct.len() >= 6, "{orders:?}");
+    }
 }
