@@ -3,7 +3,7 @@
 
 use crate::cufile::ffi::{self, CUfileIOEvents_t, CUfileIOParams_t};
 use crate::gds::BatchTarget;
-use fastensor_core::{MemMut, ReadRequest};
+use fastensor_core::{readable_len, MemMut, ReadRequest};
 use std::ffi::c_void;
 use std::time::{Duration, Instant};
 
@@ -31,11 +31,7 @@ pub(crate) fn read(f: &impl BatchTarget, group: &mut [ReadRequest<'_>]) -> Resul
         if *ordinal.get_or_insert(d.ordinal()) != d.ordinal() {
             return Err("requests on several GPUs".into());
         }
-        let size = if r.offset >= file_len {
-            0
-        } else {
-            (d.len() as u64).min(file_len - r.offset) as usize
-        };
+        let size = readable_len(r.offset, d.len(), file_len);
         let (base, skip) = if size > 0 {
             f.resolve(d.ptr(), size, d.ordinal())
                 .map_err(|e| e.to_string())?

@@ -17,7 +17,7 @@ use std::sync::OnceLock;
 
 /// Every driver symbol this crate calls (through cudarc), checked once at initialisation so
 /// that no later call can panic on a missing symbol.
-const SYMBOLS: [&str; 22] = [
+const SYMBOLS: [&str; 24] = [
     "cuInit",
     "cuGetErrorName",
     "cuGetErrorString",
@@ -40,8 +40,9 @@ const SYMBOLS: [&str; 22] = [
     "cuStreamDestroy_v2",
     "cuEventCreate",
     "cuEventRecord",
+    "cuEventSynchronize",
+    "cuEventDestroy_v2",
 ];
-const MORE_SYMBOLS: [&str; 2] = ["cuEventSynchronize", "cuEventDestroy_v2"];
 
 /// A primary context, shareable between threads.
 #[derive(Debug, Clone, Copy)]
@@ -96,7 +97,6 @@ fn init() -> std::result::Result<Driver, String> {
     let lib = unsafe { sys::culib() };
     let missing: Vec<&str> = SYMBOLS
         .iter()
-        .chain(MORE_SYMBOLS.iter())
         // SAFETY: looking a symbol up has no side effect; the pointer is not called here.
         .filter(|s| unsafe { lib.get::<*const ()>(s.as_bytes()) }.is_err())
         .copied()
@@ -286,8 +286,9 @@ impl PinnedBuffer {
     /// `len` (> 0) zeroed bytes of pinned memory; the driver must be initialised.
     pub fn new(len: usize) -> Result<Self> {
         require()?;
-        const PORTABLE: u32 = 1; // CU_MEMHOSTALLOC_PORTABLE
-                                 // SAFETY: the driver is initialised; the memory is zeroed below before use.
+        // CU_MEMHOSTALLOC_PORTABLE
+        const PORTABLE: u32 = 1;
+        // SAFETY: the driver is initialised; the memory is zeroed below before use.
         let ptr = unsafe { result::malloc_host(len.max(1), PORTABLE) }
             .map_err(|e| device_error("cuMemHostAlloc failed", e))?
             .cast::<u8>();

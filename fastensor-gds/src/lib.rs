@@ -59,6 +59,20 @@ pub fn gpus() -> String {
     }
 }
 
+/// `[start, end)` as `(offset, length)` pieces that end at multiples of `chunk` (> 0): each
+/// at most `chunk` bytes, all but the first and last starting and ending on a boundary.
+fn chunk_ranges(start: u64, end: u64, chunk: usize) -> Vec<(u64, usize)> {
+    let chunk = chunk as u64;
+    let mut out = Vec::with_capacity(end.saturating_sub(start).div_ceil(chunk) as usize + 1);
+    let mut at = start;
+    while at < end {
+        let next = (at / chunk + 1).saturating_mul(chunk).min(end);
+        out.push((at, (next - at) as usize));
+        at = next;
+    }
+    out
+}
+
 /// `reason`, plus where cuFile was found or looked for when CUDA itself is the problem.
 fn with_cufile_search(reason: String, explicit: Option<&Path>) -> String {
     if cuda::driver().is_ok() {
@@ -72,5 +86,22 @@ fn with_cufile_search(reason: String, explicit: Option<&Path>) -> String {
     match found {
         Some(p) => format!("{reason}; cuFile found at {p}"),
         None => format!("{reason}; libcufile.so.0 not found either"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::chunk_ranges;
+
+    #[test]
+    fn chunk_ranges_end_on_multiples_of_the_chunk() {
+        assert_eq!(chunk_ranges(5, 5, 4), vec![]);
+        assert_eq!(chunk_ranges(5, 14, 4), vec![(5, 3), (8, 4), (12, 2)]);
+        // Not a power of two: pieces still end on multiples of the chunk.
+        let c = 12 << 20;
+        assert_eq!(
+            chunk_ranges(0, 3 * c as u64, c),
+            vec![(0, c), (c as u64, c), (2 * c as u64, c)]
+        );
     }
 }

@@ -250,19 +250,6 @@ impl StagedFile {
             res.and(drained)
         })
     }
-
-    /// `[start, end)` in chunks that start at multiples of the chunk size.
-    fn chunks(&self, start: u64, end: u64) -> Vec<(u64, usize)> {
-        let c = self.chunk as u64;
-        let mut out = Vec::new();
-        let mut at = start;
-        while at < end {
-            let next = (align_down(at, c) + c).min(end);
-            out.push((at, (next - at) as usize));
-            at = next;
-        }
-        out
-    }
 }
 
 impl BackendFile for StagedFile {
@@ -283,7 +270,11 @@ impl BackendFile for StagedFile {
         }
         let end = offset + len as u64;
         // Read the aligned blocks around the range; copy only the requested bytes.
-        let chunks = self.chunks(align_down(offset, self.align), align_up(end, self.align));
+        let chunks = crate::chunk_ranges(
+            align_down(offset, self.align),
+            align_up(end, self.align),
+            self.chunk,
+        );
         let dst_ptr = d.ptr();
         self.run_lanes(d.ordinal(), chunks, |lane, share| {
             for (j, &(at, n)) in share.iter().enumerate() {
@@ -336,7 +327,7 @@ impl BackendFile for StagedFile {
         let s = split(offset, d.len() as u64, self.align);
         let src_ptr = d.ptr();
         if !s.middle.is_empty() {
-            let chunks = self.chunks(s.middle.start, s.middle.end);
+            let chunks = crate::chunk_ranges(s.middle.start, s.middle.end, self.chunk);
             self.run_lanes(d.ordinal(), chunks, |lane, share| {
                 let nb = lane.bufs.len();
                 let issue = |lane: &mut Lane, j: usize| -> Result<()> {

@@ -85,66 +85,49 @@ impl GdsFile {
         })
     }
 
-    /// Pieces `(file offset, length, offset in the transfer)` of `[offset, offset + len)`,
-    /// split at multiples of the chunk size.
-    fn pieces(&self, offset: u64, len: usize) -> Vec<(u64, usize, u64)> {
-        let chunk = self.chunk as u64;
-        let end = offset + len as u64;
-        let mut out = Vec::new();
-        let mut at = offset;
-        while at < end {
-            let next = ((at / chunk) + 1).saturating_mul(chunk).min(end);
-            out.push((at, (next - at) as usize, at - offset));
-            at = next;
-        }
-        out
-    }
-
     /// Reads exactly `len` bytes at `offset` into `t` (+ `skip`), in parallel pieces.
     fn read_exact(&self, t: Target, skip: u64, offset: u64, len: usize) -> Result<()> {
-        parallel::for_each(self.pieces(offset, len), self.threads, |(off, n, rel)| {
-            cuda::require()?.bind(t.ordinal)?;
-            let mut done = 0usize;
-            while done < n {
-                let at = off + done as u64;
-                // SAFETY: the range lies in the destination the caller borrowed mutably for
-                // this transfer (pieces are disjoint); its context is current.
-                let got = unsafe {
-                    self.handle
-                        .read(t.base, n - done, at, t.offset + skip + rel + done as u64)
-                }
-                .map_err(|e| self.err(e, "cuFileRead failed", at))?;
-                if got == 0 {
-                    return Err(self.eof(at));
-                }
-                done += got;
-            }
-            Ok(())
-        })
+        self.transfer(false, t, skip, offset, len)
     }
 
     /// Writes `len` bytes from `t` (+ `skip`) at the aligned `offset`, in parallel pieces.
     fn write_direct(&self, t: Target, skip: u64, offset: u64, len: usize) -> Result<()> {
-        parallel::for_each(self.pieces(offset, len), self.threads, |(off, n, rel)| {
+        self.transfer(true, t, skip, offset, len)
+    }
+
+    /// Moves exactly `len` bytes between file `offset` and `t` (+ `skip`) with cuFile, in
+    /// pieces split at multiples of the chunk size and issued in parallel.
+    fn transfer(&self, write: bool, t: Target, skip: u64, offset: u64, len: usize) -> Result<()> {
+        let what = if write {
+            "cuFileWrite failed"
+        } else {
+            "cuFileRead failed"
+        };
+        let pieces = crate::chunk_ranges(offset, offset + len as u64, self.chunk);
+        parallel::for_each(pieces, self.threads, |(off, n)| {
             cuda::require()?.bind(t.ordinal)?;
             let mut done = 0usize;
             while done < n {
                 let at = off + done as u64;
-                // SAFETY: the range lies in the source the caller borrowed for this transfer;
-                // its context is current.
-                let put = unsafe {
-                    self.handle
-                        .write(t.base, n - done, at, t.offset + skip + rel + done as u64)
+                let buf_offset = t.offset + skip + (at - offset);
+                // SAFETY: the range lies in the memory the caller borrowed for this transfer
+                // (mutably when reading; pieces are disjoint); its context is current.
+                let moved = unsafe {
+                    if write {
+                        self.handle.write(t.base, n - done, at, buf_offset)
+                    } else {
+                        self.handle.read(t.base, n - done, at, buf_offset)
+                    }
                 }
-                .map_err(|e| self.err(e, "cuFileWrite failed", at))?;
-                if put == 0 {
-                    return Err(self.err(
-                        std::io::Error::other("wrote 0 bytes"),
-                        "cuFileWrite failed",
-                        at,
-                    ));
+                .map_err(|e| self.err(e, what, at))?;
+                if moved == 0 {
+                    return Err(if write {
+                        self.err(std::io::Error::other("wrote 0 bytes"), what, at)
+                    } else {
+                        self.eof(at)
+                    });
                 }
-                done += put;
+                done += moved;
             }
             Ok(())
         })
