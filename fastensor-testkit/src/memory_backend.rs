@@ -2,8 +2,8 @@
 //! offload and plugins without touching a disk, and as the simplest example of a backend.
 
 use fastensor_core::{
-    unsupported_memory, Availability, Backend, BackendFile, Capabilities, Error, ErrorKind, MemMut,
-    MemRef, OpenMode, Result,
+    readable_len, unsupported_memory, write_end, Availability, Backend, BackendFile, Capabilities,
+    Error, ErrorKind, MemMut, MemRef, OpenMode, Result,
 };
 use parking_lot::{Mutex, RwLock};
 use std::collections::HashMap;
@@ -122,14 +122,12 @@ impl BackendFile for MemoryFile {
             return Err(unsupported_memory(&self.backend, dst.kind(), &self.path));
         };
         let data = self.store.read();
-        let Ok(start) = usize::try_from(offset) else {
-            return Ok(0);
-        };
-        if start >= data.len() {
-            return Ok(0);
+        let n = readable_len(offset, buf.len(), data.len() as u64);
+        if n > 0 {
+            // `offset` lies inside the data, so it fits a usize.
+            let start = offset as usize;
+            buf[..n].copy_from_slice(&data[start..start + n]);
         }
-        let n = buf.len().min(data.len() - start);
-        buf[..n].copy_from_slice(&data[start..start + n]);
         Ok(n)
     }
 
@@ -143,10 +141,8 @@ impl BackendFile for MemoryFile {
         if buf.is_empty() {
             return Ok(());
         }
-        let end = offset
-            .checked_add(buf.len() as u64)
-            .and_then(|e| usize::try_from(e).ok())
-            .ok_or_else(|| {
+        let end = usize::try_from(write_end(offset, buf.len(), &self.backend, &self.path)?)
+            .map_err(|_| {
                 self.error(ErrorKind::InvalidInput, "offset + length overflows", offset)
             })?;
         let mut data = self.store.write();

@@ -304,10 +304,9 @@ impl BackendFile for ThrottledFile {
     }
 
     fn read_batch(&self, requests: &mut [ReadRequest<'_>]) -> Result<()> {
-        let lens: Vec<u64> = requests.iter().map(|r| r.dst.len() as u64).collect();
         self.inner.read_batch(requests)?;
-        for len in lens {
-            self.shared.charge(self.read_cost(), len);
+        for r in requests.iter() {
+            self.shared.charge(self.read_cost(), r.dst.len() as u64);
         }
         Ok(())
     }

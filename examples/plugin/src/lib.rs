@@ -14,8 +14,8 @@
 #![deny(missing_docs)]
 
 use fastensor_core::{
-    unsupported_memory, Availability, Backend, BackendFile, Capabilities, Error, ErrorKind, MemMut,
-    MemRef, OpenMode, Result,
+    unsupported_memory, write_end, Availability, Backend, BackendFile, Capabilities, Error,
+    ErrorKind, MemMut, MemRef, OpenMode, Result,
 };
 use std::fs::{File, OpenOptions};
 use std::path::{Path, PathBuf};
@@ -127,14 +127,7 @@ impl BackendFile for StdFsFile {
         let MemRef::Host(buf) = src else {
             return Err(unsupported_memory(STDFS, src.kind(), &self.path));
         };
-        if offset.checked_add(buf.len() as u64).is_none() {
-            return Err(
-                Error::new(ErrorKind::InvalidInput, "offset + length overflows")
-                    .with_backend(STDFS)
-                    .with_path(&self.path)
-                    .with_offset(offset),
-            );
-        }
+        write_end(offset, buf.len(), STDFS, &self.path)?;
         // Every byte or an error.
         self.file
             .write_all_at(buf, offset)
