@@ -30,20 +30,28 @@ pub struct Estimate {
 impl Estimate {
     /// The estimate of `costs`; `None` when empty or when a cost is not finite.
     pub fn of(costs: &[f64]) -> Option<Estimate> {
+        Self::of_vec(costs.to_vec())
+    }
+
+    /// [`Estimate::of`] on costs the caller no longer needs: sorts them in place and reuses
+    /// the buffer for the deviations, so an estimate allocates nothing beyond `costs`.
+    fn of_vec(mut costs: Vec<f64>) -> Option<Estimate> {
         if costs.is_empty() || costs.iter().any(|c| !c.is_finite()) {
             return None;
         }
-        let mut sorted = costs.to_vec();
-        sorted.sort_by(f64::total_cmp);
-        let med = median_sorted(&sorted);
-        let mut dev: Vec<f64> = sorted.iter().map(|c| (c - med).abs()).collect();
-        dev.sort_by(f64::total_cmp);
+        costs.sort_by(f64::total_cmp);
+        let (n, min, max) = (costs.len(), costs[0], costs[costs.len() - 1]);
+        let med = median_sorted(&costs);
+        for c in costs.iter_mut() {
+            *c = (*c - med).abs();
+        }
+        costs.sort_by(f64::total_cmp);
         Some(Estimate {
-            n: sorted.len(),
+            n,
             median: med,
-            mad: median_sorted(&dev),
-            min: sorted[0],
-            max: sorted[sorted.len() - 1],
+            mad: median_sorted(&costs),
+            min,
+            max,
         })
     }
 
@@ -116,7 +124,6 @@ impl Samples {
 
     /// The robust estimate of the cost under `objective`.
     pub fn estimate(&self, objective: Objective) -> Option<Estimate> {
-        let costs: Vec<f64> = self.samples.iter().map(|s| objective.cost(*s)).collect();
-        Estimate::of(&costs)
+        Estimate::of_vec(self.samples.iter().map(|s| objective.cost(*s)).collect())
     }
 }

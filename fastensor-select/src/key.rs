@@ -37,19 +37,33 @@ impl ContextKey {
 
     /// The key of a transfer.
     pub fn of(ctx: &TransferContext) -> Self {
-        ContextKey {
+        let mut key = ContextKey {
             direction: ctx.direction,
             memory: ctx.memory,
-            size_class: size_class(ctx.bytes),
-            in_flight: in_flight_class(ctx.in_flight),
-            fs_type: ctx.location.fs_type.clone(),
-            device: ctx.location.device.clone(),
-            cache: match ctx.direction {
-                Direction::Read => ctx.cache,
-                Direction::Write => CacheState::Unknown,
-            },
-            durable: ctx.direction == Direction::Write && ctx.purpose.durable_writes(),
-        }
+            size_class: 0,
+            in_flight: 0,
+            fs_type: String::new(),
+            device: String::new(),
+            cache: CacheState::Unknown,
+            durable: false,
+        };
+        key.set_to(ctx);
+        key
+    }
+
+    /// Makes this the key of `ctx`, reusing the buffers of its strings.
+    pub(crate) fn set_to(&mut self, ctx: &TransferContext) {
+        self.direction = ctx.direction;
+        self.memory = ctx.memory;
+        self.size_class = size_class(ctx.bytes);
+        self.in_flight = in_flight_class(ctx.in_flight);
+        self.fs_type.clone_from(&ctx.location.fs_type);
+        self.device.clone_from(&ctx.location.device);
+        self.cache = match ctx.direction {
+            Direction::Read => ctx.cache,
+            Direction::Write => CacheState::Unknown,
+        };
+        self.durable = ctx.direction == Direction::Write && ctx.purpose.durable_writes();
     }
 
     /// The cache column of tables: `cached`, `cold`, `-`, or `sync` for a durable write.

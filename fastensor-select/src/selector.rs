@@ -98,26 +98,22 @@ pub struct KeyState {
 impl KeyState {
     /// True when every surviving candidate has enough samples.
     fn settled(&self, cfg: &SelectorConfig) -> bool {
-        let leader = self.leader(cfg.objective);
+        let lead = self.leader(cfg.objective).map(|(_, e)| e);
         self.candidates
             .values()
-            .all(|c| c.eliminated || c.samples.len() >= Self::required(c, leader.as_ref(), cfg))
+            .all(|c| c.eliminated || c.samples.len() >= Self::required(c, lead.as_ref(), cfg))
     }
 
     /// Samples a surviving candidate needs before the exploration ends: `min_samples`, or
     /// `confirm_samples` for a contender whose median is within `separation_factor` of the
     /// leader's (so that noise does not pick the wrong one of two close candidates).
-    fn required(
-        c: &CandidateState,
-        leader: Option<&(String, Estimate)>,
-        cfg: &SelectorConfig,
-    ) -> usize {
+    fn required(c: &CandidateState, lead: Option<&Estimate>, cfg: &SelectorConfig) -> usize {
         let min = cfg.min_samples.max(1);
         if c.samples.len() < min {
             return min;
         }
-        match (leader, c.samples.estimate(cfg.objective)) {
-            (Some((_, lead)), Some(est)) if est.median <= cfg.separation_factor * lead.median => {
+        match (lead, c.samples.estimate(cfg.objective)) {
+            (Some(lead), Some(est)) if est.median <= cfg.separation_factor * lead.median => {
                 cfg.confirm_samples.max(min)
             }
             _ => min,
@@ -129,12 +125,20 @@ impl KeyState {
     }
 
     /// The surviving candidate with the lowest median (ties: name order).
-    fn leader(&self, objective: Objective) -> Option<(String, Estimate)> {
+    fn leader(&self, objective: Objective) -> Option<(&str, Estimate)> {
         self.candidates
             .iter()
             .filter(|(_, c)| !c.eliminated)
-            .filter_map(|(n, c)| c.samples.estimate(objective).map(|e| (n.clone(), e)))
+            .filter_map(|(n, c)| c.samples.estimate(objective).map(|e| (n.as_str(), e)))
             .min_by(|a, b| a.1.median.total_cmp(&b.1.median))
+    }
+
+    /// Makes the leader the choice (allocating only when the choice changes).
+    fn choose_leader(&mut self, objective: Objective) {
+        let leader = self.leader(objective).map(|(n, _)| n);
+        if self.choice.as_deref() != leader {
+            self.choice = leader.map(str::to_owned);
+        }
     }
 
     /// Explores again after the choice drifted, as cheaply as the evidence allows: the choice
@@ -205,6 +209,8 @@ pub struct Selector {
     fingerprint: Fingerprint,
     stats: SelectorStats,
     knobs: BTreeMap<String, BTreeMap<String, String>>,
+    /// The key of the last transfer, kept so that the next one's is built in its buffers.
+    spare_key: Option<ContextKey>,
 }
 
 impl Selector {
@@ -216,6 +222,7 @@ impl Selector {
             fingerprint: Fingerprint::default(),
             stats: SelectorStats::default(),
             knobs: BTreeMap::new(),
+            spare_key: None,
         }
     }
 
@@ -229,7 +236,7 @@ impl Selector {
         self.config.objective = objective;
         for state in self.keys.values_mut() {
             if state.settled(&self.config) {
-                state.choice = state.leader(objective).map(|(n, _)| n);
+                state.choose_leader(objective);
             }
         }
     }
@@ -265,6 +272,7 @@ impl Selector {
             fingerprint,
             stats: SelectorStats::default(),
             knobs: BTreeMap::new(),
+            spare_key: None,
         }
     }
 
@@ -283,6 +291,18 @@ impl Selector {
         self.keys.get(key)?.choice.as_deref()
     }
 
+    /// The key of `ctx`, built in the buffers of the last transfer's key (so that a
+    /// transfer's key allocates nothing once the strings have grown to size).
+    fn key_of(&mut self, ctx: &TransferContext) -> ContextKey {
+        match self.spare_key.take() {
+            Some(mut key) => {
+                key.set_to(ctx);
+                key
+            }
+            None => ContextKey::of(ctx),
+        }
+    }
+
     /// Chooses among `candidates` (names of available backends able to do the transfer).
     /// `None` only when `candidates` is empty.
     pub fn choose(&mut self, ctx: &TransferContext, candidates: &[&str]) -> Option<Choice> {
@@ -290,9 +310,16 @@ impl Selector {
             return None;
         }
         self.stats.choices += 1;
-        let key = ContextKey::of(ctx);
-        self.ensure_key(&key);
-        let state = self.keys.get_mut(&key).expect("key was just ensured");
+        let key = self.key_of(ctx);
+        let choice = self.choose_in(&key, candidates);
+        self.spare_key = Some(key);
+        Some(choice)
+    }
+
+    /// [`Selector::choose`] in the context `key`, `candidates` not empty.
+    fn choose_in(&mut self, key: &ContextKey, candidates: &[&str]) -> Choice {
+        self.ensure_key(key);
+        let state = self.keys.get_mut(key).expect("key was just ensured");
         let mut added = false;
         for name in candidates {
             if !state.candidates.contains_key(*name) {
@@ -305,30 +332,26 @@ impl Selector {
         if added {
             state.choice = None;
         }
-        self.inherit(&key);
+        self.inherit(key);
         let cfg = &self.config;
-        let state = self.keys.get_mut(&key).expect("key was just ensured");
+        let state = self.keys.get(key).expect("key was just ensured");
         if let Some(choice) = &state.choice {
             if candidates.contains(&choice.as_str()) {
-                return Some(Choice {
+                return Choice {
                     backend: choice.clone(),
                     exploring: false,
-                });
+                };
             }
         }
         // Exploring (or the choice is not offered now): the surviving offered candidate with
         // the fewest samples; ties go to the best estimate, then the best prior, then name.
-        let offered: Vec<(&str, &CandidateState)> = candidates
-            .iter()
-            .filter_map(|n| state.candidates.get(*n).map(|c| (*n, c)))
-            .collect();
-        let alive: Vec<&(&str, &CandidateState)> =
-            offered.iter().filter(|(_, c)| !c.eliminated).collect();
-        let leader = state.leader(cfg.objective);
-        let needs: Vec<&&(&str, &CandidateState)> = alive
-            .iter()
-            .filter(|(_, c)| c.samples.len() < KeyState::required(c, leader.as_ref(), cfg))
-            .collect();
+        let offered = || {
+            candidates
+                .iter()
+                .filter_map(|n| state.candidates.get(*n).map(|c| (*n, c)))
+        };
+        let alive = || offered().filter(|(_, c)| !c.eliminated);
+        let lead = state.leader(cfg.objective).map(|(_, e)| e);
         let rank = |c: &CandidateState| {
             c.samples
                 .estimate(cfg.objective)
@@ -336,45 +359,43 @@ impl Selector {
                 .or(c.prior)
                 .unwrap_or(f64::INFINITY)
         };
-        let pick = if !needs.is_empty() {
-            needs
-                .iter()
-                .min_by(|a, b| {
-                    a.1.samples
-                        .len()
-                        .cmp(&b.1.samples.len())
-                        .then(rank(a.1).total_cmp(&rank(b.1)))
-                })
-                .map(|(n, _)| *n)
-        } else {
-            // Every offered survivor is measured: the best of them.
-            alive
-                .iter()
-                .map(|c| **c)
-                .min_by(|a, b| rank(a.1).total_cmp(&rank(b.1)))
-                .or_else(|| {
-                    offered
-                        .iter()
-                        .copied()
-                        .min_by(|a, b| rank(a.1).total_cmp(&rank(b.1)))
-                })
-                .map(|(n, _)| n)
+        let by_rank = |a: &(&str, &CandidateState), b: &(&str, &CandidateState)| {
+            rank(a.1).total_cmp(&rank(b.1))
         };
+        let needy = alive()
+            .filter(|(_, c)| c.samples.len() < KeyState::required(c, lead.as_ref(), cfg))
+            .min_by(|a, b| {
+                a.1.samples
+                    .len()
+                    .cmp(&b.1.samples.len())
+                    .then(by_rank(a, b))
+            });
+        let exploring = needy.is_some();
+        // Every offered survivor is measured: the best of them.
+        let pick = needy
+            .or_else(|| alive().min_by(by_rank))
+            .or_else(|| offered().min_by(by_rank))
+            .map(|(n, _)| n);
         let backend = pick.unwrap_or(candidates[0]).to_string();
-        let exploring = !needs.is_empty();
         if exploring {
             self.stats.explorations += 1;
         }
-        Some(Choice { backend, exploring })
+        Choice { backend, exploring }
     }
 
     /// Records what a transfer through `backend` cost.
     pub fn record(&mut self, ctx: &TransferContext, backend: &str, obs: Observation) {
         self.stats.observations += 1;
-        let key = ContextKey::of(ctx);
-        self.ensure_key(&key);
-        let cfg = self.config.clone();
-        let state = self.keys.get_mut(&key).expect("key was just ensured");
+        let key = self.key_of(ctx);
+        self.record_in(&key, backend, obs);
+        self.spare_key = Some(key);
+    }
+
+    /// [`Selector::record`] in the context `key`.
+    fn record_in(&mut self, key: &ContextKey, backend: &str, obs: Observation) {
+        self.ensure_key(key);
+        let cfg = &self.config;
+        let state = self.keys.get_mut(key).expect("key was just ensured");
         let sample = obs.sample();
         let cost = cfg.objective.cost(sample);
 
@@ -388,7 +409,7 @@ impl Selector {
                 state.drift_run += 1;
                 state.drift_samples.push(sample, cfg.window);
                 if state.drift_run >= cfg.drift_count.max(1) {
-                    state.reexplore_after_drift(backend, &cfg);
+                    state.reexplore_after_drift(backend, cfg);
                     state.reexplorations += 1;
                     self.stats.reexplorations += 1;
                 }
@@ -405,25 +426,29 @@ impl Selector {
             }
         }
 
-        let cand = state.candidates.entry(backend.to_string()).or_default();
+        let cand = match state.candidates.get_mut(backend) {
+            Some(cand) => cand,
+            None => state.candidates.entry(backend.to_owned()).or_default(),
+        };
         cand.samples.push(sample, cfg.window);
         cand.prior = None;
 
         if state.choice.is_none() {
-            Self::eliminate(state, &cfg);
-            if state.settled(&cfg) {
-                state.choice = state.leader(cfg.objective).map(|(n, _)| n);
+            Self::eliminate(state, cfg);
+            if state.settled(cfg) {
+                state.choose_leader(cfg.objective);
                 state.drift_run = 0;
             }
-        } else if state.settled(&cfg) {
+        } else if state.settled(cfg) {
             // Exploiting: keep the choice on the best median (the choice's own samples move).
-            state.choice = state.leader(cfg.objective).map(|(n, _)| n);
+            state.choose_leader(cfg.objective);
         }
     }
 
     /// Successive elimination: drops the candidates clearly worse than the leader.
     fn eliminate(state: &mut KeyState, cfg: &SelectorConfig) {
-        let Some((leader, lead)) = state.leader(cfg.objective) else {
+        let Some((leader, lead)) = state.leader(cfg.objective).map(|(n, e)| (n.to_owned(), e))
+        else {
             return;
         };
         for (name, cand) in state.candidates.iter_mut() {
