@@ -14,8 +14,8 @@ use crate::sys;
 use fastensor_core::align::{align_down, align_up, is_aligned, split, DirectAlignment};
 use fastensor_core::{
     knobs, parallel, unsupported_memory, Availability, Backend, BackendFile, Capabilities, Error,
-    ErrorKind, HostBuffer, KnobSpec, Knobs, MemMut, MemRef, OpenMode, Result, SharedBackend,
-    PAGE_ALIGN,
+    ErrorKind, HostBuffer, KnobSpec, Knobs, MemMut, MemRef, OpenMode, ReadRequest, Result,
+    SharedBackend,
 };
 use fastensor_core::{readable_len, write_end};
 use parking_lot::Mutex;
@@ -125,13 +125,7 @@ impl Backend for DirectBackend {
     }
 
     fn open(&self, path: &Path, mode: OpenMode) -> Result<Box<dyn BackendFile>> {
-        let direct = sys::open_file(path, mode, true, POSIX_DIRECT)?;
-        let buffered_mode = match mode {
-            OpenMode::Read => OpenMode::Read,
-            _ => OpenMode::ReadWrite,
-        };
-        let buffered = sys::open_file(path, buffered_mode, false, POSIX_DIRECT)?;
-        let align = sys::direct_alignment(&direct);
+        let (direct, buffered, align) = sys::open_direct_pair(path, mode, POSIX_DIRECT)?;
         Ok(Box::new(DirectFile::new(
             direct,
             buffered,
@@ -163,12 +157,12 @@ impl DirectFile {
         config: DirectConfig,
         path: PathBuf,
     ) -> Self {
-        // Split at page boundaries at least, even where the device accepts 512-byte direct
-        // I/O: a buffered head or tail and a direct write must never share a page, or the
-        // kernel cannot invalidate the page around the direct write (EIO, stale data).
+        // Split at (kernel) page boundaries at least, even where the device accepts 512-byte
+        // direct I/O: a buffered head or tail and a direct write must never share a page, or
+        // the kernel cannot invalidate the page around the direct write (EIO, stale data).
         let align = DirectAlignment {
             memory: align.memory,
-            offset: align.offset.max(PAGE_ALIGN as u64),
+            offset: align.offset.max(sys::page_size()),
         };
         let chunk = align_up(config.chunk_size.max(1) as u64, align.offset) as usize;
         DirectFile {
@@ -219,7 +213,7 @@ impl DirectFile {
     /// Reads the bytes `[offset, offset + dst.len())`, all inside one aligned block, through a
     /// bounce block.
     fn read_partial_block(&self, offset: u64, dst: &mut [u8]) -> Result<()> {
-        let block = self.align.offset.max(512);
+        let block = self.align.offset;
         let start = align_down(offset, block);
         let span = (align_up(offset + dst.len() as u64, block) - start) as usize;
         let mut bounce = self.take_bounce(span)?;
@@ -297,22 +291,27 @@ impl DirectFile {
         if !self.preallocate || end - offset < 2 * self.chunk as u64 {
             return Ok(());
         }
-        let len = self.len()?;
-        if end <= len {
+        sys::allocate_past_end(&self.direct, offset, end, POSIX_DIRECT, &self.path)
+    }
+
+    /// Fills `dst` from `offset`; the range must lie inside the file (clamped by the caller).
+    fn read_within(&self, offset: u64, dst: &mut [u8]) -> Result<()> {
+        if dst.is_empty() {
             return Ok(());
         }
-        let start = offset.max(len);
-        match rustix::fs::fallocate(
-            &self.direct,
-            rustix::fs::FallocateFlags::empty(),
-            start,
-            end - start,
-        ) {
-            Ok(()) => Ok(()),
-            // Not supported here: the writes simply extend the file.
-            Err(e) if e == rustix::io::Errno::OPNOTSUPP || e == rustix::io::Errno::NOSYS => Ok(()),
-            Err(e) => Err(self.err(e.into(), "cannot allocate space", start)),
+        let s = split(offset, dst.len() as u64, self.align.offset);
+        let (head, rest) = dst.split_at_mut((s.head.end - s.head.start) as usize);
+        let (middle, tail) = rest.split_at_mut((s.middle.end - s.middle.start) as usize);
+        if !head.is_empty() {
+            self.read_partial_block(s.head.start, head)?;
         }
+        if !middle.is_empty() {
+            self.read_middle(s.middle.start, middle)?;
+        }
+        if !tail.is_empty() {
+            self.read_partial_block(s.tail.start, tail)?;
+        }
+        Ok(())
     }
 }
 
@@ -329,22 +328,34 @@ impl BackendFile for DirectFile {
             return Ok(0);
         }
         let len = readable_len(offset, buf.len(), self.len()?);
-        if len == 0 {
-            return Ok(0);
-        }
-        let s = split(offset, len as u64, self.align.offset);
-        let (head, rest) = buf[..len].split_at_mut((s.head.end - s.head.start) as usize);
-        let (middle, tail) = rest.split_at_mut((s.middle.end - s.middle.start) as usize);
-        if !head.is_empty() {
-            self.read_partial_block(s.head.start, head)?;
-        }
-        if !middle.is_empty() {
-            self.read_middle(s.middle.start, middle)?;
-        }
-        if !tail.is_empty() {
-            self.read_partial_block(s.tail.start, tail)?;
-        }
+        self.read_within(offset, &mut buf[..len])?;
         Ok(len)
+    }
+
+    fn read_batch(&self, requests: &mut [ReadRequest<'_>]) -> Result<()> {
+        // As the default (one request after another), but with one `fstat` for the batch
+        // rather than one per request.
+        let mut file_len = None;
+        for req in requests.iter_mut() {
+            let buf = match &mut req.dst {
+                MemMut::Host(buf) => buf,
+                other => {
+                    return Err(unsupported_memory(POSIX_DIRECT, other.kind(), &self.path));
+                }
+            };
+            if buf.is_empty() {
+                req.done = 0;
+                continue;
+            }
+            let file_len = match file_len {
+                Some(l) => l,
+                None => *file_len.insert(self.len()?),
+            };
+            let len = readable_len(req.offset, buf.len(), file_len);
+            self.read_within(req.offset, &mut buf[..len])?;
+            req.done = len;
+        }
+        Ok(())
     }
 
     fn write_at(&self, offset: u64, src: MemRef<'_>) -> Result<()> {

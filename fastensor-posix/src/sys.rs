@@ -62,6 +62,25 @@ pub fn open_file(path: &Path, mode: OpenMode, direct: bool, backend: &str) -> Re
     Ok(file)
 }
 
+/// Opens `path` twice for a direct-I/O backend: an `O_DIRECT` descriptor as `mode` requires,
+/// and a buffered one (read-only for [`OpenMode::Read`], else read-write, never creating or
+/// truncating again) for the partial blocks at the ends of writes; with the direct
+/// descriptor's alignment ([`direct_alignment`]). Errors as [`open_file`].
+pub fn open_direct_pair(
+    path: &Path,
+    mode: OpenMode,
+    backend: &str,
+) -> Result<(File, File, DirectAlignment)> {
+    let direct = open_file(path, mode, true, backend)?;
+    let buffered_mode = match mode {
+        OpenMode::Read => OpenMode::Read,
+        _ => OpenMode::ReadWrite,
+    };
+    let buffered = open_file(path, buffered_mode, false, backend)?;
+    let align = direct_alignment(&direct);
+    Ok((direct, buffered, align))
+}
+
 /// The direct-I/O alignment of an open file, from `statx(STATX_DIOALIGN)` where the kernel
 /// reports it, else [`DirectAlignment::PAGE`].
 pub fn direct_alignment(file: &File) -> DirectAlignment {
@@ -315,6 +334,37 @@ pub fn file_len(file: &File, backend: &str, path: &Path) -> Result<u64> {
     file.metadata()
         .map(|m| m.len())
         .map_err(|e| transfer_error(e, "cannot stat", backend, path, 0))
+}
+
+/// Allocates the part of `[offset, end)` that lies past the current end of `file`
+/// (`fallocate`), so parallel direct writes there are overwrites rather than appends. A no-op
+/// when the range ends inside the file, or where the file system cannot allocate ahead.
+/// Errors name the backend and path.
+pub fn allocate_past_end(
+    file: &File,
+    offset: u64,
+    end: u64,
+    backend: &str,
+    path: &Path,
+) -> Result<()> {
+    let len = file_len(file, backend, path)?;
+    if end <= len {
+        return Ok(());
+    }
+    let start = offset.max(len);
+    let flags = rustix::fs::FallocateFlags::empty();
+    match rustix::fs::fallocate(file, flags, start, end - start) {
+        Ok(()) => Ok(()),
+        // Not supported here: the writes simply extend the file.
+        Err(e) if e == rustix::io::Errno::OPNOTSUPP || e == rustix::io::Errno::NOSYS => Ok(()),
+        Err(e) => Err(transfer_error(
+            e.into(),
+            "cannot allocate space",
+            backend,
+            path,
+            start,
+        )),
+    }
 }
 
 /// Cuts or extends `file` to `len` bytes, errors naming the backend and path.

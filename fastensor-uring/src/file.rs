@@ -56,7 +56,7 @@ impl UringFile {
         // Split at page granularity at least: a direct write must never share a page with a
         // buffered partial-block write running at the same time, or the kernel fails to
         // invalidate the page around the direct write and reports EIO on the next fsync.
-        let page = rustix::param::page_size() as u64;
+        let page = sys::page_size();
         let block = align.offset.max(page);
         let unit = align.memory.max(block);
         let rings = RingPool::new(
@@ -95,10 +95,6 @@ impl UringFile {
             block: self.block,
             queue_depth: self.queue_depth,
         }
-    }
-
-    fn err(&self, e: std::io::Error, what: &str, offset: u64) -> Error {
-        sys::transfer_error(e, what, URING, &self.path, offset)
     }
 
     /// Adds the ops reading `len` bytes (already clipped to the file) at `offset` into `dst`.
@@ -213,18 +209,7 @@ impl UringFile {
         if !self.preallocate || end - offset < 2 * self.chunk as u64 {
             return Ok(());
         }
-        let len = self.len()?;
-        if end <= len {
-            return Ok(());
-        }
-        let start = offset.max(len);
-        let flags = rustix::fs::FallocateFlags::empty();
-        match rustix::fs::fallocate(&self.direct, flags, start, end - start) {
-            Ok(()) => Ok(()),
-            // Not supported here: the writes simply extend the file.
-            Err(e) if e == rustix::io::Errno::OPNOTSUPP || e == rustix::io::Errno::NOSYS => Ok(()),
-            Err(e) => Err(self.err(e.into(), "cannot allocate space", start)),
-        }
+        sys::allocate_past_end(&self.direct, offset, end, URING, &self.path)
     }
 
     /// Runs `ops` on a ring of the pool.
@@ -287,11 +272,7 @@ impl BackendFile for UringFile {
             let MemMut::Host(buf) = &mut req.dst else {
                 unreachable!("checked above")
             };
-            let len = if req.offset >= file_len {
-                0
-            } else {
-                (buf.len() as u64).min(file_len - req.offset) as usize
-            };
+            let len = readable_len(req.offset, buf.len(), file_len);
             self.plan_read(req.offset, buf.as_mut_ptr(), len, &mut ops);
             req.done = len;
         }

@@ -115,13 +115,7 @@ impl Backend for UringBackend {
     }
 
     fn open(&self, path: &Path, mode: OpenMode) -> Result<Box<dyn BackendFile>> {
-        let direct = sys::open_file(path, mode, true, URING)?;
-        let buffered_mode = match mode {
-            OpenMode::Read => OpenMode::Read,
-            _ => OpenMode::ReadWrite,
-        };
-        let buffered = sys::open_file(path, buffered_mode, false, URING)?;
-        let align = sys::direct_alignment(&direct);
+        let (direct, buffered, align) = sys::open_direct_pair(path, mode, URING)?;
         let file = file::UringFile::new(direct, buffered, align, &self.config, path.to_path_buf())?;
         Ok(Box::new(file))
     }
