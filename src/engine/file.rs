@@ -144,25 +144,15 @@ impl EngineFile {
     }
 
     /// The handle of `backend` and whether it was opened just now (its first transfer
-    /// pays one-off set-up costs and is not measured).
+    /// pays one-off set-up costs and is not measured); opened when first needed and kept.
     fn handle_fresh(&self, c: &Candidate) -> Result<(Handle, bool)> {
-        let known = self
-            .handles
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .contains_key(c.name());
-        Ok((self.handle(c)?, !known))
-    }
-
-    /// The handle of `backend`, opened when first needed.
-    fn handle(&self, c: &Candidate) -> Result<Handle> {
         if let Some((h, _)) = self
             .handles
             .read()
             .unwrap_or_else(|p| p.into_inner())
             .get(c.name())
         {
-            return Ok(h.clone());
+            return Ok((h.clone(), false));
         }
         let writable = self.writable && c.caps.write;
         let mode = if writable {
@@ -173,7 +163,12 @@ impl EngineFile {
         let h: Handle = Arc::from(c.backend.open(&self.path, mode)?);
         let mut handles = self.handles_mut();
         let entry = handles.entry(c.name().to_string()).or_insert((h, writable));
-        Ok(entry.0.clone())
+        Ok((entry.0.clone(), true))
+    }
+
+    /// The handle of `backend`, opened when first needed.
+    fn handle(&self, c: &Candidate) -> Result<Handle> {
+        self.handle_fresh(c).map(|(h, _)| h)
     }
 
     fn any_handle(&self, writable: bool) -> Result<Handle> {
@@ -285,30 +280,28 @@ impl EngineFile {
         let (_guard, in_flight) = InFlight::enter(&self.engine.in_flight);
         let ctx = self.context(direction, bytes as u64, memory, in_flight, offset);
         let durable = direction == Direction::Write && ctx.purpose.durable_writes();
-        let pinned = self
-            .pinned
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
-            .or_else(|| {
-                self.engine
+        // The pinned backend (this file's, else the engine's), looked up once.
+        let pinned: Option<&Candidate> = {
+            let own = self.pinned.read().unwrap_or_else(|p| p.into_inner());
+            match own.as_deref() {
+                Some(name) => Some(self.engine.candidate(name)?),
+                None => match self
+                    .engine
                     .pinned
                     .read()
                     .unwrap_or_else(|p| p.into_inner())
-                    .clone()
-            });
+                    .as_deref()
+                {
+                    Some(name) => Some(self.engine.candidate(name)?),
+                    None => None,
+                },
+            }
+        };
         let mut last_err: Option<Error> = None;
         loop {
-            let refused = self.refused().clone();
-            let fitting: Vec<&Candidate> = self
-                .engine
-                .candidates
-                .iter()
-                .filter(|c| c.fits(direction, memory) && !refused.contains(c.name()))
-                .collect();
-            let chosen: &Candidate = match &pinned {
-                Some(name) => {
-                    let c = self.engine.candidate(name)?;
+            let chosen: &Candidate = match pinned {
+                Some(c) => {
+                    let name = c.name();
                     if !c.fits(direction, memory) {
                         return Err(Error::new(
                             ErrorKind::Unsupported,
@@ -316,23 +309,32 @@ impl EngineFile {
                                 "the pinned backend `{name}` cannot {direction} {memory} memory"
                             ),
                         )
-                        .with_backend(name.clone())
+                        .with_backend(name)
                         .with_path(&self.path));
                     }
-                    if refused.contains(name.as_str()) {
+                    if self.refused().contains(name) {
                         return Err(last_err.unwrap_or_else(|| {
                             Error::new(
                                 ErrorKind::Unsupported,
                                 "the pinned backend refused this file",
                             )
-                            .with_backend(name.clone())
+                            .with_backend(name)
                             .with_path(&self.path)
                         }));
                     }
                     c
                 }
                 None => {
-                    if fitting.is_empty() {
+                    let names: Vec<&str> = {
+                        let refused = self.refused();
+                        self.engine
+                            .candidates
+                            .iter()
+                            .filter(|c| c.fits(direction, memory) && !refused.contains(c.name()))
+                            .map(Candidate::name)
+                            .collect()
+                    };
+                    let Some(choice) = self.engine.choose(&ctx, &names) else {
                         return Err(last_err.unwrap_or_else(|| {
                             Error::new(
                                 ErrorKind::Unsupported,
@@ -340,16 +342,9 @@ impl EngineFile {
                             )
                             .with_path(&self.path)
                         }));
-                    }
-                    let names: Vec<&str> = fitting.iter().map(|c| c.name()).collect();
-                    let choice = self
-                        .engine
-                        .choose(&ctx, &names)
-                        .expect("names is not empty");
-                    fitting
-                        .iter()
-                        .copied()
-                        .find(|c| c.name() == choice.backend)
+                    };
+                    self.engine
+                        .candidate(&choice.backend)
                         .expect("the selector chooses among the names given")
                 }
             };
@@ -464,11 +459,6 @@ impl BackendFile for EngineFile {
 }
 
 impl EngineFile {
-    /// `sync` through every handle that wrote (same as [`BackendFile::sync`]).
-    pub fn sync_all_handles(&self) -> Result<()> {
-        BackendFile::sync(self)
-    }
-
     /// Makes every write durable (see [`BackendFile::sync`]).
     pub fn sync(&self) -> Result<()> {
         BackendFile::sync(self)

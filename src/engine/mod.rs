@@ -112,7 +112,11 @@ impl Inner {
     pub(crate) fn record(&self, ctx: &TransferContext, backend: &str, obs: Observation) {
         {
             let mut usage = self.usage.lock().unwrap_or_else(|p| p.into_inner());
-            let u = usage.entry(backend.to_string()).or_default();
+            // The backend's name is allocated once, on its first transfer.
+            let u = match usage.get_mut(backend) {
+                Some(u) => u,
+                None => usage.entry(backend.to_string()).or_default(),
+            };
             u.transfers += 1;
             u.bytes += obs.bytes;
             u.wall += obs.wall;
@@ -120,10 +124,18 @@ impl Inner {
         }
         if obs.bytes > 0 {
             let mut sel = self.selector();
-            let mut fp = sel.fingerprint().clone();
-            let before = fp.devices.len();
-            fp.add_location(&ctx.location);
-            if fp.devices.len() != before {
+            // The fingerprint is cloned only when it gains a device (`add_location` skips
+            // unknown and known ones), not on every transfer.
+            let device = &ctx.location.device;
+            if !device.is_empty()
+                && !sel
+                    .fingerprint()
+                    .devices
+                    .iter()
+                    .any(|d| &d.device == device)
+            {
+                let mut fp = sel.fingerprint().clone();
+                fp.add_location(&ctx.location);
                 sel.set_fingerprint(fp);
             }
             sel.record(ctx, backend, obs);

@@ -97,7 +97,7 @@ fn run(engine: &Engine, path: &Path, options: &TuneOptions) -> Result<TuneOutcom
             transfers += 1;
             bytes += size;
             if options.cold_reads {
-                file.sync_all_handles()?;
+                file.sync()?;
                 evict(path)?;
                 file.read_at(0, &mut buf[..n])?;
                 transfers += 1;
