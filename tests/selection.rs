@@ -2,7 +2,7 @@
 //! exact durations, deterministic results.
 
 use fastensor::select::{ClockReading, SelectorConfig};
-use fastensor::{Backend, Engine, OpenMode, Registry};
+use fastensor::{Backend, Engine, EngineBuilder, OpenMode, Registry};
 use fastensor_testkit::throttled::{Cost, Costs, Throttled, VirtualClock};
 use fastensor_testkit::MemoryBackend;
 use std::path::Path;
@@ -22,31 +22,42 @@ fn costs_b() -> Cost {
     Cost::new(200_000, 0.2)
 }
 
-fn setup(config: SelectorConfig) -> Setup {
-    let clock = VirtualClock::new();
+/// `a` and `b` over one in-memory store, timed by `clock`.
+fn pair(clock: &VirtualClock) -> (Arc<Throttled>, Arc<Throttled>) {
     let store: Arc<dyn Backend> = Arc::new(MemoryBackend::new());
     let a = Arc::new(Throttled::virtual_clock(
         "a",
         store.clone(),
         Costs::uniform(costs_a()),
-        &clock,
+        clock,
     ));
     let b = Arc::new(Throttled::virtual_clock(
         "b",
         store,
         Costs::uniform(costs_b()),
-        &clock,
+        clock,
     ));
+    (a, b)
+}
+
+/// An engine builder with no compiled-in backend, whose clock is `clock`.
+fn builder(clock: &VirtualClock) -> EngineBuilder {
     let c = clock.clone();
-    let engine = Engine::builder()
+    Engine::builder()
         .registry(Registry::new())
-        .backend(a.clone())
-        .backend(b.clone())
-        .selector_config(config)
         .clock(move || ClockReading {
             wall: c.wall(),
             cpu: c.cpu(),
         })
+}
+
+fn setup(config: SelectorConfig) -> Setup {
+    let clock = VirtualClock::new();
+    let (a, b) = pair(&clock);
+    let engine = builder(&clock)
+        .backend(a.clone())
+        .backend(b.clone())
+        .selector_config(config)
         .build()
         .unwrap();
     Setup { engine, a, b }
@@ -192,16 +203,10 @@ fn cpu_objective_prefers_the_backend_that_spares_the_cpu() {
         &clock,
     );
     let run = |objective| {
-        let c = clock.clone();
-        let engine = Engine::builder()
-            .registry(Registry::new())
+        let engine = builder(&clock)
             .backend(Arc::new(busy.clone()))
             .backend(Arc::new(idle.clone()))
             .objective(objective)
-            .clock(move || ClockReading {
-                wall: c.wall(),
-                cpu: c.cpu(),
-            })
             .build()
             .unwrap();
         let file = engine
@@ -225,30 +230,12 @@ fn profile_round_trip_through_the_engine() {
     let dir = tempfile::tempdir().unwrap();
     let profile = dir.path().join("profile.toml");
     let clock = VirtualClock::new();
-    let store: Arc<dyn Backend> = Arc::new(MemoryBackend::new());
-    let a = Arc::new(Throttled::virtual_clock(
-        "a",
-        store.clone(),
-        Costs::uniform(costs_a()),
-        &clock,
-    ));
-    let b = Arc::new(Throttled::virtual_clock(
-        "b",
-        store,
-        Costs::uniform(costs_b()),
-        &clock,
-    ));
+    let (a, b) = pair(&clock);
     let build = || {
-        let c = clock.clone();
-        Engine::builder()
-            .registry(Registry::new())
+        builder(&clock)
             .backend(a.clone())
             .backend(b.clone())
             .profile(&profile)
-            .clock(move || ClockReading {
-                wall: c.wall(),
-                cpu: c.cpu(),
-            })
             .build()
             .unwrap()
     };
