@@ -4,7 +4,7 @@ use crate::sizes::parse_size;
 use clap::{Args, Subcommand, ValueEnum};
 use fastensor::engine::{default_profile_path, tune, TuneOptions};
 use fastensor::{Dictionary, Error, ErrorKind, Objective, Result};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 /// What the selector minimises.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -58,6 +58,15 @@ fn profile_path(given: Option<PathBuf>) -> Result<PathBuf> {
     })
 }
 
+/// Saves a selection profile at `path`, creating its directory when missing.
+pub fn save_profile(dict: &Dictionary, path: &Path) -> Result<()> {
+    if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+        std::fs::create_dir_all(parent)
+            .map_err(|e| Error::io(e, "cannot create the profile directory").with_path(parent))?;
+    }
+    dict.save(path)
+}
+
 /// Runs a short exploration and writes the profile.
 pub fn run_tune(args: TuneArgs) -> Result<()> {
     let mut options = TuneOptions {
@@ -78,11 +87,7 @@ pub fn run_tune(args: TuneArgs) -> Result<()> {
     if let Ok(old) = Dictionary::read(&path) {
         outcome.dictionary.knobs = old.knobs;
     }
-    if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-        std::fs::create_dir_all(parent)
-            .map_err(|e| Error::io(e, "cannot create the profile directory").with_path(parent))?;
-    }
-    outcome.dictionary.save(&path)?;
+    save_profile(&outcome.dictionary, &path)?;
     print!("{}", outcome.dictionary);
     println!(
         "{} transfers, {:.1} MiB in {:.1} s; {} explorations; profile written to {}",

@@ -173,7 +173,7 @@ pub fn run(args: CompareArgs) -> Result<()> {
         "p99",
         "CPU J/GiB",
     ]);
-    let f = |r: Option<f64>| r.map_or("-".to_string(), |r| format!("{r:.2}"));
+    let f = super::render::ratio;
     for r in &cmp.cells {
         t.row(vec![
             format_size(r.bytes),

@@ -1,7 +1,7 @@
 //! `--write-profile`: the best knob settings of a sweep, stored in a selection profile.
 
 use fastensor::select::{Dictionary, Fingerprint, FORMAT_VERSION};
-use fastensor::{Error, ErrorKind, Result};
+use fastensor::{ErrorKind, Result};
 use std::collections::BTreeMap;
 use std::path::Path;
 
@@ -22,9 +22,5 @@ pub fn write(path: &Path, best: &BTreeMap<String, BTreeMap<String, String>>) -> 
     for (backend, knobs) in best {
         dict.knobs.insert(backend.clone(), knobs.clone());
     }
-    if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-        std::fs::create_dir_all(parent)
-            .map_err(|e| Error::io(e, "cannot create the profile directory").with_path(parent))?;
-    }
-    dict.save(path)
+    crate::tune::save_profile(&dict, path)
 }

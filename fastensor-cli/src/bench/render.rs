@@ -5,7 +5,8 @@ use super::report::{Cell, Report};
 use crate::sizes::format_size;
 use crate::table::Table;
 
-fn ratio(r: Option<f64>) -> String {
+/// A ratio with two decimals, `-` when there is none.
+pub(super) fn ratio(r: Option<f64>) -> String {
     r.map_or("-".to_string(), |r| format!("{r:.2}"))
 }
 
