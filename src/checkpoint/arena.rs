@@ -9,8 +9,8 @@ use std::ops::{Deref, DerefMut};
 /// It is a [`HostBuffer`]: from 1 MiB on an anonymous mapping whose pages the kernel zeroes
 /// lazily as the reads fill them (an aligned heap allocation is zeroed up front by the CPU,
 /// which costs as much time as reading the data from a fast disk), and from 2 MiB on backed
-/// by transparent huge pages, which makes faulting it in about 5x cheaper and lets direct
-/// reads fill it in 4 MiB device requests.
+/// by transparent huge pages, which lets direct reads fill it in 4 MiB device requests (see
+/// [`HostBuffer`] for what faulting it in costs).
 pub struct Arena {
     buf: HostBuffer,
 }
