@@ -85,36 +85,59 @@ fn cached_and_cold_reads_are_told_apart() {
     let engine = Engine::builder().backends(["posix"]).build().unwrap();
     let file = engine.open(&path, OpenMode::Read).unwrap();
     let mut b = vec![0u8; 1 << 20];
-    // The first read starts a stream (its context's cache state is left unknown); reading
-    // the same range again is not a stream, and its bytes are cached.
+    // Just written: the bytes are cached.
     file.read_at(0, &mut b).unwrap();
-    file.read_at(0, &mut b).unwrap();
-    let caches = || -> Vec<String> {
+    // (size class, cache state) of every context.
+    let contexts = || -> Vec<(u8, String)> {
         engine
             .dictionary()
             .contexts
             .iter()
-            .map(|c| c.cache.clone())
+            .map(|c| (c.size_class, c.cache.clone()))
             .collect()
     };
+    assert!(contexts().contains(&(20, "cached".to_string())));
+    // tmpfs and some overlay file systems cannot drop their pages: cold only where they can.
+    let loc = file.location().fs_type.clone();
+    if loc == "tmpfs" || loc == "overlayfs" {
+        return;
+    }
     // Dropping pages is advice the kernel may decline for a moment (pages still under
-    // writeback): try a few times.
+    // writeback): try a few times. A stream starting on dropped pages is cold, and its next
+    // read (256 KiB on) stays cold, although readahead may have cached its bytes by then.
     for _ in 0..5 {
         fastensor::engine::evict(&path).unwrap();
-        file.read_at(0, &mut b).unwrap();
-        if caches().contains(&"cold".to_string()) {
+        file.read_at(0, &mut b[..256 << 10]).unwrap();
+        if contexts().contains(&(18, "cold".to_string())) {
             break;
         }
     }
-    let caches = caches();
-    println!("{caches:?}");
-    assert!(caches.contains(&"cached".to_string()));
-    assert!(caches.contains(&"unknown".to_string()), "{caches:?}");
-    // tmpfs and some overlay file systems cannot drop their pages: cold only where they can.
-    let loc = file.location().fs_type.clone();
-    if loc != "tmpfs" && loc != "overlayfs" {
-        assert!(caches.contains(&"cold".to_string()), "{loc}: {caches:?}");
+    file.read_at(256 << 10, &mut b[..128 << 10]).unwrap();
+    let seen = contexts();
+    println!("{seen:?}");
+    assert!(seen.contains(&(18, "cold".to_string())), "{seen:?}");
+    assert!(seen.contains(&(17, "cold".to_string())), "{seen:?}");
+    assert!(!seen.contains(&(17, "cached".to_string())), "{seen:?}");
+    // A stream that starts cached is probed again after 1 MiB: read the file through the
+    // cache, then a cached stream runs into dropped pages and turns cold.
+    let big = dir.path().join("big.bin");
+    std::fs::write(&big, pattern(4 << 20, 2)).unwrap();
+    let file = engine.open(&big, OpenMode::Read).unwrap();
+    let mut b = vec![0u8; 1 << 16];
+    file.read_at(0, &mut b).unwrap();
+    // Drop the second half only.
+    let f = std::fs::File::open(&big).unwrap();
+    f.sync_all().unwrap();
+    rustix::fs::fadvise(&f, 2 << 20, None, rustix::fs::Advice::DontNeed).unwrap();
+    let mut off = 1 << 16;
+    while off < 4 << 20 {
+        file.read_at(off, &mut b).unwrap();
+        off += 1 << 16;
     }
+    let seen = contexts();
+    println!("{seen:?}");
+    assert!(seen.contains(&(16, "cached".to_string())), "{seen:?}");
+    assert!(seen.contains(&(16, "cold".to_string())), "{seen:?}");
 }
 
 #[test]

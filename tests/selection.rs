@@ -166,6 +166,34 @@ fn drift_triggers_exploration_again() {
 }
 
 #[test]
+fn a_choice_that_slides_gradually_behind_a_dropped_path_is_explored_again() {
+    let s = setup(SelectorConfig::default());
+    let file = s
+        .engine
+        .open(Path::new("/virtual/slide.bin"), OpenMode::Create)
+        .unwrap();
+    let data = vec![1u8; 1 << 20]; // 1 MiB: b is best (410 µs vs 1058 µs), a is dropped
+    for _ in 0..30 {
+        file.write_at(0, &data).unwrap();
+    }
+    let ctx = || s.engine.report().dictionary.contexts[0].clone();
+    assert_eq!(ctx().choice.as_deref(), Some("b"));
+    // b slows down by 20% a step: no observation is 1.5x the slowest recent one (no drift),
+    // but its median ends far behind a's, which was dropped: a is measured again and wins.
+    let mut per_byte = 0.2;
+    for _ in 0..12 {
+        per_byte *= 1.2;
+        s.b.set_costs(Costs::uniform(Cost::new(200_000, per_byte)));
+        for _ in 0..8 {
+            file.write_at(0, &data).unwrap();
+        }
+    }
+    let c = ctx();
+    assert_eq!(c.choice.as_deref(), Some("a"), "{}", s.engine.report());
+    assert!(c.reexplorations >= 1);
+}
+
+#[test]
 fn pinning_overrides_the_selector() {
     let s = setup(SelectorConfig::default());
     let file = s

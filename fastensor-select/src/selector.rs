@@ -171,6 +171,41 @@ impl KeyState {
         self.choice = None;
         self.drift_run = 0;
     }
+
+    /// Measures dropped candidates again when the choice's own median has fallen behind
+    /// theirs by `elimination_factor`: a path whose cost slid gradually (its window filling
+    /// with slow samples, so no single observation looked like drift against the slowest
+    /// recent one) no longer keeps a path that was measured clearly faster. The revived
+    /// candidates keep their old medians as priors and are measured anew; the choice keeps
+    /// its samples. Returns whether any candidate was revived (the caller then leaves the
+    /// choice unset, so the exploration resumes).
+    fn revisit_dropped(&mut self, choice: &str, cfg: &SelectorConfig) -> bool {
+        if !self.candidates.values().any(|c| c.eliminated) {
+            return false;
+        }
+        let Some(current) = self.estimate(choice, cfg.objective).map(|e| e.median) else {
+            return false;
+        };
+        let mut revived = false;
+        for (name, c) in self.candidates.iter_mut() {
+            if name == choice || !c.eliminated {
+                continue;
+            }
+            let Some(old) = c.samples.estimate(cfg.objective).map(|e| e.median) else {
+                continue;
+            };
+            if current > cfg.elimination_factor * old {
+                c.samples.clear();
+                c.prior = Some(old);
+                c.eliminated = false;
+                revived = true;
+            }
+        }
+        if revived {
+            self.drift_run = 0;
+        }
+        revived
+    }
 }
 
 /// What [`Selector::choose`] decided.
@@ -440,8 +475,17 @@ impl Selector {
                 state.drift_run = 0;
             }
         } else if state.settled(cfg) {
-            // Exploiting: keep the choice on the best median (the choice's own samples move).
+            // Exploiting: keep the choice on the best median (the choice's own samples move),
+            // and measure again what was dropped once the choice has slid behind it.
             state.choose_leader(cfg.objective);
+            if let Some(choice) = state.choice.take() {
+                if state.revisit_dropped(&choice, cfg) {
+                    state.reexplorations += 1;
+                    self.stats.reexplorations += 1;
+                } else {
+                    state.choice = Some(choice);
+                }
+            }
         }
     }
 

@@ -9,7 +9,6 @@ use fastensor_select::Observation;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
 
 type Handle = Arc<dyn BackendFile>;
@@ -29,8 +28,33 @@ pub struct EngineFile {
     pinned: RwLock<Option<String>>,
     purpose: RwLock<Purpose>,
     probe_fd: OnceLock<Option<std::fs::File>>,
-    /// Where the last read ended: a read starting there continues a stream.
-    read_end: AtomicU64,
+    /// The sequential read stream in progress.
+    stream: Mutex<ReadStream>,
+}
+
+/// A run of reads, each starting where the previous one ended, and the page-cache state it
+/// is keyed by.
+#[derive(Debug, Clone, Copy)]
+struct ReadStream {
+    /// Where the last read ended (`u64::MAX` before the first read).
+    end: u64,
+    /// The page-cache state probed at the stream's first read (or at its last re-probe).
+    cache: CacheState,
+    /// Where the page cache was last probed.
+    probed_at: u64,
+}
+
+impl ReadStream {
+    /// A stream that started `Cached` is probed again after this many bytes, so that it
+    /// notices when it runs into bytes that are not cached.
+    const REPROBE_BYTES: u64 = 1 << 20;
+
+    /// No stream yet.
+    const NONE: ReadStream = ReadStream {
+        end: u64::MAX,
+        cache: CacheState::Unknown,
+        probed_at: 0,
+    };
 }
 
 impl fmt::Debug for EngineFile {
@@ -61,7 +85,7 @@ impl EngineFile {
             pinned: RwLock::new(None),
             purpose: RwLock::new(Purpose::General),
             probe_fd: OnceLock::new(),
-            read_end: AtomicU64::new(0),
+            stream: Mutex::new(ReadStream::NONE),
         };
         // Open one handle now, in the requested mode: creation and truncation happen once,
         // and a missing file or a refused permission is reported here.
@@ -203,6 +227,27 @@ impl EngineFile {
         }
     }
 
+    /// The page-cache state a read is keyed by. A read that continues a stream (it starts
+    /// where the last one ended) carries the state probed at the stream's first read: its
+    /// cost depends on the path's own effect on the cache (a buffered stream from the device
+    /// is mostly served by the readahead its earlier reads started), so a cold stream is
+    /// learned per path over the whole stream, not per state of each read's bytes, which
+    /// would credit the cheap, read-ahead reads to the cached context and leave the direct
+    /// paths' single cold reads looking best. A stream that started cached is probed again
+    /// every [`ReadStream::REPROBE_BYTES`] and turns cold where the cached bytes end.
+    fn read_cache_state(&self, offset: u64, len: usize) -> CacheState {
+        let mut stream = self.stream.lock().unwrap_or_else(|p| p.into_inner());
+        if stream.end == offset {
+            let due = offset.saturating_sub(stream.probed_at) >= ReadStream::REPROBE_BYTES;
+            if stream.cache != CacheState::Cached || !due {
+                return stream.cache;
+            }
+        }
+        stream.cache = self.cache_state(offset, len);
+        stream.probed_at = offset;
+        stream.cache
+    }
+
     /// A read-only descriptor of the file for cheap questions (page-cache residency) and
     /// write-back; `None` when it cannot be opened.
     fn probe_file(&self) -> Option<&std::fs::File> {
@@ -237,16 +282,8 @@ impl EngineFile {
         in_flight: u32,
         offset: u64,
     ) -> TransferContext {
-        // A read that continues a stream (it starts where the last one ended) is left
-        // `Unknown`: its cost depends on the path's own effect on the cache (a buffered
-        // stream is mostly served by the readahead its earlier reads started), so it is
-        // learned per path over the stream, not per page-cache state of its first bytes,
-        // which would favour the direct paths' single cold reads and forgo readahead.
         let cache = match direction {
-            Direction::Read if self.read_end.load(Ordering::Relaxed) == offset => {
-                CacheState::Unknown
-            }
-            Direction::Read => self.cache_state(offset, bytes as usize),
+            Direction::Read => self.read_cache_state(offset, bytes as usize),
             Direction::Write => CacheState::Unknown,
         };
         TransferContext {
@@ -405,7 +442,7 @@ impl BackendFile for EngineFile {
             |h| h.read_at(offset, dst.reborrow()),
             |n| *n,
         )?;
-        self.read_end.store(offset + n as u64, Ordering::Relaxed);
+        self.stream.lock().unwrap_or_else(|p| p.into_inner()).end = offset + n as u64;
         Ok(n)
     }
 
