@@ -126,11 +126,13 @@ fn main() -> fastensor::Result<()> {
         .max(1);
     let scale = if quick { 4 } else { 1 };
     // (size, transfers per phase)
+    // Each phase moves 64 MiB (4 KiB) to 1 GiB (8 MiB): long enough that a context's
+    // exploration, paid once, weighs as it does in a real job rather than dominating.
     let classes: Vec<(usize, usize)> = vec![
-        (4 << 10, 4096 / scale),
-        (64 << 10, 512 / scale),
-        (1 << 20, 96 / scale),
-        (8 << 20, 24 / scale),
+        (4 << 10, 16384 / scale),
+        (64 << 10, 4096 / scale),
+        (1 << 20, 512 / scale),
+        (8 << 20, 128 / scale),
     ];
     let all = fastensor::registry();
     let names: Vec<String> = Engine::builder().registry(all).build()?.backend_names();

@@ -426,6 +426,38 @@ impl Selector {
         self.spare_key = Some(key);
     }
 
+    /// Records a transfer through `backend` whose CPU time was not read: its CPU cost per
+    /// byte is taken to be the candidate's last measured one in this context (0 when none).
+    /// Returns the CPU time so assumed. The engine reads the process CPU clock on exploring
+    /// transfers and on a share of the others only (see `Engine`), since reading it costs
+    /// as much as a small cached read.
+    pub fn record_wall_only(
+        &mut self,
+        ctx: &TransferContext,
+        backend: &str,
+        bytes: u64,
+        wall: std::time::Duration,
+    ) -> std::time::Duration {
+        self.stats.observations += 1;
+        let key = self.key_of(ctx);
+        let cpu_per_byte = self
+            .keys
+            .get(&key)
+            .and_then(|s| s.candidates.get(backend))
+            .and_then(|c| c.samples.as_slice().last())
+            .map_or(0.0, |s| s.cpu_ns_per_byte);
+        let cpu = std::time::Duration::from_nanos((cpu_per_byte * bytes.max(1) as f64) as u64);
+        let obs = Observation { bytes, wall, cpu };
+        self.record_in(&key, backend, obs);
+        self.spare_key = Some(key);
+        cpu
+    }
+
+    /// Whether a transfer's CPU time must be read for the objective (it costs something).
+    pub fn objective_uses_cpu(&self) -> bool {
+        !matches!(self.config.objective, Objective::Time)
+    }
+
     /// [`Selector::record`] in the context `key`.
     fn record_in(&mut self, key: &ContextKey, backend: &str, obs: Observation) {
         self.ensure_key(key);
@@ -812,6 +844,29 @@ mod tests {
 
     fn state(s: &Selector, bytes: u64) -> &KeyState {
         &s.keys()[&ContextKey::of(&ctx(bytes))]
+    }
+
+    #[test]
+    fn a_wall_only_record_carries_the_last_measured_cpu_cost() {
+        let mut s = Selector::new(SelectorConfig::default());
+        let c = ctx(1 << 20);
+        // Nothing measured yet: no CPU assumed.
+        let none = s.record_wall_only(&c, "a", 1 << 20, Duration::from_micros(100));
+        assert_eq!(none, Duration::ZERO);
+        let obs = Observation {
+            bytes: 1 << 20,
+            wall: Duration::from_micros(100),
+            cpu: Duration::from_nanos(2 << 20),
+        };
+        s.record(&c, "a", obs);
+        // 2 ns per byte carried over to a transfer twice as big.
+        let cpu = s.record_wall_only(&c, "a", 2 << 20, Duration::from_micros(200));
+        assert_eq!(cpu, Duration::from_nanos(4 << 20));
+        let key = ContextKey::of(&c);
+        let samples = s.keys()[&key].candidates["a"].samples.as_slice().to_vec();
+        assert_eq!(samples.len(), 3);
+        assert_eq!(samples[2].cpu_ns_per_byte, 2.0);
+        assert_eq!(s.stats().observations, 3);
     }
 
     #[test]

@@ -5,7 +5,6 @@ use fastensor_core::{
     BackendFile, CacheState, Direction, Error, ErrorKind, FileLocation, MemMut, MemRef, MemoryKind,
     OpenMode, Purpose, Result, TransferContext,
 };
-use fastensor_select::Observation;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -48,6 +47,10 @@ impl ReadStream {
     /// A stream that started `Cached` is probed again after this many bytes, so that it
     /// notices when it runs into bytes that are not cached.
     const REPROBE_BYTES: u64 = 1 << 20;
+
+    /// Reads of at least this many bytes in a `Cached` stream are each probed (a probe
+    /// costs about half a microsecond, a few percent of such a read from the cache).
+    const REPROBE_EACH: u64 = 64 << 10;
 
     /// No stream yet.
     const NONE: ReadStream = ReadStream {
@@ -234,11 +237,13 @@ impl EngineFile {
     /// learned per path over the whole stream, not per state of each read's bytes, which
     /// would credit the cheap, read-ahead reads to the cached context and leave the direct
     /// paths' single cold reads looking best. A stream that started cached is probed again
-    /// every [`ReadStream::REPROBE_BYTES`] and turns cold where the cached bytes end.
+    /// at every read of [`ReadStream::REPROBE_EACH`] or more and every
+    /// [`ReadStream::REPROBE_BYTES`] otherwise, and turns cold where the cached bytes end.
     fn read_cache_state(&self, offset: u64, len: usize) -> CacheState {
         let mut stream = self.stream.lock().unwrap_or_else(|p| p.into_inner());
         if stream.end == offset {
-            let due = offset.saturating_sub(stream.probed_at) >= ReadStream::REPROBE_BYTES;
+            let due = len as u64 >= ReadStream::REPROBE_EACH
+                || offset.saturating_sub(stream.probed_at) >= ReadStream::REPROBE_BYTES;
             if stream.cache != CacheState::Cached || !due {
                 return stream.cache;
             }
@@ -336,7 +341,8 @@ impl EngineFile {
         };
         let mut last_err: Option<Error> = None;
         loop {
-            let chosen: &Candidate = match pinned {
+            // The backend, and whether this transfer is an exploration's measurement.
+            let (chosen, exploring): (&Candidate, bool) = match pinned {
                 Some(c) => {
                     let name = c.name();
                     if !c.fits(direction, memory) {
@@ -359,7 +365,7 @@ impl EngineFile {
                             .with_path(&self.path)
                         }));
                     }
-                    c
+                    (c, false)
                 }
                 None => {
                     let names: Vec<&str> = {
@@ -380,9 +386,11 @@ impl EngineFile {
                             .with_path(&self.path)
                         }));
                     };
-                    self.engine
+                    let c = self
+                        .engine
                         .candidate(&choice.backend)
-                        .expect("the selector chooses among the names given")
+                        .expect("the selector chooses among the names given");
+                    (c, choice.exploring)
                 }
             };
             let (handle, fresh) = match self.handle_fresh(chosen) {
@@ -394,26 +402,32 @@ impl EngineFile {
                 }
                 Err(e) => return Err(e),
             };
-            let start = self.engine.clock.now();
+            let clock = &*self.engine.clock;
+            let start = if self.engine.reads_cpu(exploring) {
+                Some(clock.now())
+            } else {
+                None
+            };
+            let start_wall = start.map_or_else(|| clock.wall(), |s| s.wall);
             let result = match op(handle.as_ref()) {
                 // A durable write costs what it takes to reach the device.
                 Ok(v) if durable => self.write_back(offset, bytes).map(|()| v),
                 other => other,
             };
-            let end = self.engine.clock.now();
+            let (wall, cpu) = match start {
+                Some(start) => {
+                    let (wall, cpu) = clock.now().since(start);
+                    (wall, Some(cpu))
+                }
+                None => (clock.wall().saturating_sub(start_wall), None),
+            };
             match result {
                 Ok(v) => {
                     let n = moved(&v);
                     // A short read (end of file) measures nothing useful, nor does the first
                     // transfer of a new handle (it pays set-up costs once).
                     if n == bytes && !fresh {
-                        let (wall, cpu) = end.since(start);
-                        let obs = Observation {
-                            bytes: n as u64,
-                            wall,
-                            cpu,
-                        };
-                        self.engine.record(&ctx, chosen.name(), obs);
+                        self.engine.record(&ctx, chosen.name(), n as u64, wall, cpu);
                     }
                     return Ok(v);
                 }

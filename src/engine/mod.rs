@@ -36,7 +36,8 @@ use fastensor_select::{
 use std::collections::BTreeMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::time::Duration;
 use std::sync::{Arc, Mutex, RwLock};
 
 /// One backend the engine may use.
@@ -79,7 +80,14 @@ pub(crate) struct Inner {
     pub(crate) detect_cache: bool,
     pub(crate) usage: Mutex<BTreeMap<String, Usage>>,
     pub(crate) warning: Option<Warning>,
+    /// Whether the objective weighs CPU time (then every transfer reads the CPU clock).
+    pub(crate) objective_uses_cpu: bool,
+    /// Transfers timed so far (paces the CPU clock readings of exploiting transfers).
+    pub(crate) transfers: AtomicU64,
 }
+
+/// One exploiting transfer in this many reads the process CPU clock.
+pub(crate) const CPU_SAMPLE_EVERY: u64 = 16;
 
 impl Inner {
     pub(crate) fn selector(&self) -> std::sync::MutexGuard<'_, Selector> {
@@ -109,20 +117,28 @@ impl Inner {
         self.selector().choose(ctx, names)
     }
 
-    pub(crate) fn record(&self, ctx: &TransferContext, backend: &str, obs: Observation) {
-        {
-            let mut usage = self.usage.lock().unwrap_or_else(|p| p.into_inner());
-            // The backend's name is allocated once, on its first transfer.
-            let u = match usage.get_mut(backend) {
-                Some(u) => u,
-                None => usage.entry(backend.to_string()).or_default(),
-            };
-            u.transfers += 1;
-            u.bytes += obs.bytes;
-            u.wall += obs.wall;
-            u.cpu += obs.cpu;
-        }
-        if obs.bytes > 0 {
+    /// Whether the next transfer reads the process CPU clock: when the objective needs it,
+    /// while exploring, and one exploiting transfer in [`CPU_SAMPLE_EVERY`] (reading that
+    /// clock costs about a microsecond here, as much as a cached 4 KiB read; the others
+    /// carry the last measured CPU cost per byte).
+    pub(crate) fn reads_cpu(&self, exploring: bool) -> bool {
+        exploring
+            || self.objective_uses_cpu
+            || self.transfers.fetch_add(1, Ordering::Relaxed) % CPU_SAMPLE_EVERY == 0
+    }
+
+    /// Records a transfer of `bytes` through `backend`: its wall time, and its CPU time when
+    /// it was read (see [`Inner::reads_cpu`]).
+    pub(crate) fn record(
+        &self,
+        ctx: &TransferContext,
+        backend: &str,
+        bytes: u64,
+        wall: Duration,
+        cpu: Option<Duration>,
+    ) {
+        let mut cpu_used = cpu.unwrap_or_default();
+        if bytes > 0 {
             let mut sel = self.selector();
             // The fingerprint is cloned only when it gains a device (`add_location` skips
             // unknown and known ones), not on every transfer.
@@ -138,8 +154,21 @@ impl Inner {
                 fp.add_location(&ctx.location);
                 sel.set_fingerprint(fp);
             }
-            sel.record(ctx, backend, obs);
+            match cpu {
+                Some(cpu) => sel.record(ctx, backend, Observation { bytes, wall, cpu }),
+                None => cpu_used = sel.record_wall_only(ctx, backend, bytes, wall),
+            }
         }
+        let mut usage = self.usage.lock().unwrap_or_else(|p| p.into_inner());
+        // The backend's name is allocated once, on its first transfer.
+        let u = match usage.get_mut(backend) {
+            Some(u) => u,
+            None => usage.entry(backend.to_string()).or_default(),
+        };
+        u.transfers += 1;
+        u.bytes += bytes;
+        u.wall += wall;
+        u.cpu += cpu_used;
     }
 }
 
@@ -386,6 +415,8 @@ impl EngineBuilder {
         let (candidates, warning) = apply_knobs(candidates, selector.knobs(), warning);
         let inner = Inner {
             candidates,
+            objective_uses_cpu: selector.objective_uses_cpu(),
+            transfers: AtomicU64::new(0),
             selector: Mutex::new(selector),
             clock: self.clock.unwrap_or_else(|| Arc::new(SystemClock::new())),
             pinned: RwLock::new(None),

@@ -46,6 +46,10 @@ impl Default for SystemClock {
 }
 
 impl Clock for SystemClock {
+    fn wall(&self) -> Duration {
+        self.origin.elapsed()
+    }
+
     fn now(&self) -> ClockReading {
         let ts = rustix::time::clock_gettime(rustix::time::ClockId::ProcessCPUTime);
         ClockReading {
