@@ -1,6 +1,9 @@
 //! `auto` against every fixed backend, in one run, on a real disk.
 //!
-//! `cargo run --release --example auto_vs_fixed -- DIR [--quick] [--rounds N]`
+//! `cargo run --release --example auto_vs_fixed -- DIR [--quick] [--rounds N] [--verbose]`
+//!
+//! `--verbose` prints every run's phases and the cold-start `auto` engine's report after
+//! each of its runs (on stderr).
 //!
 //! For each size class, and then for a shuffled mix of all sizes, every engine (one per fixed
 //! backend, then `auto` from a cold start, then `auto` warm with what the cold run learned)
@@ -117,6 +120,7 @@ fn main() -> fastensor::Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let dir = PathBuf::from(args.first().cloned().unwrap_or_else(|| ".".into()));
     let quick = args.iter().any(|a| a == "--quick");
+    let verbose = args.iter().any(|a| a == "--verbose");
     let rounds: usize = args
         .iter()
         .position(|a| a == "--rounds")
@@ -195,6 +199,12 @@ fn main() -> fastensor::Result<()> {
                 let writer = if c.label == "mmap" { &posix } else { &c.engine };
                 let path = dir.join(format!(".auto_vs_fixed-{}.bin", c.label));
                 let p = run(&c.engine, writer, &path, work, &mut buf)?;
+                if verbose {
+                    eprintln!("round {round} {} {}: {p:?}", workloads[w].0, c.label);
+                    if c.label == "auto" {
+                        eprintln!("{}", c.engine.report());
+                    }
+                }
                 samples[w].entry(c.label.clone()).or_default().push(p);
             }
         }

@@ -319,5 +319,7 @@ fn engine_is_send_and_sync_and_works_from_threads() {
             });
         }
     });
-    assert!(s.engine.selector_stats().observations >= 8 * 20 * 2);
+    // Every transfer is observed but for a few exploring reads that took over another
+    // thread's stream (those measure the other path's state).
+    assert!(s.engine.selector_stats().observations >= 8 * 20 * 2 * 3 / 4);
 }

@@ -55,10 +55,14 @@ pub fn run(dir: &Path, scale: f64, rounds: usize) -> Result<()> {
         // order, so no path always follows the same one.
         const ROWS: usize = 7;
         let order = shuffled(ROWS, round as u64);
-        let mut rows: Vec<(usize, Row)> = Vec::with_capacity(ROWS);
+        let mut rows: Vec<(usize, Row)> = Vec::with_capacity(ROWS + 1);
         for &i in &order {
             let row = match i {
-                0 => bench::disk_limit(&path("raw"), bytes)?,
+                0 => {
+                    let [reused, fresh] = bench::disk_limit(&path("raw"), bytes)?;
+                    rows.push((i, reused));
+                    fresh
+                }
                 1 => bench::fastensor_row(&backend, &path("fastensor.safetensors"), &views)?,
                 2 => {
                     let mut r = bench::fastensor_row(&engine, &path("engine.safetensors"), &views)?;
@@ -109,6 +113,7 @@ pub fn run(dir: &Path, scale: f64, rounds: usize) -> Result<()> {
         println!("best of {rounds} rounds:");
         let best: Vec<Row> = [
             DISK,
+            bench::DISK_FRESH_LABEL,
             "fastensor",
             "fastensor via Engine",
             SAFETENSORS,
@@ -157,7 +162,7 @@ fn shuffled(n: usize, seed: u64) -> Vec<usize> {
 const SAFETENSORS: &str = "safetensors crate (mmap)";
 const INTO: &str = "fastensor, into existing";
 const SAFETENSORS_INTO: &str = "safetensors, into existing";
-const DISK: &str = "disk (raw O_DIRECT)";
+const DISK: &str = bench::DISK_LABEL;
 
 fn st_err(e: safetensors::SafeTensorError) -> Error {
     Error::new(fastensor::ErrorKind::Other, format!("safetensors: {e}"))

@@ -77,6 +77,8 @@ fn ckpt_bench_copy_and_inspect() {
         "safetensors crate",
         "plain buffered",
         "disk (raw O_DIRECT)",
+        "disk, into fresh memory",
+        "of fresh",
     ] {
         assert!(out.contains(row), "{row} missing:\n{out}");
     }

@@ -341,18 +341,33 @@ impl Selector {
     /// Chooses among `candidates` (names of available backends able to do the transfer).
     /// `None` only when `candidates` is empty.
     pub fn choose(&mut self, ctx: &TransferContext, candidates: &[&str]) -> Option<Choice> {
+        self.choose_staying(ctx, candidates, None)
+    }
+
+    /// [`Selector::choose`], but while exploring, `stay` (the candidate of the transfer
+    /// before, when it is among `candidates`) is chosen again as long as it still needs
+    /// samples. For transfers whose cost depends on the one before (reads continuing a
+    /// stream: the readahead a buffered read starts, the pages a mapping faults in), each
+    /// candidate is then measured over a run of consecutive transfers rather than in
+    /// alternation, where one path's side effects would land in the next one's sample.
+    pub fn choose_staying(
+        &mut self,
+        ctx: &TransferContext,
+        candidates: &[&str],
+        stay: Option<&str>,
+    ) -> Option<Choice> {
         if candidates.is_empty() {
             return None;
         }
         self.stats.choices += 1;
         let key = self.key_of(ctx);
-        let choice = self.choose_in(&key, candidates);
+        let choice = self.choose_in(&key, candidates, stay);
         self.spare_key = Some(key);
         Some(choice)
     }
 
     /// [`Selector::choose`] in the context `key`, `candidates` not empty.
-    fn choose_in(&mut self, key: &ContextKey, candidates: &[&str]) -> Choice {
+    fn choose_in(&mut self, key: &ContextKey, candidates: &[&str], stay: Option<&str>) -> Choice {
         self.ensure_key(key);
         let state = self.keys.get_mut(key).expect("key was just ensured");
         let mut added = false;
@@ -406,8 +421,15 @@ impl Selector {
                     .then(by_rank(a, b))
             });
         let exploring = needy.is_some();
+        // Stay on `stay` while it still needs samples.
+        let sticky = stay.and_then(|last| {
+            alive().find(|(n, c)| {
+                *n == last && c.samples.len() < KeyState::required(c, lead.as_ref(), cfg)
+            })
+        });
         // Every offered survivor is measured: the best of them.
-        let pick = needy
+        let pick = sticky
+            .or(needy)
             .or_else(|| alive().min_by(by_rank))
             .or_else(|| offered().min_by(by_rank))
             .map(|(n, _)| n);
@@ -844,6 +866,39 @@ mod tests {
 
     fn state(s: &Selector, bytes: u64) -> &KeyState {
         &s.keys()[&ContextKey::of(&ctx(bytes))]
+    }
+
+    #[test]
+    fn exploration_stays_on_the_stream_path_while_it_needs_samples() {
+        let mut s = Selector::new(SelectorConfig::default());
+        let c = ctx(1 << 16);
+        let names = ["a", "b", "c"];
+        let mut order = Vec::new();
+        let mut stay: Option<String> = None;
+        for _ in 0..40 {
+            let choice = s.choose_staying(&c, &names, stay.as_deref()).unwrap();
+            if !choice.exploring {
+                break;
+            }
+            // Equal costs: every candidate is a contender and needs confirm_samples.
+            let obs = Linear(names[0], 1000.0, 1.0).observation(1 << 16);
+            s.record(&c, &choice.backend, obs);
+            order.push(choice.backend.clone());
+            stay = Some(choice.backend);
+        }
+        // Runs of consecutive transfers, not alternation: one switch per candidate.
+        let switches = order.windows(2).filter(|w| w[0] != w[1]).count();
+        assert_eq!(switches, 2, "{order:?}");
+        // Without `stay`, the fewest-samples rule alternates.
+        let mut s = Selector::new(SelectorConfig::default());
+        let first: Vec<String> = (0..3)
+            .map(|_| {
+                let b = s.choose(&c, &names).unwrap().backend;
+                s.record(&c, &b, Linear("a", 1000.0, 1.0).observation(1 << 16));
+                b
+            })
+            .collect();
+        assert_eq!(first, ["a", "b", "c"]);
     }
 
     #[test]

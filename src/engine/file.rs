@@ -1,5 +1,6 @@
 //! A file opened through the engine: every transfer picks its backend.
 
+use super::stream::{Measured, ReadStream, Run};
 use super::{probe, Candidate, InFlight, Inner};
 use fastensor_core::{
     BackendFile, CacheState, Direction, Error, ErrorKind, FileLocation, MemMut, MemRef, MemoryKind,
@@ -27,37 +28,22 @@ pub struct EngineFile {
     pinned: RwLock<Option<String>>,
     purpose: RwLock<Purpose>,
     probe_fd: OnceLock<Option<std::fs::File>>,
-    /// The sequential read stream in progress.
+    /// The sequential read stream in progress (see [`ReadStream`]).
     stream: Mutex<ReadStream>,
 }
 
-/// A run of reads, each starting where the previous one ended, and the page-cache state it
-/// is keyed by.
-#[derive(Debug, Clone, Copy)]
-struct ReadStream {
-    /// Where the last read ended (`u64::MAX` before the first read).
-    end: u64,
-    /// The page-cache state probed at the stream's first read (or at its last re-probe).
-    cache: CacheState,
-    /// Where the page cache was last probed.
-    probed_at: u64,
-}
-
-impl ReadStream {
-    /// A stream that started `Cached` is probed again after this many bytes, so that it
-    /// notices when it runs into bytes that are not cached.
-    const REPROBE_BYTES: u64 = 1 << 20;
-
-    /// Reads of at least this many bytes in a `Cached` stream are each probed (a probe
-    /// costs about half a microsecond, a few percent of such a read from the cache).
-    const REPROBE_EACH: u64 = 64 << 10;
-
-    /// No stream yet.
-    const NONE: ReadStream = ReadStream {
-        end: u64::MAX,
-        cache: CacheState::Unknown,
-        probed_at: 0,
-    };
+impl Drop for EngineFile {
+    /// Records the stream reads measured but not yet recorded.
+    fn drop(&mut self) {
+        let run = self
+            .stream
+            .get_mut()
+            .unwrap_or_else(|p| p.into_inner())
+            .take_run();
+        if let Some(run) = run {
+            self.record_run(run);
+        }
+    }
 }
 
 impl fmt::Debug for EngineFile {
@@ -230,27 +216,19 @@ impl EngineFile {
         }
     }
 
-    /// The page-cache state a read is keyed by. A read that continues a stream (it starts
-    /// where the last one ended) carries the state probed at the stream's first read: its
-    /// cost depends on the path's own effect on the cache (a buffered stream from the device
-    /// is mostly served by the readahead its earlier reads started), so a cold stream is
-    /// learned per path over the whole stream, not per state of each read's bytes, which
-    /// would credit the cheap, read-ahead reads to the cached context and leave the direct
-    /// paths' single cold reads looking best. A stream that started cached is probed again
-    /// at every read of [`ReadStream::REPROBE_EACH`] or more and every
-    /// [`ReadStream::REPROBE_BYTES`] otherwise, and turns cold where the cached bytes end.
-    fn read_cache_state(&self, offset: u64, len: usize) -> CacheState {
+    /// The page-cache state a read is keyed by (see [`ReadStream::begin`]), and for a read
+    /// that continues the stream the backend of the stream's last read.
+    fn read_cache_state(&self, offset: u64, len: usize) -> (CacheState, Option<usize>) {
         let mut stream = self.stream.lock().unwrap_or_else(|p| p.into_inner());
-        if stream.end == offset {
-            let due = len as u64 >= ReadStream::REPROBE_EACH
-                || offset.saturating_sub(stream.probed_at) >= ReadStream::REPROBE_BYTES;
-            if stream.cache != CacheState::Cached || !due {
-                return stream.cache;
-            }
+        stream.begin(offset, len, || self.cache_state(offset, len))
+    }
+
+    /// Records a run of stream reads as one observation.
+    fn record_run(&self, run: Run) {
+        if let Some(c) = self.engine.candidates.get(run.path) {
+            self.engine
+                .record(&run.ctx, c.name(), run.bytes, run.wall, run.cpu);
         }
-        stream.cache = self.cache_state(offset, len);
-        stream.probed_at = offset;
-        stream.cache
     }
 
     /// A read-only descriptor of the file for cheap questions (page-cache residency) and
@@ -278,7 +256,8 @@ impl EngineFile {
         Ok(())
     }
 
-    /// The context of a transfer.
+    /// The context of a transfer, and for a read that continues a stream the backend of
+    /// the stream's last read.
     fn context(
         &self,
         direction: Direction,
@@ -286,12 +265,12 @@ impl EngineFile {
         memory: MemoryKind,
         in_flight: u32,
         offset: u64,
-    ) -> TransferContext {
-        let cache = match direction {
+    ) -> (TransferContext, Option<usize>) {
+        let (cache, previous) = match direction {
             Direction::Read => self.read_cache_state(offset, bytes as usize),
-            Direction::Write => CacheState::Unknown,
+            Direction::Write => (CacheState::Unknown, None),
         };
-        TransferContext {
+        let ctx = TransferContext {
             direction,
             bytes,
             memory,
@@ -299,7 +278,8 @@ impl EngineFile {
             in_flight,
             purpose: *self.purpose.read().unwrap_or_else(|p| p.into_inner()),
             cache,
-        }
+        };
+        (ctx, previous)
     }
 
     /// Runs one transfer: choose, open, time, record; on a refusal, tries another backend.
@@ -320,7 +300,8 @@ impl EngineFile {
             );
         }
         let (_guard, in_flight) = InFlight::enter(&self.engine.in_flight);
-        let ctx = self.context(direction, bytes as u64, memory, in_flight, offset);
+        let (ctx, stream_previous) =
+            self.context(direction, bytes as u64, memory, in_flight, offset);
         let durable = direction == Direction::Write && ctx.purpose.durable_writes();
         // The pinned backend (this file's, else the engine's), looked up once.
         let pinned: Option<&Candidate> = {
@@ -377,7 +358,12 @@ impl EngineFile {
                             .map(Candidate::name)
                             .collect()
                     };
-                    let Some(choice) = self.engine.choose(&ctx, &names) else {
+                    // A read continuing a stream stays on the stream's path while that
+                    // path is being explored.
+                    let stay = stream_previous
+                        .and_then(|i| self.engine.candidates.get(i))
+                        .map(Candidate::name);
+                    let Some(choice) = self.engine.choose(&ctx, &names, stay) else {
                         return Err(last_err.unwrap_or_else(|| {
                             Error::new(
                                 ErrorKind::Unsupported,
@@ -424,9 +410,35 @@ impl EngineFile {
             match result {
                 Ok(v) => {
                     let n = moved(&v);
+                    let path = self.engine.index_of(chosen);
                     // A short read (end of file) measures nothing useful, nor does the first
                     // transfer of a new handle (it pays set-up costs once).
-                    if n == bytes && !fresh {
+                    let useful = n == bytes && !fresh;
+                    if direction == Direction::Read {
+                        // Stream reads are measured in runs, and an exploring path that takes
+                        // over a stream only once it has warmed up in it (see `ReadStream`);
+                        // exploration stays on it meanwhile (`Selector::choose_staying`).
+                        let measured = useful.then_some(Measured {
+                            ctx,
+                            bytes: n as u64,
+                            wall,
+                            cpu,
+                        });
+                        let ended = self
+                            .stream
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .finish(
+                                stream_previous.is_some(),
+                                offset..offset + n as u64,
+                                path,
+                                exploring,
+                                measured,
+                            );
+                        for run in ended.into_iter().flatten() {
+                            self.record_run(run);
+                        }
+                    } else if useful {
                         self.engine.record(&ctx, chosen.name(), n as u64, wall, cpu);
                     }
                     return Ok(v);
@@ -448,16 +460,14 @@ impl BackendFile for EngineFile {
 
     fn read_at(&self, offset: u64, mut dst: MemMut<'_>) -> Result<usize> {
         let (len, kind) = (dst.len(), dst.kind());
-        let n = self.transfer(
+        self.transfer(
             Direction::Read,
             len,
             kind,
             offset,
             |h| h.read_at(offset, dst.reborrow()),
             |n| *n,
-        )?;
-        self.stream.lock().unwrap_or_else(|p| p.into_inner()).end = offset + n as u64;
-        Ok(n)
+        )
     }
 
     fn write_at(&self, offset: u64, src: MemRef<'_>) -> Result<()> {

@@ -18,6 +18,7 @@
 mod file;
 mod probe;
 mod report;
+mod stream;
 mod tune;
 
 pub use file::EngineFile;
@@ -37,8 +38,8 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::time::Duration;
 use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
 
 /// One backend the engine may use.
 #[derive(Clone)]
@@ -113,8 +114,23 @@ impl Inner {
             })
     }
 
-    pub(crate) fn choose(&self, ctx: &TransferContext, names: &[&str]) -> Option<Choice> {
-        self.selector().choose(ctx, names)
+    /// The index of `candidate` (one of `self.candidates`) in that list.
+    pub(crate) fn index_of(&self, candidate: &Candidate) -> usize {
+        self.candidates
+            .iter()
+            .position(|c| std::ptr::eq(c, candidate))
+            .unwrap_or(usize::MAX)
+    }
+
+    /// Chooses among `names` for `ctx`, staying on `stay` while exploring it (see
+    /// [`Selector::choose_staying`]).
+    pub(crate) fn choose(
+        &self,
+        ctx: &TransferContext,
+        names: &[&str],
+        stay: Option<&str>,
+    ) -> Option<Choice> {
+        self.selector().choose_staying(ctx, names, stay)
     }
 
     /// Whether the next transfer reads the process CPU clock: when the objective needs it,

@@ -1,0 +1,365 @@
+//! Sequential read streams: the page-cache state a stream's reads are keyed by, and runs of
+//! reads through one path, measured together.
+//!
+//! A read that starts where the last one ended continues a stream. Its cost depends on the
+//! path's own effect on the cache: a buffered stream from the device is served mostly by the
+//! readahead its earlier reads started, so most of its reads are cheap and a few wait. Such a
+//! stream is learned per path over runs of reads (one observation for up to
+//! [`Run::MAX_TRANSFERS`] reads or [`Run::MAX_BYTES`] bytes: their mean cost, which is what
+//! the stream's total time is made of), under the page-cache state probed at the stream's
+//! first read, not per state of each read's bytes (which would credit the cheap, read-ahead
+//! reads to the cached context and leave the direct paths' single cold reads looking best).
+
+use fastensor_core::{CacheState, TransferContext};
+use fastensor_select::{in_flight_class, size_class};
+use std::time::Duration;
+
+/// The sequential read stream of a file.
+#[derive(Debug, Clone)]
+pub(crate) struct ReadStream {
+    /// Where the last read ended (`u64::MAX` before the first read).
+    end: u64,
+    /// The page-cache state probed at the stream's first read (or at its last re-probe).
+    cache: CacheState,
+    /// Where the page cache was last probed.
+    probed_at: u64,
+    /// The backend (index among the engine's candidates) of the stream's last read.
+    last_path: usize,
+    /// Bytes the stream has read through `last_path` since that path took it over.
+    path_bytes: u64,
+    /// The reads measured together so far.
+    run: Option<Run>,
+}
+
+/// One measured read, handed to [`ReadStream::finish`].
+#[derive(Debug)]
+pub(crate) struct Measured {
+    /// Its context.
+    pub(crate) ctx: TransferContext,
+    /// Bytes read.
+    pub(crate) bytes: u64,
+    /// Wall time.
+    pub(crate) wall: Duration,
+    /// CPU time, when it was read.
+    pub(crate) cpu: Option<Duration>,
+}
+
+/// Consecutive reads of one stream through one path in one context: one observation.
+#[derive(Debug, Clone)]
+pub(crate) struct Run {
+    /// The context of the run's first read (the others share its key).
+    pub(crate) ctx: TransferContext,
+    /// The backend (index among the engine's candidates).
+    pub(crate) path: usize,
+    /// Bytes read.
+    pub(crate) bytes: u64,
+    /// Wall time of the reads.
+    pub(crate) wall: Duration,
+    /// CPU time of the reads; `None` when any of them was not read.
+    pub(crate) cpu: Option<Duration>,
+    /// Reads in the run.
+    pub(crate) transfers: u32,
+}
+
+impl Run {
+    /// A run ends after this many reads.
+    pub(crate) const MAX_TRANSFERS: u32 = 8;
+
+    /// A run ends once it has read this many bytes.
+    pub(crate) const MAX_BYTES: u64 = 8 << 20;
+
+    fn start(m: Measured, path: usize) -> Run {
+        Run {
+            ctx: m.ctx,
+            path,
+            bytes: m.bytes,
+            wall: m.wall,
+            cpu: m.cpu,
+            transfers: 1,
+        }
+    }
+
+    /// Whether a read through `path` in `ctx` belongs to this run.
+    fn takes(&self, ctx: &TransferContext, path: usize) -> bool {
+        let a = &self.ctx;
+        path == self.path
+            && size_class(a.bytes) == size_class(ctx.bytes)
+            && a.cache == ctx.cache
+            && a.direction == ctx.direction
+            && a.memory == ctx.memory
+            && a.purpose == ctx.purpose
+            && in_flight_class(a.in_flight) == in_flight_class(ctx.in_flight)
+    }
+
+    fn add(&mut self, m: &Measured) {
+        self.bytes += m.bytes;
+        self.wall += m.wall;
+        self.cpu = self.cpu.zip(m.cpu).map(|(a, b)| a + b);
+        self.transfers += 1;
+    }
+
+    fn full(&self) -> bool {
+        self.transfers >= Self::MAX_TRANSFERS || self.bytes >= Self::MAX_BYTES
+    }
+}
+
+impl ReadStream {
+    /// A stream that started `Cached` is probed again after this many bytes, so that it
+    /// notices when it runs into bytes that are not cached.
+    pub(crate) const REPROBE_BYTES: u64 = 1 << 20;
+
+    /// Reads of at least this many bytes in a `Cached` stream are each probed (a probe
+    /// costs about half a microsecond, a few percent of such a read from the cache).
+    pub(crate) const REPROBE_EACH: u64 = 64 << 10;
+
+    /// No stream yet.
+    pub(crate) const NONE: ReadStream = ReadStream {
+        end: u64::MAX,
+        cache: CacheState::Unknown,
+        probed_at: 0,
+        last_path: usize::MAX,
+        path_bytes: 0,
+        run: None,
+    };
+
+    /// An exploring path that takes over a stream is measured only after it has read this
+    /// many bytes of it (and at least one read): until then its cost is the previous
+    /// path's state (the pages it left cached, or none read ahead for this one) and its own
+    /// readahead ramping up, which the stream pays once per switch, not per read.
+    pub(crate) const WARM_UP_BYTES: u64 = 1 << 20;
+
+    /// The page-cache state a read of `len` bytes at `offset` is keyed by, asking `probe`
+    /// only where needed: at a stream's first read, and in a stream that started cached at
+    /// every read of [`Self::REPROBE_EACH`] or more and every [`Self::REPROBE_BYTES`]
+    /// otherwise (it turns cold where the cached bytes end). Also returns, for a read that
+    /// continues the stream, the backend of the stream's last read.
+    pub(crate) fn begin(
+        &mut self,
+        offset: u64,
+        len: usize,
+        probe: impl FnOnce() -> CacheState,
+    ) -> (CacheState, Option<usize>) {
+        let continues = self.end == offset;
+        let previous = continues.then_some(self.last_path);
+        if continues {
+            let due = len as u64 >= Self::REPROBE_EACH
+                || offset.saturating_sub(self.probed_at) >= Self::REPROBE_BYTES;
+            if self.cache != CacheState::Cached || !due {
+                return (self.cache, previous);
+            }
+        }
+        self.cache = probe();
+        self.probed_at = offset;
+        (self.cache, previous)
+    }
+
+    /// Notes that a read through `path` covered `range` (`continued`: it continued the
+    /// stream; `exploring`: it was an exploration's measurement), measured as `measured`
+    /// (`None` when it measured nothing useful). An exploring read is not kept while its
+    /// path warms up in the stream (see [`Self::WARM_UP_BYTES`]). Returns the runs that
+    /// ended, to be recorded.
+    pub(crate) fn finish(
+        &mut self,
+        continued: bool,
+        range: std::ops::Range<u64>,
+        path: usize,
+        exploring: bool,
+        measured: Option<Measured>,
+    ) -> [Option<Run>; 2] {
+        let read = range.end - range.start;
+        let warm = continued && path == self.last_path && self.path_bytes >= Self::WARM_UP_BYTES;
+        if continued && path == self.last_path {
+            self.path_bytes += read;
+        } else {
+            self.path_bytes = read;
+        }
+        self.end = range.end;
+        self.last_path = path;
+        let measured = measured.filter(|_| warm || !exploring || !continued);
+        let Some(m) = measured else {
+            return [self.run.take(), None];
+        };
+        if let Some(run) = self.run.as_mut() {
+            if continued && run.takes(&m.ctx, path) {
+                run.add(&m);
+                return if run.full() {
+                    [self.run.take(), None]
+                } else {
+                    [None, None]
+                };
+            }
+        }
+        let ended = self.run.take();
+        let run = Run::start(m, path);
+        if run.full() {
+            [ended, Some(run)]
+        } else {
+            self.run = Some(run);
+            [ended, None]
+        }
+    }
+
+    /// The run in progress, taken out (to be recorded when the file is dropped).
+    pub(crate) fn take_run(&mut self) -> Option<Run> {
+        self.run.take()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fastensor_core::{Direction, FileLocation, MemoryKind, Purpose};
+
+    fn read(bytes: u64, cache: CacheState) -> Measured {
+        Measured {
+            ctx: TransferContext {
+                direction: Direction::Read,
+                bytes,
+                memory: MemoryKind::Host,
+                location: FileLocation::default(),
+                in_flight: 1,
+                purpose: Purpose::General,
+                cache,
+            },
+            bytes,
+            wall: Duration::from_micros(10),
+            cpu: Some(Duration::from_micros(1)),
+        }
+    }
+
+    #[test]
+    fn a_stream_carries_its_first_probe_and_reprobes_only_when_cached() {
+        let mut s = ReadStream::NONE;
+        let probes = std::cell::Cell::new(0);
+        let begin = |s: &mut ReadStream, off: u64, len: usize, state: CacheState| {
+            s.begin(off, len, || {
+                probes.set(probes.get() + 1);
+                state
+            })
+        };
+        assert_eq!(
+            begin(&mut s, 0, 4096, CacheState::Cold),
+            (CacheState::Cold, None)
+        );
+        s.finish(false, 0..4096, 1, false, None);
+        // Continues: no probe, cold carried, previous path known.
+        let got = begin(&mut s, 4096, 4096, CacheState::Cached);
+        assert_eq!(got, (CacheState::Cold, Some(1)));
+        s.finish(true, 4096..8192, 1, false, None);
+        // A jump starts a new stream: probed.
+        let got = begin(&mut s, 1 << 30, 1 << 16, CacheState::Cached);
+        assert_eq!(got, (CacheState::Cached, None));
+        s.finish(false, (1 << 30)..(1 << 30) + (1 << 16), 2, false, None);
+        // A cached stream re-probes reads of 64 KiB and more.
+        let got = begin(&mut s, (1 << 30) + (1 << 16), 1 << 16, CacheState::Cold);
+        assert_eq!(got, (CacheState::Cold, Some(2)));
+        assert_eq!(probes.get(), 3);
+    }
+
+    #[test]
+    fn an_exploring_path_is_measured_once_it_has_warmed_up_in_the_stream() {
+        let mut s = ReadStream::NONE;
+        let mut kept = 0u32;
+        let mut end = 0u64;
+        // Path 0 owns the stream; path 1 takes it over while exploring: its first MiB of
+        // 64 KiB reads (16) is not kept, the next 16 are (two runs of 8).
+        s.finish(
+            false,
+            0..1 << 16,
+            0,
+            false,
+            Some(read(1 << 16, CacheState::Cold)),
+        );
+        end += 1 << 16;
+        for _ in 0..32 {
+            let out = s.finish(
+                true,
+                end..end + (1 << 16),
+                1,
+                true,
+                Some(read(1 << 16, CacheState::Cold)),
+            );
+            end += 1 << 16;
+            kept += out
+                .iter()
+                .flatten()
+                .filter(|r| r.path == 1)
+                .map(|r| r.transfers)
+                .sum::<u32>();
+        }
+        assert_eq!(kept, 16);
+        // Exploiting, a switch is measured at once (it is what the stream really costs).
+        let out = s.finish(
+            true,
+            end..end + (1 << 16),
+            0,
+            false,
+            Some(read(1 << 16, CacheState::Cold)),
+        );
+        assert!(out.iter().flatten().all(|r| r.path == 1));
+        assert_eq!(s.take_run().map(|r| (r.path, r.transfers)), Some((0, 1)));
+    }
+
+    #[test]
+    fn runs_gather_reads_of_one_path_and_context() {
+        let mut s = ReadStream::NONE;
+        let mut recorded = Vec::new();
+        let mut end = 0;
+        // 20 reads of 4 KiB through path 0, continuing: runs of 8.
+        for i in 0..20 {
+            let out = s.finish(
+                i > 0,
+                end..end + 4096,
+                0,
+                false,
+                Some(read(4096, CacheState::Cold)),
+            );
+            end += 4096;
+            recorded.extend(out.into_iter().flatten());
+        }
+        assert_eq!(
+            recorded.iter().map(|r| r.transfers).collect::<Vec<_>>(),
+            [8, 8]
+        );
+        assert_eq!(recorded[0].bytes, 8 * 4096);
+        assert_eq!(recorded[0].wall, Duration::from_micros(80));
+        // A switch of path ends the run of 4; the new path's read starts its own.
+        let out = s.finish(
+            true,
+            end..end + 4096,
+            1,
+            false,
+            Some(read(4096, CacheState::Cold)),
+        );
+        end += 4096;
+        assert_eq!(out[0].as_ref().map(|r| (r.transfers, r.path)), Some((4, 0)));
+        // Another size class ends a run too; a big read is a run of its own at once.
+        let out = s.finish(
+            true,
+            end..end + (8 << 20),
+            1,
+            false,
+            Some(read(8 << 20, CacheState::Cold)),
+        );
+        assert_eq!(out[0].as_ref().map(|r| r.transfers), Some(1));
+        assert_eq!(out[1].as_ref().map(|r| r.bytes), Some(8 << 20));
+        // A read without CPU time makes the run's CPU unknown.
+        let mut m = read(4096, CacheState::Cold);
+        m.cpu = None;
+        s.finish(false, 0..4096, 0, false, Some(m));
+        s.finish(
+            true,
+            4096..8192,
+            0,
+            false,
+            Some(read(4096, CacheState::Cold)),
+        );
+        let run = s.take_run().unwrap();
+        assert_eq!((run.transfers, run.cpu), (2, None));
+        // An unmeasured read ends the run in progress.
+        s.finish(false, 0..4096, 0, false, Some(read(4096, CacheState::Cold)));
+        let out = s.finish(true, 4096..8192, 0, false, None);
+        assert_eq!(out[0].as_ref().map(|r| r.transfers), Some(1));
+        assert!(s.take_run().is_none());
+    }
+}
