@@ -55,6 +55,17 @@ impl Estimate {
         })
     }
 
+    /// The estimate of the costs `cost * scale + shift` (`scale` > 0: the order is kept).
+    pub fn scaled(&self, scale: f64, shift: f64) -> Estimate {
+        Estimate {
+            n: self.n,
+            median: self.median * scale + shift,
+            mad: self.mad * scale,
+            min: self.min * scale + shift,
+            max: self.max * scale + shift,
+        }
+    }
+
     /// The spread relative to the median (`mad / median`, 0 when the median is 0).
     pub fn relative_spread(&self) -> f64 {
         if self.median > 0.0 {

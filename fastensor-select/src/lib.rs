@@ -45,6 +45,7 @@ mod estimate;
 mod fingerprint;
 mod key;
 mod objective;
+mod reuse;
 mod selector;
 
 pub use dictionary::{CandidateRecord, ContextRecord, Dictionary, Warning, FORMAT_VERSION};
@@ -52,4 +53,5 @@ pub use estimate::{Estimate, Sample, Samples};
 pub use fingerprint::{device_model, kernel_release, DeviceInfo, Fingerprint};
 pub use key::{human_bytes, in_flight_class, size_class, ContextKey};
 pub use objective::{Clock, ClockReading, Objective, Observation};
+pub use reuse::Reuse;
 pub use selector::{CandidateState, Choice, KeyState, Selector, SelectorConfig, SelectorStats};

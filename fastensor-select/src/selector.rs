@@ -1,6 +1,6 @@
 //! Exploration with successive elimination, exploitation with drift detection.
 
-use crate::{ContextKey, Estimate, Fingerprint, Objective, Observation, Samples};
+use crate::{ContextKey, Estimate, Fingerprint, Objective, Observation, Reuse, Samples};
 use fastensor_core::TransferContext;
 use std::collections::BTreeMap;
 
@@ -93,26 +93,38 @@ pub struct KeyState {
     pub drift_samples: Samples,
     /// How many times drift restarted the exploration.
     pub reexplorations: u32,
+    /// `(scale, shift)` per candidate (in name order) applied to its costs when candidates
+    /// are compared: the next read of the same bytes included, for cold reads of a
+    /// workload that reads bytes again (see [`Reuse`]). Empty: costs as measured. Not
+    /// persisted; refreshed before every decision.
+    pub adjust: Vec<(f64, f64)>,
 }
 
 impl KeyState {
     /// True when every surviving candidate has enough samples.
     fn settled(&self, cfg: &SelectorConfig) -> bool {
         let lead = self.leader(cfg.objective).map(|(_, e)| e);
-        self.candidates
-            .values()
-            .all(|c| c.eliminated || c.samples.len() >= Self::required(c, lead.as_ref(), cfg))
+        self.candidates.values().enumerate().all(|(i, c)| {
+            c.eliminated || c.samples.len() >= self.required(i, c, lead.as_ref(), cfg)
+        })
     }
 
-    /// Samples a surviving candidate needs before the exploration ends: `min_samples`, or
-    /// `confirm_samples` for a contender whose median is within `separation_factor` of the
-    /// leader's (so that noise does not pick the wrong one of two close candidates).
-    fn required(c: &CandidateState, lead: Option<&Estimate>, cfg: &SelectorConfig) -> usize {
+    /// Samples the surviving candidate at `index` (in name order) needs before the
+    /// exploration ends: `min_samples`, or `confirm_samples` for a contender whose median is
+    /// within `separation_factor` of the leader's (so that noise does not pick the wrong one
+    /// of two close candidates).
+    fn required(
+        &self,
+        index: usize,
+        c: &CandidateState,
+        lead: Option<&Estimate>,
+        cfg: &SelectorConfig,
+    ) -> usize {
         let min = cfg.min_samples.max(1);
         if c.samples.len() < min {
             return min;
         }
-        match (lead, c.samples.estimate(cfg.objective)) {
+        match (lead, self.judged(index, c, cfg.objective)) {
             (Some(lead), Some(est)) if est.median <= cfg.separation_factor * lead.median => {
                 cfg.confirm_samples.max(min)
             }
@@ -120,16 +132,43 @@ impl KeyState {
         }
     }
 
+    /// [`KeyState::required`] of the candidate called `name`.
+    fn required_of(
+        &self,
+        name: &str,
+        c: &CandidateState,
+        lead: Option<&Estimate>,
+        cfg: &SelectorConfig,
+    ) -> usize {
+        let index = self
+            .candidates
+            .keys()
+            .position(|n| n == name)
+            .unwrap_or(usize::MAX);
+        self.required(index, c, lead, cfg)
+    }
+
     fn estimate(&self, name: &str, objective: Objective) -> Option<Estimate> {
         self.candidates.get(name)?.samples.estimate(objective)
     }
 
-    /// The surviving candidate with the lowest median (ties: name order).
+    /// The estimate of the candidate at `index` (in name order) as candidates are compared:
+    /// its samples' estimate, adjusted by [`KeyState::adjust`].
+    fn judged(&self, index: usize, c: &CandidateState, objective: Objective) -> Option<Estimate> {
+        let e = c.samples.estimate(objective)?;
+        Some(match self.adjust.get(index) {
+            Some(&(scale, shift)) => e.scaled(scale, shift),
+            None => e,
+        })
+    }
+
+    /// The surviving candidate with the lowest judged median (ties: name order).
     fn leader(&self, objective: Objective) -> Option<(&str, Estimate)> {
         self.candidates
             .iter()
-            .filter(|(_, c)| !c.eliminated)
-            .filter_map(|(n, c)| c.samples.estimate(objective).map(|e| (n.as_str(), e)))
+            .enumerate()
+            .filter(|(_, (_, c))| !c.eliminated)
+            .filter_map(|(i, (n, c))| self.judged(i, c, objective).map(|e| (n.as_str(), e)))
             .min_by(|a, b| a.1.median.total_cmp(&b.1.median))
     }
 
@@ -246,6 +285,8 @@ pub struct Selector {
     knobs: BTreeMap<String, BTreeMap<String, String>>,
     /// The key of the last transfer, kept so that the next one's is built in its buffers.
     spare_key: Option<ContextKey>,
+    /// What is known of re-reads.
+    reuse: Reuse,
 }
 
 impl Selector {
@@ -258,6 +299,7 @@ impl Selector {
             stats: SelectorStats::default(),
             knobs: BTreeMap::new(),
             spare_key: None,
+            reuse: Reuse::default(),
         }
     }
 
@@ -308,6 +350,7 @@ impl Selector {
             stats: SelectorStats::default(),
             knobs: BTreeMap::new(),
             spare_key: None,
+            reuse: Reuse::default(),
         }
     }
 
@@ -383,6 +426,7 @@ impl Selector {
             state.choice = None;
         }
         self.inherit(key);
+        self.refresh_adjust(key);
         let cfg = &self.config;
         let state = self.keys.get(key).expect("key was just ensured");
         if let Some(choice) = &state.choice {
@@ -413,7 +457,7 @@ impl Selector {
             rank(a.1).total_cmp(&rank(b.1))
         };
         let needy = alive()
-            .filter(|(_, c)| c.samples.len() < KeyState::required(c, lead.as_ref(), cfg))
+            .filter(|(n, c)| c.samples.len() < state.required_of(n, c, lead.as_ref(), cfg))
             .min_by(|a, b| {
                 a.1.samples
                     .len()
@@ -424,7 +468,7 @@ impl Selector {
         // Stay on `stay` while it still needs samples.
         let sticky = stay.and_then(|last| {
             alive().find(|(n, c)| {
-                *n == last && c.samples.len() < KeyState::required(c, lead.as_ref(), cfg)
+                *n == last && c.samples.len() < state.required_of(n, c, lead.as_ref(), cfg)
             })
         });
         // Every offered survivor is measured: the best of them.
@@ -475,6 +519,33 @@ impl Selector {
         cpu
     }
 
+    /// Re-reads: the share of first-read bytes read again, and which candidates keep read
+    /// bytes in the page cache (see [`Reuse`]).
+    pub fn reuse_mut(&mut self) -> &mut Reuse {
+        &mut self.reuse
+    }
+
+    /// Refreshes [`KeyState::adjust`] of `key` from what is known of re-reads.
+    fn refresh_adjust(&mut self, key: &ContextKey) {
+        let cached = if self.reuse.applies_to(key) {
+            self.keys
+                .get(&Reuse::cached_key(key))
+                .and_then(|s| s.leader(self.config.objective))
+                .map(|(_, e)| e.median)
+        } else {
+            None
+        };
+        let Some(state) = self.keys.get_mut(key) else {
+            return;
+        };
+        match cached {
+            Some(cached) => {
+                state.adjust = self.reuse.adjustments(state.candidates.keys(), cached);
+            }
+            None => state.adjust.clear(),
+        }
+    }
+
     /// Whether a transfer's CPU time must be read for the objective (it costs something).
     pub fn objective_uses_cpu(&self) -> bool {
         !matches!(self.config.objective, Objective::Time)
@@ -483,6 +554,7 @@ impl Selector {
     /// [`Selector::record`] in the context `key`.
     fn record_in(&mut self, key: &ContextKey, backend: &str, obs: Observation) {
         self.ensure_key(key);
+        self.refresh_adjust(key);
         let cfg = &self.config;
         let state = self.keys.get_mut(key).expect("key was just ensured");
         let sample = obs.sample();
@@ -549,11 +621,17 @@ impl Selector {
         else {
             return;
         };
-        for (name, cand) in state.candidates.iter_mut() {
+        let judged: Vec<Option<Estimate>> = state
+            .candidates
+            .values()
+            .enumerate()
+            .map(|(i, c)| state.judged(i, c, cfg.objective))
+            .collect();
+        for ((name, cand), est) in state.candidates.iter_mut().zip(judged) {
             if *name == leader || cand.eliminated {
                 continue;
             }
-            let Some(est) = cand.samples.estimate(cfg.objective) else {
+            let Some(est) = est else {
                 continue;
             };
             let far = est.min > cfg.elimination_factor * lead.median;
@@ -899,6 +977,51 @@ mod tests {
             })
             .collect();
         assert_eq!(first, ["a", "b", "c"]);
+    }
+
+    #[test]
+    fn rereads_make_a_cold_read_through_the_page_cache_worth_its_extra_cost() {
+        let read = |cache: CacheState| TransferContext {
+            direction: Direction::Read,
+            cache,
+            ..ctx(8 << 20)
+        };
+        // posix: cold 0.45 ns/B, cached 0.10; uring: cold 0.30 (bypasses the cache).
+        let cost = |name: &'static str, cache: CacheState| match (name, cache) {
+            ("posix", CacheState::Cached) => Linear(name, 0.0, 0.10),
+            ("posix", _) => Linear(name, 0.0, 0.45),
+            (_, _) => Linear(name, 0.0, 0.30),
+        };
+        let run = |rate: f64| {
+            let mut s = Selector::new(SelectorConfig::default());
+            s.reuse_mut().set_keeping(["posix"]);
+            s.reuse_mut().set_rate(rate);
+            for _ in 0..8 {
+                let b = cost("posix", CacheState::Cached);
+                s.record(&read(CacheState::Cached), "posix", b.observation(8 << 20));
+            }
+            let names = ["posix", "uring"];
+            for _ in 0..40 {
+                let c = s.choose(&read(CacheState::Cold), &names).unwrap();
+                let b = cost(
+                    if c.backend == "posix" {
+                        "posix"
+                    } else {
+                        "uring"
+                    },
+                    CacheState::Cold,
+                );
+                s.record(&read(CacheState::Cold), &c.backend, b.observation(8 << 20));
+            }
+            s.choice_for(&ContextKey::of(&read(CacheState::Cold)))
+                .map(str::to_string)
+        };
+        // Nothing read again: the faster cold read wins.
+        assert_eq!(run(0.0).as_deref(), Some("uring"));
+        // Everything read again: 0.45 + 0.10 against 2 x 0.30.
+        assert_eq!(run(1.0).as_deref(), Some("posix"));
+        // Half read again: 0.50 against 0.45.
+        assert_eq!(run(0.5).as_deref(), Some("uring"));
     }
 
     #[test]

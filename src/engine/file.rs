@@ -1,5 +1,6 @@
 //! A file opened through the engine: every transfer picks its backend.
 
+use super::reread::ReadRanges;
 use super::stream::{Measured, ReadStream, Run};
 use super::{probe, Candidate, InFlight, Inner};
 use fastensor_core::{
@@ -30,6 +31,8 @@ pub struct EngineFile {
     probe_fd: OnceLock<Option<std::fs::File>>,
     /// The sequential read stream in progress (see [`ReadStream`]).
     stream: Mutex<ReadStream>,
+    /// The bytes read so far (to tell reading again from reading for the first time).
+    read_ranges: Mutex<ReadRanges>,
 }
 
 impl Drop for EngineFile {
@@ -75,6 +78,7 @@ impl EngineFile {
             purpose: RwLock::new(Purpose::General),
             probe_fd: OnceLock::new(),
             stream: Mutex::new(ReadStream::NONE),
+            read_ranges: Mutex::new(ReadRanges::default()),
         };
         // Open one handle now, in the requested mode: creation and truncation happen once,
         // and a missing file or a refused permission is reported here.
@@ -415,6 +419,12 @@ impl EngineFile {
                     // transfer of a new handle (it pays set-up costs once).
                     let useful = n == bytes && !fresh;
                     if direction == Direction::Read {
+                        let again = self
+                            .read_ranges
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .add(offset, offset + n as u64);
+                        self.engine.reads.add(n as u64, again);
                         // Stream reads are measured in runs, and an exploring path that takes
                         // over a stream only once it has warmed up in it (see `ReadStream`);
                         // exploration stays on it meanwhile (`Selector::choose_staying`).

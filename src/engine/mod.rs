@@ -14,10 +14,27 @@
 //! engine.save_profile()?;
 //! # Ok(()) }
 //! ```
+//!
+//! What a transfer's context and cost are:
+//!
+//! * A read's context includes the page-cache state of its bytes, asked without reading
+//!   anything (`cachestat`, else `mincore`). A read that continues a stream (it starts where
+//!   the last one ended) carries the state probed at the stream's first read, and stream
+//!   reads are measured in runs of up to 8 reads or 8 MiB (their mean cost): a buffered
+//!   stream's reads are mostly cheap and sometimes wait for the readahead they started.
+//!   While a stream context is explored, each path keeps the stream for a run of reads and
+//!   is measured only after its first MiB there (see `stream.rs`).
+//! * Writes with a durable purpose
+//!   ([`Purpose::durable_writes`](fastensor_core::Purpose::durable_writes)) are timed until
+//!   their bytes have reached the device.
+//! * Wall time is read for every transfer; the process CPU clock (about a microsecond a
+//!   reading in a VM, as much as a cached 4 KiB read) only while exploring, when the
+//!   objective weighs CPU, and on one exploiting transfer in 16.
 
 mod file;
 mod probe;
 mod report;
+mod reread;
 mod stream;
 mod tune;
 
@@ -85,6 +102,8 @@ pub(crate) struct Inner {
     pub(crate) objective_uses_cpu: bool,
     /// Transfers timed so far (paces the CPU clock readings of exploiting transfers).
     pub(crate) transfers: AtomicU64,
+    /// Bytes read for the first time and read again (see [`fastensor_select::Reuse`]).
+    pub(crate) reads: reread::ReadCounts,
 }
 
 /// One exploiting transfer in this many reads the process CPU clock.
@@ -170,6 +189,7 @@ impl Inner {
                 fp.add_location(&ctx.location);
                 sel.set_fingerprint(fp);
             }
+            sel.reuse_mut().set_rate(self.reads.rate());
             match cpu {
                 Some(cpu) => sel.record(ctx, backend, Observation { bytes, wall, cpu }),
                 None => cpu_used = sel.record_wall_only(ctx, backend, bytes, wall),
@@ -429,10 +449,18 @@ impl EngineBuilder {
             }
         };
         let (candidates, warning) = apply_knobs(candidates, selector.knobs(), warning);
+        let mut selector = selector;
+        selector.reuse_mut().set_keeping(
+            candidates
+                .iter()
+                .filter(|c| c.caps.read && !c.caps.bypasses_page_cache)
+                .map(|c| c.name().to_string()),
+        );
         let inner = Inner {
             candidates,
             objective_uses_cpu: selector.objective_uses_cpu(),
             transfers: AtomicU64::new(0),
+            reads: reread::ReadCounts::default(),
             selector: Mutex::new(selector),
             clock: self.clock.unwrap_or_else(|| Arc::new(SystemClock::new())),
             pinned: RwLock::new(None),
