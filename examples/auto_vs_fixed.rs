@@ -14,6 +14,10 @@
 //! * `cold`: read it all back from the device;
 //! * `cached`: read it all again (now mostly cached, for page-cache backends).
 //!
+//! Files stay until every contender has run a workload; then they are removed and the
+//! system is synced and left 2 s (on a file system mounted with `discard`, freeing a big
+//! file keeps the device busy, which must not fall on the next contender's phases).
+//!
 //! The whole run is repeated `--rounds` times (default 3), each round with a new cold-start
 //! `auto` engine (so every round pays for its exploration) and a warm one built from that
 //! round's profile; the contenders' order rotates from round to round, and each phase's
@@ -106,9 +110,24 @@ fn run(
         file.read_at(off, &mut buf[..len])?;
     }
     p.cached = t.elapsed();
-    drop(file);
-    std::fs::remove_file(path).ok();
     Ok(p)
+}
+
+/// Removes the files of a workload, then syncs and waits: this file system may be mounted
+/// with online `discard`, and freeing a 1 GiB file keeps the device busy for a moment,
+/// which must not fall on the next contender's phases.
+fn clean_up(dir: &Path) {
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        for e in entries.flatten() {
+            let name = e.file_name();
+            let name = name.to_string_lossy();
+            if name.starts_with(".auto_vs_fixed-") && name.ends_with(".bin") {
+                let _ = std::fs::remove_file(e.path());
+            }
+        }
+    }
+    rustix::fs::sync();
+    std::thread::sleep(Duration::from_secs(2));
 }
 
 fn median(mut v: Vec<Duration>) -> Duration {
@@ -207,6 +226,7 @@ fn main() -> fastensor::Result<()> {
                 }
                 samples[w].entry(c.label.clone()).or_default().push(p);
             }
+            clean_up(&dir);
         }
         auto_cold.save_profile()?;
         // Warm: the same workloads again with the profile learned above (no exploration left
@@ -219,6 +239,7 @@ fn main() -> fastensor::Result<()> {
             let path = dir.join(".auto_vs_fixed-warm.bin");
             let p = run(&warm, &warm, &path, work, &mut buf)?;
             samples[w].entry("auto-warm".into()).or_default().push(p);
+            clean_up(&dir);
         }
         warm_explorations.push(warm.selector_stats().explorations);
         last_auto = Some(auto_cold);

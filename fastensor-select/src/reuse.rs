@@ -6,7 +6,7 @@
 //! candidate's cost `c` per byte in a cold-read context is judged as
 //!
 //! * `c + r * cached`, when it keeps the bytes in the page cache (`cached`: the best median
-//!   in the same context with the bytes cached), and
+//!   in the same context with the bytes cached, in the nearest size class measured), and
 //! * `c * (1 + r)`, when it bypasses the cache (the next read is as cold as this one).
 //!
 //! Without a cached estimate yet, or with `r = 0`, costs are judged as measured.
@@ -42,6 +42,11 @@ impl Reuse {
     /// Names the candidates whose reads leave the bytes in the page cache.
     pub fn set_keeping<I: IntoIterator<Item = S>, S: Into<String>>(&mut self, names: I) {
         self.keeping = names.into_iter().map(Into::into).collect();
+    }
+
+    /// Whether reads through `name` leave the bytes in the page cache.
+    pub(crate) fn keeps(&self, name: &str) -> bool {
+        self.keeping.contains(name)
     }
 
     /// Whether the costs of `key`'s candidates are judged with the next read included.

@@ -527,11 +527,20 @@ impl Selector {
 
     /// Refreshes [`KeyState::adjust`] of `key` from what is known of re-reads.
     fn refresh_adjust(&mut self, key: &ContextKey) {
+        // The best cached read's cost per byte, in this size class or else in the nearest
+        // one measured (reads from the page cache cost about the same per byte across
+        // sizes, and a class read cold through a direct path is never seen cached).
         let cached = if self.reuse.applies_to(key) {
+            let target = Reuse::cached_key(key);
             self.keys
-                .get(&Reuse::cached_key(key))
-                .and_then(|s| s.leader(self.config.objective))
-                .map(|(_, e)| e.median)
+                .iter()
+                .filter(|(k, _)| k.same_but_size(&target))
+                .filter_map(|(k, s)| {
+                    let (_, e) = s.leader(self.config.objective)?;
+                    Some((k.size_class.abs_diff(key.size_class), e.median))
+                })
+                .min_by(|a, b| a.0.cmp(&b.0))
+                .map(|(_, median)| median)
         } else {
             None
         };
@@ -713,6 +722,7 @@ impl Selector {
         // The best candidate's least favourable prediction.
         let best_high = predictions.values().map(|p| p.high).min_by(f64::total_cmp);
         let margin = self.config.model_margin.max(1.0);
+        let rereading = self.reuse.applies_to(key);
         let lead = ns.leader(objective).map(|(_, e)| e.median);
         let distance = i32::from(nk.size_class.abs_diff(key.size_class)).min(60);
         let limit = self.config.elimination_factor * 2f64.powi(distance);
@@ -721,13 +731,17 @@ impl Selector {
             .iter()
             .filter(|(_, c)| unseeded(c))
             .filter_map(|(name, _)| {
+                // Predictions are of measured costs: a path that keeps the page cache, in a
+                // cold-read context of a workload that reads bytes again, may win on its
+                // judged cost (see `Reuse`) and is explored whatever it is predicted.
+                let spared = rereading && self.reuse.keeps(name);
                 if let Some(p) = predictions.get(name.as_str()) {
                     let worse = best_high.is_some_and(|b| b > 0.0 && p.low > margin * b);
-                    Some((name.clone(), p.centre, worse))
+                    Some((name.clone(), p.centre, worse && !spared))
                 } else {
                     let median = *nearest.get(name.as_str())?;
                     let worse = lead.is_some_and(|l| l > 0.0 && median > limit * l);
-                    Some((name.clone(), median, worse))
+                    Some((name.clone(), median, worse && !spared))
                 }
             })
             .collect();
@@ -981,24 +995,27 @@ mod tests {
 
     #[test]
     fn rereads_make_a_cold_read_through_the_page_cache_worth_its_extra_cost() {
-        let read = |cache: CacheState| TransferContext {
+        let read_of = |bytes: u64, cache: CacheState| TransferContext {
             direction: Direction::Read,
             cache,
-            ..ctx(8 << 20)
+            ..ctx(bytes)
         };
+        let read = |cache: CacheState| read_of(8 << 20, cache);
         // posix: cold 0.45 ns/B, cached 0.10; uring: cold 0.30 (bypasses the cache).
         let cost = |name: &'static str, cache: CacheState| match (name, cache) {
             ("posix", CacheState::Cached) => Linear(name, 0.0, 0.10),
             ("posix", _) => Linear(name, 0.0, 0.45),
             (_, _) => Linear(name, 0.0, 0.30),
         };
-        let run = |rate: f64| {
+        // `cached_bytes`: the size class where cached reads were measured.
+        let run_with = |rate: f64, cached_bytes: u64| {
             let mut s = Selector::new(SelectorConfig::default());
             s.reuse_mut().set_keeping(["posix"]);
             s.reuse_mut().set_rate(rate);
             for _ in 0..8 {
                 let b = cost("posix", CacheState::Cached);
-                s.record(&read(CacheState::Cached), "posix", b.observation(8 << 20));
+                let c = read_of(cached_bytes, CacheState::Cached);
+                s.record(&c, "posix", b.observation(cached_bytes));
             }
             let names = ["posix", "uring"];
             for _ in 0..40 {
@@ -1016,12 +1033,16 @@ mod tests {
             s.choice_for(&ContextKey::of(&read(CacheState::Cold)))
                 .map(str::to_string)
         };
+        let run = |rate: f64| run_with(rate, 8 << 20);
         // Nothing read again: the faster cold read wins.
         assert_eq!(run(0.0).as_deref(), Some("uring"));
         // Everything read again: 0.45 + 0.10 against 2 x 0.30.
         assert_eq!(run(1.0).as_deref(), Some("posix"));
         // Half read again: 0.50 against 0.45.
         assert_eq!(run(0.5).as_deref(), Some("uring"));
+        // Cached reads measured in another size class only (this one was read cold through
+        // a direct path, never cached): the nearest class stands in.
+        assert_eq!(run_with(1.0, 1 << 20).as_deref(), Some("posix"));
     }
 
     #[test]

@@ -24,6 +24,10 @@
 //!   stream's reads are mostly cheap and sometimes wait for the readahead they started.
 //!   While a stream context is explored, each path keeps the stream for a run of reads and
 //!   is measured only after its first MiB there (see `stream.rs`).
+//! * The engine counts how many of the bytes read were read before (through the same open
+//!   file); when the workload reads bytes again, cold reads are judged with the next read
+//!   included, so a path that leaves the bytes in the page cache can win over a faster one
+//!   that bypasses it (see [`Reuse`](fastensor_select::Reuse)).
 //! * Writes with a durable purpose
 //!   ([`Purpose::durable_writes`](fastensor_core::Purpose::durable_writes)) are timed until
 //!   their bytes have reached the device.
