@@ -23,7 +23,7 @@
 //!   reads are measured in runs of up to 8 reads or 8 MiB (their mean cost): a buffered
 //!   stream's reads are mostly cheap and sometimes wait for the readahead they started.
 //!   While a stream context is explored, each path keeps the stream for a run of reads and
-//!   is measured only after its first MiB there (see `stream.rs`).
+//!   is measured only after its first 8 MiB and two reads there (see `stream.rs`).
 //! * The engine counts how many of the bytes read were read before (through the same open
 //!   file); when the workload reads bytes again, cold reads are judged with the next read
 //!   included, so a path that leaves the bytes in the page cache can win over a faster one

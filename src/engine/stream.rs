@@ -27,6 +27,8 @@ pub(crate) struct ReadStream {
     last_path: usize,
     /// Bytes the stream has read through `last_path` since that path took it over.
     path_bytes: u64,
+    /// Reads of the stream through `last_path` since that path took it over.
+    path_reads: u32,
     /// The reads measured together so far.
     run: Option<Run>,
 }
@@ -119,14 +121,20 @@ impl ReadStream {
         probed_at: 0,
         last_path: usize::MAX,
         path_bytes: 0,
+        path_reads: 0,
         run: None,
     };
 
     /// An exploring path that takes over a stream is measured only after it has read this
-    /// many bytes of it (and at least one read): until then its cost is the previous
-    /// path's state (the pages it left cached, or none read ahead for this one) and its own
-    /// readahead ramping up, which the stream pays once per switch, not per read.
-    pub(crate) const WARM_UP_BYTES: u64 = 1 << 20;
+    /// many bytes of it and [`Self::WARM_UP_READS`] reads: until then its cost is the
+    /// previous path's state (the pages it left cached, or none read ahead for this one)
+    /// and its own readahead ramping up (the kernel doubles the window per read up to the
+    /// device's `read_ahead_kb`, 8 MiB on some virtual disks), which the stream pays once
+    /// per switch, not per read.
+    pub(crate) const WARM_UP_BYTES: u64 = 8 << 20;
+
+    /// See [`Self::WARM_UP_BYTES`].
+    pub(crate) const WARM_UP_READS: u32 = 2;
 
     /// The page-cache state a read of `len` bytes at `offset` is keyed by, asking `probe`
     /// only where needed: at a stream's first read, and in a stream that started cached at
@@ -167,11 +175,16 @@ impl ReadStream {
         measured: Option<Measured>,
     ) -> [Option<Run>; 2] {
         let read = range.end - range.start;
-        let warm = continued && path == self.last_path && self.path_bytes >= Self::WARM_UP_BYTES;
-        if continued && path == self.last_path {
+        let same = continued && path == self.last_path;
+        let warm = same
+            && self.path_bytes >= Self::WARM_UP_BYTES
+            && self.path_reads >= Self::WARM_UP_READS;
+        if same {
             self.path_bytes += read;
+            self.path_reads = self.path_reads.saturating_add(1);
         } else {
             self.path_bytes = read;
+            self.path_reads = 1;
         }
         self.end = range.end;
         self.last_path = path;
@@ -261,8 +274,8 @@ mod tests {
         let mut s = ReadStream::NONE;
         let mut kept = 0u32;
         let mut end = 0u64;
-        // Path 0 owns the stream; path 1 takes it over while exploring: its first MiB of
-        // 64 KiB reads (16) is not kept, the next 16 are (two runs of 8).
+        // Path 0 owns the stream; path 1 takes it over while exploring: its first 8 MiB of
+        // 64 KiB reads (128) are not kept, the next 16 are (two runs of 8).
         s.finish(
             false,
             0..1 << 16,
@@ -271,7 +284,7 @@ mod tests {
             Some(read(1 << 16, CacheState::Cold)),
         );
         end += 1 << 16;
-        for _ in 0..32 {
+        for _ in 0..144 {
             let out = s.finish(
                 true,
                 end..end + (1 << 16),
