@@ -68,7 +68,7 @@ impl Run {
     pub(crate) const MAX_TRANSFERS: u32 = 8;
 
     /// A run ends once it has read this many bytes.
-    pub(crate) const MAX_BYTES: u64 = 8 << 20;
+    pub(crate) const MAX_BYTES: u64 = 4 << 20;
 
     fn start(m: Measured, path: usize) -> Run {
         Run {
@@ -125,16 +125,21 @@ impl ReadStream {
         run: None,
     };
 
-    /// An exploring path that takes over a stream is measured only after it has read this
-    /// many bytes of it and [`Self::WARM_UP_READS`] reads: until then its cost is the
-    /// previous path's state (the pages it left cached, or none read ahead for this one)
-    /// and its own readahead ramping up (the kernel doubles the window per read up to the
-    /// device's `read_ahead_kb`, 8 MiB on some virtual disks), which the stream pays once
-    /// per switch, not per read.
+    /// An exploring path that takes over a stream is measured only after
+    /// [`Self::WARM_UP_READS`] reads there and either this many bytes or
+    /// [`Self::WARM_UP_MAX_READS`] reads: until then its cost is the previous path's state
+    /// (the pages it left cached, or none read ahead for this one) and its own readahead
+    /// ramping up (the kernel doubles the window per read up to the device's
+    /// `read_ahead_kb`, 8 MiB on some virtual disks), which the stream pays once per
+    /// switch, not per read. The read count bounds what warming a slow path up costs at
+    /// small sizes (a direct 4 KiB read costs 50 µs where a cached one costs 2).
     pub(crate) const WARM_UP_BYTES: u64 = 8 << 20;
 
     /// See [`Self::WARM_UP_BYTES`].
     pub(crate) const WARM_UP_READS: u32 = 2;
+
+    /// See [`Self::WARM_UP_BYTES`].
+    pub(crate) const WARM_UP_MAX_READS: u32 = 32;
 
     /// The page-cache state a read of `len` bytes at `offset` is keyed by, asking `probe`
     /// only where needed: at a stream's first read, and in a stream that started cached at
@@ -177,8 +182,9 @@ impl ReadStream {
         let read = range.end - range.start;
         let same = continued && path == self.last_path;
         let warm = same
-            && self.path_bytes >= Self::WARM_UP_BYTES
-            && self.path_reads >= Self::WARM_UP_READS;
+            && self.path_reads >= Self::WARM_UP_READS
+            && (self.path_bytes >= Self::WARM_UP_BYTES
+                || self.path_reads >= Self::WARM_UP_MAX_READS);
         if same {
             self.path_bytes += read;
             self.path_reads = self.path_reads.saturating_add(1);
@@ -274,8 +280,8 @@ mod tests {
         let mut s = ReadStream::NONE;
         let mut kept = 0u32;
         let mut end = 0u64;
-        // Path 0 owns the stream; path 1 takes it over while exploring: its first 8 MiB of
-        // 64 KiB reads (128) are not kept, the next 16 are (two runs of 8).
+        // Path 0 owns the stream; path 1 takes it over while exploring: its first 32 reads
+        // of 64 KiB (2 MiB, less than 8 MiB) are not kept, the next 16 are (two runs of 8).
         s.finish(
             false,
             0..1 << 16,
@@ -284,7 +290,7 @@ mod tests {
             Some(read(1 << 16, CacheState::Cold)),
         );
         end += 1 << 16;
-        for _ in 0..144 {
+        for _ in 0..48 {
             let out = s.finish(
                 true,
                 end..end + (1 << 16),
