@@ -354,7 +354,7 @@ impl Selector {
         }
     }
 
-    /// Tuned knob settings per backend, kept with the dictionary (see [`Dictionary::knobs`]).
+    /// Tuned knob settings per backend, kept with the dictionary (see [`Dictionary::knobs`](crate::Dictionary::knobs)).
     pub fn knobs(&self) -> &BTreeMap<String, BTreeMap<String, String>> {
         &self.knobs
     }

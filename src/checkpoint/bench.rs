@@ -128,8 +128,7 @@ pub fn quiesce(pause: std::time::Duration) {
 const SETTLE: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Measures a save (`save`, which must be durable; after a global `sync` and a pause of
-/// [`SETTLE`]) then, after dropping `path` from the page
-/// cache, a load (`load`).
+/// 1 s) then, after dropping `path` from the page cache, a load (`load`).
 pub fn measure(
     label: &str,
     bytes: u64,
