@@ -65,22 +65,29 @@ impl Reuse {
         }
     }
 
-    /// `(scale, shift)` per candidate name (in the given order): a judged cost is `cost *
-    /// scale + shift`. `cached` is the best median in the cached context.
+    /// `(scale, shift)` for `name`: a judged cost is `cost * scale + shift`. `cached` is the
+    /// best median in the cached context.
+    fn adjustment(&self, name: &str, cached: f64) -> (f64, f64) {
+        if self.keeping.contains(name) {
+            (1.0, self.rate * cached)
+        } else {
+            (1.0 + self.rate, 0.0)
+        }
+    }
+
+    /// [`Reuse::adjustment`] per candidate name (in the given order).
     pub(crate) fn adjustments<'a>(
         &self,
         names: impl Iterator<Item = &'a String>,
         cached: f64,
     ) -> Vec<(f64, f64)> {
-        names
-            .map(|n| {
-                if self.keeping.contains(n) {
-                    (1.0, self.rate * cached)
-                } else {
-                    (1.0 + self.rate, 0.0)
-                }
-            })
-            .collect()
+        names.map(|n| self.adjustment(n, cached)).collect()
+    }
+
+    /// The judged cost of `cost` through `name`.
+    pub(crate) fn judge(&self, name: &str, cost: f64, cached: f64) -> f64 {
+        let (scale, shift) = self.adjustment(name, cached);
+        cost * scale + shift
     }
 }
 

@@ -525,25 +525,29 @@ impl Selector {
         &mut self.reuse
     }
 
+    /// For a cold-read context of a re-reading workload (see [`Reuse`]): the best cached
+    /// read's cost per byte, in this size class or else in the nearest one measured (reads
+    /// from the page cache cost about the same per byte across sizes, and a class read cold
+    /// through a direct path is never seen cached). `None` elsewhere, or when unknown.
+    fn cached_cost(&self, key: &ContextKey) -> Option<f64> {
+        if !self.reuse.applies_to(key) {
+            return None;
+        }
+        let target = Reuse::cached_key(key);
+        self.keys
+            .iter()
+            .filter(|(k, _)| k.same_but_size(&target))
+            .filter_map(|(k, s)| {
+                let (_, e) = s.leader(self.config.objective)?;
+                Some((k.size_class.abs_diff(key.size_class), e.median))
+            })
+            .min_by(|a, b| a.0.cmp(&b.0))
+            .map(|(_, median)| median)
+    }
+
     /// Refreshes [`KeyState::adjust`] of `key` from what is known of re-reads.
     fn refresh_adjust(&mut self, key: &ContextKey) {
-        // The best cached read's cost per byte, in this size class or else in the nearest
-        // one measured (reads from the page cache cost about the same per byte across
-        // sizes, and a class read cold through a direct path is never seen cached).
-        let cached = if self.reuse.applies_to(key) {
-            let target = Reuse::cached_key(key);
-            self.keys
-                .iter()
-                .filter(|(k, _)| k.same_but_size(&target))
-                .filter_map(|(k, s)| {
-                    let (_, e) = s.leader(self.config.objective)?;
-                    Some((k.size_class.abs_diff(key.size_class), e.median))
-                })
-                .min_by(|a, b| a.0.cmp(&b.0))
-                .map(|(_, median)| median)
-        } else {
-            None
-        };
+        let cached = self.cached_cost(key);
         let Some(state) = self.keys.get_mut(key) else {
             return;
         };
@@ -719,10 +723,23 @@ impl Selector {
                 nearest.insert(name, est.median);
             }
         }
+        // In a cold-read context of a re-reading workload, predictions are judged with the
+        // next read included, as measured costs are (see `Reuse`).
+        let rereading = self.reuse.applies_to(key);
+        let cached = self.cached_cost(key);
+        if let Some(cached) = cached {
+            for (name, p) in predictions.iter_mut() {
+                let judge = |x: f64| self.reuse.judge(name, x, cached);
+                *p = Prediction {
+                    centre: judge(p.centre),
+                    low: judge(p.low),
+                    high: judge(p.high),
+                };
+            }
+        }
         // The best candidate's least favourable prediction.
         let best_high = predictions.values().map(|p| p.high).min_by(f64::total_cmp);
         let margin = self.config.model_margin.max(1.0);
-        let rereading = self.reuse.applies_to(key);
         let lead = ns.leader(objective).map(|(_, e)| e.median);
         let distance = i32::from(nk.size_class.abs_diff(key.size_class)).min(60);
         let limit = self.config.elimination_factor * 2f64.powi(distance);
@@ -731,12 +748,13 @@ impl Selector {
             .iter()
             .filter(|(_, c)| unseeded(c))
             .filter_map(|(name, _)| {
-                // Predictions are of measured costs: a path that keeps the page cache, in a
-                // cold-read context of a workload that reads bytes again, may win on its
-                // judged cost (see `Reuse`) and is explored whatever it is predicted.
+                // Without a judged prediction, a path that keeps the page cache, in a
+                // cold-read context of a workload that reads bytes again, may still win on
+                // its judged cost (see `Reuse`) and is explored.
                 let spared = rereading && self.reuse.keeps(name);
                 if let Some(p) = predictions.get(name.as_str()) {
                     let worse = best_high.is_some_and(|b| b > 0.0 && p.low > margin * b);
+                    let spared = spared && cached.is_none();
                     Some((name.clone(), p.centre, worse && !spared))
                 } else {
                     let median = *nearest.get(name.as_str())?;
@@ -1043,6 +1061,41 @@ mod tests {
         // Cached reads measured in another size class only (this one was read cold through
         // a direct path, never cached): the nearest class stands in.
         assert_eq!(run_with(1.0, 1 << 20).as_deref(), Some("posix"));
+    }
+
+    #[test]
+    fn an_unseen_cold_read_class_judges_predictions_with_rereads() {
+        let read = |bytes: u64, cache: CacheState| TransferContext {
+            direction: Direction::Read,
+            cache,
+            ..ctx(bytes)
+        };
+        let mut s = Selector::new(SelectorConfig::default());
+        s.reuse_mut().set_keeping(["posix", "mmap"]);
+        s.reuse_mut().set_rate(1.0);
+        // ns per byte: posix 0.45 cold / 0.10 cached; mmap 2.0 cold; uring 0.30 cold.
+        let costs = [("posix", 0.45), ("mmap", 2.0), ("uring", 0.30)];
+        for _ in 0..8 {
+            let c = read(1 << 20, CacheState::Cached);
+            s.record(&c, "posix", Linear("posix", 0.0, 0.10).observation(1 << 20));
+        }
+        for bytes in [1u64 << 20, 2 << 20] {
+            for _ in 0..8 {
+                for (name, per_byte) in costs {
+                    let c = read(bytes, CacheState::Cold);
+                    s.record(&c, name, Linear(name, 0.0, per_byte).observation(bytes));
+                }
+            }
+        }
+        let names = ["mmap", "posix", "uring"];
+        s.choose(&read(8 << 20, CacheState::Cold), &names).unwrap();
+        let key = ContextKey::of(&read(8 << 20, CacheState::Cold));
+        let state = &s.keys()[&key];
+        // posix judged 0.45 + 0.10 against uring's 2 x 0.30: explored; mmap 2.0 + 0.10 is
+        // more than twice uring's judged cost: not explored.
+        assert!(!state.candidates["posix"].eliminated);
+        assert!(!state.candidates["uring"].eliminated);
+        assert!(state.candidates["mmap"].eliminated);
     }
 
     #[test]
