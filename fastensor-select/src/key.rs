@@ -77,12 +77,16 @@ impl ContextKey {
 
     /// True when the keys differ at most in their size class.
     pub fn same_but_size(&self, other: &ContextKey) -> bool {
+        self.cache == other.cache && self.same_but_size_and_cache(other)
+    }
+
+    /// True when the keys differ at most in their size class and page-cache state.
+    pub fn same_but_size_and_cache(&self, other: &ContextKey) -> bool {
         self.direction == other.direction
             && self.memory == other.memory
             && self.in_flight == other.in_flight
             && self.fs_type == other.fs_type
             && self.device == other.device
-            && self.cache == other.cache
             && self.durable == other.durable
     }
 

@@ -57,31 +57,14 @@ impl Reuse {
             && key.cache == CacheState::Cold
     }
 
-    /// The key of the same context with the bytes cached.
-    pub(crate) fn cached_key(key: &ContextKey) -> ContextKey {
-        ContextKey {
-            cache: CacheState::Cached,
-            ..key.clone()
-        }
-    }
-
     /// `(scale, shift)` for `name`: a judged cost is `cost * scale + shift`. `cached` is the
     /// best median in the cached context.
-    fn adjustment(&self, name: &str, cached: f64) -> (f64, f64) {
+    pub(crate) fn adjustment(&self, name: &str, cached: f64) -> (f64, f64) {
         if self.keeping.contains(name) {
             (1.0, self.rate * cached)
         } else {
             (1.0 + self.rate, 0.0)
         }
-    }
-
-    /// [`Reuse::adjustment`] per candidate name (in the given order).
-    pub(crate) fn adjustments<'a>(
-        &self,
-        names: impl Iterator<Item = &'a String>,
-        cached: f64,
-    ) -> Vec<(f64, f64)> {
-        names.map(|n| self.adjustment(n, cached)).collect()
     }
 
     /// The judged cost of `cost` through `name`.
@@ -130,7 +113,7 @@ mod tests {
         r.set_keeping(["posix"]);
         r.set_rate(0.5);
         let names: Vec<String> = vec!["posix".into(), "uring".into()];
-        let adj = r.adjustments(names.iter(), 0.1);
+        let adj: Vec<(f64, f64)> = names.iter().map(|n| r.adjustment(n, 0.1)).collect();
         assert_eq!(adj, vec![(1.0, 0.05), (1.5, 0.0)]);
         // posix cold 0.45 ns/B, uring 0.30: judged 0.50 against 0.45 at r = 0.5, and
         // 0.55 against 0.60 at r = 1 (posix then wins).
@@ -139,11 +122,14 @@ mod tests {
         let j = judged(&adj, [0.45, 0.30]);
         assert!(j[0] > j[1]);
         r.set_rate(1.0);
-        let j = judged(&r.adjustments(names.iter(), 0.1), [0.45, 0.30]);
+        let adj: Vec<(f64, f64)> = names.iter().map(|n| r.adjustment(n, 0.1)).collect();
+        let j = judged(&adj, [0.45, 0.30]);
         assert!(j[0] < j[1]);
-        assert_eq!(
-            Reuse::cached_key(&key(CacheState::Cold, Direction::Read)).cache,
-            CacheState::Cached
+        // The cached context of a cold read is the same context but for the cache state.
+        let (cold, cached) = (
+            key(CacheState::Cold, Direction::Read),
+            key(CacheState::Cached, Direction::Read),
         );
+        assert!(cold.same_but_size_and_cache(&cached) && !cold.same_but_size(&cached));
     }
 }

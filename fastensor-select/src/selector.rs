@@ -1,7 +1,7 @@
 //! Exploration with successive elimination, exploitation with drift detection.
 
 use crate::{ContextKey, Estimate, Fingerprint, Objective, Observation, Reuse, Samples};
-use fastensor_core::TransferContext;
+use fastensor_core::{CacheState, TransferContext};
 use std::collections::BTreeMap;
 
 /// How the selector explores and when it explores again.
@@ -533,10 +533,9 @@ impl Selector {
         if !self.reuse.applies_to(key) {
             return None;
         }
-        let target = Reuse::cached_key(key);
         self.keys
             .iter()
-            .filter(|(k, _)| k.same_but_size(&target))
+            .filter(|(k, _)| k.cache == CacheState::Cached && k.same_but_size_and_cache(key))
             .filter_map(|(k, s)| {
                 let (_, e) = s.leader(self.config.objective)?;
                 Some((k.size_class.abs_diff(key.size_class), e.median))
@@ -551,11 +550,16 @@ impl Selector {
         let Some(state) = self.keys.get_mut(key) else {
             return;
         };
-        match cached {
-            Some(cached) => {
-                state.adjust = self.reuse.adjustments(state.candidates.keys(), cached);
-            }
-            None => state.adjust.clear(),
+        state.adjust.clear();
+        if let Some(cached) = cached {
+            // Refilled in place: no allocation once the list has grown to size.
+            let reuse = &self.reuse;
+            state.adjust.extend(
+                state
+                    .candidates
+                    .keys()
+                    .map(|name| reuse.adjustment(name, cached)),
+            );
         }
     }
 

@@ -17,39 +17,51 @@ impl ReadRanges {
     /// The most ranges tracked per file.
     pub(crate) const MAX_RANGES: usize = 4096;
 
-    /// Adds `start..end`; returns how many of its bytes had been read before.
+    /// The start of the first range starting after `s`.
+    fn ranges_after(&self, s: u64) -> Option<u64> {
+        use std::ops::Bound::{Excluded, Unbounded};
+        self.ranges
+            .range((Excluded(s), Unbounded))
+            .next()
+            .map(|(&start, _)| start)
+    }
+
+    /// Adds `start..end`; returns how many of its bytes had been read before. Allocates
+    /// nothing for a read that extends or falls inside a known range (a stream's reads).
     pub(crate) fn add(&mut self, start: u64, end: u64) -> u64 {
         if start >= end {
             return 0;
         }
+        // A read inside or extending the range it starts in, reaching no other range: that
+        // range grows in place.
+        if let Some((&s, &e)) = self.ranges.range(..=start).next_back() {
+            let reaches_next = self.ranges_after(s).is_some_and(|next| next <= end);
+            if e >= start && !reaches_next {
+                if let Some(e) = self.ranges.get_mut(&s) {
+                    *e = (*e).max(end);
+                }
+                return e.min(end) - start;
+            }
+        }
         let mut again = 0;
         let (mut lo, mut hi) = (start, end);
-        // Ranges that overlap or touch start..end: the one starting at or before `start`,
-        // and those starting inside.
-        let first = self
-            .ranges
-            .range(..=start)
-            .next_back()
-            .map(|(&s, _)| s)
-            .unwrap_or(start);
-        let touching: Vec<(u64, u64)> = self
-            .ranges
-            .range(first..=end)
-            .map(|(&s, &e)| (s, e))
-            .filter(|&(s, e)| e >= start && s <= end)
-            .collect();
-        for (s, e) in &touching {
-            again += e.min(&end).saturating_sub(*s.max(&start));
-            lo = lo.min(*s);
-            hi = hi.max(*e);
-        }
-        if touching.is_empty() && self.ranges.len() >= Self::MAX_RANGES {
-            return again;
-        }
-        for (s, _) in touching {
+        let mut touched = false;
+        // The range starting last at or before `hi` touches `lo..hi` when it ends at or
+        // after `lo`; merged in, it can only extend `hi` past ranges that would overlap it,
+        // and there are none (they are disjoint), so the next one is looked up below `hi`.
+        while let Some((&s, &e)) = self.ranges.range(..=hi).next_back() {
+            if e < lo {
+                break;
+            }
+            again += e.min(end).saturating_sub(s.max(start));
+            lo = lo.min(s);
+            hi = hi.max(e);
+            touched = true;
             self.ranges.remove(&s);
         }
-        self.ranges.insert(lo, hi);
+        if touched || self.ranges.len() < Self::MAX_RANGES {
+            self.ranges.insert(lo, hi);
+        }
         again
     }
 }
@@ -97,6 +109,34 @@ mod tests {
         assert_eq!(r.ranges.len(), 1);
         assert_eq!(r.add(0, 400), 400);
         assert_eq!(r.add(5, 5), 0);
+    }
+
+    #[test]
+    fn counts_match_a_byte_map() {
+        let mut r = ReadRanges::default();
+        let mut seen = vec![false; 4096];
+        let mut x = 0x9E37_79B9_7F4A_7C15u64;
+        for _ in 0..3000 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let start = x % 4000;
+            let end = (start + x / 4000 % 96).min(4096);
+            let expected = seen[start as usize..end as usize]
+                .iter()
+                .filter(|b| **b)
+                .count();
+            seen[start as usize..end as usize].fill(true);
+            assert_eq!(r.add(start, end), expected as u64, "{start}..{end}");
+        }
+        // Disjoint, non-adjacent, covering exactly what was read.
+        let mut last_end = None;
+        for (&s, &e) in &r.ranges {
+            assert!(s < e && last_end.is_none_or(|l| l < s));
+            last_end = Some(e);
+        }
+        let covered: u64 = r.ranges.iter().map(|(s, e)| e - s).sum();
+        assert_eq!(covered, seen.iter().filter(|b| **b).count() as u64);
     }
 
     #[test]
