@@ -298,6 +298,7 @@ impl ContextRecord {
             drift_run: 0,
             drift_samples: Samples::default(),
             reexplorations: self.reexplorations,
+            exploited: 0,
             adjust: Vec::new(),
         }
     }

@@ -50,6 +50,11 @@ pub struct SelectorConfig {
     /// each class's median as uncertain by twice its median absolute deviation, and by at
     /// least 10%, so that a far extrapolation from noisy classes eliminates nothing.
     pub model_margin: f64,
+    /// After this many transfers through the choice of a context, candidates dropped on a
+    /// single sample are measured again (once): on a noisy device one slow outlier can drop
+    /// the best path, and a context used this long repays a second look (default 64; 0:
+    /// never).
+    pub second_look_after: u32,
 }
 
 impl Default for SelectorConfig {
@@ -65,6 +70,7 @@ impl Default for SelectorConfig {
             drift_count: 5,
             inherit: true,
             model_margin: 2.0,
+            second_look_after: 64,
         }
     }
 }
@@ -93,6 +99,8 @@ pub struct KeyState {
     pub drift_samples: Samples,
     /// How many times drift restarted the exploration.
     pub reexplorations: u32,
+    /// Observations of the choice since it was made (not persisted).
+    pub exploited: u32,
     /// `(scale, shift)` per candidate (in name order) applied to its costs when candidates
     /// are compared: the next read of the same bytes included, for cold reads of a
     /// workload that reads bytes again (see [`Reuse`]). Empty: costs as measured. Not
@@ -242,6 +250,23 @@ impl KeyState {
         }
         if revived {
             self.drift_run = 0;
+        }
+        revived
+    }
+
+    /// Once the choice has run `second_look_after` transfers, revives the candidates dropped
+    /// on a single sample (see [`SelectorConfig::second_look_after`]); they keep that sample
+    /// and are dropped again if their next one is slow too. Returns whether any was revived.
+    fn second_look(&mut self, cfg: &SelectorConfig) -> bool {
+        if cfg.second_look_after == 0 || self.exploited != cfg.second_look_after {
+            return false;
+        }
+        let mut revived = false;
+        for c in self.candidates.values_mut() {
+            if c.eliminated && c.samples.len() == 1 {
+                c.eliminated = false;
+                revived = true;
+            }
         }
         revived
     }
@@ -465,10 +490,15 @@ impl Selector {
                     .then(by_rank(a, b))
             });
         let exploring = needy.is_some();
-        // Stay on `stay` while it still needs samples.
+        // Stay on `stay` while it still needs samples, but not past its first one while no
+        // other candidate is measured: alone it leads and would be confirmed in full before
+        // anything could be compared with it (and a slow one dropped).
+        let others_measured = |name: &str| alive().any(|(n, c)| n != name && !c.samples.is_empty());
         let sticky = stay.and_then(|last| {
             alive().find(|(n, c)| {
-                *n == last && c.samples.len() < state.required_of(n, c, lead.as_ref(), cfg)
+                *n == last
+                    && c.samples.len() < state.required_of(n, c, lead.as_ref(), cfg)
+                    && (c.samples.is_empty() || others_measured(n))
             })
         });
         // Every offered survivor is measured: the best of them.
@@ -612,6 +642,7 @@ impl Selector {
         cand.prior = None;
 
         if state.choice.is_none() {
+            state.exploited = 0;
             Self::eliminate(state, cfg);
             if state.settled(cfg) {
                 state.choose_leader(cfg.objective);
@@ -619,16 +650,27 @@ impl Selector {
             }
         } else if state.settled(cfg) {
             // Exploiting: keep the choice on the best median (the choice's own samples move),
-            // and measure again what was dropped once the choice has slid behind it.
+            // and measure again what was dropped once the choice has slid behind it, or on
+            // one sample only.
+            state.exploited = state.exploited.saturating_add(1);
             state.choose_leader(cfg.objective);
             if let Some(choice) = state.choice.take() {
-                if state.revisit_dropped(&choice, cfg) {
+                if state.revisit_dropped(&choice, cfg) || state.second_look(cfg) {
                     state.reexplorations += 1;
                     self.stats.reexplorations += 1;
                 } else {
                     state.choice = Some(choice);
                 }
             }
+        } else if state.leader(cfg.objective).map(|(n, _)| n) != state.choice.as_deref() {
+            // Exploiting, but the choice's own samples moved it behind a surviving candidate
+            // measured `min_samples` times, which as leader needs `confirm_samples`: the
+            // exploration resumes so that it gets them (left alone, it would never be chosen
+            // nor measured).
+            state.choice = None;
+            state.drift_run = 0;
+            state.reexplorations += 1;
+            self.stats.reexplorations += 1;
         }
     }
 
@@ -1000,9 +1042,27 @@ mod tests {
             order.push(choice.backend.clone());
             stay = Some(choice.backend);
         }
-        // Runs of consecutive transfers, not alternation: one switch per candidate.
+        // Runs of consecutive transfers, not alternation: the first path is measured once,
+        // then every path in one run.
         let switches = order.windows(2).filter(|w| w[0] != w[1]).count();
-        assert_eq!(switches, 2, "{order:?}");
+        assert_eq!(switches, 3, "{order:?}");
+        assert_eq!(order[..2], ["a", "b"]);
+        // A slow first path is dropped after its one sample once another one is measured.
+        let mut s = Selector::new(SelectorConfig::default());
+        let mut stay: Option<String> = None;
+        let mut slow_samples = 0;
+        for _ in 0..40 {
+            let choice = s.choose_staying(&c, &names, stay.as_deref()).unwrap();
+            if !choice.exploring {
+                break;
+            }
+            let slow = choice.backend == "a";
+            slow_samples += usize::from(slow);
+            let obs = Linear("x", 1000.0, if slow { 5.0 } else { 1.0 }).observation(1 << 16);
+            s.record(&c, &choice.backend, obs);
+            stay = Some(choice.backend);
+        }
+        assert_eq!(slow_samples, 1);
         // Without `stay`, the fewest-samples rule alternates.
         let mut s = Selector::new(SelectorConfig::default());
         let first: Vec<String> = (0..3)
@@ -1013,6 +1073,90 @@ mod tests {
             })
             .collect();
         assert_eq!(first, ["a", "b", "c"]);
+    }
+
+    #[test]
+    fn a_choice_that_slid_behind_a_surviving_candidate_gives_way() {
+        let mut s = Selector::new(SelectorConfig::default());
+        let c = ctx(1 << 20);
+        let names = ["a", "b"];
+        let cost = |ns: u64| Observation {
+            bytes: 1 << 20,
+            wall: Duration::from_nanos(ns),
+            cpu: Duration::ZERO,
+        };
+        // `b` overlaps `a` (not separated) but is more than 10% slower: 3 samples settle
+        // it, while `a`, the leader, is confirmed with 6.
+        for ns in [1000, 1000, 1300] {
+            s.record(&c, "a", cost(ns));
+        }
+        for ns in [1200, 1250, 1250] {
+            s.record(&c, "b", cost(ns));
+        }
+        for _ in 0..3 {
+            s.record(&c, "a", cost(1000));
+        }
+        assert_eq!(s.choice_for(&ContextKey::of(&c)), Some("a"));
+        // `a` slides to 1.9x, each step below the drift factor (1.5 x its slowest): `b`
+        // leads and needs confirming samples.
+        let mut explored_b = 0;
+        for _ in 0..40 {
+            let choice = s.choose(&c, &names).unwrap();
+            let ns = if choice.backend == "a" { 1900 } else { 1250 };
+            explored_b += usize::from(choice.exploring && choice.backend == "b");
+            s.record(&c, &choice.backend, cost(ns));
+        }
+        assert_eq!(explored_b, 3);
+        assert_eq!(s.choice_for(&ContextKey::of(&c)), Some("b"));
+    }
+
+    #[test]
+    fn a_candidate_dropped_on_one_outlier_gets_a_second_look() {
+        let mut s = Selector::new(SelectorConfig::default());
+        let c = ctx(8 << 20);
+        let names = ["direct", "buffered"];
+        let cost = |ns: u64| Observation {
+            bytes: 8 << 20,
+            wall: Duration::from_nanos(ns),
+            cpu: Duration::ZERO,
+        };
+        // `direct` really costs 1000 but its one sample was a 5x outlier: dropped at once.
+        s.record(&c, "buffered", cost(2000));
+        s.record(&c, "direct", cost(5000));
+        assert!(state(&s, 8 << 20).candidates["direct"].eliminated);
+        let mut used = Vec::new();
+        for _ in 0..100 {
+            let choice = s.choose(&c, &names).unwrap();
+            let ns = if choice.backend == "direct" {
+                1000
+            } else {
+                2000
+            };
+            s.record(&c, &choice.backend, cost(ns));
+            used.push(choice.backend);
+        }
+        // `buffered` is confirmed (6 samples) and runs 64 transfers; then `direct` is
+        // measured again and taken.
+        let first_direct = used.iter().position(|b| b == "direct").unwrap();
+        assert_eq!(first_direct, 5 + 64);
+        assert_eq!(s.choice_for(&ContextKey::of(&c)), Some("direct"));
+        assert!(used[first_direct..].iter().all(|b| b == "direct"));
+        // A candidate whose second sample is slow too stays dropped.
+        let mut s = Selector::new(SelectorConfig::default());
+        s.record(&c, "buffered", cost(2000));
+        s.record(&c, "direct", cost(5000));
+        for _ in 0..100 {
+            let choice = s.choose(&c, &names).unwrap();
+            let ns = if choice.backend == "direct" {
+                5000
+            } else {
+                2000
+            };
+            s.record(&c, &choice.backend, cost(ns));
+        }
+        let st = state(&s, 8 << 20);
+        assert!(st.candidates["direct"].eliminated);
+        assert_eq!(st.candidates["direct"].samples.len(), 2);
     }
 
     #[test]

@@ -442,6 +442,7 @@ impl EngineFile {
                                 stream_previous.is_some(),
                                 offset..offset + n as u64,
                                 path,
+                                chosen.keeps_cache(),
                                 exploring,
                                 measured,
                             );

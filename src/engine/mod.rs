@@ -82,6 +82,12 @@ impl Candidate {
         };
         way && self.caps.supports_memory(memory)
     }
+
+    /// True when the backend reads through the page cache (it reads ahead, and what it reads
+    /// stays cached).
+    pub(crate) fn keeps_cache(&self) -> bool {
+        self.caps.read && !self.caps.bypasses_page_cache
+    }
 }
 
 #[derive(Debug, Clone, Copy, Default)]
@@ -457,7 +463,7 @@ impl EngineBuilder {
         selector.reuse_mut().set_keeping(
             candidates
                 .iter()
-                .filter(|c| c.caps.read && !c.caps.bypasses_page_cache)
+                .filter(|c| c.keeps_cache())
                 .map(|c| c.name().to_string()),
         );
         let inner = Inner {

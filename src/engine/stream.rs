@@ -4,11 +4,15 @@
 //! A read that starts where the last one ended continues a stream. Its cost depends on the
 //! path's own effect on the cache: a buffered stream from the device is served mostly by the
 //! readahead its earlier reads started, so most of its reads are cheap and a few wait. Such a
-//! stream is learned per path over runs of reads (one observation for up to
-//! [`Run::MAX_TRANSFERS`] reads or [`Run::MAX_BYTES`] bytes: their mean cost, which is what
-//! the stream's total time is made of), under the page-cache state probed at the stream's
-//! first read, not per state of each read's bytes (which would credit the cheap, read-ahead
-//! reads to the cached context and leave the direct paths' single cold reads looking best).
+//! stream is learned per path over runs of reads (one observation per run: their mean cost,
+//! which is what the stream's total time is made of), under the page-cache state probed at
+//! the stream's first read, not per state of each read's bytes (which would credit the cheap,
+//! read-ahead reads to the cached context and leave the direct paths' single cold reads
+//! looking best). A run through a path that reads ahead, from the device, spans
+//! [`Run::READ_AHEAD_BYTES`], so that it holds the waits of a whole readahead window as well
+//! as the cheap reads that window serves (a median over shorter runs picks the cheap ones: a
+//! mapped 64 KiB stream was measured at 0.97 GB/s over runs of 512 KiB and ran at 0.52);
+//! other runs end after [`Run::MAX_TRANSFERS`] reads or [`Run::MAX_BYTES`] bytes.
 
 use fastensor_core::{CacheState, TransferContext};
 use fastensor_select::{in_flight_class, size_class};
@@ -61,6 +65,8 @@ pub(crate) struct Run {
     pub(crate) cpu: Option<Duration>,
     /// Reads in the run.
     pub(crate) transfers: u32,
+    /// Whether the run spans a readahead window (see [`Run::READ_AHEAD_BYTES`]).
+    long: bool,
 }
 
 impl Run {
@@ -70,8 +76,18 @@ impl Run {
     /// A run ends once it has read this many bytes.
     pub(crate) const MAX_BYTES: u64 = 4 << 20;
 
-    fn start(m: Measured, path: usize) -> Run {
+    /// A run of reads from the device through a path that keeps the page cache (and so reads
+    /// ahead) ends once it has read this many bytes (the largest `read_ahead_kb` commonly
+    /// set, that of some virtual disks; the default is 128 KiB), or after
+    /// [`Run::READ_AHEAD_MAX_TRANSFERS`] reads.
+    pub(crate) const READ_AHEAD_BYTES: u64 = 8 << 20;
+
+    /// See [`Run::READ_AHEAD_BYTES`].
+    pub(crate) const READ_AHEAD_MAX_TRANSFERS: u32 = 2048;
+
+    fn start(m: Measured, path: usize, keeps_cache: bool) -> Run {
         Run {
+            long: keeps_cache && m.ctx.cache != CacheState::Cached,
             ctx: m.ctx,
             path,
             bytes: m.bytes,
@@ -101,7 +117,11 @@ impl Run {
     }
 
     fn full(&self) -> bool {
-        self.transfers >= Self::MAX_TRANSFERS || self.bytes >= Self::MAX_BYTES
+        if self.long {
+            self.transfers >= Self::READ_AHEAD_MAX_TRANSFERS || self.bytes >= Self::READ_AHEAD_BYTES
+        } else {
+            self.transfers >= Self::MAX_TRANSFERS || self.bytes >= Self::MAX_BYTES
+        }
     }
 }
 
@@ -126,13 +146,15 @@ impl ReadStream {
     };
 
     /// An exploring path that takes over a stream is measured only after
-    /// [`Self::WARM_UP_READS`] reads there and either this many bytes or
-    /// [`Self::WARM_UP_MAX_READS`] reads: until then its cost is the previous path's state
-    /// (the pages it left cached, or none read ahead for this one) and its own readahead
-    /// ramping up (the kernel doubles the window per read up to the device's
-    /// `read_ahead_kb`, 8 MiB on some virtual disks), which the stream pays once per
-    /// switch, not per read. The read count bounds what warming a slow path up costs at
-    /// small sizes (a direct 4 KiB read costs 50 µs where a cached one costs 2).
+    /// [`Self::WARM_UP_READS`] reads there and, for a path that keeps the page cache,
+    /// either this many bytes or [`Self::WARM_UP_MAX_READS`] reads: until then its cost is
+    /// the previous path's state (the pages it left cached, or none read ahead for this one)
+    /// and its own readahead ramping up (the kernel doubles the window per read up to the
+    /// device's `read_ahead_kb`, 8 MiB on some virtual disks), which the stream pays once
+    /// per switch, not per read. The read count bounds what warming a slow path up costs at
+    /// small sizes (a direct 4 KiB read costs 50 µs where a cached one costs 2). A path that
+    /// bypasses the page cache reads nothing ahead: its first reads only wait behind what
+    /// the previous path left in flight.
     pub(crate) const WARM_UP_BYTES: u64 = 8 << 20;
 
     /// See [`Self::WARM_UP_BYTES`].
@@ -167,15 +189,16 @@ impl ReadStream {
     }
 
     /// Notes that a read through `path` covered `range` (`continued`: it continued the
-    /// stream; `exploring`: it was an exploration's measurement), measured as `measured`
-    /// (`None` when it measured nothing useful). An exploring read is not kept while its
-    /// path warms up in the stream (see [`Self::WARM_UP_BYTES`]). Returns the runs that
-    /// ended, to be recorded.
+    /// stream; `exploring`: it was an exploration's measurement; `keeps_cache`: the path
+    /// reads through the page cache), measured as `measured` (`None` when it measured
+    /// nothing useful). An exploring read is not kept while its path warms up in the stream
+    /// (see [`Self::WARM_UP_BYTES`]). Returns the runs that ended, to be recorded.
     pub(crate) fn finish(
         &mut self,
         continued: bool,
         range: std::ops::Range<u64>,
         path: usize,
+        keeps_cache: bool,
         exploring: bool,
         measured: Option<Measured>,
     ) -> [Option<Run>; 2] {
@@ -183,7 +206,8 @@ impl ReadStream {
         let same = continued && path == self.last_path;
         let warm = same
             && self.path_reads >= Self::WARM_UP_READS
-            && (self.path_bytes >= Self::WARM_UP_BYTES
+            && (!keeps_cache
+                || self.path_bytes >= Self::WARM_UP_BYTES
                 || self.path_reads >= Self::WARM_UP_MAX_READS);
         if same {
             self.path_bytes += read;
@@ -209,7 +233,7 @@ impl ReadStream {
             }
         }
         let ended = self.run.take();
-        let run = Run::start(m, path);
+        let run = Run::start(m, path, keeps_cache);
         if run.full() {
             [ended, Some(run)]
         } else {
@@ -260,63 +284,80 @@ mod tests {
             begin(&mut s, 0, 4096, CacheState::Cold),
             (CacheState::Cold, None)
         );
-        s.finish(false, 0..4096, 1, false, None);
+        s.finish(false, 0..4096, 1, false, false, None);
         // Continues: no probe, cold carried, previous path known.
         let got = begin(&mut s, 4096, 4096, CacheState::Cached);
         assert_eq!(got, (CacheState::Cold, Some(1)));
-        s.finish(true, 4096..8192, 1, false, None);
+        s.finish(true, 4096..8192, 1, false, false, None);
         // A jump starts a new stream: probed.
         let got = begin(&mut s, 1 << 30, 1 << 16, CacheState::Cached);
         assert_eq!(got, (CacheState::Cached, None));
-        s.finish(false, (1 << 30)..(1 << 30) + (1 << 16), 2, false, None);
+        s.finish(
+            false,
+            (1 << 30)..(1 << 30) + (1 << 16),
+            2,
+            false,
+            false,
+            None,
+        );
         // A cached stream re-probes reads of 64 KiB and more.
         let got = begin(&mut s, (1 << 30) + (1 << 16), 1 << 16, CacheState::Cold);
         assert_eq!(got, (CacheState::Cold, Some(2)));
         assert_eq!(probes.get(), 3);
     }
 
+    /// Path 0 owns a cold stream; path 1 takes it over while exploring for `reads` reads of
+    /// 64 KiB; then path 0 takes it back, exploiting. Returns the reads of path 1 kept in
+    /// the runs that ended, and those runs' lengths.
+    fn take_over(keeps_cache: bool, reads: u32) -> (u32, Vec<u32>) {
+        let mut s = ReadStream::NONE;
+        let mut runs = Vec::new();
+        let mut end = 0u64;
+        let cold = || Some(read(1 << 16, CacheState::Cold));
+        s.finish(false, 0..1 << 16, 0, keeps_cache, false, cold());
+        end += 1 << 16;
+        for _ in 0..reads {
+            let out = s.finish(true, end..end + (1 << 16), 1, keeps_cache, true, cold());
+            end += 1 << 16;
+            runs.extend(out.into_iter().flatten().filter(|r| r.path == 1));
+        }
+        // Exploiting, a switch is measured at once (it is what the stream really costs).
+        let out = s.finish(true, end..end + (1 << 16), 0, keeps_cache, false, cold());
+        assert!(out.iter().flatten().all(|r| r.path == 1));
+        runs.extend(out.into_iter().flatten());
+        assert_eq!(s.take_run().map(|r| (r.path, r.transfers)), Some((0, 1)));
+        let lens: Vec<u32> = runs.iter().map(|r| r.transfers).collect();
+        (lens.iter().sum(), lens)
+    }
+
     #[test]
     fn an_exploring_path_is_measured_once_it_has_warmed_up_in_the_stream() {
-        let mut s = ReadStream::NONE;
-        let mut kept = 0u32;
-        let mut end = 0u64;
-        // Path 0 owns the stream; path 1 takes it over while exploring: its first 32 reads
-        // of 64 KiB (2 MiB, less than 8 MiB) are not kept, the next 16 are (two runs of 8).
-        s.finish(
-            false,
-            0..1 << 16,
-            0,
-            false,
-            Some(read(1 << 16, CacheState::Cold)),
-        );
-        end += 1 << 16;
-        for _ in 0..48 {
-            let out = s.finish(
-                true,
-                end..end + (1 << 16),
-                1,
-                true,
-                Some(read(1 << 16, CacheState::Cold)),
-            );
-            end += 1 << 16;
-            kept += out
-                .iter()
-                .flatten()
-                .filter(|r| r.path == 1)
-                .map(|r| r.transfers)
-                .sum::<u32>();
-        }
-        assert_eq!(kept, 16);
-        // Exploiting, a switch is measured at once (it is what the stream really costs).
-        let out = s.finish(
-            true,
-            end..end + (1 << 16),
-            0,
-            false,
-            Some(read(1 << 16, CacheState::Cold)),
-        );
-        assert!(out.iter().flatten().all(|r| r.path == 1));
-        assert_eq!(s.take_run().map(|r| (r.path, r.transfers)), Some((0, 1)));
+        // Through the page cache: the first 32 reads of 64 KiB (2 MiB, less than 8 MiB) are
+        // not kept, the next 16 are, in one run (a readahead window is 8 MiB).
+        assert_eq!(take_over(true, 48), (16, vec![16]));
+        // 8 MiB past the warm-up, a run through the page cache ends.
+        assert_eq!(take_over(true, 32 + 160), (160, vec![128, 32]));
+        // A direct path warms up in two reads and is measured in runs of 8.
+        assert_eq!(take_over(false, 20), (18, vec![8, 8, 2]));
+    }
+
+    #[test]
+    fn only_reads_from_the_device_through_the_page_cache_run_long() {
+        let lens = |keeps_cache: bool, cache: CacheState| {
+            let mut s = ReadStream::NONE;
+            let mut lens = Vec::new();
+            for i in 0..300u64 {
+                let range = i * 4096..(i + 1) * 4096;
+                let out = s.finish(i > 0, range, 0, keeps_cache, false, Some(read(4096, cache)));
+                lens.extend(out.into_iter().flatten().map(|r| r.transfers));
+            }
+            lens.len()
+        };
+        // 300 reads of 4 KiB: one run in progress through the page cache from the device,
+        // runs of 8 otherwise.
+        assert_eq!(lens(true, CacheState::Cold), 0);
+        assert_eq!(lens(true, CacheState::Cached), 37);
+        assert_eq!(lens(false, CacheState::Cold), 37);
     }
 
     #[test]
@@ -330,6 +371,7 @@ mod tests {
                 i > 0,
                 end..end + 4096,
                 0,
+                false,
                 false,
                 Some(read(4096, CacheState::Cold)),
             );
@@ -348,6 +390,7 @@ mod tests {
             end..end + 4096,
             1,
             false,
+            false,
             Some(read(4096, CacheState::Cold)),
         );
         end += 4096;
@@ -358,6 +401,7 @@ mod tests {
             end..end + (8 << 20),
             1,
             false,
+            false,
             Some(read(8 << 20, CacheState::Cold)),
         );
         assert_eq!(out[0].as_ref().map(|r| r.transfers), Some(1));
@@ -365,19 +409,27 @@ mod tests {
         // A read without CPU time makes the run's CPU unknown.
         let mut m = read(4096, CacheState::Cold);
         m.cpu = None;
-        s.finish(false, 0..4096, 0, false, Some(m));
+        s.finish(false, 0..4096, 0, false, false, Some(m));
         s.finish(
             true,
             4096..8192,
             0,
+            false,
             false,
             Some(read(4096, CacheState::Cold)),
         );
         let run = s.take_run().unwrap();
         assert_eq!((run.transfers, run.cpu), (2, None));
         // An unmeasured read ends the run in progress.
-        s.finish(false, 0..4096, 0, false, Some(read(4096, CacheState::Cold)));
-        let out = s.finish(true, 4096..8192, 0, false, None);
+        s.finish(
+            false,
+            0..4096,
+            0,
+            false,
+            false,
+            Some(read(4096, CacheState::Cold)),
+        );
+        let out = s.finish(true, 4096..8192, 0, false, false, None);
         assert_eq!(out[0].as_ref().map(|r| r.transfers), Some(1));
         assert!(s.take_run().is_none());
     }
