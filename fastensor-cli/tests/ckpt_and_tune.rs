@@ -77,8 +77,9 @@ fn ckpt_bench_copy_and_inspect() {
         "safetensors crate",
         "plain buffered",
         "disk (raw O_DIRECT)",
-        "disk, into fresh memory",
+        "limit into fresh memory",
         "of fresh",
+        "threads faulted in",
     ] {
         assert!(out.contains(row), "{row} missing:\n{out}");
     }

@@ -20,10 +20,12 @@
 //! * A read's context includes the page-cache state of its bytes, asked without reading
 //!   anything (`cachestat`, else `mincore`). A read that continues a stream (it starts where
 //!   the last one ended) carries the state probed at the stream's first read, and stream
-//!   reads are measured in runs of up to 8 reads or 4 MiB (their mean cost): a buffered
-//!   stream's reads are mostly cheap and sometimes wait for the readahead they started.
-//!   While a stream context is explored, each path keeps the stream for a run of reads and
-//!   is measured only after warming up there (8 MiB, or 32 reads; see `stream.rs`).
+//!   reads are measured in runs (their mean cost): a buffered stream's reads from the
+//!   device are mostly cheap and sometimes wait for the readahead they started, so its runs
+//!   span 8 MiB (a readahead window); other runs end after 8 reads or 4 MiB. While a stream
+//!   context is explored, each path keeps the stream for a run of reads and is measured
+//!   only after warming up there (a path through the page cache: 8 MiB, or 32 reads; a
+//!   direct one: 2 reads; see `stream.rs`).
 //! * The engine counts how many of the bytes read were read before (through the same open
 //!   file); when the workload reads bytes again, cold reads are judged with the next read
 //!   included, so a path that leaves the bytes in the page cache can win over a faster one
