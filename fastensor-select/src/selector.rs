@@ -51,9 +51,11 @@ pub struct SelectorConfig {
     /// least 10%, so that a far extrapolation from noisy classes eliminates nothing.
     pub model_margin: f64,
     /// After this many transfers through the choice of a context, candidates dropped on a
-    /// single sample are measured again (once): on a noisy device one slow outlier can drop
-    /// the best path, and a context used this long repays a second look (default 64; 0:
-    /// never).
+    /// single sample that cost less than 3 times the choice's median are measured again
+    /// (once): on a noisy device one slow outlier can drop the best path, and a context used
+    /// this long repays a second look (default 64; 0: never). A candidate measured further
+    /// behind is not: an outlier that large is rare, and a second look at a slow path
+    /// through the page cache costs its warm-up again.
     pub second_look_after: u32,
 }
 
@@ -255,15 +257,23 @@ impl KeyState {
     }
 
     /// Once the choice has run `second_look_after` transfers, revives the candidates dropped
-    /// on a single sample (see [`SelectorConfig::second_look_after`]); they keep that sample
-    /// and are dropped again if their next one is slow too. Returns whether any was revived.
-    fn second_look(&mut self, cfg: &SelectorConfig) -> bool {
+    /// on a single sample within [`SECOND_LOOK_WITHIN`] of the choice (see
+    /// [`SelectorConfig::second_look_after`]); they keep that sample and are dropped again if
+    /// their next one is slow too. Returns whether any was revived.
+    fn second_look(&mut self, choice: &str, cfg: &SelectorConfig) -> bool {
         if cfg.second_look_after == 0 || self.exploited != cfg.second_look_after {
             return false;
         }
+        let Some(current) = self.estimate(choice, cfg.objective).map(|e| e.median) else {
+            return false;
+        };
         let mut revived = false;
         for c in self.candidates.values_mut() {
-            if c.eliminated && c.samples.len() == 1 {
+            let near = c
+                .samples
+                .estimate(cfg.objective)
+                .is_some_and(|e| e.median <= SECOND_LOOK_WITHIN * current);
+            if c.eliminated && c.samples.len() == 1 && near {
                 c.eliminated = false;
                 revived = true;
             }
@@ -271,6 +281,14 @@ impl KeyState {
         revived
     }
 }
+
+/// A candidate dropped on one sample gets a second look only if that sample cost less than
+/// this times the choice's median (see [`SelectorConfig::second_look_after`]).
+const SECOND_LOOK_WITHIN: f64 = 3.0;
+
+/// A measurement of a path warming up is recorded only when it costs more than this times
+/// the leader's median (see [`Selector::record_if_far`]).
+const FAR_WARM_UP: f64 = 4.0;
 
 /// What [`Selector::choose`] decided.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -522,6 +540,39 @@ impl Selector {
         self.spare_key = Some(key);
     }
 
+    /// Records `obs` only when it shows `backend` far behind the context's leader (another
+    /// candidate): more than 4 times its median, as judged (see [`KeyState::adjust`]).
+    /// Returns whether it was recorded. For measurements that are not fair samples of the
+    /// backend but still tell a slow one: the reads of a path warming up in a stream pay
+    /// for the switch (a readahead ramp costs up to 2-3 times a warm read), so only a cost
+    /// beyond that rules the path out, without measuring it warm.
+    pub fn record_if_far(
+        &mut self,
+        ctx: &TransferContext,
+        backend: &str,
+        obs: Observation,
+    ) -> bool {
+        let key = self.key_of(ctx);
+        self.ensure_key(&key);
+        self.refresh_adjust(&key);
+        let objective = self.config.objective;
+        let state = &self.keys[&key];
+        let far = state.leader(objective).is_some_and(|(leader, lead)| {
+            let index = state.candidates.keys().position(|n| n == backend);
+            let (scale, shift) = index
+                .and_then(|i| state.adjust.get(i).copied())
+                .unwrap_or((1.0, 0.0));
+            let cost = objective.cost(obs.sample()) * scale + shift;
+            leader != backend && cost > FAR_WARM_UP * lead.median
+        });
+        if far {
+            self.stats.observations += 1;
+            self.record_in(&key, backend, obs);
+        }
+        self.spare_key = Some(key);
+        far
+    }
+
     /// Records a transfer through `backend` whose CPU time was not read: its CPU cost per
     /// byte is taken to be the candidate's last measured one in this context (0 when none).
     /// Returns the CPU time so assumed. The engine reads the process CPU clock on exploring
@@ -655,7 +706,7 @@ impl Selector {
             state.exploited = state.exploited.saturating_add(1);
             state.choose_leader(cfg.objective);
             if let Some(choice) = state.choice.take() {
-                if state.revisit_dropped(&choice, cfg) || state.second_look(cfg) {
+                if state.revisit_dropped(&choice, cfg) || state.second_look(&choice, cfg) {
                     state.reexplorations += 1;
                     self.stats.reexplorations += 1;
                 } else {
@@ -1157,6 +1208,39 @@ mod tests {
         let st = state(&s, 8 << 20);
         assert!(st.candidates["direct"].eliminated);
         assert_eq!(st.candidates["direct"].samples.len(), 2);
+        // A candidate measured more than 3x behind the choice gets no second look.
+        let mut s = Selector::new(SelectorConfig::default());
+        s.record(&c, "buffered", cost(2000));
+        s.record(&c, "direct", cost(7000));
+        for _ in 0..100 {
+            let choice = s.choose(&c, &names).unwrap();
+            assert_eq!(choice.backend, "buffered");
+            s.record(&c, &choice.backend, cost(2000));
+        }
+        assert_eq!(state(&s, 8 << 20).candidates["direct"].samples.len(), 1);
+    }
+
+    #[test]
+    fn a_warm_up_measurement_counts_only_when_far_behind_the_leader() {
+        let mut s = Selector::new(SelectorConfig::default());
+        let c = ctx(1 << 20);
+        let cost = |ns: u64| Observation {
+            bytes: 1 << 20,
+            wall: Duration::from_nanos(ns),
+            cpu: Duration::ZERO,
+        };
+        // No leader yet: nothing to be far behind.
+        assert!(!s.record_if_far(&c, "mapped", cost(9000)));
+        s.record(&c, "direct", cost(1000));
+        // 3x (a readahead ramp can cost that): not recorded; nor is the leader's own.
+        assert!(!s.record_if_far(&c, "mapped", cost(3000)));
+        assert!(!s.record_if_far(&c, "direct", cost(9000)));
+        assert!(!state(&s, 1 << 20).candidates.contains_key("mapped"));
+        // 7x: recorded, and the path is dropped without being measured warm.
+        assert!(s.record_if_far(&c, "mapped", cost(7000)));
+        let st = state(&s, 1 << 20);
+        assert!(st.candidates["mapped"].eliminated);
+        assert_eq!(st.candidates["direct"].samples.len(), 1);
     }
 
     #[test]

@@ -227,9 +227,18 @@ impl EngineFile {
         stream.begin(offset, len, || self.cache_state(offset, len))
     }
 
-    /// Records a run of stream reads as one observation.
+    /// Records a run of stream reads as one observation (a warm-up run only when it shows
+    /// its path far behind the leader, see [`Run::warm_up`]).
     fn record_run(&self, run: Run) {
-        if let Some(c) = self.engine.candidates.get(run.path) {
+        let Some(c) = self.engine.candidates.get(run.path) else {
+            return;
+        };
+        if run.warm_up {
+            if let Some(cpu) = run.cpu {
+                self.engine
+                    .record_if_far(&run.ctx, c.name(), run.bytes, run.wall, cpu);
+            }
+        } else {
             self.engine
                 .record(&run.ctx, c.name(), run.bytes, run.wall, run.cpu);
         }

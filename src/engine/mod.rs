@@ -174,6 +174,29 @@ impl Inner {
             || self.transfers.fetch_add(1, Ordering::Relaxed) % CPU_SAMPLE_EVERY == 0
     }
 
+    /// Offers the selector a measurement that counts only if it shows `backend` far behind
+    /// the leader (see [`Selector::record_if_far`]); counted in the backend's use if so.
+    pub(crate) fn record_if_far(
+        &self,
+        ctx: &TransferContext,
+        backend: &str,
+        bytes: u64,
+        wall: Duration,
+        cpu: Duration,
+    ) {
+        if bytes == 0 {
+            return;
+        }
+        let recorded = {
+            let mut sel = self.selector();
+            sel.reuse_mut().set_rate(self.reads.rate());
+            sel.record_if_far(ctx, backend, Observation { bytes, wall, cpu })
+        };
+        if recorded {
+            self.add_usage(backend, bytes, wall, cpu);
+        }
+    }
+
     /// Records a transfer of `bytes` through `backend`: its wall time, and its CPU time when
     /// it was read (see [`Inner::reads_cpu`]).
     pub(crate) fn record(
@@ -207,6 +230,11 @@ impl Inner {
                 None => cpu_used = sel.record_wall_only(ctx, backend, bytes, wall),
             }
         }
+        self.add_usage(backend, bytes, wall, cpu_used);
+    }
+
+    /// Counts a measured transfer in `backend`'s use (see [`Report`]).
+    fn add_usage(&self, backend: &str, bytes: u64, wall: Duration, cpu: Duration) {
         let mut usage = self.usage.lock().unwrap_or_else(|p| p.into_inner());
         // The backend's name is allocated once, on its first transfer.
         let u = match usage.get_mut(backend) {
@@ -216,7 +244,7 @@ impl Inner {
         u.transfers += 1;
         u.bytes += bytes;
         u.wall += wall;
-        u.cpu += cpu_used;
+        u.cpu += cpu;
     }
 }
 

@@ -35,6 +35,8 @@ pub(crate) struct ReadStream {
     path_reads: u32,
     /// The reads measured together so far.
     run: Option<Run>,
+    /// The reads of an exploring path while it warms up (see [`Run::warm_up`]).
+    warming: Option<Run>,
 }
 
 /// One measured read, handed to [`ReadStream::finish`].
@@ -67,6 +69,10 @@ pub(crate) struct Run {
     pub(crate) transfers: u32,
     /// Whether the run spans a readahead window (see [`Run::READ_AHEAD_BYTES`]).
     long: bool,
+    /// The reads of an exploring path warming up in the stream: not a fair sample of the
+    /// path (it pays for the switch), but one that shows a path far behind the leader
+    /// already, so it is offered to the selector for that alone.
+    pub(crate) warm_up: bool,
 }
 
 impl Run {
@@ -94,6 +100,7 @@ impl Run {
             wall: m.wall,
             cpu: m.cpu,
             transfers: 1,
+            warm_up: false,
         }
     }
 
@@ -143,6 +150,7 @@ impl ReadStream {
         path_bytes: 0,
         path_reads: 0,
         run: None,
+        warming: None,
     };
 
     /// An exploring path that takes over a stream is measured only after
@@ -192,8 +200,35 @@ impl ReadStream {
     /// stream; `exploring`: it was an exploration's measurement; `keeps_cache`: the path
     /// reads through the page cache), measured as `measured` (`None` when it measured
     /// nothing useful). An exploring read is not kept while its path warms up in the stream
-    /// (see [`Self::WARM_UP_BYTES`]). Returns the runs that ended, to be recorded.
+    /// (see [`Self::WARM_UP_BYTES`]), but gathered into a warm-up run, returned once the
+    /// warm-up ends (see [`Run::warm_up`]). Returns the runs that ended, to be recorded.
     pub(crate) fn finish(
+        &mut self,
+        continued: bool,
+        range: std::ops::Range<u64>,
+        path: usize,
+        keeps_cache: bool,
+        exploring: bool,
+        measured: Option<Measured>,
+    ) -> [Option<Run>; 3] {
+        // A warm-up run ends with the first read that is not part of it.
+        let warming = continued && exploring && !self.warm(path, keeps_cache);
+        let warmed = self.warming.take_if(|w| !warming || w.path != path);
+        let [a, b] = self.finish_runs(continued, range, path, keeps_cache, exploring, measured);
+        [a, b, warmed]
+    }
+
+    /// Whether a read through `path` continuing the stream finds `path` warmed up in it.
+    fn warm(&self, path: usize, keeps_cache: bool) -> bool {
+        path == self.last_path
+            && self.path_reads >= Self::WARM_UP_READS
+            && (!keeps_cache
+                || self.path_bytes >= Self::WARM_UP_BYTES
+                || self.path_reads >= Self::WARM_UP_MAX_READS)
+    }
+
+    /// [`Self::finish`] but for the warm-up run.
+    fn finish_runs(
         &mut self,
         continued: bool,
         range: std::ops::Range<u64>,
@@ -204,11 +239,7 @@ impl ReadStream {
     ) -> [Option<Run>; 2] {
         let read = range.end - range.start;
         let same = continued && path == self.last_path;
-        let warm = same
-            && self.path_reads >= Self::WARM_UP_READS
-            && (!keeps_cache
-                || self.path_bytes >= Self::WARM_UP_BYTES
-                || self.path_reads >= Self::WARM_UP_MAX_READS);
+        let warm = continued && self.warm(path, keeps_cache);
         if same {
             self.path_bytes += read;
             self.path_reads = self.path_reads.saturating_add(1);
@@ -218,7 +249,22 @@ impl ReadStream {
         }
         self.end = range.end;
         self.last_path = path;
-        let measured = measured.filter(|_| warm || !exploring || !continued);
+        let warming = !warm && exploring && continued;
+        let (measured, warming) = if warming {
+            (None, measured)
+        } else {
+            (measured, None)
+        };
+        if let Some(m) = warming {
+            match self.warming.as_mut() {
+                Some(w) if w.takes(&m.ctx, path) => w.add(&m),
+                _ => {
+                    let mut w = Run::start(m, path, keeps_cache);
+                    w.warm_up = true;
+                    self.warming = Some(w);
+                }
+            }
+        }
         let Some(m) = measured else {
             return [self.run.take(), None];
         };
@@ -308,8 +354,8 @@ mod tests {
 
     /// Path 0 owns a cold stream; path 1 takes it over while exploring for `reads` reads of
     /// 64 KiB; then path 0 takes it back, exploiting. Returns the reads of path 1 kept in
-    /// the runs that ended, and those runs' lengths.
-    fn take_over(keeps_cache: bool, reads: u32) -> (u32, Vec<u32>) {
+    /// the runs that ended, those runs' lengths, and the lengths of its warm-up runs.
+    fn take_over(keeps_cache: bool, reads: u32) -> (u32, Vec<u32>, Vec<u32>) {
         let mut s = ReadStream::NONE;
         let mut runs = Vec::new();
         let mut end = 0u64;
@@ -326,19 +372,26 @@ mod tests {
         assert!(out.iter().flatten().all(|r| r.path == 1));
         runs.extend(out.into_iter().flatten());
         assert_eq!(s.take_run().map(|r| (r.path, r.transfers)), Some((0, 1)));
-        let lens: Vec<u32> = runs.iter().map(|r| r.transfers).collect();
-        (lens.iter().sum(), lens)
+        let lens = |warm_up: bool| -> Vec<u32> {
+            runs.iter()
+                .filter(|r| r.warm_up == warm_up)
+                .map(|r| r.transfers)
+                .collect()
+        };
+        (lens(false).iter().sum(), lens(false), lens(true))
     }
 
     #[test]
     fn an_exploring_path_is_measured_once_it_has_warmed_up_in_the_stream() {
         // Through the page cache: the first 32 reads of 64 KiB (2 MiB, less than 8 MiB) are
-        // not kept, the next 16 are, in one run (a readahead window is 8 MiB).
-        assert_eq!(take_over(true, 48), (16, vec![16]));
+        // a warm-up run, the next 16 are kept in one run (a readahead window is 8 MiB).
+        assert_eq!(take_over(true, 48), (16, vec![16], vec![32]));
         // 8 MiB past the warm-up, a run through the page cache ends.
-        assert_eq!(take_over(true, 32 + 160), (160, vec![128, 32]));
+        assert_eq!(take_over(true, 32 + 160), (160, vec![128, 32], vec![32]));
         // A direct path warms up in two reads and is measured in runs of 8.
-        assert_eq!(take_over(false, 20), (18, vec![8, 8, 2]));
+        assert_eq!(take_over(false, 20), (18, vec![8, 8, 2], vec![2]));
+        // A warm-up cut short by a switch ends there.
+        assert_eq!(take_over(true, 10), (0, vec![], vec![10]));
     }
 
     #[test]
