@@ -323,3 +323,61 @@ fn engine_is_send_and_sync_and_works_from_threads() {
     // thread's stream (those measure the other path's state).
     assert!(s.engine.selector_stats().observations >= 8 * 20 * 2 * 3 / 4);
 }
+
+#[test]
+fn a_slow_path_through_the_page_cache_is_ruled_out_by_its_warm_up() {
+    // Reading a stream of 1 MiB reads: `a-direct` bypasses the page cache (it warms up in 2
+    // reads), `b-buffered` keeps it (8 MiB of warm-up) and costs 10x more.
+    let clock = VirtualClock::new();
+    let store: Arc<dyn Backend> = Arc::new(MemoryBackend::new());
+    let caps = store.capabilities();
+    let direct = Arc::new(
+        Throttled::virtual_clock(
+            "a-direct",
+            store.clone(),
+            Costs::uniform(Cost::new(10_000, 0.3)),
+            &clock,
+        )
+        .with_capabilities(fastensor::Capabilities {
+            bypasses_page_cache: true,
+            ..caps
+        }),
+    );
+    let buffered = Arc::new(Throttled::virtual_clock(
+        "b-buffered",
+        store,
+        Costs::uniform(Cost::new(10_000, 3.0)),
+        &clock,
+    ));
+    let engine = builder(&clock)
+        .backend(direct.clone())
+        .backend(buffered.clone())
+        .build()
+        .unwrap();
+    let path = Path::new("/virtual/stream.bin");
+    let mib = vec![3u8; 1 << 20];
+    {
+        let file = engine.open(path, OpenMode::Create).unwrap();
+        for i in 0..64u64 {
+            file.write_at(i << 20, &mib).unwrap();
+        }
+    }
+    let reads_before = buffered.calls();
+    let file = engine.open(path, OpenMode::Read).unwrap();
+    let mut buf = vec![0u8; 1 << 20];
+    for i in 0..64u64 {
+        file.read_at(i << 20, &mut buf).unwrap();
+    }
+    drop(file);
+    // `b-buffered` read 5 MiB: its first read through a new handle (not measured), then 4
+    // warm-up reads, which showed it 10x behind: dropped (measured warm first, after 8 MiB
+    // of warm-up, it would have read 16).
+    assert_eq!(buffered.calls() - reads_before, 5, "{}", engine.report());
+    let dict = engine.dictionary();
+    let read = dict
+        .contexts
+        .iter()
+        .find(|c| c.direction == "read")
+        .unwrap();
+    assert_eq!(read.choice.as_deref(), Some("a-direct"));
+}

@@ -210,12 +210,14 @@ impl ReadStream {
         keeps_cache: bool,
         exploring: bool,
         measured: Option<Measured>,
-    ) -> [Option<Run>; 3] {
-        // A warm-up run ends with the first read that is not part of it.
+    ) -> [Option<Run>; 4] {
+        // A warm-up run ends with the first read that is not part of it, or once it holds 8
+        // reads or 4 MiB (so that a path far behind is ruled out early).
         let warming = continued && exploring && !self.warm(path, keeps_cache);
-        let warmed = self.warming.take_if(|w| !warming || w.path != path);
+        let ended = self.warming.take_if(|w| !warming || w.path != path);
         let [a, b] = self.finish_runs(continued, range, path, keeps_cache, exploring, measured);
-        [a, b, warmed]
+        let full = self.warming.take_if(|w| w.full());
+        [a, b, ended, full]
     }
 
     /// Whether a read through `path` continuing the stream finds `path` warmed up in it.
@@ -259,7 +261,7 @@ impl ReadStream {
             match self.warming.as_mut() {
                 Some(w) if w.takes(&m.ctx, path) => w.add(&m),
                 _ => {
-                    let mut w = Run::start(m, path, keeps_cache);
+                    let mut w = Run::start(m, path, false);
                     w.warm_up = true;
                     self.warming = Some(w);
                 }
@@ -384,14 +386,19 @@ mod tests {
     #[test]
     fn an_exploring_path_is_measured_once_it_has_warmed_up_in_the_stream() {
         // Through the page cache: the first 32 reads of 64 KiB (2 MiB, less than 8 MiB) are
-        // a warm-up run, the next 16 are kept in one run (a readahead window is 8 MiB).
-        assert_eq!(take_over(true, 48), (16, vec![16], vec![32]));
+        // the warm-up
+        // (offered in runs of 8 reads), the next 16 are kept in one run (a readahead window
+        // is 8 MiB).
+        assert_eq!(take_over(true, 48), (16, vec![16], vec![8, 8, 8, 8]));
         // 8 MiB past the warm-up, a run through the page cache ends.
-        assert_eq!(take_over(true, 32 + 160), (160, vec![128, 32], vec![32]));
+        assert_eq!(
+            take_over(true, 32 + 160),
+            (160, vec![128, 32], vec![8, 8, 8, 8])
+        );
         // A direct path warms up in two reads and is measured in runs of 8.
         assert_eq!(take_over(false, 20), (18, vec![8, 8, 2], vec![2]));
         // A warm-up cut short by a switch ends there.
-        assert_eq!(take_over(true, 10), (0, vec![], vec![10]));
+        assert_eq!(take_over(true, 10), (0, vec![], vec![8, 2]));
     }
 
     #[test]
