@@ -1044,6 +1044,15 @@ mod tests {
         }
     }
 
+    /// An observation of `bytes` bytes taking `ns` nanoseconds (no CPU time).
+    fn taking(bytes: u64, ns: u64) -> Observation {
+        Observation {
+            bytes,
+            wall: Duration::from_nanos(ns),
+            cpu: Duration::ZERO,
+        }
+    }
+
     /// Measures every backend `n` times at `bytes` (the class ends up explored).
     fn measure_all(s: &mut Selector, bytes: u64, backends: &[Linear], n: usize) {
         for _ in 0..n {
@@ -1131,11 +1140,7 @@ mod tests {
         let mut s = Selector::new(SelectorConfig::default());
         let c = ctx(1 << 20);
         let names = ["a", "b"];
-        let cost = |ns: u64| Observation {
-            bytes: 1 << 20,
-            wall: Duration::from_nanos(ns),
-            cpu: Duration::ZERO,
-        };
+        let cost = |ns: u64| taking(1 << 20, ns);
         // `b` overlaps `a` (not separated) but is more than 10% slower: 3 samples settle
         // it, while `a`, the leader, is confirmed with 6.
         for ns in [1000, 1000, 1300] {
@@ -1166,11 +1171,7 @@ mod tests {
         let mut s = Selector::new(SelectorConfig::default());
         let c = ctx(8 << 20);
         let names = ["direct", "buffered"];
-        let cost = |ns: u64| Observation {
-            bytes: 8 << 20,
-            wall: Duration::from_nanos(ns),
-            cpu: Duration::ZERO,
-        };
+        let cost = |ns: u64| taking(8 << 20, ns);
         // `direct` really costs 1000 but its one sample was a 5x outlier: dropped at once.
         s.record(&c, "buffered", cost(2000));
         s.record(&c, "direct", cost(5000));
@@ -1224,11 +1225,7 @@ mod tests {
     fn a_warm_up_measurement_counts_only_when_far_behind_the_leader() {
         let mut s = Selector::new(SelectorConfig::default());
         let c = ctx(1 << 20);
-        let cost = |ns: u64| Observation {
-            bytes: 1 << 20,
-            wall: Duration::from_nanos(ns),
-            cpu: Duration::ZERO,
-        };
+        let cost = |ns: u64| taking(1 << 20, ns);
         // No leader yet: nothing to be far behind.
         assert!(!s.record_if_far(&c, "mapped", cost(9000)));
         s.record(&c, "direct", cost(1000));
