@@ -380,4 +380,8 @@ fn a_slow_path_through_the_page_cache_is_ruled_out_by_its_warm_up() {
         .find(|c| c.direction == "read")
         .unwrap();
     assert_eq!(read.choice.as_deref(), Some("a-direct"));
+    // The report counts every transfer, measured in runs or not: 64 writes and 64 reads.
+    let usage = engine.report().usage;
+    assert_eq!(usage.iter().map(|u| u.transfers).sum::<u64>(), 128);
+    assert_eq!(usage.iter().map(|u| u.bytes).sum::<u64>(), 128 << 20);
 }

@@ -92,12 +92,27 @@ impl Candidate {
     }
 }
 
+/// What one backend moved through an engine: every transfer, measured by the selector or
+/// not.
 #[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct Usage {
     pub(crate) transfers: u64,
     pub(crate) bytes: u64,
     pub(crate) wall: std::time::Duration,
+    /// CPU time of the transfers whose CPU clock was read.
     pub(crate) cpu: std::time::Duration,
+    /// Bytes of those transfers.
+    pub(crate) cpu_bytes: u64,
+}
+
+impl Usage {
+    /// CPU time of all the transfers: that of the ones measured, scaled to every byte.
+    pub(crate) fn cpu_estimate(&self) -> std::time::Duration {
+        if self.cpu_bytes == 0 {
+            return std::time::Duration::ZERO;
+        }
+        self.cpu.mul_f64(self.bytes as f64 / self.cpu_bytes as f64)
+    }
 }
 
 pub(crate) struct Inner {
@@ -175,7 +190,7 @@ impl Inner {
     }
 
     /// Offers the selector a measurement that counts only if it shows `backend` far behind
-    /// the leader (see [`Selector::record_if_far`]); counted in the backend's use if so.
+    /// the leader (see [`Selector::record_if_far`]).
     pub(crate) fn record_if_far(
         &self,
         ctx: &TransferContext,
@@ -187,14 +202,9 @@ impl Inner {
         if bytes == 0 {
             return;
         }
-        let recorded = {
-            let mut sel = self.selector();
-            sel.reuse_mut().set_rate(self.reads.rate());
-            sel.record_if_far(ctx, backend, Observation { bytes, wall, cpu })
-        };
-        if recorded {
-            self.add_usage(backend, bytes, wall, cpu);
-        }
+        let mut sel = self.selector();
+        sel.reuse_mut().set_rate(self.reads.rate());
+        sel.record_if_far(ctx, backend, Observation { bytes, wall, cpu });
     }
 
     /// Records a transfer of `bytes` through `backend`: its wall time, and its CPU time when
@@ -207,7 +217,6 @@ impl Inner {
         wall: Duration,
         cpu: Option<Duration>,
     ) {
-        let mut cpu_used = cpu.unwrap_or_default();
         if bytes > 0 {
             let mut sel = self.selector();
             // The fingerprint is cloned only when it gains a device (`add_location` skips
@@ -227,14 +236,22 @@ impl Inner {
             sel.reuse_mut().set_rate(self.reads.rate());
             match cpu {
                 Some(cpu) => sel.record(ctx, backend, Observation { bytes, wall, cpu }),
-                None => cpu_used = sel.record_wall_only(ctx, backend, bytes, wall),
+                None => {
+                    sel.record_wall_only(ctx, backend, bytes, wall);
+                }
             }
         }
-        self.add_usage(backend, bytes, wall, cpu_used);
     }
 
-    /// Counts a measured transfer in `backend`'s use (see [`Report`]).
-    fn add_usage(&self, backend: &str, bytes: u64, wall: Duration, cpu: Duration) {
+    /// Counts a transfer in `backend`'s use (see [`Report`]), with its CPU time when it was
+    /// read.
+    pub(crate) fn add_usage(
+        &self,
+        backend: &str,
+        bytes: u64,
+        wall: Duration,
+        cpu: Option<Duration>,
+    ) {
         let mut usage = self.usage.lock().unwrap_or_else(|p| p.into_inner());
         // The backend's name is allocated once, on its first transfer.
         let u = match usage.get_mut(backend) {
@@ -244,7 +261,10 @@ impl Inner {
         u.transfers += 1;
         u.bytes += bytes;
         u.wall += wall;
-        u.cpu += cpu;
+        if let Some(cpu) = cpu {
+            u.cpu += cpu;
+            u.cpu_bytes += bytes;
+        }
     }
 }
 

@@ -16,7 +16,8 @@ pub struct BackendUsage {
     pub bytes: u64,
     /// Wall-clock time of those transfers.
     pub wall: Duration,
-    /// CPU time of those transfers.
+    /// CPU time of those transfers: the CPU clock is read on a share of them (see
+    /// [`Engine`]), and the time measured is scaled to all their bytes.
     pub cpu: Duration,
 }
 
@@ -63,7 +64,7 @@ impl Report {
                 transfers: u.transfers,
                 bytes: u.bytes,
                 wall: u.wall,
-                cpu: u.cpu,
+                cpu: u.cpu_estimate(),
             })
             .collect();
         let sel = engine.inner.selector();
