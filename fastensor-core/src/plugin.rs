@@ -34,7 +34,7 @@
 //! frees its instances and handles in `destroy` and `close`, strings it hands out stay owned
 //! by it (the host copies them at once), and the host passes its own buffers for data and
 //! messages. Only host memory crosses the boundary: the host refuses device memory with
-//! [`ErrorKind::Unsupported`](crate::ErrorKind::Unsupported) before calling the plugin. No
+//! [`ErrorKind::Unsupported`] before calling the plugin. No
 //! panic crosses it either: every exported function runs under `catch_unwind` and turns a
 //! panic into an error. Instances and handles must be usable from several threads at once,
 //! as the [`Backend`](crate::Backend) and [`BackendFile`](crate::BackendFile) traits require.
