@@ -423,8 +423,8 @@ impl EngineFile {
             match result {
                 Ok(v) => {
                     let n = moved(&v);
-                    self.engine.add_usage(chosen.name(), n as u64, wall, cpu);
                     let path = self.engine.index_of(chosen);
+                    self.engine.add_usage(path, n as u64, wall, cpu);
                     // A short read (end of file) measures nothing useful, nor does the first
                     // transfer of a new handle (it pays set-up costs once).
                     let useful = n == bytes && !fresh;

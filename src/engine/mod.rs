@@ -93,25 +93,48 @@ impl Candidate {
 }
 
 /// What one backend moved through an engine: every transfer, measured by the selector or
-/// not.
-#[derive(Debug, Clone, Copy, Default)]
+/// not. Atomic counters: counting costs a transfer no lock.
+#[derive(Debug, Default)]
 pub(crate) struct Usage {
-    pub(crate) transfers: u64,
-    pub(crate) bytes: u64,
-    pub(crate) wall: std::time::Duration,
+    transfers: AtomicU64,
+    bytes: AtomicU64,
+    wall_ns: AtomicU64,
     /// CPU time of the transfers whose CPU clock was read.
-    pub(crate) cpu: std::time::Duration,
+    cpu_ns: AtomicU64,
     /// Bytes of those transfers.
-    pub(crate) cpu_bytes: u64,
+    cpu_bytes: AtomicU64,
 }
 
 impl Usage {
-    /// CPU time of all the transfers: that of the ones measured, scaled to every byte.
-    pub(crate) fn cpu_estimate(&self) -> std::time::Duration {
-        if self.cpu_bytes == 0 {
-            return std::time::Duration::ZERO;
+    /// Counts a transfer of `bytes` taking `wall`, and `cpu` when it was read.
+    fn add(&self, bytes: u64, wall: Duration, cpu: Option<Duration>) {
+        let nanos = |d: Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+        self.transfers.fetch_add(1, Ordering::Relaxed);
+        self.bytes.fetch_add(bytes, Ordering::Relaxed);
+        self.wall_ns.fetch_add(nanos(wall), Ordering::Relaxed);
+        if let Some(cpu) = cpu {
+            self.cpu_ns.fetch_add(nanos(cpu), Ordering::Relaxed);
+            self.cpu_bytes.fetch_add(bytes, Ordering::Relaxed);
         }
-        self.cpu.mul_f64(self.bytes as f64 / self.cpu_bytes as f64)
+    }
+
+    /// Transfers, bytes, wall time, and the CPU time of all the transfers: that of the ones
+    /// measured, scaled to every byte.
+    pub(crate) fn totals(&self) -> (u64, u64, Duration, Duration) {
+        let bytes = self.bytes.load(Ordering::Relaxed);
+        let cpu_bytes = self.cpu_bytes.load(Ordering::Relaxed);
+        let cpu = Duration::from_nanos(self.cpu_ns.load(Ordering::Relaxed));
+        let cpu = if cpu_bytes == 0 {
+            Duration::ZERO
+        } else {
+            cpu.mul_f64(bytes as f64 / cpu_bytes as f64)
+        };
+        (
+            self.transfers.load(Ordering::Relaxed),
+            bytes,
+            Duration::from_nanos(self.wall_ns.load(Ordering::Relaxed)),
+            cpu,
+        )
     }
 }
 
@@ -123,7 +146,8 @@ pub(crate) struct Inner {
     pub(crate) profile: Option<PathBuf>,
     pub(crate) in_flight: AtomicU32,
     pub(crate) detect_cache: bool,
-    pub(crate) usage: Mutex<BTreeMap<String, Usage>>,
+    /// Use per candidate (same order as `candidates`).
+    pub(crate) usage: Vec<Usage>,
     pub(crate) warning: Option<Warning>,
     /// Whether the objective weighs CPU time (then every transfer reads the CPU clock).
     pub(crate) objective_uses_cpu: bool,
@@ -243,27 +267,17 @@ impl Inner {
         }
     }
 
-    /// Counts a transfer in `backend`'s use (see [`Report`]), with its CPU time when it was
-    /// read.
+    /// Counts a transfer through the candidate at `index` in its use (see [`Report`]), with
+    /// its CPU time when it was read.
     pub(crate) fn add_usage(
         &self,
-        backend: &str,
+        index: usize,
         bytes: u64,
         wall: Duration,
         cpu: Option<Duration>,
     ) {
-        let mut usage = self.usage.lock().unwrap_or_else(|p| p.into_inner());
-        // The backend's name is allocated once, on its first transfer.
-        let u = match usage.get_mut(backend) {
-            Some(u) => u,
-            None => usage.entry(backend.to_string()).or_default(),
-        };
-        u.transfers += 1;
-        u.bytes += bytes;
-        u.wall += wall;
-        if let Some(cpu) = cpu {
-            u.cpu += cpu;
-            u.cpu_bytes += bytes;
+        if let Some(u) = self.usage.get(index) {
+            u.add(bytes, wall, cpu);
         }
     }
 }
@@ -516,6 +530,7 @@ impl EngineBuilder {
                 .filter(|c| c.keeps_cache())
                 .map(|c| c.name().to_string()),
         );
+        let usage = candidates.iter().map(|_| Usage::default()).collect();
         let inner = Inner {
             candidates,
             objective_uses_cpu: selector.objective_uses_cpu(),
@@ -527,7 +542,7 @@ impl EngineBuilder {
             profile: self.profile,
             in_flight: AtomicU32::new(0),
             detect_cache: !self.no_cache_probe,
-            usage: Mutex::new(BTreeMap::new()),
+            usage,
             warning,
         };
         let engine = Engine {
@@ -597,5 +612,22 @@ impl crate::checkpoint::FileOpener for Engine {
         let file = self.open(path, mode)?;
         file.set_purpose(fastensor_core::Purpose::Checkpoint);
         Ok(Box::new(file))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn usage_scales_the_measured_cpu_time_to_every_byte() {
+        let u = Usage::default();
+        assert_eq!(u.totals(), (0, 0, Duration::ZERO, Duration::ZERO));
+        let ms = Duration::from_millis;
+        u.add(1 << 20, ms(1), Some(ms(2)));
+        u.add(1 << 20, ms(1), None);
+        u.add(2 << 20, ms(2), None);
+        // 2 ms of CPU measured over 1 MiB of 4: 8 ms in all.
+        assert_eq!(u.totals(), (3, 4 << 20, ms(4), ms(8)));
     }
 }

@@ -53,20 +53,23 @@ pub struct Report {
 
 impl Report {
     pub(crate) fn of(engine: &Engine) -> Report {
-        let usage = engine
-            .inner
-            .usage
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
+        let inner = &engine.inner;
+        let mut usage: Vec<BackendUsage> = inner
+            .candidates
             .iter()
-            .map(|(name, u)| BackendUsage {
-                name: name.clone(),
-                transfers: u.transfers,
-                bytes: u.bytes,
-                wall: u.wall,
-                cpu: u.cpu_estimate(),
+            .zip(&inner.usage)
+            .filter_map(|(c, u)| {
+                let (transfers, bytes, wall, cpu) = u.totals();
+                (transfers > 0).then(|| BackendUsage {
+                    name: c.name().to_string(),
+                    transfers,
+                    bytes,
+                    wall,
+                    cpu,
+                })
             })
             .collect();
+        usage.sort_by(|a, b| a.name.cmp(&b.name));
         let sel = engine.inner.selector();
         Report {
             backends: engine.backend_names(),
