@@ -200,8 +200,9 @@ impl ReadStream {
     /// stream; `exploring`: it was an exploration's measurement; `keeps_cache`: the path
     /// reads through the page cache), measured as `measured` (`None` when it measured
     /// nothing useful). An exploring read is not kept while its path warms up in the stream
-    /// (see [`Self::WARM_UP_BYTES`]), but gathered into a warm-up run, returned once the
-    /// warm-up ends (see [`Run::warm_up`]). Returns the runs that ended, to be recorded.
+    /// (see [`Self::WARM_UP_BYTES`]), but gathered into warm-up runs, returned every 8 reads
+    /// or 4 MiB and when the warm-up ends (see [`Run::warm_up`]). Returns the runs that
+    /// ended, to be recorded.
     pub(crate) fn finish(
         &mut self,
         continued: bool,
@@ -229,7 +230,7 @@ impl ReadStream {
                 || self.path_reads >= Self::WARM_UP_MAX_READS)
     }
 
-    /// [`Self::finish`] but for the warm-up run.
+    /// [`Self::finish`] without the warm-up runs: the measured runs that ended.
     fn finish_runs(
         &mut self,
         continued: bool,
