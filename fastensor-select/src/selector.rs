@@ -172,6 +172,16 @@ impl KeyState {
         })
     }
 
+    /// `cost` of the candidate called `name` as candidates are compared (adjusted by
+    /// [`KeyState::adjust`], as [`KeyState::judged`] adjusts estimates).
+    fn judged_cost(&self, name: &str, cost: f64) -> f64 {
+        let index = self.candidates.keys().position(|n| n == name);
+        match index.and_then(|i| self.adjust.get(i)) {
+            Some(&(scale, shift)) => cost * scale + shift,
+            None => cost,
+        }
+    }
+
     /// The surviving candidate with the lowest judged median (ties: name order).
     fn leader(&self, objective: Objective) -> Option<(&str, Estimate)> {
         self.candidates
@@ -558,11 +568,7 @@ impl Selector {
         let objective = self.config.objective;
         let state = &self.keys[&key];
         let far = state.leader(objective).is_some_and(|(leader, lead)| {
-            let index = state.candidates.keys().position(|n| n == backend);
-            let (scale, shift) = index
-                .and_then(|i| state.adjust.get(i).copied())
-                .unwrap_or((1.0, 0.0));
-            let cost = objective.cost(obs.sample()) * scale + shift;
+            let cost = state.judged_cost(backend, objective.cost(obs.sample()));
             leader != backend && cost > FAR_WARM_UP * lead.median
         });
         if far {
@@ -1168,56 +1174,45 @@ mod tests {
 
     #[test]
     fn a_candidate_dropped_on_one_outlier_gets_a_second_look() {
-        let mut s = Selector::new(SelectorConfig::default());
         let c = ctx(8 << 20);
         let names = ["direct", "buffered"];
         let cost = |ns: u64| taking(8 << 20, ns);
+        // `buffered` costs 2000; `direct` was measured once at `first`, and costs `then` when
+        // measured again. Returns the selector and the backends of 100 transfers.
+        let run = |first: u64, then: u64| {
+            let mut s = Selector::new(SelectorConfig::default());
+            s.record(&c, "buffered", cost(2000));
+            s.record(&c, "direct", cost(first));
+            assert!(state(&s, 8 << 20).candidates["direct"].eliminated);
+            let mut used = Vec::new();
+            for _ in 0..100 {
+                let choice = s.choose(&c, &names).unwrap();
+                let ns = if choice.backend == "direct" {
+                    then
+                } else {
+                    2000
+                };
+                s.record(&c, &choice.backend, cost(ns));
+                used.push(choice.backend);
+            }
+            (s, used)
+        };
         // `direct` really costs 1000 but its one sample was a 5x outlier: dropped at once.
-        s.record(&c, "buffered", cost(2000));
-        s.record(&c, "direct", cost(5000));
-        assert!(state(&s, 8 << 20).candidates["direct"].eliminated);
-        let mut used = Vec::new();
-        for _ in 0..100 {
-            let choice = s.choose(&c, &names).unwrap();
-            let ns = if choice.backend == "direct" {
-                1000
-            } else {
-                2000
-            };
-            s.record(&c, &choice.backend, cost(ns));
-            used.push(choice.backend);
-        }
         // `buffered` is confirmed (6 samples) and runs 64 transfers; then `direct` is
         // measured again and taken.
+        let (s, used) = run(5000, 1000);
         let first_direct = used.iter().position(|b| b == "direct").unwrap();
         assert_eq!(first_direct, 5 + 64);
         assert_eq!(s.choice_for(&ContextKey::of(&c)), Some("direct"));
         assert!(used[first_direct..].iter().all(|b| b == "direct"));
         // A candidate whose second sample is slow too stays dropped.
-        let mut s = Selector::new(SelectorConfig::default());
-        s.record(&c, "buffered", cost(2000));
-        s.record(&c, "direct", cost(5000));
-        for _ in 0..100 {
-            let choice = s.choose(&c, &names).unwrap();
-            let ns = if choice.backend == "direct" {
-                5000
-            } else {
-                2000
-            };
-            s.record(&c, &choice.backend, cost(ns));
-        }
+        let (s, _) = run(5000, 5000);
         let st = state(&s, 8 << 20);
         assert!(st.candidates["direct"].eliminated);
         assert_eq!(st.candidates["direct"].samples.len(), 2);
         // A candidate measured more than 3x behind the choice gets no second look.
-        let mut s = Selector::new(SelectorConfig::default());
-        s.record(&c, "buffered", cost(2000));
-        s.record(&c, "direct", cost(7000));
-        for _ in 0..100 {
-            let choice = s.choose(&c, &names).unwrap();
-            assert_eq!(choice.backend, "buffered");
-            s.record(&c, &choice.backend, cost(2000));
-        }
+        let (s, used) = run(7000, 7000);
+        assert!(used.iter().all(|b| b == "buffered"));
         assert_eq!(state(&s, 8 << 20).candidates["direct"].samples.len(), 1);
     }
 

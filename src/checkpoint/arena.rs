@@ -29,6 +29,17 @@ impl Arena {
     }
 }
 
+/// Faults in fresh memory: writes one byte of every 4 KiB page of `mem` (where the kernel
+/// backs a page only when it is first touched, so that a read into it does not stall on the
+/// faults).
+pub(crate) fn fault_in(mem: &mut [u8]) {
+    for i in (0..mem.len()).step_by(4096) {
+        mem[i] = 0;
+    }
+    // The stores must happen even when nothing reads the memory afterwards.
+    std::hint::black_box(mem);
+}
+
 impl Deref for Arena {
     type Target = [u8];
     fn deref(&self) -> &[u8] {

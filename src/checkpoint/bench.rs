@@ -240,14 +240,12 @@ pub fn disk_limit(path: &Path, bytes: u64) -> Result<DiskLimit> {
     })
 }
 
-/// Writes one byte of every 4 KiB page of `buf`, split between `threads` threads.
+/// Faults in `buf` (see [`super::arena::fault_in`]), split between `threads` threads.
 fn fault_in_pages(buf: &mut [u8], threads: usize) -> Result<()> {
     let per = buf.len().div_ceil(threads.max(1)).max(1);
     let parts: Vec<&mut [u8]> = buf.chunks_mut(per).collect();
     crate::core::parallel::for_each(parts, threads, |part| {
-        for i in (0..part.len()).step_by(4096) {
-            part[i] = 1;
-        }
+        super::arena::fault_in(part);
         Ok(())
     })
 }

@@ -212,37 +212,9 @@ impl ReadStream {
         exploring: bool,
         measured: Option<Measured>,
     ) -> [Option<Run>; 4] {
-        // A warm-up run ends with the first read that is not part of it, or once it holds 8
-        // reads or 4 MiB (so that a path far behind is ruled out early).
-        let warming = continued && exploring && !self.warm(path, keeps_cache);
-        let ended = self.warming.take_if(|w| !warming || w.path != path);
-        let [a, b] = self.finish_runs(continued, range, path, keeps_cache, exploring, measured);
-        let full = self.warming.take_if(|w| w.full());
-        [a, b, ended, full]
-    }
-
-    /// Whether a read through `path` continuing the stream finds `path` warmed up in it.
-    fn warm(&self, path: usize, keeps_cache: bool) -> bool {
-        path == self.last_path
-            && self.path_reads >= Self::WARM_UP_READS
-            && (!keeps_cache
-                || self.path_bytes >= Self::WARM_UP_BYTES
-                || self.path_reads >= Self::WARM_UP_MAX_READS)
-    }
-
-    /// [`Self::finish`] without the warm-up runs: the measured runs that ended.
-    fn finish_runs(
-        &mut self,
-        continued: bool,
-        range: std::ops::Range<u64>,
-        path: usize,
-        keeps_cache: bool,
-        exploring: bool,
-        measured: Option<Measured>,
-    ) -> [Option<Run>; 2] {
         let read = range.end - range.start;
         let same = continued && path == self.last_path;
-        let warm = continued && self.warm(path, keeps_cache);
+        let warming = continued && exploring && !self.warm(path, keeps_cache);
         if same {
             self.path_bytes += read;
             self.path_reads = self.path_reads.saturating_add(1);
@@ -252,43 +224,50 @@ impl ReadStream {
         }
         self.end = range.end;
         self.last_path = path;
-        let warming = !warm && exploring && continued;
-        let (measured, warming) = if warming {
-            (None, measured)
-        } else {
-            (measured, None)
-        };
-        if let Some(m) = warming {
-            match self.warming.as_mut() {
-                Some(w) if w.takes(&m.ctx, path) => w.add(&m),
-                _ => {
-                    let mut w = Run::start(m, path, false);
-                    w.warm_up = true;
-                    self.warming = Some(w);
+        // A warm-up run ends with the first read that is not part of it, or once it holds 8
+        // reads or 4 MiB (so that a path far behind is ruled out early).
+        let warmed = self.warming.take_if(|w| !warming || w.path != path);
+        if warming {
+            if let Some(m) = measured {
+                match self.warming.as_mut() {
+                    Some(w) if w.takes(&m.ctx, path) => w.add(&m),
+                    _ => {
+                        let mut w = Run::start(m, path, false);
+                        w.warm_up = true;
+                        self.warming = Some(w);
+                    }
                 }
             }
+            let full = self.warming.take_if(|w| w.full());
+            return [self.run.take(), None, warmed, full];
         }
         let Some(m) = measured else {
-            return [self.run.take(), None];
+            return [self.run.take(), None, warmed, None];
         };
         if let Some(run) = self.run.as_mut() {
             if continued && run.takes(&m.ctx, path) {
                 run.add(&m);
-                return if run.full() {
-                    [self.run.take(), None]
-                } else {
-                    [None, None]
-                };
+                let ended = self.run.take_if(|r| r.full());
+                return [ended, None, warmed, None];
             }
         }
         let ended = self.run.take();
         let run = Run::start(m, path, keeps_cache);
         if run.full() {
-            [ended, Some(run)]
+            [ended, Some(run), warmed, None]
         } else {
             self.run = Some(run);
-            [ended, None]
+            [ended, None, warmed, None]
         }
+    }
+
+    /// Whether a read through `path` continuing the stream finds `path` warmed up in it.
+    fn warm(&self, path: usize, keeps_cache: bool) -> bool {
+        path == self.last_path
+            && self.path_reads >= Self::WARM_UP_READS
+            && (!keeps_cache
+                || self.path_bytes >= Self::WARM_UP_BYTES
+                || self.path_reads >= Self::WARM_UP_MAX_READS)
     }
 
     /// The run in progress, taken out (to be recorded when the file is dropped).
