@@ -275,7 +275,7 @@ impl ContextRecord {
                 .candidates
                 .iter()
                 .map(|c| {
-                    let samples = c
+                    let samples: Vec<Sample> = c
                         .time_ns_per_byte
                         .iter()
                         .zip(&c.cpu_ns_per_byte)
@@ -287,6 +287,9 @@ impl ContextRecord {
                     (
                         c.name.clone(),
                         CandidateState {
+                            // Dropped without samples: ruled out by the neighbouring
+                            // classes, which may be asked again.
+                            inherited: c.eliminated && samples.is_empty(),
                             samples: Samples::from_vec(samples),
                             eliminated: c.eliminated,
                             prior: None,
