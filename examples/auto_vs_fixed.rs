@@ -19,9 +19,12 @@
 //! file keeps the device busy, which must not fall on the next contender's phases).
 //!
 //! The whole run is repeated `--rounds` times (default 3), each round with a new cold-start
-//! `auto` engine (so every round pays for its exploration) and a warm one built from that
-//! round's profile; the contenders' order rotates from round to round, and each phase's
-//! median over the rounds is reported (this disk's speed swings between runs).
+//! `auto` engine (so every round pays for its exploration) and a warm one built from the
+//! profile the previous round's cold-start engine saved (before the first round, a cold-start
+//! engine runs every workload once, untimed, to make the first profile). Every contender,
+//! both `auto` engines included, runs each workload in turn, in an order that rotates from
+//! round to round (so that all meet the same disk conditions), and each phase's median over
+//! the rounds is reported (this disk's speed swings between runs).
 //! Ratios are time / time of the best fixed backend of the same row (lower is better).
 //! `mmap` cannot write: its write phase uses `posix` and it is left out of the mixed total.
 
@@ -192,10 +195,23 @@ fn main() -> fastensor::Result<()> {
     let mut samples: Vec<BTreeMap<String, Vec<Phases>>> = vec![BTreeMap::new(); workloads.len()];
     let mut last_auto: Option<Engine> = None;
     let mut warm_explorations = Vec::new();
+    // The first profile: a cold-start engine runs every workload once, untimed.
+    let _ = std::fs::remove_file(&profile);
+    let tuner = Engine::builder().profile(&profile).build()?;
+    for (_, work) in &workloads {
+        let path = dir.join(".auto_vs_fixed-tune.bin");
+        run(&tuner, &tuner, &path, work, &mut buf)?;
+        clean_up(&dir);
+    }
+    tuner.save_profile()?;
+    eprintln!("first profile made");
     for round in 0..rounds {
+        // A cold-start engine for the whole round, and a warm one from the last profile.
+        let warm = Engine::builder().profile(&profile).build()?;
+        if let Some(w) = warm.load_warning() {
+            println!("warning: {w}");
+        }
         let _ = std::fs::remove_file(&profile);
-        // One auto engine for the whole round (cold start), a second one warm from its
-        // profile.
         let auto_cold = Engine::builder().profile(&profile).build()?;
         for (w, (_, work)) in workloads.iter().enumerate() {
             let mut contenders: Vec<Contender> = names
@@ -211,6 +227,10 @@ fn main() -> fastensor::Result<()> {
             contenders.push(Contender {
                 label: "auto".into(),
                 engine: auto_cold.clone(),
+            });
+            contenders.push(Contender {
+                label: "auto-warm".into(),
+                engine: warm.clone(),
             });
             let k = contenders.len();
             contenders.rotate_left(round % k);
@@ -229,18 +249,6 @@ fn main() -> fastensor::Result<()> {
             clean_up(&dir);
         }
         auto_cold.save_profile()?;
-        // Warm: the same workloads again with the profile learned above (no exploration left
-        // for the contexts already seen).
-        let warm = Engine::builder().profile(&profile).build()?;
-        if let Some(w) = warm.load_warning() {
-            println!("warning: {w}");
-        }
-        for (w, (_, work)) in workloads.iter().enumerate() {
-            let path = dir.join(".auto_vs_fixed-warm.bin");
-            let p = run(&warm, &warm, &path, work, &mut buf)?;
-            samples[w].entry("auto-warm".into()).or_default().push(p);
-            clean_up(&dir);
-        }
         warm_explorations.push(warm.selector_stats().explorations);
         last_auto = Some(auto_cold);
         eprintln!("round {} of {rounds} done", round + 1);
