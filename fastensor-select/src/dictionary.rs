@@ -81,6 +81,11 @@ pub struct CandidateRecord {
     /// CPU nanoseconds per byte of the same samples.
     #[serde(default)]
     pub cpu_ns_per_byte: Vec<f64>,
+    /// For a candidate ruled out without samples by the other size classes: the cost per
+    /// byte they predicted (in the objective's units), which decides whether it gets a second
+    /// look (see `SelectorConfig::second_look_after`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prior: Option<f64>,
 }
 
 /// Something the caller may want to print: the dictionary could not be used and the selector
@@ -252,6 +257,7 @@ impl ContextRecord {
                 .map(|(name, c)| CandidateRecord {
                     name: name.clone(),
                     eliminated: c.eliminated,
+                    prior: c.prior.filter(|_| c.inherited && c.samples.is_empty()),
                     time_ns_per_byte: c
                         .samples
                         .as_slice()
@@ -287,12 +293,12 @@ impl ContextRecord {
                     (
                         c.name.clone(),
                         CandidateState {
-                            // Dropped without samples: ruled out by the neighbouring
-                            // classes, which may be asked again.
-                            inherited: c.eliminated && samples.is_empty(),
+                            // No samples, dropped or seeded: a seed from the other size
+                            // classes, revised while exploring (see `Selector::inherit`).
+                            inherited: samples.is_empty() && (c.eliminated || c.prior.is_some()),
                             samples: Samples::from_vec(samples),
                             eliminated: c.eliminated,
-                            prior: None,
+                            prior: c.prior,
                         },
                     )
                 })

@@ -288,3 +288,47 @@ fn durable_writes_are_their_own_context_and_round_trip() {
     assert_eq!(Dictionary::parse(&text).unwrap(), dict);
     assert!(dict.to_string().contains("sync"), "{dict}");
 }
+
+#[test]
+fn a_candidate_ruled_out_by_the_model_keeps_its_second_look_across_a_save() {
+    // a: 10 µs + 0.3 ns/B; b: twice that at every size. After 64 KiB and 1 MiB are explored,
+    // the cost model rules b out at 4 MiB without measuring it.
+    let cost = |name: &str, bytes: u64| {
+        let ns = (10_000.0 + 0.3 * bytes as f64) * if name == "b" { 2.0 } else { 1.0 };
+        let wall = Duration::from_nanos(ns as u64);
+        Observation {
+            bytes,
+            wall,
+            cpu: Duration::ZERO,
+        }
+    };
+    let run = |s: &mut Selector, bytes: u64, n: usize| -> Vec<String> {
+        let c = ctx(Direction::Write, bytes, CacheState::Unknown);
+        (0..n)
+            .map(|_| {
+                let choice = s.choose(&c, &["a", "b"]).unwrap();
+                s.record(&c, &choice.backend, cost(&choice.backend, bytes));
+                choice.backend
+            })
+            .collect()
+    };
+    let mut s = Selector::new(SelectorConfig::default());
+    let mut f = s.fingerprint().clone();
+    f.kernel = fastensor_select::kernel_release();
+    s.set_fingerprint(f);
+    run(&mut s, 64 << 10, 20);
+    run(&mut s, 1 << 20, 20);
+    let used = run(&mut s, 4 << 20, 10);
+    assert!(used.iter().all(|b| b == "a"), "{used:?}");
+    let text = s.dictionary().to_toml();
+    assert!(text.contains("prior = "), "{text}");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("p.toml");
+    s.save(&path).unwrap();
+    let (mut loaded, warning) = Selector::load(&path, SelectorConfig::default()).unwrap();
+    assert!(warning.is_none(), "{warning:?}");
+    // The loaded choice runs 64 transfers; then b, predicted within 3x, is measured once.
+    let used = run(&mut loaded, 4 << 20, 100);
+    let bs: Vec<usize> = (0..used.len()).filter(|&i| used[i] == "b").collect();
+    assert_eq!(bs, [64], "{used:?}");
+}
