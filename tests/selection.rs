@@ -385,3 +385,30 @@ fn a_slow_path_through_the_page_cache_is_ruled_out_by_its_warm_up() {
     assert_eq!(usage.iter().map(|u| u.transfers).sum::<u64>(), 128);
     assert_eq!(usage.iter().map(|u| u.bytes).sum::<u64>(), 128 << 20);
 }
+
+#[test]
+fn the_first_transfer_through_the_handle_opened_with_the_file_is_not_measured() {
+    // 4 KiB writes: `a` costs 14 µs, `b` 201 µs. `a`'s handle is opened with the file, and
+    // its first write pays a one-off set-up (as a mapping's first page faults do): 2 ms.
+    let s = setup(SelectorConfig::default());
+    let file = s
+        .engine
+        .open(Path::new("/virtual/first.bin"), OpenMode::Create)
+        .unwrap();
+    let page = vec![5u8; 4096];
+    s.a.set_costs(Costs::uniform(Cost::new(2_000_000, 1.0)));
+    file.write_at(0, &page).unwrap();
+    assert_eq!(s.a.calls(), 1, "the exploration starts with `a`");
+    s.a.set_costs(Costs::uniform(costs_a()));
+    for i in 1..64u64 {
+        file.write_at(i * 4096, &page).unwrap();
+    }
+    let dict = s.engine.dictionary();
+    let write = dict
+        .contexts
+        .iter()
+        .find(|c| c.direction == "write")
+        .unwrap();
+    // Measured, that first write would have dropped `a` at once (2 ms against 201 µs).
+    assert_eq!(write.choice.as_deref(), Some("a"), "{}", s.engine.report());
+}

@@ -2,6 +2,7 @@
 //! bounded window of recent samples, so that one slow outlier moves nothing.
 
 use crate::Objective;
+use std::cell::Cell;
 
 /// One measured transfer, normalised per byte.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -87,9 +88,19 @@ fn median_sorted(sorted: &[f64]) -> f64 {
 }
 
 /// The recent samples of one candidate in one context, at most `window` of them.
-#[derive(Debug, Clone, Default, PartialEq)]
+#[derive(Debug, Clone, Default)]
 pub struct Samples {
     samples: Vec<Sample>,
+    /// The last estimate computed, and under which objective (cleared by every change): a
+    /// decision asks for the same estimates many times between two samples.
+    memo: Cell<Option<(Objective, Estimate)>>,
+}
+
+impl PartialEq for Samples {
+    /// Equal samples (whatever was computed from them).
+    fn eq(&self, other: &Self) -> bool {
+        self.samples == other.samples
+    }
 }
 
 impl Samples {
@@ -100,11 +111,15 @@ impl Samples {
 
     /// Samples from a list (as loaded from a dictionary).
     pub fn from_vec(samples: Vec<Sample>) -> Self {
-        Samples { samples }
+        Samples {
+            samples,
+            memo: Cell::new(None),
+        }
     }
 
     /// Adds a sample, dropping the oldest beyond `window`.
     pub fn push(&mut self, sample: Sample, window: usize) {
+        self.memo.set(None);
         self.samples.push(sample);
         let window = window.max(1);
         if self.samples.len() > window {
@@ -125,6 +140,7 @@ impl Samples {
 
     /// Forgets every sample.
     pub fn clear(&mut self) {
+        self.memo.set(None);
         self.samples.clear();
     }
 
@@ -135,6 +151,52 @@ impl Samples {
 
     /// The robust estimate of the cost under `objective`.
     pub fn estimate(&self, objective: Objective) -> Option<Estimate> {
-        Estimate::of_vec(self.samples.iter().map(|s| objective.cost(*s)).collect())
+        if let Some((o, e)) = self.memo.get() {
+            if o == objective {
+                return Some(e);
+            }
+        }
+        let e = Estimate::of_vec(self.samples.iter().map(|s| objective.cost(*s)).collect())?;
+        self.memo.set(Some((objective, e)));
+        Some(e)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample(time: f64, cpu: f64) -> Sample {
+        Sample {
+            time_ns_per_byte: time,
+            cpu_ns_per_byte: cpu,
+        }
+    }
+
+    #[test]
+    fn a_remembered_estimate_follows_every_change_and_the_objective() {
+        let mut s = Samples::new();
+        assert_eq!(s.estimate(Objective::Time), None);
+        s.push(sample(1.0, 10.0), 3);
+        assert_eq!(s.estimate(Objective::Time).unwrap().median, 1.0);
+        assert_eq!(s.estimate(Objective::Cpu).unwrap().median, 10.0);
+        s.push(sample(3.0, 30.0), 3);
+        assert_eq!(s.estimate(Objective::Time).unwrap().median, 2.0);
+        s.push(sample(5.0, 50.0), 3);
+        s.push(sample(7.0, 70.0), 3); // the window drops 1.0
+        assert_eq!(s.estimate(Objective::Time).unwrap().median, 5.0);
+        let mix = Objective::Weighted {
+            time: 1.0,
+            cpu: 0.5,
+        };
+        assert_eq!(s.estimate(mix).unwrap().median, 30.0);
+        s.clear();
+        assert_eq!(s.estimate(mix), None);
+        // Equality ignores what was computed.
+        let (mut a, mut b) = (Samples::new(), Samples::new());
+        a.push(sample(1.0, 1.0), 3);
+        b.push(sample(1.0, 1.0), 3);
+        a.estimate(Objective::Time);
+        assert_eq!(a, b);
     }
 }

@@ -10,6 +10,7 @@ use fastensor_core::{
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
 
 type Handle = Arc<dyn BackendFile>;
@@ -33,6 +34,9 @@ pub struct EngineFile {
     stream: Mutex<ReadStream>,
     /// The bytes read so far (to tell reading again from reading for the first time).
     read_ranges: Mutex<ReadRanges>,
+    /// Bit `i`: a transfer went through the engine's candidate `i` (the first one through a
+    /// handle pays its set-up: a mapping's first page faults, a ring's registration).
+    used: AtomicU64,
 }
 
 impl Drop for EngineFile {
@@ -79,6 +83,7 @@ impl EngineFile {
             probe_fd: OnceLock::new(),
             stream: Mutex::new(ReadStream::NONE),
             read_ranges: Mutex::new(ReadRanges::default()),
+            used: AtomicU64::new(0),
         };
         // Open one handle now, in the requested mode: creation and truncation happen once,
         // and a missing file or a refused permission is reported here.
@@ -160,16 +165,15 @@ impl EngineFile {
             .collect()
     }
 
-    /// The handle of `backend` and whether it was opened just now (its first transfer
-    /// pays one-off set-up costs and is not measured); opened when first needed and kept.
-    fn handle_fresh(&self, c: &Candidate) -> Result<(Handle, bool)> {
+    /// The handle of `backend`, opened when first needed and kept.
+    fn handle(&self, c: &Candidate) -> Result<Handle> {
         if let Some((h, _)) = self
             .handles
             .read()
             .unwrap_or_else(|p| p.into_inner())
             .get(c.name())
         {
-            return Ok((h.clone(), false));
+            return Ok(h.clone());
         }
         let writable = self.writable && c.caps.write;
         let mode = if writable {
@@ -180,12 +184,20 @@ impl EngineFile {
         let h: Handle = Arc::from(c.backend.open(&self.path, mode)?);
         let mut handles = self.handles_mut();
         let entry = handles.entry(c.name().to_string()).or_insert((h, writable));
-        Ok((entry.0.clone(), true))
+        Ok(entry.0.clone())
     }
 
-    /// The handle of `backend`, opened when first needed.
-    fn handle(&self, c: &Candidate) -> Result<Handle> {
-        self.handle_fresh(c).map(|(h, _)| h)
+    /// Whether this is the first transfer through the engine's candidate `index` on this
+    /// file (noting that it happened). That transfer pays its handle's one-off set-up,
+    /// whenever the handle was opened (the handle opened with the file included): a
+    /// mapping's first page faults, a ring's first submission. Candidates past the 64th are
+    /// never taken for first.
+    fn first_use(&self, index: usize) -> bool {
+        let Some(bit) = u32::try_from(index).ok().and_then(|i| 1u64.checked_shl(i)) else {
+            return false;
+        };
+        self.used.load(Ordering::Relaxed) & bit == 0
+            && self.used.fetch_or(bit, Ordering::Relaxed) & bit == 0
     }
 
     fn any_handle(&self, writable: bool) -> Result<Handle> {
@@ -392,7 +404,7 @@ impl EngineFile {
                     (c, choice.exploring)
                 }
             };
-            let (handle, fresh) = match self.handle_fresh(chosen) {
+            let handle = match self.handle(chosen) {
                 Ok(h) => h,
                 Err(e) if refusal(e.kind()) => {
                     self.refused().insert(chosen.name().to_string());
@@ -426,8 +438,9 @@ impl EngineFile {
                     let path = self.engine.index_of(chosen);
                     self.engine.add_usage(path, n as u64, wall, cpu);
                     // A short read (end of file) measures nothing useful, nor does the first
-                    // transfer of a new handle (it pays set-up costs once).
-                    let useful = n == bytes && !fresh;
+                    // transfer through a backend on this file (it pays set-up costs once).
+                    let first = self.first_use(path);
+                    let useful = n == bytes && !first;
                     if direction == Direction::Read {
                         let again = self
                             .read_ranges
