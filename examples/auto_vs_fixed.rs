@@ -1,9 +1,11 @@
 //! `auto` against every fixed backend, in one run, on a real disk.
 //!
-//! `cargo run --release --example auto_vs_fixed -- DIR [--quick] [--rounds N] [--verbose]`
+//! `cargo run --release --example auto_vs_fixed -- DIR [--quick] [--rounds N] [--verbose]
+//! [--only WORKLOAD]`
 //!
-//! `--verbose` prints every run's phases and the cold-start `auto` engine's report after
-//! each of its runs (on stderr).
+//! `--verbose` prints every run's phases and both `auto` engines' reports after each of
+//! their runs (on stderr). `--only` runs one workload (`4 KiB`, `64 KiB`, `1 MiB`, `8 MiB` or
+//! `mixed`).
 //!
 //! For each size class, and then for a shuffled mix of all sizes, every engine (one per fixed
 //! backend, then `auto` from a cold start, then `auto` warm with what the cold run learned)
@@ -187,6 +189,17 @@ fn main() -> fastensor::Result<()> {
             7,
         ),
     ));
+    if let Some(only) = args
+        .iter()
+        .position(|a| a == "--only")
+        .and_then(|i| args.get(i + 1))
+    {
+        workloads.retain(|(label, _)| label == only);
+        if workloads.is_empty() {
+            eprintln!("--only: no workload called `{only}`");
+            std::process::exit(2);
+        }
+    }
 
     let mut labels: Vec<String> = names.clone();
     labels.push("auto".into());
@@ -240,7 +253,7 @@ fn main() -> fastensor::Result<()> {
                 let p = run(&c.engine, writer, &path, work, &mut buf)?;
                 if verbose {
                     eprintln!("round {round} {} {}: {p:?}", workloads[w].0, c.label);
-                    if c.label == "auto" {
+                    if c.label.starts_with("auto") {
                         eprintln!("{}", c.engine.report());
                     }
                 }
