@@ -251,6 +251,25 @@ pub fn cached_pages(file: &File, offset: u64, len: u64) -> Option<(u64, u64)> {
     Some((cached.min(pages), pages))
 }
 
+/// Whether the page holding `offset` can be read from the page cache without waiting: a
+/// one-byte `preadv2(RWF_NOWAIT)`, which fails with `EAGAIN` on a page still being read from
+/// the device (readahead in flight: [`cached_pages`] counts such a page as cached). Meant for
+/// a page known to be present: on a missing one the call would start a readahead. `None`
+/// when the kernel cannot tell.
+pub fn page_ready(file: &File, offset: u64) -> Option<bool> {
+    let mut byte = [0u8; 1];
+    match rustix::io::preadv2(
+        file,
+        &mut [std::io::IoSliceMut::new(&mut byte)],
+        offset,
+        rustix::io::ReadWriteFlags::NOWAIT,
+    ) {
+        Ok(_) => Some(true),
+        Err(rustix::io::Errno::AGAIN) => Some(false),
+        Err(_) => None,
+    }
+}
+
 /// The kernel's page size.
 pub fn page_size() -> u64 {
     // SAFETY: sysconf reads a constant of the running system.
@@ -418,5 +437,24 @@ mod tests {
         // mincore agrees with cachestat.
         let m = mincore_pages(&f, 0, 1 << 20, page).unwrap();
         assert_eq!(m, cached);
+    }
+
+    #[test]
+    fn page_ready_tells_a_cached_page_from_one_on_the_device() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        std::fs::write(&path, vec![5u8; 1 << 20]).unwrap();
+        let f = File::open(&path).unwrap();
+        assert_eq!(page_ready(&f, (1 << 20) - 1), Some(true));
+        // Past the end there is nothing to wait for.
+        assert_eq!(page_ready(&f, 4 << 20), Some(true));
+        f.sync_all().unwrap();
+        evict_page_cache(&f).unwrap();
+        let last = (1u64 << 20) - page_size();
+        if cached_pages(&f, last, 1) == Some((0, 1)) {
+            // Evicted: the page must come from the device, which a read that may not
+            // wait refuses.
+            assert_eq!(page_ready(&f, last), Some(false));
+        }
     }
 }

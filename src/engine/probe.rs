@@ -8,11 +8,22 @@ use std::time::{Duration, Instant};
 /// Whether the bytes of `offset..offset + len` are in the page cache: `Cached` when every
 /// page is, `Cold` when any page must come from the device. Asked without reading anything
 /// (`cachestat`, or `mincore` on older kernels), so the question starts no readahead that
-/// would compete with a direct read of the same bytes. `Unknown` without the POSIX helpers.
+/// would compete with a direct read of the same bytes. Pages still being read ahead count
+/// as present there, so a range found present is confirmed by a one-byte non-blocking read
+/// of its last page (the one most likely still in flight; present, so this read starts no
+/// readahead of its own): without it, a stream read through the page cache found the pages
+/// its own readahead had asked for "cached", and stayed keyed cached while it read from the
+/// device. `Unknown` without the POSIX helpers.
 pub(crate) fn cache_state(file: &File, offset: u64, len: usize) -> CacheState {
     #[cfg(feature = "posix")]
     return match fastensor_posix::sys::cached_pages(file, offset, len as u64) {
-        Some((cached, pages)) if cached >= pages => CacheState::Cached,
+        Some((cached, pages)) if cached >= pages => {
+            let last = offset + (len.max(1) - 1) as u64;
+            match fastensor_posix::sys::page_ready(file, last) {
+                Some(false) => CacheState::Cold,
+                _ => CacheState::Cached,
+            }
+        }
         Some(_) => CacheState::Cold,
         None => CacheState::Unknown,
     };
