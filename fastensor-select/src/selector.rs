@@ -57,7 +57,8 @@ pub struct SelectorConfig {
     /// eliminates nothing.
     pub model_margin: f64,
     /// After this many transfers through the choice of a context, candidates dropped on a
-    /// single sample that cost less than 3 times the choice's median are measured again
+    /// single sample that cost less than 3 times the choice's median (both as judged, the
+    /// next read included where bytes are read again) are measured again
     /// (once), and so are candidates the cost model ruled out (see `inherit`) with a
     /// prediction that close: on a noisy device one slow outlier can drop the best path, a
     /// real device is not quite linear, and a context used this long repays a second look
@@ -289,17 +290,32 @@ impl KeyState {
         if cfg.second_look_after == 0 || self.exploited != cfg.second_look_after {
             return false;
         }
-        let Some(current) = self.estimate(choice, cfg.objective).map(|e| e.median) else {
+        // Costs as candidates are compared (next reads included, see `adjust`).
+        let judged =
+            |i: usize, c: &CandidateState| self.judged(i, c, cfg.objective).map(|e| e.median);
+        let Some(current) = self
+            .candidates
+            .iter()
+            .enumerate()
+            .find(|(_, (n, _))| n.as_str() == choice)
+            .and_then(|(i, (_, c))| judged(i, c))
+        else {
             return false;
         };
-        let mut revived = false;
-        for c in self.candidates.values_mut() {
-            // One sample, or none when the neighbouring classes ruled it out (its prior).
-            let cost = match c.samples.len() {
+        // One sample, or none when the neighbouring classes ruled it out (its prior, judged
+        // already).
+        let costs: Vec<Option<f64>> = self
+            .candidates
+            .values()
+            .enumerate()
+            .map(|(i, c)| match c.samples.len() {
                 0 if c.inherited => c.prior,
-                1 => c.samples.estimate(cfg.objective).map(|e| e.median),
+                1 => judged(i, c),
                 _ => None,
-            };
+            })
+            .collect();
+        let mut revived = false;
+        for (c, cost) in self.candidates.values_mut().zip(costs) {
             let near = cost.is_some_and(|cost| cost <= SECOND_LOOK_WITHIN * current);
             if c.eliminated && near {
                 c.eliminated = false;
@@ -1339,6 +1355,49 @@ mod tests {
         // Cached reads measured in another size class only (this one was read cold through
         // a direct path, never cached): the nearest class stands in.
         assert_eq!(run_with(1.0, 1 << 20).as_deref(), Some("posix"));
+    }
+
+    #[test]
+    fn the_second_look_judges_with_rereads() {
+        // Everything is read again. posix (keeps the cache): cold 0.45 ns/B, cached 0.10,
+        // but its first cold sample was a 1.0 outlier; uring (bypasses it): 0.30 cold. Raw,
+        // that sample is 3.3x uring's cost, too far for a second look; judged with the
+        // next read it is 1.10 against 0.60, within 3x, and posix (0.55 against 0.60) wins.
+        let read = |cache: CacheState| TransferContext {
+            direction: Direction::Read,
+            cache,
+            ..ctx(8 << 20)
+        };
+        let mut s = Selector::new(SelectorConfig::default());
+        s.reuse_mut().set_keeping(["posix"]);
+        s.reuse_mut().set_rate(1.0);
+        for _ in 0..8 {
+            s.record(
+                &read(CacheState::Cached),
+                "posix",
+                taking(8 << 20, (0.10 * (8 << 20) as f64) as u64),
+            );
+        }
+        let cold = read(CacheState::Cold);
+        let mut posix_reads = 0;
+        for _ in 0..120 {
+            let c = s.choose(&cold, &["posix", "uring"]).unwrap();
+            let per_byte = match (c.backend.as_str(), posix_reads) {
+                ("posix", 0) => 1.0,
+                ("posix", _) => 0.45,
+                _ => 0.30,
+            };
+            if c.backend == "posix" {
+                posix_reads += 1;
+            }
+            s.record(
+                &cold,
+                &c.backend,
+                taking(8 << 20, (per_byte * (8 << 20) as f64) as u64),
+            );
+        }
+        assert!(posix_reads > 1, "posix never measured again");
+        assert_eq!(s.choice_for(&ContextKey::of(&cold)), Some("posix"));
     }
 
     #[test]
