@@ -634,17 +634,30 @@ impl Selector {
     ) -> std::time::Duration {
         self.stats.observations += 1;
         let key = self.key_of(ctx);
-        let cpu_per_byte = self
-            .keys
-            .get(&key)
-            .and_then(|s| s.candidates.get(backend))
-            .and_then(|c| c.samples.as_slice().last())
-            .map_or(0.0, |s| s.cpu_ns_per_byte);
+        let cpu_per_byte = self.cpu_per_byte_in(&key, backend);
         let cpu = std::time::Duration::from_nanos((cpu_per_byte * bytes.max(1) as f64) as u64);
         let obs = Observation { bytes, wall, cpu };
         self.record_in(&key, backend, obs);
         self.spare_key = Some(key);
         cpu
+    }
+
+    /// The CPU nanoseconds per byte of `backend`'s last sample in the context of `ctx` (0
+    /// when it has none): what a transfer whose CPU time was not read is taken to cost.
+    pub fn cpu_per_byte(&mut self, ctx: &TransferContext, backend: &str) -> f64 {
+        let key = self.key_of(ctx);
+        let cpu = self.cpu_per_byte_in(&key, backend);
+        self.spare_key = Some(key);
+        cpu
+    }
+
+    /// [`Selector::cpu_per_byte`] in the context `key`.
+    fn cpu_per_byte_in(&self, key: &ContextKey, backend: &str) -> f64 {
+        self.keys
+            .get(key)
+            .and_then(|s| s.candidates.get(backend))
+            .and_then(|c| c.samples.as_slice().last())
+            .map_or(0.0, |s| s.cpu_ns_per_byte)
     }
 
     /// Re-reads: the share of first-read bytes read again, and which candidates keep read

@@ -246,13 +246,11 @@ impl EngineFile {
             return;
         };
         if run.warm_up {
-            if let Some(cpu) = run.cpu {
-                self.engine
-                    .record_if_far(&run.ctx, c.name(), run.bytes, run.wall, cpu);
-            }
+            self.engine
+                .record_if_far(&run.ctx, c.name(), run.bytes, run.wall, run.cpu());
         } else {
             self.engine
-                .record(&run.ctx, c.name(), run.bytes, run.wall, run.cpu);
+                .record(&run.ctx, c.name(), run.bytes, run.wall, run.cpu());
         }
     }
 
@@ -414,7 +412,11 @@ impl EngineFile {
                 Err(e) => return Err(e),
             };
             let clock = &*self.engine.clock;
-            let start = if self.engine.reads_cpu(exploring) {
+            // A stream's reads are measured in runs, whose CPU time a share of them gives.
+            let start = if self
+                .engine
+                .reads_cpu(exploring && stream_previous.is_none())
+            {
                 Some(clock.now())
             } else {
                 None

@@ -204,11 +204,12 @@ impl Inner {
     }
 
     /// Whether the next transfer reads the process CPU clock: when the objective needs it,
-    /// while exploring, and one exploiting transfer in [`CPU_SAMPLE_EVERY`] (reading that
-    /// clock costs about a microsecond here, as much as a cached 4 KiB read; the others
-    /// carry the last measured CPU cost per byte).
-    pub(crate) fn reads_cpu(&self, exploring: bool) -> bool {
-        exploring
+    /// when `sampled` (a transfer measured on its own while exploring), and one other
+    /// transfer in [`CPU_SAMPLE_EVERY`] (reading that clock costs about a microsecond here,
+    /// as much as a cached 4 KiB read; the others carry the last measured CPU cost per byte,
+    /// and a run of stream reads scales the CPU time of those of its reads that read it).
+    pub(crate) fn reads_cpu(&self, sampled: bool) -> bool {
+        sampled
             || self.objective_uses_cpu
             || self.transfers.fetch_add(1, Ordering::Relaxed) % CPU_SAMPLE_EVERY == 0
     }
@@ -221,13 +222,17 @@ impl Inner {
         backend: &str,
         bytes: u64,
         wall: Duration,
-        cpu: Duration,
+        cpu: Option<Duration>,
     ) {
         if bytes == 0 {
             return;
         }
         let mut sel = self.selector();
         sel.reuse_mut().set_rate(self.reads.rate());
+        // Unread: the candidate's last measured CPU cost per byte (as for a transfer).
+        let cpu = cpu.unwrap_or_else(|| {
+            Duration::from_nanos((sel.cpu_per_byte(ctx, backend) * bytes as f64) as u64)
+        });
         sel.record_if_far(ctx, backend, Observation { bytes, wall, cpu });
     }
 

@@ -63,8 +63,10 @@ pub(crate) struct Run {
     pub(crate) bytes: u64,
     /// Wall time of the reads.
     pub(crate) wall: Duration,
-    /// CPU time of the reads; `None` when any of them was not read.
-    pub(crate) cpu: Option<Duration>,
+    /// CPU time of the reads whose CPU time was read (see [`Run::cpu`]).
+    cpu_read: Duration,
+    /// Bytes of those reads.
+    cpu_bytes: u64,
     /// Reads in the run.
     pub(crate) transfers: u32,
     /// Whether the run spans a readahead window (see [`Run::READ_AHEAD_BYTES`]).
@@ -98,7 +100,8 @@ impl Run {
             path,
             bytes: m.bytes,
             wall: m.wall,
-            cpu: m.cpu,
+            cpu_read: m.cpu.unwrap_or_default(),
+            cpu_bytes: if m.cpu.is_some() { m.bytes } else { 0 },
             transfers: 1,
             warm_up: false,
         }
@@ -119,8 +122,21 @@ impl Run {
     fn add(&mut self, m: &Measured) {
         self.bytes += m.bytes;
         self.wall += m.wall;
-        self.cpu = self.cpu.zip(m.cpu).map(|(a, b)| a + b);
+        if let Some(cpu) = m.cpu {
+            self.cpu_read += cpu;
+            self.cpu_bytes += m.bytes;
+        }
         self.transfers += 1;
+    }
+
+    /// CPU time of the run: that of the reads whose CPU time was read, scaled to all the
+    /// run's bytes (a stream's reads read the CPU clock one in several, see
+    /// `Inner::reads_cpu`); `None` when none was read.
+    pub(crate) fn cpu(&self) -> Option<Duration> {
+        (self.cpu_bytes > 0).then(|| {
+            self.cpu_read
+                .mul_f64(self.bytes as f64 / self.cpu_bytes as f64)
+        })
     }
 
     fn full(&self) -> bool {
@@ -446,10 +462,14 @@ mod tests {
         );
         assert_eq!(out[0].as_ref().map(|r| r.transfers), Some(1));
         assert_eq!(out[1].as_ref().map(|r| r.bytes), Some(8 << 20));
-        // A read without CPU time makes the run's CPU unknown.
-        let mut m = read(4096, CacheState::Cold);
-        m.cpu = None;
-        s.finish(false, 0..4096, 0, false, false, Some(m));
+        // The CPU time of the reads that read it stands for the whole run (scaled to its
+        // bytes); with none read, the run's is unknown.
+        let unread = || {
+            let mut m = read(4096, CacheState::Cold);
+            m.cpu = None;
+            m
+        };
+        s.finish(false, 0..4096, 0, false, false, Some(unread()));
         s.finish(
             true,
             4096..8192,
@@ -459,7 +479,11 @@ mod tests {
             Some(read(4096, CacheState::Cold)),
         );
         let run = s.take_run().unwrap();
-        assert_eq!((run.transfers, run.cpu), (2, None));
+        assert_eq!(run.transfers, 2);
+        assert_eq!(run.cpu(), Some(Duration::from_micros(2)));
+        s.finish(false, 0..4096, 0, false, false, Some(unread()));
+        s.finish(true, 4096..8192, 0, false, false, Some(unread()));
+        assert_eq!(s.take_run().unwrap().cpu(), None);
         // An unmeasured read ends the run in progress.
         s.finish(
             false,
