@@ -412,11 +412,11 @@ impl EngineFile {
                 Err(e) => return Err(e),
             };
             let clock = &*self.engine.clock;
-            // A stream's reads are measured in runs, whose CPU time a share of them gives.
-            let start = if self
-                .engine
-                .reads_cpu(exploring && stream_previous.is_none())
-            {
+            // A stream's reads are measured in runs, whose CPU time a share of their small
+            // reads gives (see `Run::cpu`).
+            let sampled =
+                exploring && (stream_previous.is_none() || bytes >= super::CPU_EVERY_READ_FROM);
+            let start = if self.engine.reads_cpu(sampled) {
                 Some(clock.now())
             } else {
                 None

@@ -160,6 +160,10 @@ pub(crate) struct Inner {
 /// One exploiting transfer in this many reads the process CPU clock.
 pub(crate) const CPU_SAMPLE_EVERY: u64 = 16;
 
+/// An exploring read continuing a stream reads the process CPU clock when it moves at least
+/// this many bytes (the clock then costs under 1% of it), else one in [`CPU_SAMPLE_EVERY`].
+pub(crate) const CPU_EVERY_READ_FROM: usize = 1 << 20;
+
 impl Inner {
     pub(crate) fn selector(&self) -> std::sync::MutexGuard<'_, Selector> {
         self.selector.lock().unwrap_or_else(|p| p.into_inner())
