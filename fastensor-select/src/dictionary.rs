@@ -309,6 +309,7 @@ impl ContextRecord {
             reexplorations: self.reexplorations,
             exploited: 0,
             adjust: Vec::new(),
+            seeded_at: None,
         }
     }
 }

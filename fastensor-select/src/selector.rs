@@ -120,6 +120,9 @@ pub struct KeyState {
     /// workload that reads bytes again (see [`Reuse`]). Empty: costs as measured. Not
     /// persisted; refreshed before every decision.
     pub adjust: Vec<(f64, f64)>,
+    /// The selector's observation count when the candidates were last seeded from the other
+    /// size classes: nothing to revise until another observation is recorded (not persisted).
+    pub seeded_at: Option<u64>,
 }
 
 impl KeyState {
@@ -518,6 +521,7 @@ impl Selector {
         }
         if added {
             state.choice = None;
+            state.seeded_at = None;
         }
         self.inherit(key);
         self.refresh_adjust(key);
@@ -843,12 +847,20 @@ impl Selector {
         let open = |c: &CandidateState| {
             c.samples.is_empty() && (c.inherited || (!c.eliminated && c.prior.is_none()))
         };
-        let Some(state) = self.keys.get(key) else {
+        // Seeds change only with what is recorded: once per observation is enough (a stream
+        // explored in runs of thousands of reads records once per run).
+        let observations = self.stats.observations;
+        let Some(state) = self.keys.get_mut(key) else {
             return;
         };
-        if state.choice.is_some() || !state.candidates.values().any(open) {
+        if state.choice.is_some()
+            || state.seeded_at == Some(observations)
+            || !state.candidates.values().any(open)
+        {
             return;
         }
+        state.seeded_at = Some(observations);
+        let state = &self.keys[key];
         // The other size classes of the same context, by size class, explored or not: classes
         // explored side by side (a mixed workload) inform each other from their first samples.
         let mut classes: Vec<(&ContextKey, &KeyState)> = self

@@ -218,6 +218,14 @@ impl Inner {
             || self.transfers.fetch_add(1, Ordering::Relaxed) % CPU_SAMPLE_EVERY == 0
     }
 
+    /// The selector, about to learn from a measurement: told the workload's current re-read
+    /// rate first (see [`Reuse`](fastensor_select::Reuse)).
+    fn learning_selector(&self) -> std::sync::MutexGuard<'_, Selector> {
+        let mut sel = self.selector();
+        sel.reuse_mut().set_rate(self.reads.rate());
+        sel
+    }
+
     /// Offers the selector a measurement that counts only if it shows `backend` far behind
     /// the leader (see [`Selector::record_if_far`]).
     pub(crate) fn record_if_far(
@@ -231,8 +239,7 @@ impl Inner {
         if bytes == 0 {
             return;
         }
-        let mut sel = self.selector();
-        sel.reuse_mut().set_rate(self.reads.rate());
+        let mut sel = self.learning_selector();
         // Unread: the candidate's last measured CPU cost per byte (as for a transfer).
         let cpu = cpu.unwrap_or_else(|| {
             Duration::from_nanos((sel.cpu_per_byte(ctx, backend) * bytes as f64) as u64)
@@ -251,7 +258,7 @@ impl Inner {
         cpu: Option<Duration>,
     ) {
         if bytes > 0 {
-            let mut sel = self.selector();
+            let mut sel = self.learning_selector();
             // The fingerprint is cloned only when it gains a device (`add_location` skips
             // unknown and known ones), not on every transfer.
             let device = &ctx.location.device;
@@ -266,7 +273,6 @@ impl Inner {
                 fp.add_location(&ctx.location);
                 sel.set_fingerprint(fp);
             }
-            sel.reuse_mut().set_rate(self.reads.rate());
             match cpu {
                 Some(cpu) => sel.record(ctx, backend, Observation { bytes, wall, cpu }),
                 None => {
