@@ -222,12 +222,12 @@ impl EngineFile {
         self.handle(c)
     }
 
-    fn cache_state(&self, offset: u64, len: usize, confirm_ready: bool) -> CacheState {
+    fn cache_state(&self, offset: u64, len: usize) -> CacheState {
         if !self.engine.detect_cache {
             return CacheState::Unknown;
         }
         match self.probe_file() {
-            Some(f) => probe::cache_state(f, offset, len, confirm_ready),
+            Some(f) => probe::cache_state(f, offset, len),
             None => CacheState::Unknown,
         }
     }
@@ -236,9 +236,7 @@ impl EngineFile {
     /// that continues the stream the backend of the stream's last read.
     fn read_cache_state(&self, offset: u64, len: usize) -> (CacheState, Option<usize>) {
         let mut stream = self.stream.lock().unwrap_or_else(|p| p.into_inner());
-        stream.begin(offset, len, |confirm| {
-            self.cache_state(offset, len, confirm)
-        })
+        stream.begin(offset, len, || self.cache_state(offset, len))
     }
 
     /// Records a run of stream reads as one observation (a warm-up run only when it shows

@@ -9,16 +9,14 @@ use std::time::{Duration, Instant};
 /// page is, `Cold` when any page must come from the device. Asked without reading anything
 /// (`cachestat`, or `mincore` on older kernels), so the question starts no readahead that
 /// would compete with a direct read of the same bytes. Pages still being read ahead count
-/// as present there, so with `confirm_ready` a range found present is confirmed by a
-/// one-byte non-blocking read of its last page (the one most likely still in flight;
-/// present, so this read starts no readahead of its own; it costs about as much as the
-/// probe, 1 µs here): without it, a stream read through the page cache found the pages its
-/// own readahead had asked for "cached", and stayed keyed cached while it read from the
+/// as present there, so a range found present is confirmed by a one-byte non-blocking read
+/// of its last page (the one most likely still in flight; present, so this read starts no
+/// readahead of its own): without it, a stream read through the page cache found the pages
+/// its own readahead had asked for "cached", and stayed keyed cached while it read from the
 /// device. `Unknown` without the POSIX helpers.
-pub(crate) fn cache_state(file: &File, offset: u64, len: usize, confirm_ready: bool) -> CacheState {
+pub(crate) fn cache_state(file: &File, offset: u64, len: usize) -> CacheState {
     #[cfg(feature = "posix")]
     return match fastensor_posix::sys::cached_pages(file, offset, len as u64) {
-        Some((cached, pages)) if cached >= pages && !confirm_ready => CacheState::Cached,
         Some((cached, pages)) if cached >= pages => {
             let last = offset + (len.max(1) - 1) as u64;
             match fastensor_posix::sys::page_ready(file, last) {
@@ -31,7 +29,7 @@ pub(crate) fn cache_state(file: &File, offset: u64, len: usize, confirm_ready: b
     };
     #[cfg(not(feature = "posix"))]
     {
-        let _ = (file, offset, len, confirm_ready);
+        let _ = (file, offset, len);
         CacheState::Unknown
     }
 }

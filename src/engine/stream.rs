@@ -27,9 +27,6 @@ pub(crate) struct ReadStream {
     cache: CacheState,
     /// Where the page cache was last probed.
     probed_at: u64,
-    /// Where a probe last confirmed that the pages found present are ready (see
-    /// [`ReadStream::begin`]).
-    confirmed_at: u64,
     /// The backend (index among the engine's candidates) of the stream's last read.
     last_path: usize,
     /// Bytes the stream has read through `last_path` since that path took it over.
@@ -165,7 +162,6 @@ impl ReadStream {
         end: u64::MAX,
         cache: CacheState::Unknown,
         probed_at: 0,
-        confirmed_at: 0,
         last_path: usize::MAX,
         path_bytes: 0,
         path_reads: 0,
@@ -194,17 +190,13 @@ impl ReadStream {
     /// The page-cache state a read of `len` bytes at `offset` is keyed by, asking `probe`
     /// only where needed: at a stream's first read, and in a stream that started cached at
     /// every read of [`Self::REPROBE_EACH`] or more and every [`Self::REPROBE_BYTES`]
-    /// otherwise (it turns cold where the cached bytes end). `probe(confirm)` is asked to
-    /// confirm that pages found present are ready (not still being read ahead, which costs
-    /// a system call as dear as the probe) at a stream's first read and then once per
-    /// [`Self::REPROBE_BYTES`]: a stream read ahead into by its own path meets in-flight
-    /// pages for as long as it lasts, so it is caught within that many bytes. Also returns,
-    /// for a read that continues the stream, the backend of the stream's last read.
+    /// otherwise (it turns cold where the cached bytes end). Also returns, for a read that
+    /// continues the stream, the backend of the stream's last read.
     pub(crate) fn begin(
         &mut self,
         offset: u64,
         len: usize,
-        probe: impl FnOnce(bool) -> CacheState,
+        probe: impl FnOnce() -> CacheState,
     ) -> (CacheState, Option<usize>) {
         let continues = self.end == offset;
         let previous = continues.then_some(self.last_path);
@@ -215,12 +207,8 @@ impl ReadStream {
                 return (self.cache, previous);
             }
         }
-        let confirm = !continues || offset.saturating_sub(self.confirmed_at) >= Self::REPROBE_BYTES;
-        self.cache = probe(confirm);
+        self.cache = probe();
         self.probed_at = offset;
-        if confirm {
-            self.confirmed_at = offset;
-        }
         (self.cache, previous)
     }
 
@@ -331,7 +319,7 @@ mod tests {
         let mut s = ReadStream::NONE;
         let probes = std::cell::Cell::new(0);
         let begin = |s: &mut ReadStream, off: u64, len: usize, state: CacheState| {
-            s.begin(off, len, |_| {
+            s.begin(off, len, || {
                 probes.set(probes.get() + 1);
                 state
             })
@@ -360,25 +348,6 @@ mod tests {
         let got = begin(&mut s, (1 << 30) + (1 << 16), 1 << 16, CacheState::Cold);
         assert_eq!(got, (CacheState::Cold, Some(2)));
         assert_eq!(probes.get(), 3);
-    }
-
-    #[test]
-    fn a_cached_stream_confirms_its_pages_ready_once_per_reprobe_span() {
-        let mut s = ReadStream::NONE;
-        let mut confirms = Vec::new();
-        let mut end = 0u64;
-        for _ in 0..40 {
-            s.begin(end, 1 << 16, |confirm| {
-                confirms.push(confirm);
-                CacheState::Cached
-            });
-            s.finish(end != 0, end..end + (1 << 16), 0, true, false, None);
-            end += 1 << 16;
-        }
-        // Every 64 KiB read is probed; readiness at the first read, then every 1 MiB.
-        assert_eq!(confirms.len(), 40);
-        let at: Vec<usize> = (0..40).filter(|&i| confirms[i]).collect();
-        assert_eq!(at, [0, 16, 32]);
     }
 
     /// Path 0 owns a cold stream; path 1 takes it over while exploring for `reads` reads of
