@@ -299,6 +299,7 @@ impl ContextRecord {
                             samples: Samples::from_vec(samples),
                             eliminated: c.eliminated,
                             prior: c.prior,
+                            looked: false,
                         },
                     )
                 })

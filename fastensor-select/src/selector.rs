@@ -60,7 +60,8 @@ pub struct SelectorConfig {
     /// single sample that cost less than 3 times the choice's median (both as judged, the
     /// next read included where bytes are read again) are measured again
     /// (once), and so are candidates the cost model ruled out (see `inherit`) with a
-    /// prediction that close: on a noisy device one slow outlier can drop the best path, a
+    /// prediction that close (once too: measured in that look and dropped, such a candidate
+    /// is not looked at again as one dropped on a single sample): on a noisy device one slow outlier can drop the best path, a
     /// real device is not quite linear, and a context used this long repays a second look
     /// (default 64; 0: never). A candidate measured further
     /// behind is not: an outlier that large is rare, and a second look at a slow path
@@ -98,6 +99,11 @@ pub struct CandidateState {
     /// `prior` (and `eliminated`, while there are no samples) come from the neighbouring
     /// size classes and are revised as they learn more (see [`SelectorConfig::inherit`]).
     pub inherited: bool,
+    /// Had its second look in this context (see [`SelectorConfig::second_look_after`]): a
+    /// candidate the model ruled out, measured once there and dropped, is not looked at
+    /// again as one dropped on a single sample. Cleared when drift restarts the
+    /// exploration; not persisted.
+    pub looked: bool,
 }
 
 /// Everything known about one context.
@@ -224,6 +230,7 @@ impl KeyState {
         let recent = std::mem::take(&mut self.drift_samples);
         let new_cost = recent.estimate(cfg.objective).map(|e| e.median);
         for (name, c) in self.candidates.iter_mut() {
+            c.looked = false;
             if name == choice {
                 c.samples = recent.clone();
                 c.eliminated = false;
@@ -288,7 +295,8 @@ impl KeyState {
     /// on a single sample, or ruled out by the cost model of the other size classes, within
     /// [`SECOND_LOOK_WITHIN`] of the choice (see [`SelectorConfig::second_look_after`]); a
     /// candidate dropped on one sample keeps it and is dropped again if its next one is slow
-    /// too. Returns whether any was revived.
+    /// too. A candidate gets one look (see [`CandidateState::looked`]). Returns whether any
+    /// was revived.
     fn second_look(&mut self, choice: &str, cfg: &SelectorConfig) -> bool {
         if cfg.second_look_after == 0 || self.exploited != cfg.second_look_after {
             return false;
@@ -320,9 +328,10 @@ impl KeyState {
         let mut revived = false;
         for (c, cost) in self.candidates.values_mut().zip(costs) {
             let near = cost.is_some_and(|cost| cost <= SECOND_LOOK_WITHIN * current);
-            if c.eliminated && near {
+            if c.eliminated && near && !c.looked {
                 c.eliminated = false;
                 c.inherited = false;
+                c.looked = true;
                 revived = true;
             }
         }
@@ -1626,14 +1635,14 @@ mod tests {
         }
         let c = ctx(4 << 20);
         let mut used = Vec::new();
-        for _ in 0..100 {
+        for _ in 0..300 {
             let choice = s.choose(&c, &["a", "b"]).unwrap();
             let obs = if choice.backend == "a" { a } else { b }.observation(4 << 20);
             s.record(&c, &choice.backend, obs);
             used.push(choice.backend);
         }
         // a is confirmed (6 samples) and runs 64 transfers; then b is measured once, and
-        // dropped again.
+        // dropped again, for good: one sample now, but it had its look.
         let bs: Vec<usize> = (0..used.len()).filter(|&i| used[i] == "b").collect();
         assert_eq!(bs, [6 + 64], "{used:?}");
         let b_state = &state(&s, 4 << 20).candidates["b"];
