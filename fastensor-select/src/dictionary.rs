@@ -300,6 +300,7 @@ impl ContextRecord {
                             eliminated: c.eliminated,
                             prior: c.prior,
                             looked: false,
+                            far_only: false,
                         },
                     )
                 })

@@ -104,6 +104,14 @@ pub struct CandidateState {
     /// again as one dropped on a single sample. Cleared when drift restarts the
     /// exploration; not persisted.
     pub looked: bool,
+    /// Its samples are only measurements that showed it far behind the leader without
+    /// being fair samples of it (see [`Selector::record_if_far`]: the reads of a path
+    /// warming up in a stream, which pay for the switch): they rule it out here, but the
+    /// other size classes do not take them as its cost (a direct 64 KiB read waiting 4 ms
+    /// behind the readahead another path left in flight, taken as its cost, ruled direct
+    /// reads out at 1 MiB, where they were 3 times faster than the path chosen). Cleared by
+    /// its first fair sample; not persisted.
+    pub far_only: bool,
 }
 
 /// Everything known about one context.
@@ -231,6 +239,7 @@ impl KeyState {
         let new_cost = recent.estimate(cfg.objective).map(|e| e.median);
         for (name, c) in self.candidates.iter_mut() {
             c.looked = false;
+            c.far_only = false;
             if name == choice {
                 c.samples = recent.clone();
                 c.eliminated = false;
@@ -244,6 +253,7 @@ impl KeyState {
                 .map(|e| e.median)
                 .or(c.prior);
             c.samples.clear();
+            c.far_only = false;
             c.prior = old;
             c.inherited = false;
             c.eliminated = match (old, new_cost) {
@@ -279,6 +289,7 @@ impl KeyState {
             };
             if current > cfg.elimination_factor * old {
                 c.samples.clear();
+                c.far_only = false;
                 c.prior = Some(old);
                 c.inherited = false;
                 c.eliminated = false;
@@ -626,8 +637,19 @@ impl Selector {
             leader != backend && cost > FAR_WARM_UP * lead.median
         });
         if far {
+            let fair_before = state
+                .candidates
+                .get(backend)
+                .is_some_and(|c| !c.samples.is_empty() && !c.far_only);
             self.stats.observations += 1;
             self.record_in(&key, backend, obs);
+            if let Some(c) = self
+                .keys
+                .get_mut(&key)
+                .and_then(|s| s.candidates.get_mut(backend))
+            {
+                c.far_only = !fair_before;
+            }
         }
         self.spare_key = Some(key);
         far
@@ -765,6 +787,7 @@ impl Selector {
         cand.samples.push(sample, cfg.window);
         cand.prior = None;
         cand.inherited = false;
+        cand.far_only = false;
 
         if state.choice.is_none() {
             state.exploited = 0;
@@ -893,7 +916,8 @@ impl Selector {
             let points: Vec<ClassCost> = classes
                 .iter()
                 .filter_map(|(k, s)| {
-                    let est = s.candidates.get(name)?.samples.estimate(objective)?;
+                    let c = s.candidates.get(name).filter(|c| !c.far_only)?;
+                    let est = c.samples.estimate(objective)?;
                     Some(ClassCost::new(k, &est))
                 })
                 .collect();
@@ -903,6 +927,7 @@ impl Selector {
             if let Some(est) = nearest_explored.and_then(|(_, s)| {
                 s.candidates
                     .get(name)
+                    .filter(|c| !c.far_only)
                     .and_then(|c| c.samples.estimate(objective))
             }) {
                 nearest.insert(name, est.median);
@@ -1649,6 +1674,32 @@ mod tests {
         assert!(b_state.eliminated && !b_state.inherited);
         assert_eq!(b_state.samples.len(), 1);
         assert_eq!(s.choice_for(&ContextKey::of(&c)), Some("a"));
+    }
+
+    #[test]
+    fn a_cost_seen_only_far_behind_is_not_extrapolated_to_other_classes() {
+        let a = Linear("a", 10_000.0, 0.3);
+        let b = Linear("b", 10_000.0, 0.2); // better than a everywhere
+        let mut s = Selector::new(SelectorConfig::default());
+        measure_all(&mut s, 4 << 10, &[a, b], 6);
+        // At 64 KiB, b is seen only while warming up, waiting 40 times its cost behind
+        // what a left in flight: ruled out there...
+        assert!(s.choose(&ctx(64 << 10), &["a", "b"]).unwrap().exploring);
+        for _ in 0..6 {
+            s.record(&ctx(64 << 10), "a", a.observation(64 << 10));
+        }
+        let mut waited = b.observation(64 << 10);
+        waited.wall *= 40;
+        assert!(s.record_if_far(&ctx(64 << 10), "b", waited));
+        assert!(state(&s, 64 << 10).candidates["b"].eliminated);
+        assert!(state(&s, 64 << 10).candidates["b"].far_only);
+        // ...but 1 MiB (within the model's reach of 64 KiB) does not take that as its cost.
+        let explored = explore(&mut s, 1 << 20, &[a, b]);
+        assert!(explored.contains(&"b"), "{explored:?}");
+        assert_eq!(s.choice_for(&ContextKey::of(&ctx(1 << 20))), Some("b"));
+        // A fair sample clears the mark.
+        s.record(&ctx(64 << 10), "b", b.observation(64 << 10));
+        assert!(!state(&s, 64 << 10).candidates["b"].far_only);
     }
 
     #[test]
