@@ -24,9 +24,11 @@
 //! `auto` engine (so every round pays for its exploration) and a warm one built from the
 //! profile the previous round's cold-start engine saved (before the first round, a cold-start
 //! engine runs every workload once, untimed, to make the first profile). Every contender,
-//! both `auto` engines included, runs each workload in turn, in an order that rotates from
-//! round to round (so that all meet the same disk conditions), and each phase's median over
-//! the rounds is reported (this disk's speed swings between runs).
+//! both `auto` engines included, runs each workload in turn, in an order that changes from
+//! round to round so that all meet the same disk conditions, in every position and after
+//! every other contender alike (see `balanced_order`; 6 rounds balance 6 contenders fully),
+//! and each phase's median over the rounds is reported (this disk's speed swings between
+//! runs).
 //! Ratios are time / time of the best fixed backend of the same row (lower is better).
 //! `mmap` cannot write: its write phase uses `posix` and it is left out of the mixed total.
 
@@ -116,6 +118,35 @@ fn run(
     }
     p.cached = t.elapsed();
     Ok(p)
+}
+
+/// The order of `k` contenders in round `round`: a Williams design, a Latin square balanced
+/// for what runs just before. Over `k` rounds (`2k` when `k` is odd) every contender runs
+/// once in every position and right after every other one once. A plain rotation balanced
+/// the positions only and kept one neighbour before each contender in all rounds but one,
+/// and on this machine the contender before matters: page-cache writes right after
+/// another contender that used the page cache run up to 6x faster than into memory not used
+/// for a while (virtio-balloon free page reporting; 8 MiB writes 3.3 ms against 19.7), so
+/// `posix`, which ran right after `mmap` (whose writes go through `posix`), wrote 1 GiB in
+/// 0.40-0.44 s in the four rounds where it did and 1.27 s in the one where it ran first.
+fn balanced_order(k: usize, round: usize) -> Vec<usize> {
+    // First row: 0, 1, k-1, 2, k-2, ...; row r adds r (mod k).
+    let mut first = vec![0];
+    let (mut low, mut high) = (1, k.saturating_sub(1));
+    while first.len() < k {
+        if first.len() % 2 == 1 {
+            first.push(low);
+            low += 1;
+        } else {
+            first.push(high);
+            high -= 1;
+        }
+    }
+    let mut row: Vec<usize> = first.iter().map(|&i| (i + round) % k).collect();
+    if (round / k) % 2 == 1 {
+        row.reverse();
+    }
+    row
 }
 
 /// Removes the files of a workload, then syncs and waits: this file system may be mounted
@@ -245,9 +276,8 @@ fn main() -> fastensor::Result<()> {
                 label: "auto-warm".into(),
                 engine: warm.clone(),
             });
-            let k = contenders.len();
-            contenders.rotate_left(round % k);
-            for c in &contenders {
+            let order = balanced_order(contenders.len(), round);
+            for c in order.iter().map(|&i| &contenders[i]) {
                 let writer = if c.label == "mmap" { &posix } else { &c.engine };
                 let path = dir.join(format!(".auto_vs_fixed-{}.bin", c.label));
                 let p = run(&c.engine, writer, &path, work, &mut buf)?;
