@@ -20,7 +20,7 @@
 //! system is synced and left 2 s (on a file system mounted with `discard`, freeing a big
 //! file keeps the device busy, which must not fall on the next contender's phases).
 //!
-//! The whole run is repeated `--rounds` times (default 3), each round with a new cold-start
+//! The whole run is repeated `--rounds` times (default 6), each round with a new cold-start
 //! `auto` engine (so every round pays for its exploration) and a warm one built from the
 //! profile the previous round's cold-start engine saved (before the first round, a cold-start
 //! engine runs every workload once, untimed, to make the first profile). Every contender,
@@ -181,7 +181,7 @@ fn main() -> fastensor::Result<()> {
         .position(|a| a == "--rounds")
         .and_then(|i| args.get(i + 1))
         .and_then(|v| v.parse().ok())
-        .unwrap_or(3)
+        .unwrap_or(6)
         .max(1);
     let scale = if quick { 4 } else { 1 };
     // (size, transfers per phase)
