@@ -58,14 +58,14 @@ pub struct SelectorConfig {
     pub model_margin: f64,
     /// After this many transfers through the choice of a context, candidates dropped on a
     /// single sample that cost less than 3 times the choice's median (both as judged, the
-    /// next read included where bytes are read again) are measured again
-    /// (once), and so are candidates the cost model ruled out (see `inherit`) with a
-    /// prediction that close (once too: measured in that look and dropped, such a candidate
-    /// is not looked at again as one dropped on a single sample): on a noisy device one slow outlier can drop the best path, a
-    /// real device is not quite linear, and a context used this long repays a second look
-    /// (default 64; 0: never). A candidate measured further
-    /// behind is not: an outlier that large is rare, and a second look at a slow path
-    /// through the page cache costs its warm-up again.
+    /// next read included where bytes are read again) are measured again (once), and so
+    /// are candidates the cost model ruled out (see `inherit`) with a prediction that close
+    /// (once too: measured in that look and dropped, such a candidate is not looked at
+    /// again as one dropped on a single sample): on a noisy device one slow outlier can drop
+    /// the best path, a real device is not quite linear, and a context used this long
+    /// repays a second look (default 64; 0: never). A candidate measured further behind is
+    /// not: an outlier that large is rare, and a second look at a slow path through the
+    /// page cache costs its warm-up again.
     pub second_look_after: u32,
 }
 
@@ -253,7 +253,6 @@ impl KeyState {
                 .map(|e| e.median)
                 .or(c.prior);
             c.samples.clear();
-            c.far_only = false;
             c.prior = old;
             c.inherited = false;
             c.eliminated = match (old, new_cost) {
