@@ -2,6 +2,7 @@
 
 use crate::MemoryKind;
 use std::fmt;
+use std::sync::Arc;
 
 /// Which way the bytes move.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -84,8 +85,9 @@ pub struct TransferContext {
     pub bytes: u64,
     /// Where the memory side lives.
     pub memory: MemoryKind,
-    /// Where the file lives.
-    pub location: FileLocation,
+    /// Where the file lives (shared: a file's transfers all carry its location, and
+    /// cloning a context costs no allocation).
+    pub location: Arc<FileLocation>,
     /// Requests in flight on the engine when this one starts (this one included).
     pub in_flight: u32,
     /// Why the transfer happens.

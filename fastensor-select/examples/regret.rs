@@ -125,7 +125,8 @@ fn transfer_of(rng: &mut Rng, base: u64) -> TransferContext {
         location: FileLocation {
             fs_type: "ext4".into(),
             device: "259:1".into(),
-        },
+        }
+        .into(),
         in_flight: 1,
         purpose: Purpose::General,
         cache,

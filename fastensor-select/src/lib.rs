@@ -27,7 +27,7 @@
 //! let mut selector = Selector::new(SelectorConfig::default());
 //! let ctx = TransferContext {
 //!     direction: Direction::Read, bytes: 1 << 20, memory: MemoryKind::Host,
-//!     location: FileLocation::default(), in_flight: 1, purpose: Purpose::General,
+//!     location: Default::default(), in_flight: 1, purpose: Purpose::General,
 //!     cache: CacheState::Cold,
 //! };
 //! for _ in 0..10 {
@@ -55,4 +55,6 @@ pub use fingerprint::{device_model, kernel_release, DeviceInfo, Fingerprint};
 pub use key::{human_bytes, in_flight_class, size_class, ContextKey};
 pub use objective::{Clock, ClockReading, Objective, Observation};
 pub use reuse::Reuse;
-pub use selector::{CandidateState, Choice, KeyState, Selector, SelectorConfig, SelectorStats};
+pub use selector::{
+    CandidateState, Choice, Epochs, KeyState, Selector, SelectorConfig, SelectorStats,
+};

@@ -221,12 +221,15 @@ impl KeyState {
             .min_by(|a, b| a.1.median.total_cmp(&b.1.median))
     }
 
-    /// Makes the leader the choice (allocating only when the choice changes).
-    fn choose_leader(&mut self, objective: Objective) {
+    /// Makes the leader the choice (allocating only when the choice changes); returns
+    /// whether it changed.
+    fn choose_leader(&mut self, objective: Objective) -> bool {
         let leader = self.leader(objective).map(|(n, _)| n);
-        if self.choice.as_deref() != leader {
+        let changed = self.choice.as_deref() != leader;
+        if changed {
             self.choice = leader.map(str::to_owned);
         }
+        changed
     }
 
     /// Explores again after the choice drifted, as cheaply as the evidence allows: the choice
@@ -372,6 +375,20 @@ pub struct Choice {
     pub exploring: bool,
 }
 
+/// Counters that tell a caller when an answer of [`Selector::choose_staying`] may be reused
+/// (see [`Selector::epochs`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Epochs {
+    /// Changes with everything that may change any answer: every observation recorded, a
+    /// new context or candidate, a new objective. While it stays the same, the same
+    /// question (context, candidates, `stay`) gets the same answer.
+    pub state: u64,
+    /// Changes whenever a context's choice is made, changed or dropped (exploration
+    /// resumed). While it stays the same, a context whose answer was not an exploration
+    /// gets the same answer for the same candidates, whatever `stay` is.
+    pub choices: u64,
+}
+
 /// Counters of a selector's life.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct SelectorStats {
@@ -403,6 +420,8 @@ pub struct Selector {
     spare_key: Option<ContextKey>,
     /// What is known of re-reads.
     reuse: Reuse,
+    /// See [`Selector::epochs`].
+    epochs: Epochs,
 }
 
 impl Selector {
@@ -416,6 +435,7 @@ impl Selector {
             knobs: BTreeMap::new(),
             spare_key: None,
             reuse: Reuse::default(),
+            epochs: Epochs::default(),
         }
     }
 
@@ -427,6 +447,8 @@ impl Selector {
     /// Changes the objective (the stored samples keep wall and CPU time, so nothing is lost).
     pub fn set_objective(&mut self, objective: Objective) {
         self.config.objective = objective;
+        self.epochs.state += 1;
+        self.epochs.choices += 1;
         for state in self.keys.values_mut() {
             if state.settled(&self.config) {
                 state.choose_leader(objective);
@@ -437,6 +459,15 @@ impl Selector {
     /// Counters.
     pub fn stats(&self) -> SelectorStats {
         self.stats
+    }
+
+    /// Counters that change when an answer of [`Selector::choose_staying`] may change, so
+    /// that a caller choosing per transfer can keep an answer and ask again only when they
+    /// moved (choosing costs a few hundred nanoseconds, a cached 4 KiB read about one
+    /// microsecond). Read them after choosing: choosing may change them itself (a new
+    /// context or candidate).
+    pub fn epochs(&self) -> Epochs {
+        self.epochs
     }
 
     /// Every known context.
@@ -467,6 +498,7 @@ impl Selector {
             knobs: BTreeMap::new(),
             spare_key: None,
             reuse: Reuse::default(),
+            epochs: Epochs::default(),
         }
     }
 
@@ -527,7 +559,9 @@ impl Selector {
 
     /// [`Selector::choose`] in the context `key`, `candidates` not empty.
     fn choose_in(&mut self, key: &ContextKey, candidates: &[&str], stay: Option<&str>) -> Choice {
-        self.ensure_key(key);
+        if self.ensure_key(key) {
+            self.epochs.state += 1;
+        }
         let state = self.keys.get_mut(key).expect("key was just ensured");
         let mut added = false;
         for name in candidates {
@@ -539,8 +573,11 @@ impl Selector {
             }
         }
         if added {
-            state.choice = None;
+            if state.choice.take().is_some() {
+                self.epochs.choices += 1;
+            }
             state.seeded_at = None;
+            self.epochs.state += 1;
         }
         self.inherit(key);
         self.refresh_adjust(key);
@@ -697,6 +734,7 @@ impl Selector {
     /// Re-reads: the share of first-read bytes read again, and which candidates keep read
     /// bytes in the page cache (see [`Reuse`]).
     pub fn reuse_mut(&mut self) -> &mut Reuse {
+        self.epochs.state += 1;
         &mut self.reuse
     }
 
@@ -747,6 +785,7 @@ impl Selector {
     fn record_in(&mut self, key: &ContextKey, backend: &str, obs: Observation) {
         self.ensure_key(key);
         self.refresh_adjust(key);
+        self.epochs.state += 1;
         let cfg = &self.config;
         let state = self.keys.get_mut(key).expect("key was just ensured");
         let sample = obs.sample();
@@ -765,6 +804,7 @@ impl Selector {
                     state.reexplore_after_drift(backend, cfg);
                     state.reexplorations += 1;
                     self.stats.reexplorations += 1;
+                    self.epochs.choices += 1;
                 }
                 // The slow samples stand for the choice (after re-exploration) or join its
                 // window when the run ends.
@@ -788,27 +828,31 @@ impl Selector {
         cand.inherited = false;
         cand.far_only = false;
 
-        if state.choice.is_none() {
+        let changed = if state.choice.is_none() {
             state.exploited = 0;
             Self::eliminate(state, cfg);
-            if state.settled(cfg) {
+            let settled = state.settled(cfg);
+            if settled {
                 state.choose_leader(cfg.objective);
                 state.drift_run = 0;
             }
+            settled
         } else if state.settled(cfg) {
             // Exploiting: keep the choice on the best median (the choice's own samples move),
             // and measure again what was dropped once the choice has slid behind it, or on
             // one sample only.
             state.exploited = state.exploited.saturating_add(1);
-            state.choose_leader(cfg.objective);
+            let mut changed = state.choose_leader(cfg.objective);
             if let Some(choice) = state.choice.take() {
                 if state.revisit_dropped(&choice, cfg) || state.second_look(&choice, cfg) {
                     state.reexplorations += 1;
                     self.stats.reexplorations += 1;
+                    changed = true;
                 } else {
                     state.choice = Some(choice);
                 }
             }
+            changed
         } else if state.leader(cfg.objective).map(|(n, _)| n) != state.choice.as_deref() {
             // Exploiting, but the choice's own samples moved it behind a surviving candidate
             // measured `min_samples` times, which as leader needs `confirm_samples`: the
@@ -818,6 +862,12 @@ impl Selector {
             state.drift_run = 0;
             state.reexplorations += 1;
             self.stats.reexplorations += 1;
+            true
+        } else {
+            false
+        };
+        if changed {
+            self.epochs.choices += 1;
         }
     }
 
@@ -851,12 +901,14 @@ impl Selector {
         }
     }
 
-    /// Creates the state of an unseen context.
-    fn ensure_key(&mut self, key: &ContextKey) {
-        if !self.keys.contains_key(key) {
+    /// Creates the state of an unseen context; returns whether it did.
+    fn ensure_key(&mut self, key: &ContextKey) -> bool {
+        let new = !self.keys.contains_key(key);
+        if new {
             self.stats.keys += 1;
             self.keys.insert(key.clone(), KeyState::default());
         }
+        new
     }
 
     /// Seeds the unmeasured candidates of an exploring context from the other size classes
@@ -1013,6 +1065,8 @@ impl Selector {
 
     /// Forgets everything measured (keeps the settings).
     pub fn clear(&mut self) {
+        self.epochs.state += 1;
+        self.epochs.choices += 1;
         self.keys.clear();
         self.stats = SelectorStats::default();
     }
@@ -1156,7 +1210,8 @@ mod tests {
             location: FileLocation {
                 fs_type: "ext4".into(),
                 device: "259:1".into(),
-            },
+            }
+            .into(),
             in_flight: 1,
             purpose: Purpose::General,
             cache: CacheState::Unknown,
@@ -1216,6 +1271,72 @@ mod tests {
 
     fn state(s: &Selector, bytes: u64) -> &KeyState {
         &s.keys()[&ContextKey::of(&ctx(bytes))]
+    }
+
+    #[test]
+    fn an_answer_kept_while_its_epoch_stands_is_the_selectors_answer() {
+        // A caller keeping answers as the engine does (a choice under `choices`, an
+        // exploration under `state`, the latter per `stay`), through exploration, choices,
+        // second looks and a drift: every kept answer it reuses is what the selector would
+        // answer then.
+        let names = ["a", "b", "c"];
+        let mut s = Selector::new(SelectorConfig::default());
+        type Kept = (u64, Option<&'static str>, Choice, Epochs);
+        let mut kept: Vec<Kept> = Vec::new();
+        let mut last: BTreeMap<u64, &'static str> = BTreeMap::new();
+        let mut rng = 12345u64;
+        let (mut reused, mut reused_exploring) = (0, 0);
+        for t in 0..6000u32 {
+            rng = rng
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let bytes = [4096u64, 65536, 1 << 20][(rng >> 33) as usize % 3];
+            let stay = last.get(&bytes).copied();
+            let epochs = s.epochs();
+            let standing = kept.iter().find(|(b, st, c, e)| {
+                *b == bytes
+                    && if c.exploring {
+                        *st == stay && e.state == epochs.state
+                    } else {
+                        e.choices == epochs.choices
+                    }
+            });
+            let choice = match standing {
+                Some((_, _, c, _)) => {
+                    let fresh = s.clone().choose_staying(&ctx(bytes), &names, stay).unwrap();
+                    assert_eq!(*c, fresh, "transfer {t}: a kept answer went stale");
+                    reused += 1;
+                    reused_exploring += usize::from(c.exploring);
+                    c.clone()
+                }
+                None => {
+                    let c = s.choose_staying(&ctx(bytes), &names, stay).unwrap();
+                    kept.retain(|(b, ..)| *b != bytes);
+                    kept.push((bytes, stay, c.clone(), s.epochs()));
+                    c
+                }
+            };
+            // `a` is cheap per call, `c` per byte, `b` in between; `a` slows down 4x
+            // half-way (drift). Noise up to 20%.
+            let noise = 1.0 + ((rng >> 40) % 200) as f64 / 1000.0;
+            let (lat, per_byte) = match choice.backend.as_str() {
+                "a" if t < 3000 => (2_000.0, 1.0),
+                "a" => (8_000.0, 4.0),
+                "b" => (10_000.0, 0.5),
+                _ => (40_000.0, 0.2),
+            };
+            let ns = ((lat + per_byte * bytes as f64) * noise) as u64;
+            // One transfer in three recorded (as the engine records a stream's runs).
+            if (rng >> 20) % 3 == 0 {
+                s.record(&ctx(bytes), &choice.backend, taking(bytes, ns));
+            }
+            let name = names.iter().find(|n| **n == choice.backend).unwrap();
+            last.insert(bytes, name);
+        }
+        // Most answers were reused, explorations' too, and the drift was noticed.
+        assert!(reused > 4000, "{reused}");
+        assert!(reused_exploring > 0, "{reused_exploring}");
+        assert!(s.stats().reexplorations > 0);
     }
 
     #[test]

@@ -16,7 +16,8 @@ fn ctx(direction: Direction, bytes: u64, cache: CacheState) -> TransferContext {
         location: FileLocation {
             fs_type: "ext4".into(),
             device: "259:1".into(),
-        },
+        }
+        .into(),
         in_flight: 1,
         purpose: Purpose::General,
         cache,

@@ -1,5 +1,6 @@
 //! A file opened through the engine: every transfer picks its backend.
 
+use super::decisions::{Decisions, Question};
 use super::reread::ReadRanges;
 use super::stream::{Measured, ReadStream, Run};
 use super::{probe, Candidate, InFlight, Inner};
@@ -7,7 +8,7 @@ use fastensor_core::{
     BackendFile, CacheState, Direction, Error, ErrorKind, FileLocation, MemMut, MemRef, MemoryKind,
     OpenMode, Purpose, Result, TransferContext,
 };
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -23,8 +24,10 @@ pub struct EngineFile {
     engine: Arc<Inner>,
     path: PathBuf,
     writable: bool,
-    location: FileLocation,
-    handles: RwLock<BTreeMap<String, (Handle, bool)>>,
+    location: Arc<FileLocation>,
+    /// Per candidate of the engine (same order): its handle, once opened, and whether it
+    /// was opened writable.
+    handles: RwLock<Vec<Option<(Handle, bool)>>>,
     /// Backends that refused this file (e.g. `O_DIRECT` on tmpfs).
     refused: Mutex<BTreeSet<String>>,
     pinned: RwLock<Option<String>>,
@@ -37,6 +40,8 @@ pub struct EngineFile {
     /// Bit `i`: a transfer went through the engine's candidate `i` (the first one through a
     /// handle pays its set-up: a mapping's first page faults, a ring's registration).
     used: AtomicU64,
+    /// The selector's last answers for this file (see `decisions.rs`).
+    decisions: Mutex<Decisions>,
 }
 
 impl Drop for EngineFile {
@@ -70,13 +75,14 @@ fn refusal(kind: ErrorKind) -> bool {
 
 impl EngineFile {
     pub(crate) fn open(engine: Arc<Inner>, path: &Path, mode: OpenMode) -> Result<EngineFile> {
-        let location = location_of(path);
+        let location = Arc::new(location_of(path));
+        let handles = vec![None; engine.candidates.len()];
         let file = EngineFile {
             engine,
             path: path.to_path_buf(),
             writable: mode.writable(),
             location,
-            handles: RwLock::new(BTreeMap::new()),
+            handles: RwLock::new(handles),
             refused: Mutex::new(BTreeSet::new()),
             pinned: RwLock::new(None),
             purpose: RwLock::new(Purpose::General),
@@ -84,21 +90,23 @@ impl EngineFile {
             stream: Mutex::new(ReadStream::NONE),
             read_ranges: Mutex::new(ReadRanges::default()),
             used: AtomicU64::new(0),
+            decisions: Mutex::new(Decisions::default()),
         };
         // Open one handle now, in the requested mode: creation and truncation happen once,
         // and a missing file or a refused permission is reported here.
-        let first: Vec<Candidate> = file
+        let first: Vec<(usize, Candidate)> = file
             .engine
             .candidates
             .iter()
-            .filter(|c| {
+            .enumerate()
+            .filter(|(_, c)| {
                 if mode.writable() {
                     c.caps.write
                 } else {
                     c.caps.read
                 }
             })
-            .cloned()
+            .map(|(i, c)| (i, c.clone()))
             .collect();
         if first.is_empty() {
             return Err(Error::new(
@@ -108,11 +116,10 @@ impl EngineFile {
             .with_path(path));
         }
         let mut last = None;
-        for c in first {
+        for (i, c) in first {
             match c.backend.open(path, mode) {
                 Ok(h) => {
-                    file.handles_mut()
-                        .insert(c.name().to_string(), (Arc::from(h), mode.writable()));
+                    file.handles_mut()[i] = Some((Arc::from(h), mode.writable()));
                     return Ok(file);
                 }
                 Err(e) if refusal(e.kind()) => {
@@ -125,8 +132,18 @@ impl EngineFile {
         Err(last.expect("at least one candidate was tried"))
     }
 
-    fn handles_mut(&self) -> std::sync::RwLockWriteGuard<'_, BTreeMap<String, (Handle, bool)>> {
+    fn handles_mut(&self) -> std::sync::RwLockWriteGuard<'_, Vec<Option<(Handle, bool)>>> {
         self.handles.write().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Notes that `backend` refused this file: it is no longer offered, and the answers
+    /// kept for the candidates offered before are forgotten.
+    fn refuse(&self, backend: &str) {
+        self.refused().insert(backend.to_string());
+        self.decisions
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clear();
     }
 
     fn refused(&self) -> std::sync::MutexGuard<'_, BTreeSet<String>> {
@@ -157,24 +174,30 @@ impl EngineFile {
 
     /// The backends that have an open handle on this file.
     pub fn open_backends(&self) -> Vec<String> {
-        self.handles
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .keys()
-            .cloned()
-            .collect()
-    }
-
-    /// The handle of `backend`, opened when first needed and kept.
-    fn handle(&self, c: &Candidate) -> Result<Handle> {
-        if let Some((h, _)) = self
+        let mut names: Vec<String> = self
             .handles
             .read()
             .unwrap_or_else(|p| p.into_inner())
-            .get(c.name())
+            .iter()
+            .zip(&self.engine.candidates)
+            .filter(|(h, _)| h.is_some())
+            .map(|(_, c)| c.name().to_string())
+            .collect();
+        names.sort();
+        names
+    }
+
+    /// The handle of the engine's candidate at `index`, opened when first needed and kept.
+    fn handle(&self, index: usize) -> Result<Handle> {
+        if let Some(Some((h, _))) = self
+            .handles
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(index)
         {
             return Ok(h.clone());
         }
+        let c = &self.engine.candidates[index];
         let writable = self.writable && c.caps.write;
         let mode = if writable {
             OpenMode::ReadWrite
@@ -183,7 +206,7 @@ impl EngineFile {
         };
         let h: Handle = Arc::from(c.backend.open(&self.path, mode)?);
         let mut handles = self.handles_mut();
-        let entry = handles.entry(c.name().to_string()).or_insert((h, writable));
+        let entry = handles[index].get_or_insert((h, writable));
         Ok(entry.0.clone())
     }
 
@@ -205,21 +228,22 @@ impl EngineFile {
             .handles
             .read()
             .unwrap_or_else(|p| p.into_inner())
-            .values()
+            .iter()
+            .flatten()
             .find(|(_, w)| *w || !writable)
         {
             return Ok(h.clone());
         }
-        let c = self
+        let index = self
             .engine
             .candidates
             .iter()
-            .find(|c| !writable || c.caps.write)
+            .position(|c| !writable || c.caps.write)
             .ok_or_else(|| {
                 Error::new(ErrorKind::Unsupported, "no available backend can write")
                     .with_path(&self.path)
             })?;
-        self.handle(c)
+        self.handle(index)
     }
 
     fn cache_state(&self, offset: u64, len: usize) -> CacheState {
@@ -305,6 +329,49 @@ impl EngineFile {
         (ctx, previous)
     }
 
+    /// The selector's answer for a transfer in `ctx` continuing a stream last read through
+    /// the candidate `stay`: the candidate (index among the engine's) and whether the
+    /// transfer is an exploration's measurement; `None` when no candidate is offered. A
+    /// kept answer is reused while the selector's epochs let it stand (see
+    /// `decisions.rs`).
+    fn choose(&self, ctx: &TransferContext, stay: Option<usize>) -> Option<(usize, bool)> {
+        let question = Question::of(ctx, stay);
+        let kept = self
+            .decisions
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&question, self.engine.epochs());
+        if let Some((path, exploring)) = kept {
+            self.engine.count_reused(exploring);
+            return Some((path, exploring));
+        }
+        let candidates = &self.engine.candidates;
+        let (names, indices): (Vec<&str>, Vec<usize>) = {
+            let refused = self.refused();
+            candidates
+                .iter()
+                .enumerate()
+                .filter(|(_, c)| c.fits(ctx.direction, ctx.memory) && !refused.contains(c.name()))
+                .map(|(i, c)| (c.name(), i))
+                .unzip()
+        };
+        // A read continuing a stream stays on the stream's path while that path is being
+        // explored.
+        let stay_name = stay.and_then(|i| candidates.get(i)).map(Candidate::name);
+        let (choice, epochs) = self.engine.choose(ctx, &names, stay_name);
+        let choice = choice?;
+        let path = names
+            .iter()
+            .position(|n| *n == choice.backend)
+            .map(|i| indices[i])
+            .expect("the selector chooses among the names given");
+        self.decisions
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .put(question, path, choice.exploring, epochs);
+        Some((path, choice.exploring))
+    }
+
     /// Runs one transfer: choose, open, time, record; on a refusal, tries another backend.
     fn transfer<T>(
         &self,
@@ -327,10 +394,10 @@ impl EngineFile {
             self.context(direction, bytes as u64, memory, in_flight, offset);
         let durable = direction == Direction::Write && ctx.purpose.durable_writes();
         // The pinned backend (this file's, else the engine's), looked up once.
-        let pinned: Option<&Candidate> = {
+        let pinned: Option<usize> = {
             let own = self.pinned.read().unwrap_or_else(|p| p.into_inner());
             match own.as_deref() {
-                Some(name) => Some(self.engine.candidate(name)?),
+                Some(name) => Some(self.engine.candidate_index(name)?),
                 None => match self
                     .engine
                     .pinned
@@ -338,16 +405,18 @@ impl EngineFile {
                     .unwrap_or_else(|p| p.into_inner())
                     .as_deref()
                 {
-                    Some(name) => Some(self.engine.candidate(name)?),
+                    Some(name) => Some(self.engine.candidate_index(name)?),
                     None => None,
                 },
             }
         };
         let mut last_err: Option<Error> = None;
         loop {
-            // The backend, and whether this transfer is an exploration's measurement.
-            let (chosen, exploring): (&Candidate, bool) = match pinned {
-                Some(c) => {
+            // The backend (index among the engine's candidates), and whether this transfer
+            // is an exploration's measurement.
+            let (path, exploring): (usize, bool) = match pinned {
+                Some(index) => {
+                    let c = &self.engine.candidates[index];
                     let name = c.name();
                     if !c.fits(direction, memory) {
                         return Err(Error::new(
@@ -369,43 +438,26 @@ impl EngineFile {
                             .with_path(&self.path)
                         }));
                     }
-                    (c, false)
+                    (index, false)
                 }
-                None => {
-                    let names: Vec<&str> = {
-                        let refused = self.refused();
-                        self.engine
-                            .candidates
-                            .iter()
-                            .filter(|c| c.fits(direction, memory) && !refused.contains(c.name()))
-                            .map(Candidate::name)
-                            .collect()
-                    };
-                    // A read continuing a stream stays on the stream's path while that
-                    // path is being explored.
-                    let stay = stream_previous
-                        .and_then(|i| self.engine.candidates.get(i))
-                        .map(Candidate::name);
-                    let Some(choice) = self.engine.choose(&ctx, &names, stay) else {
+                None => match self.choose(&ctx, stream_previous) {
+                    Some(answer) => answer,
+                    None => {
                         return Err(last_err.unwrap_or_else(|| {
                             Error::new(
                                 ErrorKind::Unsupported,
                                 format!("no available backend can {direction} {memory} memory"),
                             )
                             .with_path(&self.path)
-                        }));
-                    };
-                    let c = self
-                        .engine
-                        .candidate(&choice.backend)
-                        .expect("the selector chooses among the names given");
-                    (c, choice.exploring)
-                }
+                        }))
+                    }
+                },
             };
-            let handle = match self.handle(chosen) {
+            let chosen = &self.engine.candidates[path];
+            let handle = match self.handle(path) {
                 Ok(h) => h,
                 Err(e) if refusal(e.kind()) => {
-                    self.refused().insert(chosen.name().to_string());
+                    self.refuse(chosen.name());
                     last_err = Some(e);
                     continue;
                 }
@@ -437,7 +489,6 @@ impl EngineFile {
             match result {
                 Ok(v) => {
                     let n = moved(&v);
-                    let path = self.engine.index_of(chosen);
                     self.engine.add_usage(path, n as u64, wall, cpu);
                     // A short read (end of file) measures nothing useful, nor does the first
                     // transfer through a backend on this file (it pays set-up costs once).
@@ -480,7 +531,7 @@ impl EngineFile {
                     return Ok(v);
                 }
                 Err(e) if refusal(e.kind()) => {
-                    self.refused().insert(chosen.name().to_string());
+                    self.refuse(chosen.name());
                     last_err = Some(e);
                 }
                 Err(e) => return Err(e),
@@ -524,7 +575,8 @@ impl BackendFile for EngineFile {
             .handles
             .read()
             .unwrap_or_else(|p| p.into_inner())
-            .values()
+            .iter()
+            .flatten()
             .filter(|(_, w)| *w)
             .map(|(h, _)| h.clone())
             .collect();
@@ -549,8 +601,14 @@ impl BackendFile for EngineFile {
         }
         let h = self.any_handle(true)?;
         h.set_len(len)?;
-        self.handles_mut()
-            .retain(|_, (other, _)| Arc::ptr_eq(other, &h));
+        for slot in self.handles_mut().iter_mut() {
+            if slot
+                .as_ref()
+                .is_some_and(|(other, _)| !Arc::ptr_eq(other, &h))
+            {
+                *slot = None;
+            }
+        }
         Ok(())
     }
 }

@@ -37,6 +37,7 @@
 //!   reading in a VM, as much as a cached 4 KiB read) only while exploring, when the
 //!   objective weighs CPU, and on one exploiting transfer in 16.
 
+mod decisions;
 mod file;
 mod probe;
 mod report;
@@ -54,8 +55,8 @@ use fastensor_core::{
     SharedBackend, TransferContext,
 };
 use fastensor_select::{
-    Choice, Clock, ContextKey, Fingerprint, Objective, Observation, Selector, SelectorConfig,
-    Warning,
+    Choice, Clock, ContextKey, Epochs, Fingerprint, Objective, Observation, Selector,
+    SelectorConfig, SelectorStats, Warning,
 };
 use std::collections::BTreeMap;
 use std::fmt;
@@ -155,6 +156,12 @@ pub(crate) struct Inner {
     pub(crate) transfers: AtomicU64,
     /// Bytes read for the first time and read again (see [`fastensor_select::Reuse`]).
     pub(crate) reads: reread::ReadCounts,
+    /// The selector's [`Epochs`] as last seen (`state`, `choices`), readable without its
+    /// lock: files reuse its answers while they stay (see `decisions.rs`).
+    epochs: [AtomicU64; 2],
+    /// Choices answered from a file's kept answers, and how many of them explorations
+    /// (added to the selector's counters in [`Inner::stats`]).
+    reused: [AtomicU64; 2],
 }
 
 /// One exploiting transfer in this many reads the process CPU clock.
@@ -169,10 +176,16 @@ impl Inner {
         self.selector.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// The candidate called `name`.
     pub(crate) fn candidate(&self, name: &str) -> Result<&Candidate> {
+        Ok(&self.candidates[self.candidate_index(name)?])
+    }
+
+    /// The index of the candidate called `name` among the candidates.
+    pub(crate) fn candidate_index(&self, name: &str) -> Result<usize> {
         self.candidates
             .iter()
-            .find(|c| c.name() == name)
+            .position(|c| c.name() == name)
             .ok_or_else(|| {
                 Error::new(
                     ErrorKind::NotFound,
@@ -188,23 +201,51 @@ impl Inner {
             })
     }
 
-    /// The index of `candidate` (one of `self.candidates`) in that list.
-    pub(crate) fn index_of(&self, candidate: &Candidate) -> usize {
-        self.candidates
-            .iter()
-            .position(|c| std::ptr::eq(c, candidate))
-            .unwrap_or(usize::MAX)
-    }
-
     /// Chooses among `names` for `ctx`, staying on `stay` while exploring it (see
-    /// [`Selector::choose_staying`]).
+    /// [`Selector::choose_staying`]); with the selector's epochs after choosing.
     pub(crate) fn choose(
         &self,
         ctx: &TransferContext,
         names: &[&str],
         stay: Option<&str>,
-    ) -> Option<Choice> {
-        self.selector().choose_staying(ctx, names, stay)
+    ) -> (Option<Choice>, Epochs) {
+        let mut sel = self.selector();
+        let choice = sel.choose_staying(ctx, names, stay);
+        (choice, self.publish(&sel))
+    }
+
+    /// Makes the selector's epochs readable without its lock (see [`Inner::epochs`]), and
+    /// returns them.
+    fn publish(&self, sel: &Selector) -> Epochs {
+        let e = sel.epochs();
+        self.epochs[0].store(e.state, Ordering::Release);
+        self.epochs[1].store(e.choices, Ordering::Release);
+        e
+    }
+
+    /// The selector's epochs as last published (a transfer reading them while another
+    /// thread records may see the older ones: its answer is then one observation late).
+    pub(crate) fn epochs(&self) -> Epochs {
+        Epochs {
+            state: self.epochs[0].load(Ordering::Acquire),
+            choices: self.epochs[1].load(Ordering::Acquire),
+        }
+    }
+
+    /// Counts a choice answered from a file's kept answers.
+    pub(crate) fn count_reused(&self, exploring: bool) {
+        self.reused[0].fetch_add(1, Ordering::Relaxed);
+        if exploring {
+            self.reused[1].fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// The selector's counters, the choices answered from kept answers included.
+    pub(crate) fn stats(&self, sel: &Selector) -> SelectorStats {
+        let mut stats = sel.stats();
+        stats.choices += self.reused[0].load(Ordering::Relaxed);
+        stats.explorations += self.reused[1].load(Ordering::Relaxed);
+        stats
     }
 
     /// Whether the next transfer reads the process CPU clock: when the objective needs it,
@@ -245,6 +286,7 @@ impl Inner {
             Duration::from_nanos((sel.cpu_per_byte(ctx, backend) * bytes as f64) as u64)
         });
         sel.record_if_far(ctx, backend, Observation { bytes, wall, cpu });
+        self.publish(&sel);
     }
 
     /// Records a transfer of `bytes` through `backend`: its wall time, and its CPU time when
@@ -279,6 +321,7 @@ impl Inner {
                     sel.record_wall_only(ctx, backend, bytes, wall);
                 }
             }
+            self.publish(&sel);
         }
     }
 
@@ -377,7 +420,7 @@ impl Engine {
 
     /// Counters of the selector (choices, explorations, re-explorations, contexts).
     pub fn selector_stats(&self) -> fastensor_select::SelectorStats {
-        self.inner.selector().stats()
+        self.inner.stats(&self.inner.selector())
     }
 
     /// The backend chosen for a context once it is explored.
@@ -551,6 +594,8 @@ impl EngineBuilder {
             objective_uses_cpu: selector.objective_uses_cpu(),
             transfers: AtomicU64::new(0),
             reads: reread::ReadCounts::default(),
+            epochs: Default::default(),
+            reused: Default::default(),
             selector: Mutex::new(selector),
             clock: self.clock.unwrap_or_else(|| Arc::new(SystemClock::new())),
             pinned: RwLock::new(None),

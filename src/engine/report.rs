@@ -75,7 +75,7 @@ impl Report {
             backends: engine.backend_names(),
             pinned: engine.pinned(),
             usage,
-            stats: sel.stats(),
+            stats: engine.inner.stats(&sel),
             dictionary: sel.dictionary(),
             warning: engine.inner.warning.clone(),
         }

@@ -308,7 +308,7 @@ impl ReadStream {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use fastensor_core::{Direction, FileLocation, MemoryKind, Purpose};
+    use fastensor_core::{Direction, MemoryKind, Purpose};
 
     fn read(bytes: u64, cache: CacheState) -> Measured {
         Measured {
@@ -316,7 +316,7 @@ mod tests {
                 direction: Direction::Read,
                 bytes,
                 memory: MemoryKind::Host,
-                location: FileLocation::default(),
+                location: Default::default(),
                 in_flight: 1,
                 purpose: Purpose::General,
                 cache,
