@@ -2,7 +2,8 @@
 //! bounded window of recent samples, so that one slow outlier moves nothing.
 
 use crate::Objective;
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
+use std::cmp::Ordering;
 
 /// One measured transfer, normalised per byte.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -31,29 +32,85 @@ pub struct Estimate {
 impl Estimate {
     /// The estimate of `costs`; `None` when empty or when a cost is not finite.
     pub fn of(costs: &[f64]) -> Option<Estimate> {
-        Self::of_vec(costs.to_vec())
+        Self::of_iter(costs.iter().copied())
     }
 
-    /// [`Estimate::of`] on costs the caller no longer needs: sorts them in place and reuses
-    /// the buffer for the deviations, so an estimate allocates nothing beyond `costs`.
-    fn of_vec(mut costs: Vec<f64>) -> Option<Estimate> {
+    /// [`Estimate::of`] the costs `costs` yields, sorted in a buffer on the stack (on the
+    /// heap beyond [`STACK_COSTS`] costs): an estimate allocates nothing for a window of
+    /// the default size, and it is computed on every sample recorded.
+    fn of_iter(costs: impl ExactSizeIterator<Item = f64>) -> Option<Estimate> {
+        let n = costs.len();
+        if n <= STACK_COSTS {
+            let mut buf = [0.0f64; STACK_COSTS];
+            for (slot, c) in buf.iter_mut().zip(costs) {
+                *slot = c;
+            }
+            Self::of_unsorted(&mut buf[..n])
+        } else {
+            Self::of_unsorted(&mut costs.collect::<Vec<f64>>())
+        }
+    }
+
+    /// The estimate of `costs`, sorting them in place.
+    fn of_unsorted(costs: &mut [f64]) -> Option<Estimate> {
         if costs.is_empty() || costs.iter().any(|c| !c.is_finite()) {
             return None;
         }
-        costs.sort_by(f64::total_cmp);
-        let (n, min, max) = (costs.len(), costs[0], costs[costs.len() - 1]);
-        let med = median_sorted(&costs);
-        for c in costs.iter_mut() {
-            *c = (*c - med).abs();
+        costs.sort_unstable_by(f64::total_cmp);
+        Some(Self::of_sorted(costs))
+    }
+
+    /// The estimate of sorted, finite, non-empty costs, in one pass: the deviations from the
+    /// median are read in increasing order by walking outwards from the median (those below
+    /// it grow leftwards, those above it rightwards), up to the middle one(s).
+    fn of_sorted(sorted: &[f64]) -> Estimate {
+        let n = sorted.len();
+        let med = median_sorted(sorted);
+        // `below`: costs left of it are under the median; `above`: the next one at or above.
+        let split = sorted.partition_point(|&c| c < med);
+        let (mut below, mut above) = (split, split);
+        let mut next_deviation = || {
+            let left = (below > 0).then(|| med - sorted[below - 1]);
+            let right = (above < n).then(|| sorted[above] - med);
+            match (left, right) {
+                (Some(l), Some(r)) if l <= r => {
+                    below -= 1;
+                    l
+                }
+                (Some(l), None) => {
+                    below -= 1;
+                    l
+                }
+                (_, Some(r)) => {
+                    above += 1;
+                    r
+                }
+                (None, None) => unreachable!("n deviations are read at most"),
+            }
+        };
+        let (low_rank, high_rank) = ((n - 1) / 2, n / 2);
+        let (mut low, mut high) = (0.0, 0.0);
+        for rank in 0..=high_rank {
+            let d = next_deviation();
+            if rank == low_rank {
+                low = d;
+            }
+            if rank == high_rank {
+                high = d;
+            }
         }
-        costs.sort_by(f64::total_cmp);
-        Some(Estimate {
+        let mad = if n % 2 == 1 {
+            high
+        } else {
+            low / 2.0 + high / 2.0
+        };
+        Estimate {
             n,
             median: med,
-            mad: median_sorted(&costs),
-            min,
-            max,
-        })
+            mad,
+            min: sorted[0],
+            max: sorted[n - 1],
+        }
     }
 
     /// The estimate of the costs `cost * scale + shift` (`scale` > 0: the order is kept).
@@ -77,6 +134,10 @@ impl Estimate {
     }
 }
 
+/// Windows up to this many costs are estimated without allocating (see
+/// [`Estimate::of_iter`]).
+const STACK_COSTS: usize = 64;
+
 /// The median of sorted values (the mean of the two middle ones for an even count).
 fn median_sorted(sorted: &[f64]) -> f64 {
     let n = sorted.len();
@@ -94,6 +155,38 @@ pub struct Samples {
     /// The last estimate computed, and under which objective (cleared by every change): a
     /// decision asks for the same estimates many times between two samples.
     memo: Cell<Option<(Objective, Estimate)>>,
+    /// The samples' costs under an objective, sorted, kept up to date as samples come and
+    /// go (an insertion and a removal in a sorted window, instead of sorting it again for
+    /// every estimate: a choice's estimate is asked again after each of its samples).
+    sorted: RefCell<SortedCosts>,
+}
+
+/// See [`Samples::sorted`].
+#[derive(Debug, Clone, Default)]
+struct SortedCosts {
+    /// The objective of `costs`; `None`: not built.
+    objective: Option<Objective>,
+    costs: Vec<f64>,
+}
+
+impl SortedCosts {
+    fn insert(&mut self, cost: f64) {
+        let at = self
+            .costs
+            .partition_point(|c| c.total_cmp(&cost) == Ordering::Less);
+        self.costs.insert(at, cost);
+    }
+
+    fn remove(&mut self, cost: f64) {
+        match self.costs.binary_search_by(|c| c.total_cmp(&cost)) {
+            Ok(at) => {
+                self.costs.remove(at);
+            }
+            // Not there (cannot happen: built from the same samples); rebuilt when next
+            // asked.
+            Err(_) => self.objective = None,
+        }
+    }
 }
 
 impl PartialEq for Samples {
@@ -113,17 +206,26 @@ impl Samples {
     pub fn from_vec(samples: Vec<Sample>) -> Self {
         Samples {
             samples,
-            memo: Cell::new(None),
+            ..Samples::default()
         }
     }
 
     /// Adds a sample, dropping the oldest beyond `window`.
     pub fn push(&mut self, sample: Sample, window: usize) {
         self.memo.set(None);
+        let sorted = self.sorted.get_mut();
         self.samples.push(sample);
+        if let Some(objective) = sorted.objective {
+            sorted.insert(objective.cost(sample));
+        }
         let window = window.max(1);
         if self.samples.len() > window {
             let extra = self.samples.len() - window;
+            if let Some(objective) = sorted.objective {
+                for old in &self.samples[..extra] {
+                    sorted.remove(objective.cost(*old));
+                }
+            }
             self.samples.drain(..extra);
         }
     }
@@ -142,6 +244,7 @@ impl Samples {
     pub fn clear(&mut self) {
         self.memo.set(None);
         self.samples.clear();
+        self.sorted.get_mut().costs.clear();
     }
 
     /// The samples, oldest first.
@@ -156,7 +259,21 @@ impl Samples {
                 return Some(e);
             }
         }
-        let e = Estimate::of_vec(self.samples.iter().map(|s| objective.cost(*s)).collect())?;
+        let mut sorted = self.sorted.borrow_mut();
+        if sorted.objective != Some(objective) {
+            sorted.costs.clear();
+            sorted
+                .costs
+                .extend(self.samples.iter().map(|s| objective.cost(*s)));
+            sorted.costs.sort_unstable_by(f64::total_cmp);
+            sorted.objective = Some(objective);
+        }
+        // Sorted by `total_cmp`, non-finite costs (NaN, infinities) lie at the ends.
+        let (first, last) = (sorted.costs.first()?, sorted.costs.last()?);
+        if !first.is_finite() || !last.is_finite() {
+            return None;
+        }
+        let e = Estimate::of_sorted(&sorted.costs);
         self.memo.set(Some((objective, e)));
         Some(e)
     }
@@ -170,6 +287,65 @@ mod tests {
         Sample {
             time_ns_per_byte: time,
             cpu_ns_per_byte: cpu,
+        }
+    }
+
+    /// The median absolute deviation as defined: the median of the sorted deviations.
+    fn naive_mad(costs: &[f64]) -> f64 {
+        let mut sorted = costs.to_vec();
+        sorted.sort_by(f64::total_cmp);
+        let med = median_sorted(&sorted);
+        let mut dev: Vec<f64> = sorted.iter().map(|c| (c - med).abs()).collect();
+        dev.sort_by(f64::total_cmp);
+        median_sorted(&dev)
+    }
+
+    #[test]
+    fn the_one_pass_deviation_is_the_median_of_the_sorted_deviations() {
+        let mut state = 7u64;
+        for n in 1..=70 {
+            for round in 0..50 {
+                let costs: Vec<f64> = (0..n)
+                    .map(|_| {
+                        state = state
+                            .wrapping_mul(6364136223846793005)
+                            .wrapping_add(1442695040888963407);
+                        // Ties and skew as well as spread.
+                        let x = (state >> 40) % [5, 100, 1 << 20][round % 3];
+                        x as f64 * if round % 2 == 0 { 1.0 } else { 0.37 }
+                    })
+                    .collect();
+                let e = Estimate::of(&costs).unwrap();
+                assert_eq!(e.mad, naive_mad(&costs), "{costs:?}");
+                assert_eq!(e.n, n);
+            }
+        }
+        assert_eq!(Estimate::of(&[1.0, f64::NAN]), None);
+        assert_eq!(Estimate::of(&[]), None);
+    }
+
+    #[test]
+    fn the_sorted_window_follows_pushes_evictions_and_objectives() {
+        let mut s = Samples::new();
+        let mut state = 3u64;
+        let mix = Objective::Weighted {
+            time: 1.0,
+            cpu: 0.25,
+        };
+        for i in 0..300 {
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let t = ((state >> 33) % 50) as f64;
+            let c = ((state >> 45) % 7) as f64;
+            s.push(sample(t, c), 1 + i % 17);
+            let objective = [Objective::Time, Objective::Cpu, mix][(i / 7) % 3];
+            let fresh = Samples::from_vec(s.as_slice().to_vec());
+            assert_eq!(s.estimate(objective), fresh.estimate(objective), "at {i}");
+            if i % 50 == 49 {
+                s.clear();
+                assert_eq!(s.estimate(objective), None);
+            }
         }
     }
 
