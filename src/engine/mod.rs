@@ -22,7 +22,9 @@
 //!   the last one ended) carries the state probed at the stream's first read, and stream
 //!   reads are measured in runs (their mean cost): a buffered stream's reads from the
 //!   device are mostly cheap and sometimes wait for the readahead they started, so its runs
-//!   span 8 MiB (a readahead window); other runs end after 8 reads or 4 MiB. While a stream
+//!   span 8 MiB (a readahead window) and each is recorded joined with the one before it
+//!   (windows that wait and windows read ahead come in turn); other runs end after 8 reads
+//!   or 4 MiB. While a stream
 //!   context is explored, each path keeps the stream for a run of reads and is measured
 //!   only after warming up there (a path through the page cache: 8 MiB, or 32 reads; a
 //!   direct one: 2 reads; see `stream.rs`).
