@@ -135,19 +135,7 @@ impl Decisions {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use fastensor_core::Purpose;
-
-    fn read(bytes: u64, cache: CacheState) -> TransferContext {
-        TransferContext {
-            direction: Direction::Read,
-            bytes,
-            memory: MemoryKind::Host,
-            location: Default::default(),
-            in_flight: 1,
-            purpose: Purpose::General,
-            cache,
-        }
-    }
+    use crate::engine::test_read as read;
 
     const E: Epochs = Epochs {
         state: 10,

@@ -171,6 +171,20 @@ pub(crate) struct Inner {
     reused: [AtomicU64; 2],
 }
 
+/// The context of a plain host read of `bytes` in `cache` state (for the engine's tests).
+#[cfg(test)]
+pub(crate) fn test_read(bytes: u64, cache: fastensor_core::CacheState) -> TransferContext {
+    TransferContext {
+        direction: Direction::Read,
+        bytes,
+        memory: MemoryKind::Host,
+        location: Default::default(),
+        in_flight: 1,
+        purpose: fastensor_core::Purpose::General,
+        cache,
+    }
+}
+
 /// One exploiting transfer in this many reads the process CPU clock.
 pub(crate) const CPU_SAMPLE_EVERY: u64 = 16;
 

@@ -369,19 +369,10 @@ impl ReadStream {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use fastensor_core::{Direction, MemoryKind, Purpose};
 
     fn read(bytes: u64, cache: CacheState) -> Measured {
         Measured {
-            ctx: TransferContext {
-                direction: Direction::Read,
-                bytes,
-                memory: MemoryKind::Host,
-                location: Default::default(),
-                in_flight: 1,
-                purpose: Purpose::General,
-                cache,
-            },
+            ctx: crate::engine::test_read(bytes, cache),
             bytes,
             wall: Duration::from_micros(10),
             cpu: Some(Duration::from_micros(1)),
