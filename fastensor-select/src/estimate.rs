@@ -32,23 +32,7 @@ pub struct Estimate {
 impl Estimate {
     /// The estimate of `costs`; `None` when empty or when a cost is not finite.
     pub fn of(costs: &[f64]) -> Option<Estimate> {
-        Self::of_iter(costs.iter().copied())
-    }
-
-    /// [`Estimate::of`] the costs `costs` yields, sorted in a buffer on the stack (on the
-    /// heap beyond [`STACK_COSTS`] costs): an estimate allocates nothing for a window of
-    /// the default size, and it is computed on every sample recorded.
-    fn of_iter(costs: impl ExactSizeIterator<Item = f64>) -> Option<Estimate> {
-        let n = costs.len();
-        if n <= STACK_COSTS {
-            let mut buf = [0.0f64; STACK_COSTS];
-            for (slot, c) in buf.iter_mut().zip(costs) {
-                *slot = c;
-            }
-            Self::of_unsorted(&mut buf[..n])
-        } else {
-            Self::of_unsorted(&mut costs.collect::<Vec<f64>>())
-        }
+        Self::of_unsorted(&mut costs.to_vec())
     }
 
     /// The estimate of `costs`, sorting them in place.
@@ -133,10 +117,6 @@ impl Estimate {
         }
     }
 }
-
-/// Windows up to this many costs are estimated without allocating (see
-/// [`Estimate::of_iter`]).
-const STACK_COSTS: usize = 64;
 
 /// The median of sorted values (the mean of the two middle ones for an even count).
 fn median_sorted(sorted: &[f64]) -> f64 {

@@ -53,17 +53,15 @@ impl ContextKey {
 
     /// Makes this the key of `ctx`, reusing the buffers of its strings.
     pub(crate) fn set_to(&mut self, ctx: &TransferContext) {
-        self.direction = ctx.direction;
-        self.memory = ctx.memory;
-        self.size_class = size_class(ctx.bytes);
-        self.in_flight = in_flight_class(ctx.in_flight);
+        let shape = KeyShape::of(ctx);
+        self.direction = shape.direction;
+        self.memory = shape.memory;
+        self.size_class = shape.size_class;
+        self.in_flight = shape.in_flight;
+        self.cache = shape.cache;
+        self.durable = shape.durable;
         self.fs_type.clone_from(&ctx.location.fs_type);
         self.device.clone_from(&ctx.location.device);
-        self.cache = match ctx.direction {
-            Direction::Read => ctx.cache,
-            Direction::Write => CacheState::Unknown,
-        };
-        self.durable = ctx.direction == Direction::Write && ctx.purpose.durable_writes();
     }
 
     /// The cache column of tables: `cached`, `cold`, `-`, or `sync` for a durable write.
@@ -93,6 +91,44 @@ impl ContextKey {
     /// The smallest byte count of the size class.
     pub fn size_class_start(&self) -> u64 {
         1u64 << self.size_class.min(63)
+    }
+}
+
+/// The fields of a [`ContextKey`] but the file's location (its file system and device):
+/// what varies from one transfer of a file to the next. `Copy`, so that a caller can tell
+/// two transfers of one file apart by context without building a key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct KeyShape {
+    /// See [`ContextKey::direction`].
+    pub direction: Direction,
+    /// See [`ContextKey::memory`].
+    pub memory: MemoryKind,
+    /// See [`ContextKey::size_class`].
+    pub size_class: u8,
+    /// See [`ContextKey::in_flight`].
+    pub in_flight: u8,
+    /// See [`ContextKey::cache`].
+    pub cache: CacheState,
+    /// See [`ContextKey::durable`].
+    pub durable: bool,
+}
+
+impl KeyShape {
+    /// The shape of the key of `ctx`.
+    pub fn of(ctx: &TransferContext) -> Self {
+        let write = ctx.direction == Direction::Write;
+        KeyShape {
+            direction: ctx.direction,
+            memory: ctx.memory,
+            size_class: size_class(ctx.bytes),
+            in_flight: in_flight_class(ctx.in_flight),
+            cache: if write {
+                CacheState::Unknown
+            } else {
+                ctx.cache
+            },
+            durable: write && ctx.purpose.durable_writes(),
+        }
     }
 }
 

@@ -52,7 +52,7 @@ mod selector;
 pub use dictionary::{CandidateRecord, ContextRecord, Dictionary, Warning, FORMAT_VERSION};
 pub use estimate::{Estimate, Sample, Samples};
 pub use fingerprint::{device_model, kernel_release, DeviceInfo, Fingerprint};
-pub use key::{human_bytes, in_flight_class, size_class, ContextKey};
+pub use key::{human_bytes, in_flight_class, size_class, ContextKey, KeyShape};
 pub use objective::{Clock, ClockReading, Objective, Observation};
 pub use reuse::Reuse;
 pub use selector::{

@@ -7,20 +7,15 @@
 //! answer while nothing at all was recorded (the reads of a stream explored in runs). So a
 //! file keeps the last few answers and asks again only when an epoch moved.
 
-use fastensor_core::{CacheState, Direction, MemoryKind, TransferContext};
-use fastensor_select::{in_flight_class, size_class, Epochs};
+use fastensor_core::TransferContext;
+use fastensor_select::{Epochs, KeyShape};
 
-/// What decides the selector's answer for a transfer of a file: the fields of its context
-/// key that vary from transfer to transfer (the file's location does not), and the path of
-/// the stream's last read (an exploring answer depends on it).
+/// What decides the selector's answer for a transfer of a file: its context key but the
+/// file's location (which does not change), and the path of the stream's last read (an
+/// exploring answer depends on it).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Question {
-    direction: Direction,
-    memory: MemoryKind,
-    size_class: u8,
-    in_flight: u8,
-    cache: CacheState,
-    durable: bool,
+    shape: KeyShape,
     stay: Option<usize>,
 }
 
@@ -28,31 +23,15 @@ impl Question {
     /// The question of a transfer in `ctx`, continuing a stream last read through the
     /// candidate `stay`.
     pub(crate) fn of(ctx: &TransferContext, stay: Option<usize>) -> Question {
-        let write = ctx.direction == Direction::Write;
         Question {
-            direction: ctx.direction,
-            memory: ctx.memory,
-            size_class: size_class(ctx.bytes),
-            in_flight: in_flight_class(ctx.in_flight),
-            cache: if write {
-                CacheState::Unknown
-            } else {
-                ctx.cache
-            },
-            durable: write && ctx.purpose.durable_writes(),
+            shape: KeyShape::of(ctx),
             stay,
         }
     }
 
     /// Same context key (whatever `stay` is).
     fn same_context(&self, other: &Question) -> bool {
-        Question {
-            stay: None,
-            ..*self
-        } == Question {
-            stay: None,
-            ..*other
-        }
+        self.shape == other.shape
     }
 }
 
@@ -136,6 +115,7 @@ impl Decisions {
 mod tests {
     use super::*;
     use crate::engine::test_read as read;
+    use fastensor_core::CacheState;
 
     const E: Epochs = Epochs {
         state: 10,

@@ -17,7 +17,7 @@
 //! runs end after [`Run::MAX_TRANSFERS`] reads or [`Run::MAX_BYTES`] bytes.
 
 use fastensor_core::{CacheState, TransferContext};
-use fastensor_select::{in_flight_class, size_class};
+use fastensor_select::KeyShape;
 use std::time::Duration;
 
 /// The sequential read stream of a file.
@@ -116,14 +116,9 @@ impl Run {
 
     /// Whether a read through `path` in `ctx` belongs to this run.
     fn takes(&self, ctx: &TransferContext, path: usize) -> bool {
-        let a = &self.ctx;
         path == self.path
-            && size_class(a.bytes) == size_class(ctx.bytes)
-            && a.cache == ctx.cache
-            && a.direction == ctx.direction
-            && a.memory == ctx.memory
-            && a.purpose == ctx.purpose
-            && in_flight_class(a.in_flight) == in_flight_class(ctx.in_flight)
+            && self.ctx.purpose == ctx.purpose
+            && KeyShape::of(&self.ctx) == KeyShape::of(ctx)
     }
 
     fn add(&mut self, m: &Measured) {
@@ -254,9 +249,9 @@ impl ReadStream {
         measured: Option<Measured>,
     ) -> [Option<Run>; 4] {
         let mut ended = self.finish_runs(continued, range, path, keeps_cache, exploring, measured);
-        for run in ended.iter_mut().flatten() {
-            if !run.warm_up {
-                *run = self.paired(run);
+        for slot in ended.iter_mut() {
+            if let Some(run) = slot.take_if(|r| !r.warm_up) {
+                *slot = Some(self.paired(run));
             }
         }
         ended
@@ -270,17 +265,15 @@ impl ReadStream {
     /// so a median over single windows follows whichever half it lands in; over pairs it
     /// measures the stream. The first window of a path is recorded alone. Any other run
     /// ends the pairing.
-    fn paired(&mut self, run: &Run) -> Run {
+    fn paired(&mut self, run: Run) -> Run {
         if !(run.long && run.full()) {
             self.last_window = None;
-            return run.clone();
+            return run;
         }
-        let joined = match self.last_window.take() {
+        match self.last_window.replace(run.clone()) {
             Some(earlier) if earlier.takes(&run.ctx, run.path) => run.joined(&earlier),
-            _ => run.clone(),
-        };
-        self.last_window = Some(run.clone());
-        joined
+            _ => run,
+        }
     }
 
     /// [`ReadStream::finish`] before the pairing of readahead windows.
