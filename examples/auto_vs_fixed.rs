@@ -358,6 +358,38 @@ fn main() -> fastensor::Result<()> {
             );
         }
     }
+    // The same ratio round by round (each `auto` total against the best fixed backend's
+    // total of the same round): how much of a ratio the disk's swings alone move.
+    println!();
+    println!("per-round total ratios to the best fixed backend (median [lowest highest])");
+    for ((label, results), by_label) in rows.iter().zip(&samples) {
+        let Some((best, _)) = results
+            .iter()
+            .filter(|(n, _)| !n.starts_with("auto") && n != "mmap")
+            .min_by_key(|(_, p)| p.total())
+        else {
+            continue;
+        };
+        let mut line = format!("{label:8} best fixed {best:12}");
+        for a in ["auto", "auto-warm"] {
+            let (Some(ours), Some(theirs)) = (by_label.get(a), by_label.get(best)) else {
+                continue;
+            };
+            let mut r: Vec<f64> = ours
+                .iter()
+                .zip(theirs)
+                .map(|(o, t)| o.total().as_secs_f64() / t.total().as_secs_f64().max(1e-12))
+                .collect();
+            r.sort_by(f64::total_cmp);
+            line += &format!(
+                "   {a} {:.2} [{:.2} {:.2}]",
+                r[r.len() / 2],
+                r[0],
+                r[r.len() - 1]
+            );
+        }
+        println!("{line}");
+    }
     if let Some(a) = last_auto {
         println!("\nauto (cold start, last round) report:\n{}", a.report());
     }

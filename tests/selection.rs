@@ -320,8 +320,14 @@ fn engine_is_send_and_sync_and_works_from_threads() {
         }
     });
     // Every transfer is observed but for a few exploring reads that took over another
-    // thread's stream (those measure the other path's state).
-    assert!(s.engine.selector_stats().observations >= 8 * 20 * 2 * 3 / 4);
+    // thread's stream (those measure the other path's state); the chosen writes in runs of
+    // up to 8 (the last one recorded when the file is dropped).
+    drop(file);
+    let observations = s.engine.selector_stats().observations;
+    assert!(
+        observations >= 8 * 20 * 3 / 4 + 8 * 20 / 8,
+        "{observations}"
+    );
 }
 
 #[test]
@@ -411,4 +417,37 @@ fn the_first_transfer_through_the_handle_opened_with_the_file_is_not_measured() 
         .unwrap();
     // Measured, that first write would have dropped `a` at once (2 ms against 201 µs).
     assert_eq!(write.choice.as_deref(), Some("a"), "{}", s.engine.report());
+}
+
+#[test]
+fn chosen_small_writes_are_recorded_in_runs_and_explorations_one_by_one() {
+    let s = setup(SelectorConfig::default());
+    let file = s
+        .engine
+        .open(Path::new("/virtual/write-runs.bin"), OpenMode::Create)
+        .unwrap();
+    let data = vec![7u8; 4096]; // a: 14 µs, b: 201 µs
+    let writes = 400u64;
+    for i in 0..writes {
+        file.write_at(i * 4096, &data).unwrap();
+    }
+    let before_drop = s.engine.selector_stats();
+    drop(file);
+    let stats = s.engine.selector_stats();
+    assert_eq!(
+        s.engine.report().dictionary.contexts[0].choice.as_deref(),
+        Some("a")
+    );
+    // Each exploring write is one observation, the chosen ones one per 8; the first write
+    // through each handle measures nothing; dropping the file records the run in progress.
+    let chosen = writes - stats.explorations;
+    assert!(stats.explorations < 20, "{stats:?}");
+    assert!(
+        stats.observations >= stats.explorations - 2 + (chosen - 2) / 8
+            && stats.observations <= stats.explorations + chosen.div_ceil(8),
+        "{stats:?}"
+    );
+    assert!(stats.observations > before_drop.observations, "{stats:?}");
+    // Every chosen write went through `a`, measured or not.
+    assert_eq!(s.a.calls() + s.b.calls(), writes);
 }

@@ -3,6 +3,7 @@
 use super::decisions::{Decisions, Question};
 use super::reread::ReadRanges;
 use super::stream::{Measured, ReadStream, Run};
+use super::write_run::WriteRun;
 use super::{probe, Candidate, InFlight, Inner};
 use fastensor_core::{
     BackendFile, CacheState, Direction, Error, ErrorKind, FileLocation, MemMut, MemRef, MemoryKind,
@@ -42,17 +43,24 @@ pub struct EngineFile {
     used: AtomicU64,
     /// The selector's last answers for this file (see `decisions.rs`).
     decisions: Mutex<Decisions>,
+    /// The chosen writes measured but not yet recorded (see `write_run.rs`).
+    write_run: Mutex<WriteRun>,
 }
 
 impl Drop for EngineFile {
-    /// Records the stream reads measured but not yet recorded.
+    /// Records the stream reads and the writes measured but not yet recorded.
     fn drop(&mut self) {
-        let run = self
+        let reads = self
             .stream
             .get_mut()
             .unwrap_or_else(|p| p.into_inner())
             .take_run();
-        if let Some(run) = run {
+        let writes = self
+            .write_run
+            .get_mut()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        for run in [reads, writes].into_iter().flatten() {
             self.record_run(run);
         }
     }
@@ -91,6 +99,7 @@ impl EngineFile {
             read_ranges: Mutex::new(ReadRanges::default()),
             used: AtomicU64::new(0),
             decisions: Mutex::new(Decisions::default()),
+            write_run: Mutex::new(WriteRun::default()),
         };
         // Open one handle now, in the requested mode: creation and truncation happen once,
         // and a missing file or a refused permission is reported here.
@@ -263,7 +272,7 @@ impl EngineFile {
         stream.begin(offset, len, || self.cache_state(offset, len))
     }
 
-    /// Records a run of stream reads as one observation (a warm-up run only when it shows
+    /// Records a run of reads or writes as one observation (a warm-up run only when it shows
     /// its path far behind the leader, see [`Run::warm_up`]).
     fn record_run(&self, run: Run) {
         let Some(c) = self.engine.candidates.get(run.path) else {
@@ -275,6 +284,23 @@ impl EngineFile {
         } else {
             self.engine
                 .record(&run.ctx, c.name(), run.bytes, run.wall, run.cpu());
+        }
+    }
+
+    /// Records a useful write through the candidate `path`: an exploration's alone (after
+    /// the run in progress, so the selector learns in order), a chosen one in a run of
+    /// writes (see `write_run.rs`).
+    fn record_write(&self, measured: Measured, path: usize, exploring: bool) {
+        let ended = {
+            let mut runs = self.write_run.lock().unwrap_or_else(|p| p.into_inner());
+            if exploring {
+                [runs.take(), Some(Run::start(measured, path, false))]
+            } else {
+                runs.add(measured, path)
+            }
+        };
+        for run in ended.into_iter().flatten() {
+            self.record_run(run);
         }
     }
 
@@ -526,7 +552,13 @@ impl EngineFile {
                             self.record_run(run);
                         }
                     } else if useful {
-                        self.engine.record(&ctx, chosen.name(), n as u64, wall, cpu);
+                        let measured = Measured {
+                            ctx,
+                            bytes: n as u64,
+                            wall,
+                            cpu,
+                        };
+                        self.record_write(measured, path, exploring);
                     }
                     return Ok(v);
                 }

@@ -51,6 +51,7 @@ mod report;
 mod reread;
 mod stream;
 mod tune;
+mod write_run;
 
 pub use file::EngineFile;
 pub use probe::{evict, SystemClock};
@@ -182,6 +183,18 @@ pub(crate) fn test_read(bytes: u64, cache: fastensor_core::CacheState) -> Transf
         in_flight: 1,
         purpose: fastensor_core::Purpose::General,
         cache,
+    }
+}
+
+/// The context of a plain host write of `bytes` with `in_flight` requests in flight (for the
+/// engine's tests).
+#[cfg(test)]
+pub(crate) fn test_write(bytes: u64, in_flight: u32) -> TransferContext {
+    TransferContext {
+        direction: Direction::Write,
+        in_flight,
+        cache: fastensor_core::CacheState::Unknown,
+        ..test_read(bytes, fastensor_core::CacheState::Unknown)
     }
 }
 

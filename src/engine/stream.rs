@@ -16,7 +16,7 @@
 //! device and windows already read ahead come in turn; see [`ReadStream::paired`]); other
 //! runs end after [`Run::MAX_TRANSFERS`] reads or [`Run::MAX_BYTES`] bytes.
 
-use fastensor_core::{CacheState, TransferContext};
+use fastensor_core::{CacheState, Direction, TransferContext};
 use fastensor_select::KeyShape;
 use std::time::Duration;
 
@@ -59,7 +59,8 @@ pub(crate) struct Measured {
     pub(crate) cpu: Option<Duration>,
 }
 
-/// Consecutive reads of one stream through one path in one context: one observation.
+/// Consecutive reads of one stream (or writes, see `write_run.rs`) through one path in one
+/// context: one observation.
 #[derive(Debug, Clone)]
 pub(crate) struct Run {
     /// The context of the run's first read (the others share its key).
@@ -91,6 +92,9 @@ impl Run {
     /// A run ends once it has read this many bytes.
     pub(crate) const MAX_BYTES: u64 = 4 << 20;
 
+    /// A run of writes ends once it has written this many bytes (see `write_run.rs`).
+    pub(crate) const MAX_WRITE_BYTES: u64 = 512 << 10;
+
     /// A run of reads from the device through a path that keeps the page cache (and so reads
     /// ahead) ends once it has read this many bytes (the largest `read_ahead_kb` commonly
     /// set, that of some virtual disks; the default is 128 KiB), or after
@@ -100,7 +104,9 @@ impl Run {
     /// See [`Run::READ_AHEAD_BYTES`].
     pub(crate) const READ_AHEAD_MAX_TRANSFERS: u32 = 2048;
 
-    fn start(m: Measured, path: usize, keeps_cache: bool) -> Run {
+    /// A run of the one transfer `m` through `path` (`keeps_cache`: a path through the page
+    /// cache).
+    pub(crate) fn start(m: Measured, path: usize, keeps_cache: bool) -> Run {
         Run {
             long: keeps_cache && m.ctx.cache != CacheState::Cached,
             ctx: m.ctx,
@@ -114,14 +120,15 @@ impl Run {
         }
     }
 
-    /// Whether a read through `path` in `ctx` belongs to this run.
-    fn takes(&self, ctx: &TransferContext, path: usize) -> bool {
+    /// Whether a transfer through `path` in `ctx` belongs to this run.
+    pub(crate) fn takes(&self, ctx: &TransferContext, path: usize) -> bool {
         path == self.path
             && self.ctx.purpose == ctx.purpose
             && KeyShape::of(&self.ctx) == KeyShape::of(ctx)
     }
 
-    fn add(&mut self, m: &Measured) {
+    /// Adds the transfer `m` to the run.
+    pub(crate) fn add(&mut self, m: &Measured) {
         self.bytes += m.bytes;
         self.wall += m.wall;
         if let Some(cpu) = m.cpu {
@@ -153,8 +160,11 @@ impl Run {
         }
     }
 
-    fn full(&self) -> bool {
-        if self.long {
+    /// Whether the run has all the transfers it takes.
+    pub(crate) fn full(&self) -> bool {
+        if self.ctx.direction == Direction::Write {
+            self.transfers >= Self::MAX_TRANSFERS || self.bytes >= Self::MAX_WRITE_BYTES
+        } else if self.long {
             self.transfers >= Self::READ_AHEAD_MAX_TRANSFERS || self.bytes >= Self::READ_AHEAD_BYTES
         } else {
             self.transfers >= Self::MAX_TRANSFERS || self.bytes >= Self::MAX_BYTES
