@@ -50,17 +50,17 @@ pub struct EngineFile {
 impl Drop for EngineFile {
     /// Records the stream reads and the writes measured but not yet recorded.
     fn drop(&mut self) {
-        let reads = self
+        let [read, window] = self
             .stream
             .get_mut()
             .unwrap_or_else(|p| p.into_inner())
-            .take_run();
+            .take_runs();
         let writes = self
             .write_run
             .get_mut()
             .unwrap_or_else(|p| p.into_inner())
             .take();
-        for run in [reads, writes].into_iter().flatten() {
+        for run in [read, window, writes].into_iter().flatten() {
             self.record_run(run);
         }
     }

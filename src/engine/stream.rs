@@ -44,6 +44,10 @@ pub(crate) struct ReadStream {
     /// The last full run spanning a readahead window, as measured (see
     /// [`ReadStream::paired`]).
     last_window: Option<Run>,
+    /// Whether `last_window` is a path's first window, held back (not recorded yet).
+    window_held: bool,
+    /// A first window held back whose pairing ended: recorded alone.
+    unpaired: Option<Run>,
 }
 
 /// One measured read, handed to [`ReadStream::finish`].
@@ -193,6 +197,8 @@ impl ReadStream {
         run: None,
         warming: None,
         last_window: None,
+        window_held: false,
+        unpaired: None,
     };
 
     /// An exploring path that takes over a stream is measured only after
@@ -226,7 +232,7 @@ impl ReadStream {
     ) -> (CacheState, Option<usize>) {
         let continues = self.end == offset;
         if !continues {
-            self.last_window = None;
+            self.end_pairing();
         }
         let previous = continues.then_some(self.last_path);
         if continues {
@@ -257,33 +263,66 @@ impl ReadStream {
         keeps_cache: bool,
         exploring: bool,
         measured: Option<Measured>,
-    ) -> [Option<Run>; 4] {
-        let mut ended = self.finish_runs(continued, range, path, keeps_cache, exploring, measured);
+    ) -> [Option<Run>; 5] {
+        let [a, b, c, d] =
+            self.finish_runs(continued, range, path, keeps_cache, exploring, measured);
+        let mut ended = [a, b, c, d, None];
         for slot in ended.iter_mut() {
             if let Some(run) = slot.take_if(|r| !r.warm_up) {
-                *slot = Some(self.paired(run));
+                *slot = self.paired(run);
             }
         }
+        ended[4] = self.unpaired.take();
         ended
     }
 
-    /// A run that ended, as it is recorded: a full run spanning a readahead window joined
-    /// with the full one before it in the stream, through the same path in the same
-    /// context. Reading from the device through the page cache alternates between windows
-    /// that wait for the device and windows its readahead already brought in (`mmap` at
-    /// 64 KiB: runs of 8-10 GB/s and 1.2-1.7 GB/s in turn, 2.2 GB/s over the whole stream),
-    /// so a median over single windows follows whichever half it lands in; over pairs it
-    /// measures the stream. The first window of a path is recorded alone. Any other run
-    /// ends the pairing.
-    fn paired(&mut self, run: Run) -> Run {
-        if !(run.long && run.full()) {
-            self.last_window = None;
-            return run;
+    /// A run that ended, as it is recorded (`None`: held back): a full run spanning a
+    /// readahead window joined with the full one before it in the stream, through the same
+    /// path in the same context. Reading from the device through the page cache alternates
+    /// between windows that wait for the device and windows its readahead already brought in
+    /// (`mmap` at 64 KiB: runs of 8-10 GB/s and 1.2-1.7 GB/s in turn, 2.2 GB/s over the
+    /// whole stream), so a median over single windows follows whichever half it lands in;
+    /// over pairs it measures the stream. A path's first window is held back until the run
+    /// after it, and recorded joined with it: recorded alone, a first window that landed in
+    /// the fast half made a slow path the leader of an exploration, which then measured it
+    /// in full (`mmap` at 1 MiB: 7 samples at 0.55-0.95 GB/s against 2.5-3.1 for the
+    /// direct paths, 80-130 ms of a 190 ms cold phase). A run that is not a full window
+    /// ends the pairing (joined with a first window held back, if any).
+    fn paired(&mut self, run: Run) -> Option<Run> {
+        let window = run.long && run.full();
+        if !self
+            .last_window
+            .as_ref()
+            .is_some_and(|e| e.takes(&run.ctx, run.path))
+        {
+            self.end_pairing();
         }
-        match self.last_window.replace(run.clone()) {
-            Some(earlier) if earlier.takes(&run.ctx, run.path) => run.joined(&earlier),
-            _ => run,
+        let earlier = self.last_window.take();
+        self.window_held = false;
+        if window {
+            self.last_window = Some(run.clone());
         }
+        match earlier {
+            Some(earlier) => Some(run.joined(&earlier)),
+            None if window => {
+                self.window_held = true;
+                None
+            }
+            None => Some(run),
+        }
+    }
+
+    /// Ends the pairing of windows (the stream broke, or a run of another path or context
+    /// ended): a first window still held back is then recorded alone (a stream of a single
+    /// window, say one 8 MiB read, is measured by it).
+    fn end_pairing(&mut self) {
+        if let Some(window) = self.last_window.take() {
+            if self.window_held {
+                debug_assert!(self.unpaired.is_none(), "one window is held at a time");
+                self.unpaired = Some(window);
+            }
+        }
+        self.window_held = false;
     }
 
     /// [`ReadStream::finish`] before the pairing of readahead windows.
@@ -363,9 +402,12 @@ impl ReadStream {
                 || self.path_reads >= Self::WARM_UP_MAX_READS)
     }
 
-    /// The run in progress, taken out (to be recorded when the file is dropped).
-    pub(crate) fn take_run(&mut self) -> Option<Run> {
-        self.run.take()
+    /// The runs not recorded yet (to be recorded when the file is dropped): the run in
+    /// progress, and a first window held back.
+    pub(crate) fn take_runs(&mut self) -> [Option<Run>; 2] {
+        let run = self.run.take().and_then(|r| self.paired(r));
+        self.end_pairing();
+        [run, self.unpaired.take()]
     }
 }
 
@@ -437,7 +479,9 @@ mod tests {
         let out = s.finish(true, end..end + (1 << 16), 0, keeps_cache, false, cold());
         assert!(out.iter().flatten().all(|r| r.path == 1));
         runs.extend(out.into_iter().flatten());
-        assert_eq!(s.take_run().map(|r| (r.path, r.transfers)), Some((0, 1)));
+        let [run, held] = s.take_runs();
+        assert_eq!(run.map(|r| (r.path, r.transfers)), Some((0, 1)));
+        assert!(held.is_none());
         let lens = |warm_up: bool| -> Vec<u32> {
             runs.iter()
                 .filter(|r| r.warm_up == warm_up)
@@ -456,7 +500,7 @@ mod tests {
         // 8 MiB past the warm-up, a run through the page cache ends.
         assert_eq!(
             take_over(true, 32 + 160),
-            (160, vec![128, 32], vec![8, 8, 8, 8])
+            (160, vec![160], vec![8, 8, 8, 8])
         );
         // A direct path warms up in two reads and is measured in runs of 8.
         assert_eq!(take_over(false, 20), (18, vec![8, 8, 2], vec![2]));
@@ -468,39 +512,64 @@ mod tests {
     fn readahead_windows_are_recorded_in_pairs() {
         // A cold stream of 1 MiB reads: through the page cache, windows of 8 reads wait for
         // the device (2 ms a read) and the next ones find it read ahead (0.2 ms), in turn.
-        let record = |keeps_cache: bool| {
+        let record = |keeps_cache: bool, reads: u64| {
             let mut s = ReadStream::NONE;
             let mut recorded = Vec::new();
-            for i in 0..40u64 {
+            for i in 0..=reads {
+                // The last read goes through another path: the stream's run ends.
+                let path = usize::from(i == reads);
                 let slow = (i / 8) % 2 == 0;
                 let m = Measured {
                     wall: Duration::from_micros(if slow { 2000 } else { 200 }),
                     ..read(1 << 20, CacheState::Cold)
                 };
                 let range = (i << 20)..((i + 1) << 20);
-                let out = s.finish(i > 0, range, 0, keeps_cache, false, Some(m));
-                recorded.extend(out.into_iter().flatten());
+                let out = s.finish(i > 0, range, path, keeps_cache, false, Some(m));
+                recorded.extend(out.into_iter().flatten().filter(|r| r.path == 0));
             }
+            recorded.extend(s.take_runs().into_iter().flatten().filter(|r| r.path == 0));
             recorded
                 .iter()
                 .map(|r| (r.bytes >> 20, r.wall.as_micros()))
                 .collect::<Vec<_>>()
         };
-        // The first window alone, then each with the one before: every pair costs the
+        // Each window with the one before (the first one only so): every pair costs the
         // stream's mean, 1.1 ms a read.
+        assert_eq!(record(true, 40), vec![(16, 17600); 4]);
+        // A first window held back is recorded with the run that ends the pairing, and
+        // alone when the stream has no other run of its path.
+        assert_eq!(record(true, 12), vec![(12, 16800)]);
+        assert_eq!(record(true, 8), vec![(8, 16000)]);
+        let mut s = ReadStream::NONE;
+        for i in 0..8u64 {
+            let out = s.finish(
+                i > 0,
+                (i << 20)..((i + 1) << 20),
+                0,
+                true,
+                false,
+                Some(read(1 << 20, CacheState::Cold)),
+            );
+            assert!(out.iter().all(Option::is_none));
+        }
+        s.begin(1 << 30, 1 << 20, || CacheState::Cold);
+        let out = s.finish(
+            false,
+            (1 << 30)..(1 << 30) + (1 << 20),
+            0,
+            true,
+            false,
+            None,
+        );
+        let lone: Vec<u64> = out.iter().flatten().map(|r| r.bytes >> 20).collect();
         assert_eq!(
-            record(true),
-            vec![
-                (8, 16000),
-                (16, 17600),
-                (16, 17600),
-                (16, 17600),
-                (16, 17600)
-            ]
+            lone,
+            vec![8],
+            "a new stream records the last one's held window"
         );
         // Direct runs (4 MiB, nothing read ahead) are recorded as they are.
-        assert_eq!(record(false).len(), 10);
-        assert!(record(false).iter().all(|&(mib, _)| mib == 4));
+        assert_eq!(record(false, 40).len(), 10);
+        assert!(record(false, 40).iter().all(|&(mib, _)| mib == 4));
     }
 
     #[test]
@@ -530,7 +599,7 @@ mod tests {
             end += len;
             recorded.extend(out.into_iter().flatten());
         }
-        recorded.extend(s.take_run());
+        recorded.extend(s.take_runs().into_iter().flatten());
         let direct: Vec<u32> = recorded
             .iter()
             .filter(|r| r.path == 1)
@@ -621,12 +690,12 @@ mod tests {
             false,
             Some(read(4096, CacheState::Cold)),
         );
-        let run = s.take_run().unwrap();
+        let run = s.take_runs()[0].clone().unwrap();
         assert_eq!(run.transfers, 2);
         assert_eq!(run.cpu(), Some(Duration::from_micros(2)));
         s.finish(false, 0..4096, 0, false, false, Some(unread()));
         s.finish(true, 4096..8192, 0, false, false, Some(unread()));
-        assert_eq!(s.take_run().unwrap().cpu(), None);
+        assert_eq!(s.take_runs()[0].as_ref().unwrap().cpu(), None);
         // An unmeasured read ends the run in progress.
         s.finish(
             false,
@@ -638,6 +707,6 @@ mod tests {
         );
         let out = s.finish(true, 4096..8192, 0, false, false, None);
         assert_eq!(out[0].as_ref().map(|r| r.transfers), Some(1));
-        assert!(s.take_run().is_none());
+        assert!(s.take_runs().iter().all(Option::is_none));
     }
 }
