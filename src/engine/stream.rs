@@ -286,8 +286,9 @@ impl ReadStream {
     /// after it, and recorded joined with it: recorded alone, a first window that landed in
     /// the fast half made a slow path the leader of an exploration, which then measured it
     /// in full (`mmap` at 1 MiB: 7 samples at 0.55-0.95 GB/s against 2.5-3.1 for the
-    /// direct paths, 80-130 ms of a 190 ms cold phase). A run that is not a full window
-    /// ends the pairing (joined with a first window held back, if any).
+    /// direct paths, 80-130 ms of a 190 ms cold phase). A run of the same path and context
+    /// that is not a full window (the stream's last reads) is joined with the window before
+    /// it too, held back or not, and ends the pairing; any other run ends it alone.
     fn paired(&mut self, run: Run) -> Option<Run> {
         let window = run.long && run.full();
         if !self
@@ -536,9 +537,11 @@ mod tests {
         // Each window with the one before (the first one only so): every pair costs the
         // stream's mean, 1.1 ms a read.
         assert_eq!(record(true, 40), vec![(16, 17600); 4]);
-        // A first window held back is recorded with the run that ends the pairing, and
-        // alone when the stream has no other run of its path.
+        // A first window held back, and the last full window, are recorded with the run
+        // that ends the pairing; a held window alone when the stream has no other run of
+        // its path.
         assert_eq!(record(true, 12), vec![(12, 16800)]);
+        assert_eq!(record(true, 20), vec![(16, 17600), (12, 9600)]);
         assert_eq!(record(true, 8), vec![(8, 16000)]);
         let mut s = ReadStream::NONE;
         for i in 0..8u64 {
