@@ -283,10 +283,10 @@ impl ReadStream {
     /// (`mmap` at 64 KiB: runs of 8-10 GB/s and 1.2-1.7 GB/s in turn, 2.2 GB/s over the
     /// whole stream), so a median over single windows follows whichever half it lands in;
     /// over pairs it measures the stream. A path's first window is held back until the run
-    /// after it, and recorded joined with it: recorded alone, a first window that landed in
-    /// the fast half made a slow path the leader of an exploration, which then measured it
-    /// in full (`mmap` at 1 MiB: 7 samples at 0.55-0.95 GB/s against 2.5-3.1 for the
-    /// direct paths, 80-130 ms of a 190 ms cold phase). A run of the same path and context
+    /// after it, and recorded joined with it: recorded alone, a first window that lands in
+    /// the fast half can make a slow path the leader of an exploration, which then confirms
+    /// it with more samples (most likely how `mmap` at 1 MiB got 7 samples at 0.55-0.95
+    /// GB/s against 2.5-3.1 for the direct paths, 80-130 ms of a 190 ms cold phase). A run of the same path and context
     /// that is not a full window (the stream's last reads) is joined with the window before
     /// it too, held back or not, and ends the pairing; any other run ends it alone.
     fn paired(&mut self, run: Run) -> Option<Run> {
