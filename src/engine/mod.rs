@@ -23,11 +23,14 @@
 //!   reads are measured in runs (their mean cost): a buffered stream's reads from the
 //!   device are mostly cheap and sometimes wait for the readahead they started, so its runs
 //!   span 8 MiB (a readahead window) and each is recorded joined with the one before it
-//!   (windows that wait and windows read ahead come in turn); other runs end after 8 reads
-//!   or 4 MiB. While a stream
-//!   context is explored, each path keeps the stream for a run of reads and is measured
-//!   only after warming up there (a path through the page cache: 8 MiB, or 32 reads; a
-//!   direct one: 2 reads; see `stream.rs`).
+//!   (windows that wait and windows read ahead come in turn; a path's first window is held
+//!   back until then); other runs end after 8 reads or 4 MiB. While a stream context is
+//!   explored, each path keeps the stream for a run of reads and is measured only after
+//!   warming up there (a path through the page cache: 8 MiB, or 32 reads; a direct one:
+//!   2 reads; see `stream.rs`).
+//! * The writes the selector chose are recorded in runs too, of up to 8 writes or 512 KiB
+//!   (a record takes the selector's lock); an exploration's writes one by one, since the
+//!   selector needs each to pick the next (see `write_run.rs`).
 //! * The engine counts how many of the bytes read were read before (through the same open
 //!   file); when the workload reads bytes again, cold reads are judged with the next read
 //!   included, so a path that leaves the bytes in the page cache can win over a faster one
@@ -193,7 +196,6 @@ pub(crate) fn test_write(bytes: u64, in_flight: u32) -> TransferContext {
     TransferContext {
         direction: Direction::Write,
         in_flight,
-        cache: fastensor_core::CacheState::Unknown,
         ..test_read(bytes, fastensor_core::CacheState::Unknown)
     }
 }

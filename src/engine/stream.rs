@@ -286,9 +286,10 @@ impl ReadStream {
     /// after it, and recorded joined with it: recorded alone, a first window that lands in
     /// the fast half can make a slow path the leader of an exploration, which then confirms
     /// it with more samples (most likely how `mmap` at 1 MiB got 7 samples at 0.55-0.95
-    /// GB/s against 2.5-3.1 for the direct paths, 80-130 ms of a 190 ms cold phase). A run of the same path and context
-    /// that is not a full window (the stream's last reads) is joined with the window before
-    /// it too, held back or not, and ends the pairing; any other run ends it alone.
+    /// GB/s against 2.5-3.1 for the direct paths, 80-130 ms of a 190 ms cold phase). A run
+    /// of the same path and context that is not a full window (the stream's last reads) is
+    /// joined with the window before it too, held back or not, and ends the pairing; any
+    /// other run ends it alone.
     fn paired(&mut self, run: Run) -> Option<Run> {
         let window = run.long && run.full();
         if !self
