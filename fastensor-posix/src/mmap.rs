@@ -17,9 +17,13 @@ use memmap2::{Advice, Mmap};
 use parking_lot::RwLock;
 use std::fs::File;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// The name of the mmap backend.
 pub const MMAP: &str = "mmap";
+
+/// Reads of this size or more ask for their range up front (`MADV_WILLNEED`).
+const WILL_NEED_FROM: usize = 1 << 20;
 
 /// Read-only memory-map backend.
 #[derive(Debug, Clone, Default)]
@@ -55,6 +59,7 @@ impl Backend for MmapBackend {
             file,
             path: path.to_path_buf(),
             map: RwLock::new(None),
+            last_end: AtomicU64::new(u64::MAX),
         };
         mapped.remap()?;
         Ok(Box::new(mapped))
@@ -68,6 +73,8 @@ struct MmapFile {
     path: PathBuf,
     /// The current mapping; `None` while the file is empty.
     map: RwLock<Option<Mmap>>,
+    /// Where the last large read ended (see [`MmapFile::ahead`]).
+    last_end: AtomicU64,
 }
 
 impl MmapFile {
@@ -94,6 +101,22 @@ impl MmapFile {
         Ok(())
     }
 
+    /// Bytes to ask for beyond a large read of `len` bytes at `offset` in a mapping of
+    /// `map_len` bytes: as many again when the read continues the last large one (a
+    /// sequential stream), else none. Page faults start no readahead of their own beyond
+    /// the range asked for, so without this every read of a stream waited for its own
+    /// pages from the device (8 MiB reads of a cold file: 8-10 ms each, against 2.5 ms for
+    /// a direct read), while with it the next range is read while this one is copied.
+    fn ahead(&self, offset: u64, len: usize, map_len: usize) -> usize {
+        let end = offset + len as u64;
+        let sequential = self.last_end.swap(end, Ordering::Relaxed) == offset;
+        if sequential {
+            len.min(map_len.saturating_sub(end as usize))
+        } else {
+            0
+        }
+    }
+
     fn copy_out(&self, offset: u64, dst: &mut [u8]) -> Option<usize> {
         let guard = self.map.read();
         let map_len = guard.as_ref().map_or(0, |m| m.len() as u64);
@@ -102,9 +125,11 @@ impl MmapFile {
         }
         if let Some(map) = guard.as_ref() {
             let start = offset as usize;
-            if dst.len() >= 1 << 20 {
-                // Ask for the range up front so the page faults find the pages read ahead.
-                let _ = map.advise_range(Advice::WillNeed, start, dst.len());
+            if dst.len() >= WILL_NEED_FROM {
+                let ahead = self.ahead(offset, dst.len(), map.len());
+                // Ask for the range (and, reading on in sequence, the next one) up front so
+                // the page faults find the pages read ahead.
+                let _ = map.advise_range(Advice::WillNeed, start, dst.len() + ahead);
             }
             dst.copy_from_slice(&map[start..start + dst.len()]);
         }
@@ -162,5 +187,57 @@ impl BackendFile for MmapFile {
                 .with_path(&self.path)
                 .with_offset(len),
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_large_read_continuing_the_last_one_asks_for_the_next_range_too() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.bin");
+        std::fs::write(&path, b"x").unwrap();
+        let mapped = MmapFile {
+            file: File::open(&path).unwrap(),
+            path,
+            map: RwLock::new(None),
+            last_end: AtomicU64::new(u64::MAX),
+        };
+        const MIB: usize = 1 << 20;
+        let map_len = 5 * MIB + MIB / 2;
+        // (offset, length) of each read, and what it asks for beyond its range.
+        let reads = [
+            ((0, MIB), 0),                           // the first read
+            ((MIB, MIB), MIB),                       // continues it: the next MiB too
+            ((2 * MIB, MIB), MIB),                   // and on
+            ((3 * MIB + 4096, MIB), 0),              // a jump
+            ((4 * MIB + 4096, MIB), MIB / 2 - 4096), // on, up to the mapping's end only
+        ];
+        for ((offset, len), ahead) in reads {
+            assert_eq!(
+                mapped.ahead(offset as u64, len, map_len),
+                ahead,
+                "read at {offset}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_sequential_stream_of_large_reads_returns_the_files_bytes() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.bin");
+        let bytes: Vec<u8> = (0..3u32 << 20).map(|i| (i % 251) as u8).collect();
+        std::fs::write(&path, &bytes).unwrap();
+        let file = MmapBackend.open(&path, OpenMode::Read).unwrap();
+        let mut buf = vec![0u8; 1 << 20];
+        for offset in (0..3u64 << 20).step_by(1 << 20) {
+            assert_eq!(
+                file.read_at(offset, MemMut::Host(&mut buf)).unwrap(),
+                1 << 20
+            );
+            assert_eq!(&buf[..], &bytes[offset as usize..][..1 << 20]);
+        }
     }
 }
