@@ -232,6 +232,31 @@ impl KeyState {
         changed
     }
 
+    /// Whether the leader is clearly better than the choice: its judged median lower by
+    /// more than [`SWITCH_MARGIN`], or the choice no longer a surviving candidate (false
+    /// without a leader). Between two candidates within that margin, following every turn
+    /// of the medians switches paths back and forth, and a switch is not free: a path
+    /// through the page cache that takes a read stream over first pays for its readahead to
+    /// ramp up.
+    fn choice_clearly_behind(&self, objective: Objective) -> bool {
+        let Some((leader, lead)) = self.leader(objective) else {
+            return false;
+        };
+        if self.choice.as_deref() == Some(leader) {
+            return false;
+        }
+        let current = self.choice.as_deref().and_then(|name| {
+            let (i, c) = self
+                .candidates
+                .iter()
+                .enumerate()
+                .find(|(_, (n, c))| n.as_str() == name && !c.eliminated)
+                .map(|(i, (_, c))| (i, c))?;
+            self.judged(i, c, objective).map(|e| e.median)
+        });
+        current.map_or(true, |current| current > SWITCH_MARGIN * lead.median)
+    }
+
     /// Explores again after the choice drifted, as cheaply as the evidence allows: the choice
     /// restarts from its recent (slow) samples; every other candidate keeps its old median as
     /// a prior and is measured again only when that prior is not clearly worse than the
@@ -351,6 +376,10 @@ impl KeyState {
         revived
     }
 }
+
+/// A choice gives way to a leader only when its judged median is more than this times the
+/// leader's (see [`KeyState::choice_clearly_behind`]).
+const SWITCH_MARGIN: f64 = 1.05;
 
 /// A candidate dropped on one sample gets a second look only if that sample cost less than
 /// this times the choice's median (see [`SelectorConfig::second_look_after`]).
@@ -838,11 +867,12 @@ impl Selector {
             }
             settled
         } else if state.settled(cfg) {
-            // Exploiting: keep the choice on the best median (the choice's own samples move),
-            // and measure again what was dropped once the choice has slid behind it, or on
-            // one sample only.
+            // Exploiting: keep the choice on the best median, give or take `SWITCH_MARGIN`
+            // (the choice's own samples move), and measure again what was dropped once the
+            // choice has slid behind it, or on one sample only.
             state.exploited = state.exploited.saturating_add(1);
-            let mut changed = state.choose_leader(cfg.objective);
+            let mut changed =
+                state.choice_clearly_behind(cfg.objective) && state.choose_leader(cfg.objective);
             if let Some(choice) = state.choice.take() {
                 if state.revisit_dropped(&choice, cfg) || state.second_look(&choice, cfg) {
                     state.reexplorations += 1;
@@ -853,9 +883,9 @@ impl Selector {
                 }
             }
             changed
-        } else if state.leader(cfg.objective).map(|(n, _)| n) != state.choice.as_deref() {
-            // Exploiting, but the choice's own samples moved it behind a surviving candidate
-            // measured `min_samples` times, which as leader needs `confirm_samples`: the
+        } else if state.choice_clearly_behind(cfg.objective) {
+            // Exploiting, but the choice's own samples moved it clearly behind a surviving
+            // candidate measured `min_samples` times, which as leader needs `confirm_samples`: the
             // exploration resumes so that it gets them (left alone, it would never be chosen
             // nor measured).
             state.choice = None;
@@ -1414,6 +1444,39 @@ mod tests {
         for _ in 0..40 {
             let choice = s.choose(&c, &names).unwrap();
             let ns = if choice.backend == "a" { 1900 } else { 1250 };
+            explored_b += usize::from(choice.exploring && choice.backend == "b");
+            s.record(&c, &choice.backend, cost(ns));
+        }
+        assert_eq!(explored_b, 3);
+        assert_eq!(s.choice_for(&ContextKey::of(&c)), Some("b"));
+    }
+
+    #[test]
+    fn a_choice_gives_way_only_to_a_leader_clearly_better() {
+        let mut s = Selector::new(SelectorConfig::default());
+        let c = ctx(1 << 20);
+        let names = ["a", "b"];
+        let cost = |ns: u64| taking(1 << 20, ns);
+        // `b` overlaps `a` and is more than 10% slower: 3 samples settle it; `a`, the
+        // leader, is confirmed with 6.
+        for ns in [1000, 1000, 1150, 1000, 1000, 1000] {
+            s.record(&c, "a", cost(ns));
+        }
+        for _ in 0..3 {
+            s.record(&c, "b", cost(1120));
+        }
+        assert_eq!(s.choice_for(&ContextKey::of(&c)), Some("a"));
+        // `a` settles at 1150: `b` leads by under 3%, and `a` stays the choice.
+        for _ in 0..12 {
+            let choice = s.choose(&c, &names).unwrap();
+            assert_eq!((choice.backend.as_str(), choice.exploring), ("a", false));
+            s.record(&c, "a", cost(1150));
+        }
+        // At 1250 `a` is clearly behind: `b` gets its confirming samples and the choice.
+        let mut explored_b = 0;
+        for _ in 0..40 {
+            let choice = s.choose(&c, &names).unwrap();
+            let ns = if choice.backend == "a" { 1250 } else { 1120 };
             explored_b += usize::from(choice.exploring && choice.backend == "b");
             s.record(&c, &choice.backend, cost(ns));
         }
