@@ -330,10 +330,10 @@ fn engine_is_send_and_sync_and_works_from_threads() {
     );
 }
 
-#[test]
-fn a_slow_path_through_the_page_cache_is_ruled_out_by_its_warm_up() {
-    // Reading a stream of 1 MiB reads: `a-direct` bypasses the page cache (it warms up in 2
-    // reads), `b-buffered` keeps it (8 MiB of warm-up) and costs 10x more.
+/// Reads a file of 64 transfers of `size` bytes as one stream with an engine of two paths:
+/// `a-direct` bypasses the page cache (it warms up in 2 reads), `b-buffered` keeps it (8 MiB
+/// of warm-up) and costs 10x more. Returns the reads `b-buffered` made.
+fn reads_of_a_slow_buffered_path(size: usize) -> u64 {
     let clock = VirtualClock::new();
     let store: Arc<dyn Backend> = Arc::new(MemoryBackend::new());
     let caps = store.capabilities();
@@ -361,24 +361,20 @@ fn a_slow_path_through_the_page_cache_is_ruled_out_by_its_warm_up() {
         .build()
         .unwrap();
     let path = Path::new("/virtual/stream.bin");
-    let mib = vec![3u8; 1 << 20];
+    let data = vec![3u8; size];
     {
         let file = engine.open(path, OpenMode::Create).unwrap();
         for i in 0..64u64 {
-            file.write_at(i << 20, &mib).unwrap();
+            file.write_at(i * size as u64, &data).unwrap();
         }
     }
     let reads_before = buffered.calls();
     let file = engine.open(path, OpenMode::Read).unwrap();
-    let mut buf = vec![0u8; 1 << 20];
+    let mut buf = vec![0u8; size];
     for i in 0..64u64 {
-        file.read_at(i << 20, &mut buf).unwrap();
+        file.read_at(i * size as u64, &mut buf).unwrap();
     }
     drop(file);
-    // `b-buffered` read 5 MiB: its first read through a new handle (not measured), then 4
-    // warm-up reads, which showed it 10x behind: dropped (measured warm first, after 8 MiB
-    // of warm-up, it would have read 16).
-    assert_eq!(buffered.calls() - reads_before, 5, "{}", engine.report());
     let dict = engine.dictionary();
     let read = dict
         .contexts
@@ -389,7 +385,21 @@ fn a_slow_path_through_the_page_cache_is_ruled_out_by_its_warm_up() {
     // The report counts every transfer, measured in runs or not: 64 writes and 64 reads.
     let usage = engine.report().usage;
     assert_eq!(usage.iter().map(|u| u.transfers).sum::<u64>(), 128);
-    assert_eq!(usage.iter().map(|u| u.bytes).sum::<u64>(), 128 << 20);
+    assert_eq!(
+        usage.iter().map(|u| u.bytes).sum::<u64>(),
+        128 * size as u64
+    );
+    buffered.calls() - reads_before
+}
+
+#[test]
+fn a_slow_path_through_the_page_cache_is_ruled_out_by_its_warm_up() {
+    // At 512 KiB, `b-buffered` reads 4.5 MiB: its first read through a new handle (not
+    // measured), then 8 warm-up reads, which show it 10x behind: dropped (measured warm
+    // first, after 8 MiB of warm-up, it would have read 17 times).
+    assert_eq!(reads_of_a_slow_buffered_path(512 << 10), 9);
+    // At 1 MiB, its first read, far behind as well, is enough (see `FIRST_FAR_FROM`).
+    assert_eq!(reads_of_a_slow_buffered_path(1 << 20), 1);
 }
 
 #[test]
@@ -416,6 +426,28 @@ fn the_first_transfer_through_the_handle_opened_with_the_file_is_not_measured() 
         .find(|c| c.direction == "write")
         .unwrap();
     // Measured, that first write would have dropped `a` at once (2 ms against 201 µs).
+    assert_eq!(write.choice.as_deref(), Some("a"), "{}", s.engine.report());
+}
+
+#[test]
+fn a_large_first_transfer_far_behind_the_leader_rules_its_path_out() {
+    // 8 MiB writes: `a` 1.9 ms, `b` 8.4 ms (4.5 times `a`).
+    let s = setup(SelectorConfig::default());
+    s.a.set_costs(Costs::uniform(costs_b()));
+    s.b.set_costs(Costs::uniform(costs_a()));
+    let file = s
+        .engine
+        .open(Path::new("/virtual/first-far.bin"), OpenMode::Create)
+        .unwrap();
+    let data = vec![3u8; 8 << 20];
+    for i in 0..8u64 {
+        file.write_at(i << 23, &data).unwrap();
+    }
+    // `a` first (unmeasured, then measured: the leader), then `b` once: its first write,
+    // far behind, drops it (left unmeasured, a second write would have been needed).
+    assert_eq!(s.b.calls(), 1, "{}", s.engine.report());
+    let dict = s.engine.dictionary();
+    let write = &dict.contexts[0];
     assert_eq!(write.choice.as_deref(), Some("a"), "{}", s.engine.report());
 }
 

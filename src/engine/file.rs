@@ -17,6 +17,18 @@ use std::sync::{Arc, Mutex, OnceLock, RwLock};
 
 type Handle = Arc<dyn BackendFile>;
 
+/// An exploring transfer of this many bytes or more that is the first through its backend on
+/// the file, and not a read from the page cache, is offered to the selector as a warm-up
+/// read is: recorded only when it shows the backend far behind the leader (see
+/// `Selector::record_if_far`). A first transfer pays the handle's set-up, so it is no fair
+/// sample: on this machine a first read cost 10-140 µs more than the next one, and a file's
+/// first mapping once 4.5 ms more (4 KiB) and 13 ms more (8 MiB, cached; hence reads from
+/// the page cache are left out). Reading from the device or writing a MiB or more costs
+/// milliseconds, and a transfer that costs 4 times the leader's does not owe that to its
+/// set-up. Left unmeasured, a first transfer made a cold 8 MiB exploration read through each
+/// page-cache path twice at about 20 ms each, where a direct read took 2.5-3 ms.
+const FIRST_FAR_FROM: usize = 1 << 20;
+
 /// A file whose `read_at` / `write_at` choose a backend per transfer, time it (wall and CPU)
 /// and tell the selector. Backend handles are opened lazily and kept; all backends reach the
 /// same file through the kernel, so bytes written through one are read back through any
@@ -520,6 +532,14 @@ impl EngineFile {
                     // transfer through a backend on this file (it pays set-up costs once).
                     let first = self.first_use(path);
                     let useful = n == bytes && !first;
+                    // A first transfer that may tell a path far behind (see
+                    // `FIRST_FAR_FROM`): its context, recorded below only if so.
+                    let first_far = (first
+                        && exploring
+                        && n == bytes
+                        && bytes >= FIRST_FAR_FROM
+                        && !(direction == Direction::Read && ctx.cache == CacheState::Cached))
+                        .then(|| ctx.clone());
                     if direction == Direction::Read {
                         let again = self
                             .read_ranges
@@ -551,6 +571,17 @@ impl EngineFile {
                         for run in ended.into_iter().flatten() {
                             self.record_run(run);
                         }
+                    } else if first_far.is_some() {
+                        // After the writes gathered so far, so that the selector learns
+                        // in order.
+                        let pending = self
+                            .write_run
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .take();
+                        if let Some(run) = pending {
+                            self.record_run(run);
+                        }
                     } else if useful {
                         let measured = Measured {
                             ctx,
@@ -559,6 +590,10 @@ impl EngineFile {
                             cpu,
                         };
                         self.record_write(measured, path, exploring);
+                    }
+                    if let Some(ctx) = first_far {
+                        let name = chosen.name();
+                        self.engine.record_if_far(&ctx, name, n as u64, wall, cpu);
                     }
                     return Ok(v);
                 }

@@ -37,6 +37,10 @@ pub(crate) struct ReadStream {
     path_bytes: u64,
     /// Reads of the stream through `last_path` since that path took it over.
     path_reads: u32,
+    /// Whether `last_path` took the stream over from another path (rather than starting
+    /// it): its reads are then warm-up reads until it has warmed up, chosen or exploring
+    /// (see [`ReadStream::WARM_UP_BYTES`]).
+    took_over: bool,
     /// The reads measured together so far.
     run: Option<Run>,
     /// The reads of an exploring path while it warms up (see [`Run::warm_up`]).
@@ -83,9 +87,9 @@ pub(crate) struct Run {
     pub(crate) transfers: u32,
     /// Whether the run spans a readahead window (see [`Run::READ_AHEAD_BYTES`]).
     long: bool,
-    /// The reads of an exploring path warming up in the stream: not a fair sample of the
-    /// path (it pays for the switch), but one that shows a path far behind the leader
-    /// already, so it is offered to the selector for that alone.
+    /// The reads of a path warming up in the stream (see [`ReadStream::WARM_UP_BYTES`]):
+    /// not a fair sample of the path (it pays for the switch), but one that shows a path
+    /// far behind the leader already, so it is offered to the selector for that alone.
     pub(crate) warm_up: bool,
 }
 
@@ -194,6 +198,7 @@ impl ReadStream {
         last_keeps_cache: false,
         path_bytes: 0,
         path_reads: 0,
+        took_over: false,
         run: None,
         warming: None,
         last_window: None,
@@ -201,7 +206,8 @@ impl ReadStream {
         unpaired: None,
     };
 
-    /// An exploring path that takes over a stream is measured only after
+    /// A path that takes over a stream, exploring or chosen (and an exploring path that
+    /// starts one), is measured only after
     /// [`Self::WARM_UP_READS`] reads there and, for a path that keeps the page cache,
     /// either this many bytes or [`Self::WARM_UP_MAX_READS`] reads: until then its cost is
     /// the previous path's state (the pages it left cached, or none read ahead for this one)
@@ -210,7 +216,14 @@ impl ReadStream {
     /// per switch, not per read. The read count bounds what warming a slow path up costs at
     /// small sizes (a direct 4 KiB read costs 50 µs where a cached one costs 2). A path that
     /// bypasses the page cache reads nothing ahead: its first reads only wait behind what
-    /// the previous path left in flight.
+    /// the previous path left in flight (a stream of mixed sizes, its small reads through
+    /// the page cache: 1 MiB direct reads measured so at 0.17-0.48 GB/s there, 2.8-3.2 in a
+    /// stream of 1 MiB reads, and the mixed stream's samples then chose the 1 MiB stream's
+    /// path). A chosen path's warm-up is no more its cost than an
+    /// exploring one's: taken as samples, the two 15-18 ms reads that `posix` took to warm
+    /// up in a cold 8 MiB stream, where it ran at 3.3 ms a read, made the choice give way
+    /// to `mmap` after two reads, which then paid its own warm-up, and so on (about 90 ms
+    /// of a 445 ms phase in a traced round).
     pub(crate) const WARM_UP_BYTES: u64 = 8 << 20;
 
     /// See [`Self::WARM_UP_BYTES`].
@@ -250,11 +263,10 @@ impl ReadStream {
     /// Notes that a read through `path` covered `range` (`continued`: it continued the
     /// stream; `exploring`: it was an exploration's measurement; `keeps_cache`: the path
     /// reads through the page cache), measured as `measured` (`None` when it measured
-    /// nothing useful). An exploring read is not kept while its path warms up in the stream
+    /// nothing useful). A read is not kept while its path warms up in the stream
     /// (see [`Self::WARM_UP_BYTES`]), but gathered into warm-up runs, returned every 8 reads
-    /// or 4 MiB and when the warm-up ends (see [`Run::warm_up`]); nor is a read that takes
-    /// the stream over from a path through the page cache, through one that bypasses it.
-    /// Returns the runs that ended, to be recorded.
+    /// or 4 MiB and when the warm-up ends (see [`Run::warm_up`]). Returns the runs that
+    /// ended, to be recorded.
     pub(crate) fn finish(
         &mut self,
         continued: bool,
@@ -339,16 +351,11 @@ impl ReadStream {
     ) -> [Option<Run>; 4] {
         let read = range.end - range.start;
         let same = continued && path == self.last_path;
-        let warming = continued && exploring && !self.warm(path, keeps_cache);
-        // A direct read that takes a stream over from a path through the page cache waits
-        // behind the readahead that path left in flight (a stream of mixed sizes, its small
-        // reads through the page cache): not its cost in this context, where a stream of its
-        // own does not wait so (1 MiB direct reads measured so at 0.17-0.48 GB/s in a mixed
-        // stream, 2.8-3.2 in a stream of 1 MiB reads, and the mixed stream's samples then
-        // chose the 1 MiB stream's path). An exploring read is a warm-up read instead.
-        let waited = continued && !same && self.last_keeps_cache && !keeps_cache;
-        let measured = measured.filter(|_| warming || !waited);
+        // Whether `path` took the stream over from another path (rather than starting it).
+        let took_over = if same { self.took_over } else { continued };
+        let warming = continued && (exploring || took_over) && !self.warm(path, keeps_cache);
         self.last_keeps_cache = keeps_cache;
+        self.took_over = took_over;
         if same {
             self.path_bytes += read;
             self.path_reads = self.path_reads.saturating_add(1);
@@ -477,13 +484,13 @@ mod tests {
             end += 1 << 16;
             runs.extend(out.into_iter().flatten().filter(|r| r.path == 1));
         }
-        // Exploiting, a switch is measured at once (it is what the stream really costs).
+        // Exploiting, the path that takes the stream back warms up first too: its read is
+        // not measured.
         let out = s.finish(true, end..end + (1 << 16), 0, keeps_cache, false, cold());
         assert!(out.iter().flatten().all(|r| r.path == 1));
         runs.extend(out.into_iter().flatten());
         let [run, held] = s.take_runs();
-        assert_eq!(run.map(|r| (r.path, r.transfers)), Some((0, 1)));
-        assert!(held.is_none());
+        assert!(run.is_none() && held.is_none());
         let lens = |warm_up: bool| -> Vec<u32> {
             runs.iter()
                 .filter(|r| r.warm_up == warm_up)
@@ -508,6 +515,32 @@ mod tests {
         assert_eq!(take_over(false, 20), (18, vec![8, 8, 2], vec![2]));
         // A warm-up cut short by a switch ends there.
         assert_eq!(take_over(true, 10), (0, vec![], vec![8, 2]));
+    }
+
+    #[test]
+    fn a_chosen_path_is_measured_once_it_has_warmed_up_in_a_stream_it_took_over() {
+        // Path 0 (direct) starts a cold stream of 1 MiB reads, measured at once; path 1
+        // (through the page cache), chosen, takes it over for 12 reads.
+        let mut s = ReadStream::NONE;
+        let mut recorded = Vec::new();
+        for i in 0..16u64 {
+            let (path, keeps_cache) = if i < 4 { (0, false) } else { (1, true) };
+            let range = (i << 20)..((i + 1) << 20);
+            let m = read(1 << 20, CacheState::Cold);
+            let out = s.finish(i > 0, range, path, keeps_cache, false, Some(m));
+            recorded.extend(out.into_iter().flatten());
+        }
+        recorded.extend(s.take_runs().into_iter().flatten());
+        let runs: Vec<(usize, u32, bool)> = recorded
+            .iter()
+            .map(|r| (r.path, r.transfers, r.warm_up))
+            .collect();
+        // Path 0's 4 reads in one run; path 1's first 8 MiB offered as warm-up runs of 4
+        // MiB (far behind the leader, they rule it out), its last 4 reads measured.
+        assert_eq!(
+            runs,
+            vec![(0, 4, false), (1, 4, true), (1, 4, true), (1, 4, false)]
+        );
     }
 
     #[test]
@@ -588,6 +621,7 @@ mod tests {
             (4096, 0, true),
             (1 << 20, 1, false),
             (1 << 20, 1, false),
+            (1 << 20, 1, false),
         ]
         .into_iter()
         .enumerate()
@@ -609,8 +643,17 @@ mod tests {
             .filter(|r| r.path == 1)
             .map(|r| r.transfers)
             .collect();
-        // The first 1 MiB read waited for path 0's readahead: only the second is measured.
-        assert_eq!(direct, [1]);
+        // The first 1 MiB read waited for path 0's readahead, and path 1 warms up in two
+        // reads: only the third is measured (the first two, far behind, could rule it out).
+        assert_eq!(direct, [2, 1]);
+        assert_eq!(
+            recorded
+                .iter()
+                .filter(|r| r.path == 1)
+                .map(|r| r.warm_up)
+                .collect::<Vec<_>>(),
+            [true, false]
+        );
     }
 
     #[test]
@@ -656,17 +699,30 @@ mod tests {
         );
         assert_eq!(recorded[0].bytes, 8 * 4096);
         assert_eq!(recorded[0].wall, Duration::from_micros(80));
-        // A switch of path ends the run of 4; the new path's read starts its own.
-        let out = s.finish(
-            true,
-            end..end + 4096,
-            1,
-            false,
-            false,
-            Some(read(4096, CacheState::Cold)),
-        );
-        end += 4096;
-        assert_eq!(out[0].as_ref().map(|r| (r.transfers, r.path)), Some((4, 0)));
+        // A switch of path ends the run of 4; the new path warms up in two reads, then
+        // starts its own run.
+        for i in 0..3 {
+            let out = s.finish(
+                true,
+                end..end + 4096,
+                1,
+                false,
+                false,
+                Some(read(4096, CacheState::Cold)),
+            );
+            end += 4096;
+            let ended: Vec<(u32, usize, bool)> = out
+                .iter()
+                .flatten()
+                .map(|r| (r.transfers, r.path, r.warm_up))
+                .collect();
+            let expected: &[(u32, usize, bool)] = match i {
+                0 => &[(4, 0, false)],
+                1 => &[],
+                _ => &[(2, 1, true)],
+            };
+            assert_eq!(ended, expected);
+        }
         // Another size class ends a run too; a big read is a run of its own at once.
         let out = s.finish(
             true,
