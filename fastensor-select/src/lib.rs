@@ -13,7 +13,8 @@
 //!   classes learn.
 //! * **Objective** ([`Objective`]): wall time per byte by default, CPU time or a weighted mix.
 //! * **Exploitation with drift detection**: when the choice keeps running well above its
-//!   estimate, the context is explored again.
+//!   estimate, the context is explored again; a choice gives way to another candidate only
+//!   when that one's median is more than 5% better (a switch of path is not free).
 //! * **Dictionary** ([`Dictionary`]): saved atomically as TOML with a format version and a
 //!   machine [`Fingerprint`]; another machine's or version's dictionary gives a [`Warning`]
 //!   and a fresh start, a corrupt one an [`ErrorKind::Corrupt`](fastensor_core::ErrorKind)

@@ -25,9 +25,11 @@
 //!   span 8 MiB (a readahead window) and each is recorded joined with the one before it
 //!   (windows that wait and windows read ahead come in turn; a path's first window is held
 //!   back until then); other runs end after 8 reads or 4 MiB. While a stream context is
-//!   explored, each path keeps the stream for a run of reads and is measured only after
-//!   warming up there (a path through the page cache: 8 MiB, or 32 reads; a direct one:
-//!   2 reads; see `stream.rs`).
+//!   explored, each path keeps the stream for a run of reads. A path that takes a stream
+//!   over from another, exploring or chosen, is measured only after warming up there (a
+//!   path through the page cache: 8 MiB, or 32 reads; a direct one: 2 reads; see
+//!   `stream.rs`); its warm-up reads, like a backend's first transfer on a file of 1 MiB or
+//!   more (not from the page cache), are offered only to rule a path far behind out.
 //! * The writes the selector chose are recorded in runs too, of up to 8 writes or 512 KiB
 //!   (a record takes the selector's lock); an exploration's writes one by one, since the
 //!   selector needs each to pick the next (see `write_run.rs`).
