@@ -6,11 +6,13 @@
 //! * **Exploration** ([`Selector::choose`] / [`Selector::record`]): every candidate is
 //!   measured [`SelectorConfig::min_samples`] times per context and summarised robustly
 //!   (median, MAD); candidates clearly worse than the leader are dropped early (successive
-//!   elimination). Unseen contexts start from the other size classes of the same context,
-//!   explored or still exploring: a per-candidate cost model (`latency + bytes * per_byte`,
-//!   fitted through two classes) predicts the new class and skips candidates predicted
-//!   clearly worse ([`SelectorConfig::model_margin`]), revising its seeds as the other
-//!   classes learn.
+//!   elimination); every candidate is measured once before any is confirmed, and a cold
+//!   read explored from scratch is measured through a path that bypasses the page cache
+//!   first (the yardstick that can rule a slow path out on its first reads). Unseen
+//!   contexts start from the other size classes of the same context, explored or still
+//!   exploring: a per-candidate cost model (`latency + bytes * per_byte`, fitted through
+//!   two classes) predicts the new class and skips candidates predicted clearly worse
+//!   ([`SelectorConfig::model_margin`]), revising its seeds as the other classes learn.
 //! * **Objective** ([`Objective`]): wall time per byte by default, CPU time or a weighted mix.
 //! * **Exploitation with drift detection**: when the choice keeps running well above its
 //!   estimate, the context is explored again; a choice gives way to another candidate only

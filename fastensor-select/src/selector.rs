@@ -566,10 +566,11 @@ impl Selector {
 
     /// [`Selector::choose`], but while exploring, `stay` (the candidate of the transfer
     /// before, when it is among `candidates`) is chosen again as long as it still needs
-    /// samples. For transfers whose cost depends on the one before (reads continuing a
-    /// stream: the readahead a buffered read starts, the pages a mapping faults in), each
-    /// candidate is then measured over a run of consecutive transfers rather than in
-    /// alternation, where one path's side effects would land in the next one's sample.
+    /// samples, past its first one only once every other surviving candidate has one. For
+    /// transfers whose cost depends on the one before (reads continuing a stream: the
+    /// readahead a buffered read starts, the pages a mapping faults in), each candidate is
+    /// then measured over a run of consecutive transfers rather than in alternation, where
+    /// one path's side effects would land in the next one's sample.
     pub fn choose_staying(
         &mut self,
         ctx: &TransferContext,
@@ -621,7 +622,8 @@ impl Selector {
             }
         }
         // Exploring (or the choice is not offered now): the surviving offered candidate with
-        // the fewest samples; ties go to the best estimate, then the best prior, then name.
+        // the fewest samples; ties go (in a cold read explored from scratch) to a candidate
+        // that bypasses the page cache, then to the best estimate, the best prior, the name.
         let offered = || {
             candidates
                 .iter()
@@ -643,7 +645,7 @@ impl Selector {
         // first: two reads measure it, and it is the yardstick against which the first
         // reads of a path through the page cache (a readahead window and more before a
         // fair sample of it) can rule that path out (see `record_if_far`). Measured first,
-        // `mmap` took four cold 8 MiB reads of 14-47 ms (a direct one: 2.7 ms) before
+        // `mmap` took four cold 8 MiB reads, 79 ms (a direct one: 2.7 ms), before
         // anything could be compared with it.
         let yardstick_first =
             lead.is_none() && key.direction == Direction::Read && key.cache == CacheState::Cold;
