@@ -32,6 +32,13 @@ pub struct SelectorConfig {
     pub drift_factor: f64,
     /// This many slow observations in a row explore the context again (default 5).
     pub drift_count: u32,
+    /// Two slow observations in a row that each cost more than this times the choice's
+    /// median explore the context again without waiting for `drift_count` (default 3;
+    /// `f64::INFINITY` turns the rule off). A slowdown that large is far outside the noise
+    /// of the samples that made the choice, so it needs less evidence, and every transfer
+    /// spent confirming it costs several ordinary ones: a page-cache read stream that fell
+    /// from 2.3 to 0.57 GB/s, 16 MiB a sample, paid about 20 ms more per slow sample.
+    pub severe_drift_factor: f64,
     /// Unseen contexts start from the other size classes of the same context (default on),
     /// explored or still exploring. A candidate measured in two or more of them gets a cost
     /// model, `latency + bytes * per_byte` per transfer, fitted through the two classes
@@ -80,6 +87,7 @@ impl Default for SelectorConfig {
             window: 16,
             drift_factor: 1.5,
             drift_count: 5,
+            severe_drift_factor: 3.0,
             inherit: true,
             model_margin: 1.3,
             second_look_after: 64,
@@ -376,6 +384,10 @@ impl KeyState {
         revived
     }
 }
+
+/// Slow observations in a row, each beyond [`SelectorConfig::severe_drift_factor`], that
+/// explore a context again before [`SelectorConfig::drift_count`].
+const SEVERE_DRIFT_COUNT: usize = 2;
 
 /// A choice gives way to a leader only when its judged median is more than this times the
 /// leader's (see [`KeyState::choice_clearly_behind`]).
@@ -838,14 +850,20 @@ impl Selector {
 
         // Drift: the choice keeps running well above its estimate.
         if state.choice.as_deref() == Some(backend) {
-            let slow = state
-                .estimate(backend, cfg.objective)
-                .is_some_and(|e| cost > cfg.drift_factor * e.max.max(e.median));
+            let estimate = state.estimate(backend, cfg.objective);
+            let slow = estimate.is_some_and(|e| cost > cfg.drift_factor * e.max.max(e.median));
             if slow {
                 // Held aside while the run lasts, so the yardstick does not move with it.
                 state.drift_run += 1;
                 state.drift_samples.push(sample, cfg.window);
-                if state.drift_run >= cfg.drift_count.max(1) {
+                let severe = estimate.is_some_and(|e| {
+                    let run = state.drift_samples.as_slice();
+                    run.len() >= SEVERE_DRIFT_COUNT
+                        && run[run.len() - SEVERE_DRIFT_COUNT..]
+                            .iter()
+                            .all(|s| cfg.objective.cost(*s) > cfg.severe_drift_factor * e.median)
+                });
+                if state.drift_run >= cfg.drift_count.max(1) || severe {
                     state.reexplore_after_drift(backend, cfg);
                     state.reexplorations += 1;
                     self.stats.reexplorations += 1;
@@ -1519,6 +1537,40 @@ mod tests {
         }
         assert_eq!(explored_b, 3);
         assert_eq!(s.choice_for(&ContextKey::of(&c)), Some("b"));
+    }
+
+    #[test]
+    fn a_severe_slowdown_explores_again_after_two_transfers_a_milder_one_after_five() {
+        let c = ctx(8 << 20);
+        let backends = [Linear("a", 0.0, 0.25), Linear("b", 0.0, 0.5)];
+        let cost = |ns: u64| taking(8 << 20, ns);
+        let median = 0.25 * (8 << 20) as f64;
+        let explored = |slow: f64, outliers: &[usize]| {
+            let mut s = Selector::new(SelectorConfig::default());
+            explore(&mut s, 8 << 20, &backends);
+            assert_eq!(s.choice_for(&ContextKey::of(&c)), Some("a"));
+            let mut n = 0;
+            while s.stats().reexplorations == 0 {
+                n += 1;
+                assert!(n < 20, "no drift after {n} slow transfers");
+                let ns = if outliers.contains(&n) { 4.0 } else { slow };
+                s.record(&c, "a", cost((ns * median) as u64));
+            }
+            n
+        };
+        // 4x: two transfers; 2x (slow, not severe): drift_count (5).
+        assert_eq!(explored(4.0, &[]), 2);
+        assert_eq!(explored(2.0, &[]), 5);
+        // One severe transfer among milder ones is no evidence on its own.
+        assert_eq!(explored(2.0, &[1, 3]), 5);
+        // A lone severe outlier between ordinary transfers explores nothing.
+        let mut s = Selector::new(SelectorConfig::default());
+        explore(&mut s, 8 << 20, &backends);
+        for ns in [1.0, 4.0, 1.0, 4.0, 1.0, 1.0] {
+            s.record(&c, "a", cost((ns * median) as u64));
+        }
+        assert_eq!(s.stats().reexplorations, 0);
+        assert_eq!(s.choice_for(&ContextKey::of(&c)), Some("a"));
     }
 
     #[test]
