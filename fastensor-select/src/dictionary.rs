@@ -310,6 +310,7 @@ impl ContextRecord {
             drift_samples: Samples::default(),
             reexplorations: self.reexplorations,
             exploited: 0,
+            later_looks: 0,
             adjust: Vec::new(),
             seeded_at: None,
         }

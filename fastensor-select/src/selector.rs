@@ -72,7 +72,11 @@ pub struct SelectorConfig {
     /// the best path, a real device is not quite linear, and a context used this long
     /// repays a second look (default 64; 0: never). A candidate measured further behind is
     /// not: an outlier that large is rare, and a second look at a slow path through the
-    /// page cache costs its warm-up again.
+    /// page cache costs its warm-up again. Later looks follow after 2, 4, 8, ... times
+    /// this many transfers of the choice: every dropped candidate within 3 times the
+    /// choice's median, however many samples dropped it, is measured anew from one sample
+    /// (costs change: a page-cache write into memory freed long ago can cost 3 times one
+    /// into memory freed a moment ago on a virtual machine that hands free memory back).
     pub second_look_after: u32,
 }
 
@@ -137,6 +141,10 @@ pub struct KeyState {
     pub reexplorations: u32,
     /// Observations of the choice since it was made (not persisted).
     pub exploited: u32,
+    /// Later looks at the dropped candidates taken in this context (see
+    /// [`SelectorConfig::second_look_after`]); each one waits twice as long as the one
+    /// before (not persisted).
+    pub later_looks: u32,
     /// `(scale, shift)` per candidate (in name order) applied to its costs when candidates
     /// are compared: the next read of the same bytes included, for cold reads of a
     /// workload that reads bytes again (see [`Reuse`]). Empty: costs as measured. Not
@@ -344,8 +352,11 @@ impl KeyState {
     /// too. A candidate gets one look (see [`CandidateState::looked`]). Returns whether any
     /// was revived.
     fn second_look(&mut self, choice: &str, cfg: &SelectorConfig) -> bool {
-        if cfg.second_look_after == 0 || self.exploited != cfg.second_look_after {
+        if cfg.second_look_after == 0 {
             return false;
+        }
+        if self.exploited != cfg.second_look_after {
+            return self.later_look(choice, cfg);
         }
         // Costs as candidates are compared (next reads included, see `adjust`).
         let judged =
@@ -377,6 +388,57 @@ impl KeyState {
             if c.eliminated && near && !c.looked {
                 c.eliminated = false;
                 c.inherited = false;
+                c.looked = true;
+                revived = true;
+            }
+        }
+        revived
+    }
+
+    /// Once the choice has run `second_look_after * 2^(k + 1)` transfers, `k` being the
+    /// later looks taken so far, measures again the dropped candidates whose median is
+    /// within [`SECOND_LOOK_WITHIN`] of the choice's (both as judged): their samples become
+    /// a prior and they are measured anew, from one sample that drops them again if it is
+    /// still slow. A device does not stay the same: the cost of a page-cache write depends
+    /// on whether the memory it lands in was freed a moment ago (backed) or long ago (on a
+    /// virtual machine with free page reporting, handed back to the host and faulted in
+    /// again), and a warm engine starts from a profile learned in another state. The
+    /// doubling keeps the cost of looking a vanishing share of a long-lived context.
+    /// Returns whether any was revived.
+    fn later_look(&mut self, choice: &str, cfg: &SelectorConfig) -> bool {
+        let due = u64::from(cfg.second_look_after) << (self.later_looks + 1).min(32);
+        if u64::from(self.exploited) != due {
+            return false;
+        }
+        self.later_looks += 1;
+        let judged =
+            |i: usize, c: &CandidateState| self.judged(i, c, cfg.objective).map(|e| e.median);
+        let Some(current) = self
+            .candidates
+            .iter()
+            .enumerate()
+            .find(|(_, (n, _))| n.as_str() == choice)
+            .and_then(|(i, (_, c))| judged(i, c))
+        else {
+            return false;
+        };
+        let costs: Vec<Option<f64>> = self
+            .candidates
+            .values()
+            .enumerate()
+            .map(|(i, c)| judged(i, c))
+            .collect();
+        let mut revived = false;
+        for (c, cost) in self.candidates.values_mut().zip(costs) {
+            let near = cost.is_some_and(|cost| cost <= SECOND_LOOK_WITHIN * current);
+            if c.eliminated && near {
+                let old = c.samples.estimate(cfg.objective).map(|e| e.median);
+                c.samples.clear();
+                c.prior = old;
+                c.inherited = false;
+                c.far_only = false;
+                c.eliminated = false;
+                // Not looked at again before the next later look.
                 c.looked = true;
                 revived = true;
             }
@@ -1574,6 +1636,49 @@ mod tests {
     }
 
     #[test]
+    fn dropped_candidates_are_looked_at_again_ever_more_rarely_and_win_once_faster() {
+        let c = ctx(64 << 10);
+        let names = ["direct", "buffered"];
+        let cost = |ns: u64| taking(64 << 10, ns);
+        // `buffered` costs `buffered_ns` for as long as it is measured (twice `direct`'s
+        // 100 µs while memory had to be faulted in again); returns the transfers at which
+        // it was measured.
+        let run = |transfers: usize, buffered_ns: u64| {
+            let mut s = Selector::new(SelectorConfig::default());
+            for _ in 0..3 {
+                s.record(&c, "buffered", cost(200_000));
+            }
+            for _ in 0..6 {
+                s.record(&c, "direct", cost(100_000));
+            }
+            assert!(state(&s, 64 << 10).candidates["buffered"].eliminated);
+            assert_eq!(s.choice_for(&ContextKey::of(&c)), Some("direct"));
+            let mut looks = Vec::new();
+            for i in 0..transfers {
+                let choice = s.choose(&c, &names).unwrap();
+                let ns = if choice.backend == "buffered" {
+                    looks.push(i);
+                    buffered_ns
+                } else {
+                    100_000
+                };
+                s.record(&c, &choice.backend, cost(ns));
+            }
+            (s, looks)
+        };
+        // Still 2x slower: one sample per look, after 128, 256, 512, ... transfers of
+        // `direct`; 8 looks in 64 * 2^9 transfers.
+        let (s, looks) = run(64 << 9, 200_000);
+        assert_eq!(&looks[..3], [128, 128 + 1 + 256, 128 + 1 + 256 + 1 + 512]);
+        assert_eq!(looks.len(), 8, "{looks:?}");
+        assert_eq!(s.choice_for(&ContextKey::of(&c)), Some("direct"));
+        // Now 10x faster (memory at hand): the first later look finds it and it is chosen.
+        let (s, looks) = run(400, 10_000);
+        assert_eq!(looks[0], 128);
+        assert_eq!(s.choice_for(&ContextKey::of(&c)), Some("buffered"));
+    }
+
+    #[test]
     fn a_choice_gives_way_only_to_a_leader_clearly_better() {
         let mut s = Selector::new(SelectorConfig::default());
         let c = ctx(1 << 20);
@@ -1972,9 +2077,10 @@ mod tests {
             used.push(choice.backend);
         }
         // a is confirmed (6 samples) and runs 64 transfers; then b is measured once, and
-        // dropped again, for good: one sample now, but it had its look.
+        // dropped again; a later look measures it once more after 128 transfers of a (the
+        // next would come after 256).
         let bs: Vec<usize> = (0..used.len()).filter(|&i| used[i] == "b").collect();
-        assert_eq!(bs, [6 + 64], "{used:?}");
+        assert_eq!(bs, [6 + 64, 6 + 64 + 1 + 128], "{used:?}");
         let b_state = &state(&s, 4 << 20).candidates["b"];
         assert!(b_state.eliminated && !b_state.inherited);
         assert_eq!(b_state.samples.len(), 1);
