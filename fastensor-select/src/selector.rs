@@ -345,6 +345,27 @@ impl KeyState {
         revived
     }
 
+    /// Every candidate's median as candidates are compared (in name order; next reads
+    /// included, see [`KeyState::adjust`]), and that of `choice`.
+    fn judged_medians(
+        &self,
+        choice: &str,
+        objective: Objective,
+    ) -> (Vec<Option<f64>>, Option<f64>) {
+        let medians: Vec<Option<f64>> = self
+            .candidates
+            .values()
+            .enumerate()
+            .map(|(i, c)| self.judged(i, c, objective).map(|e| e.median))
+            .collect();
+        let current = self
+            .candidates
+            .keys()
+            .position(|n| n == choice)
+            .and_then(|i| medians[i]);
+        (medians, current)
+    }
+
     /// Once the choice has run `second_look_after` transfers, revives the candidates dropped
     /// on a single sample, or ruled out by the cost model of the other size classes, within
     /// [`SECOND_LOOK_WITHIN`] of the choice (see [`SelectorConfig::second_look_after`]); a
@@ -358,16 +379,7 @@ impl KeyState {
         if self.exploited != cfg.second_look_after {
             return self.later_look(choice, cfg);
         }
-        // Costs as candidates are compared (next reads included, see `adjust`).
-        let judged =
-            |i: usize, c: &CandidateState| self.judged(i, c, cfg.objective).map(|e| e.median);
-        let Some(current) = self
-            .candidates
-            .iter()
-            .enumerate()
-            .find(|(_, (n, _))| n.as_str() == choice)
-            .and_then(|(i, (_, c))| judged(i, c))
-        else {
+        let (medians, Some(current)) = self.judged_medians(choice, cfg.objective) else {
             return false;
         };
         // One sample, or none when the neighbouring classes ruled it out (its prior, judged
@@ -375,10 +387,10 @@ impl KeyState {
         let costs: Vec<Option<f64>> = self
             .candidates
             .values()
-            .enumerate()
-            .map(|(i, c)| match c.samples.len() {
+            .zip(medians)
+            .map(|(c, median)| match c.samples.len() {
                 0 if c.inherited => c.prior,
-                1 => judged(i, c),
+                1 => median,
                 _ => None,
             })
             .collect();
@@ -411,23 +423,9 @@ impl KeyState {
             return false;
         }
         self.later_looks += 1;
-        let judged =
-            |i: usize, c: &CandidateState| self.judged(i, c, cfg.objective).map(|e| e.median);
-        let Some(current) = self
-            .candidates
-            .iter()
-            .enumerate()
-            .find(|(_, (n, _))| n.as_str() == choice)
-            .and_then(|(i, (_, c))| judged(i, c))
-        else {
+        let (costs, Some(current)) = self.judged_medians(choice, cfg.objective) else {
             return false;
         };
-        let costs: Vec<Option<f64>> = self
-            .candidates
-            .values()
-            .enumerate()
-            .map(|(i, c)| judged(i, c))
-            .collect();
         let mut revived = false;
         for (c, cost) in self.candidates.values_mut().zip(costs) {
             let near = cost.is_some_and(|cost| cost <= SECOND_LOOK_WITHIN * current);
