@@ -17,8 +17,9 @@
 //! * **Exploitation with drift detection**: when the choice keeps running well above its
 //!   estimate (five slow transfers in a row, or two over 3 times its median), the context
 //!   is explored again; a choice gives way to another candidate only when that one's
-//!   median is more than 5% better (a switch of path is not free); dropped candidates near
-//!   the choice are measured again after 64, 128, 256, ... transfers of it (costs change).
+//!   median is more than 5% better (a switch of path is not free); a candidate dropped on
+//!   one sample is measured again after 64 transfers of the choice, and every dropped
+//!   candidate near the choice after 128, 256, 512, ... more (costs change).
 //! * **Dictionary** ([`Dictionary`]): saved atomically as TOML with a format version and a
 //!   machine [`Fingerprint`]; another machine's or version's dictionary gives a [`Warning`]
 //!   and a fresh start, a corrupt one an [`ErrorKind::Corrupt`](fastensor_core::ErrorKind)
