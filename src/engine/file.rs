@@ -281,7 +281,13 @@ impl EngineFile {
     /// that continues the stream the backend of the stream's last read.
     fn read_cache_state(&self, offset: u64, len: usize) -> (CacheState, Option<usize>) {
         let mut stream = self.stream.lock().unwrap_or_else(|p| p.into_inner());
-        stream.begin(offset, len, || self.cache_state(offset, len))
+        let reread = || {
+            self.read_ranges
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .covers(offset, offset + len as u64)
+        };
+        stream.begin(offset, len, reread, || self.cache_state(offset, len))
     }
 
     /// Records a run of reads or writes as one observation (a warm-up run only when it shows

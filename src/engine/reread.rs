@@ -26,6 +26,16 @@ impl ReadRanges {
             .map(|(&start, _)| start)
     }
 
+    /// Whether every byte of `start..end` was read before (an empty range: no).
+    pub(crate) fn covers(&self, start: u64, end: u64) -> bool {
+        start < end
+            && self
+                .ranges
+                .range(..=start)
+                .next_back()
+                .is_some_and(|(_, &e)| e >= end)
+    }
+
     /// Adds `start..end`; returns how many of its bytes had been read before. Allocates
     /// nothing for a read that extends or falls inside a known range (a stream's reads).
     pub(crate) fn add(&mut self, start: u64, end: u64) -> u64 {
@@ -137,6 +147,17 @@ mod tests {
         }
         let covered: u64 = r.ranges.iter().map(|(s, e)| e - s).sum();
         assert_eq!(covered, seen.iter().filter(|b| **b).count() as u64);
+    }
+
+    #[test]
+    fn covers_only_ranges_read_in_full() {
+        let mut r = ReadRanges::default();
+        r.add(100, 200);
+        r.add(300, 400);
+        assert!(r.covers(100, 200) && r.covers(150, 160) && r.covers(300, 301));
+        assert!(!r.covers(50, 150) && !r.covers(150, 250) && !r.covers(150, 350));
+        assert!(!r.covers(200, 300) && !r.covers(0, 10) && !r.covers(500, 600));
+        assert!(!r.covers(150, 150));
     }
 
     #[test]

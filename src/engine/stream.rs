@@ -182,7 +182,9 @@ impl Run {
 
 impl ReadStream {
     /// A stream that started `Cached` is probed again after this many bytes, so that it
-    /// notices when it runs into bytes that are not cached.
+    /// notices when it runs into bytes that are not cached; a `Cold` one reading bytes read
+    /// before through a direct path, so that it notices bytes an earlier pass left cached
+    /// (see [`ReadStream::begin`]).
     pub(crate) const REPROBE_BYTES: u64 = 1 << 20;
 
     /// Reads of at least this many bytes in a `Cached` stream are each probed (a probe
@@ -233,14 +235,25 @@ impl ReadStream {
     pub(crate) const WARM_UP_MAX_READS: u32 = 32;
 
     /// The page-cache state a read of `len` bytes at `offset` is keyed by, asking `probe`
-    /// only where needed: at a stream's first read, and in a stream that started cached at
+    /// only where needed: at a stream's first read; in a stream that started cached, at
     /// every read of [`Self::REPROBE_EACH`] or more and every [`Self::REPROBE_BYTES`]
-    /// otherwise (it turns cold where the cached bytes end). Also returns, for a read that
-    /// continues the stream, the backend of the stream's last read.
+    /// otherwise (it turns cold where the cached bytes end); and in a cold stream whose last
+    /// read bypassed the page cache, every [`Self::REPROBE_BYTES`] of bytes read before
+    /// (`reread` tells whether the read's bytes all were): such a stream reads nothing ahead,
+    /// so what is cached there is what an earlier pass left, and a second pass over a file
+    /// whose first pass began through a direct path (as a cold-read exploration does) turns
+    /// cached where that pass went through the page cache. Without it, the whole second pass
+    /// stayed keyed by its first read's state: its cached reads went to the direct paths, and
+    /// the paths that did read the cache were credited with cold reads at cache speed (a
+    /// cold 1 MiB context chose `mmap` on such samples). A cold stream through the page cache
+    /// is not probed again: its own readahead caches the bytes ahead of it, and keying its
+    /// reads by that would credit readahead to the cached context. Also returns, for a read
+    /// that continues the stream, the backend of the stream's last read.
     pub(crate) fn begin(
         &mut self,
         offset: u64,
         len: usize,
+        reread: impl FnOnce() -> bool,
         probe: impl FnOnce() -> CacheState,
     ) -> (CacheState, Option<usize>) {
         let continues = self.end == offset;
@@ -249,9 +262,13 @@ impl ReadStream {
         }
         let previous = continues.then_some(self.last_path);
         if continues {
-            let due = len as u64 >= Self::REPROBE_EACH
-                || offset.saturating_sub(self.probed_at) >= Self::REPROBE_BYTES;
-            if self.cache != CacheState::Cached || !due {
+            let far = offset.saturating_sub(self.probed_at) >= Self::REPROBE_BYTES;
+            let due = match self.cache {
+                CacheState::Cached => len as u64 >= Self::REPROBE_EACH || far,
+                CacheState::Cold => far && !self.last_keeps_cache && reread(),
+                _ => false,
+            };
+            if !due {
                 return (self.cache, previous);
             }
         }
@@ -434,14 +451,19 @@ mod tests {
     }
 
     #[test]
-    fn a_stream_carries_its_first_probe_and_reprobes_only_when_cached() {
+    fn a_stream_carries_its_first_probe_and_a_cached_one_reprobes() {
         let mut s = ReadStream::NONE;
         let probes = std::cell::Cell::new(0);
         let begin = |s: &mut ReadStream, off: u64, len: usize, state: CacheState| {
-            s.begin(off, len, || {
-                probes.set(probes.get() + 1);
-                state
-            })
+            s.begin(
+                off,
+                len,
+                || true,
+                || {
+                    probes.set(probes.get() + 1);
+                    state
+                },
+            )
         };
         assert_eq!(
             begin(&mut s, 0, 4096, CacheState::Cold),
@@ -467,6 +489,51 @@ mod tests {
         let got = begin(&mut s, (1 << 30) + (1 << 16), 1 << 16, CacheState::Cold);
         assert_eq!(got, (CacheState::Cold, Some(2)));
         assert_eq!(probes.get(), 3);
+    }
+
+    #[test]
+    fn a_cold_stream_through_a_direct_path_reprobes_bytes_read_before() {
+        const MIB: u64 = 1 << 20;
+        let probes = std::cell::Cell::new(0);
+        let begin = |s: &mut ReadStream, off: u64, reread: bool, state: CacheState| {
+            s.begin(
+                off,
+                MIB as usize,
+                || reread,
+                || {
+                    probes.set(probes.get() + 1);
+                    state
+                },
+            )
+        };
+        // A second pass through a direct path: its first MiB cold, the next cached (an
+        // earlier pass read it through the page cache), then cold again.
+        let mut s = ReadStream::NONE;
+        assert_eq!(
+            begin(&mut s, 0, true, CacheState::Cold),
+            (CacheState::Cold, None)
+        );
+        s.finish(false, 0..MIB, 0, false, false, None);
+        let got = begin(&mut s, MIB, true, CacheState::Cached);
+        assert_eq!(got, (CacheState::Cached, Some(0)));
+        s.finish(true, MIB..2 * MIB, 0, false, false, None);
+        let got = begin(&mut s, 2 * MIB, true, CacheState::Cold);
+        assert_eq!(got, (CacheState::Cold, Some(0)));
+        assert_eq!(probes.get(), 3);
+        // First reads are not probed again: nothing cached them but this stream.
+        let mut s = ReadStream::NONE;
+        begin(&mut s, 0, false, CacheState::Cold);
+        s.finish(false, 0..MIB, 0, false, false, None);
+        let got = begin(&mut s, MIB, false, CacheState::Cached);
+        assert_eq!(got, (CacheState::Cold, Some(0)));
+        assert_eq!(probes.get(), 4);
+        // Nor is a cold stream through the page cache (its readahead caches what follows).
+        let mut s = ReadStream::NONE;
+        begin(&mut s, 0, true, CacheState::Cold);
+        s.finish(false, 0..MIB, 0, true, false, None);
+        let got = begin(&mut s, MIB, true, CacheState::Cached);
+        assert_eq!(got, (CacheState::Cold, Some(0)));
+        assert_eq!(probes.get(), 5);
     }
 
     /// Path 0 owns a cold stream; path 1 takes it over while exploring for `reads` reads of
@@ -589,7 +656,7 @@ mod tests {
             );
             assert!(out.iter().all(Option::is_none));
         }
-        s.begin(1 << 30, 1 << 20, || CacheState::Cold);
+        s.begin(1 << 30, 1 << 20, || false, || CacheState::Cold);
         let out = s.finish(
             false,
             (1 << 30)..(1 << 30) + (1 << 20),
