@@ -1,7 +1,7 @@
 //! A file opened through the engine: every transfer picks its backend.
 
 use super::decisions::{Decisions, Question};
-use super::reread::ReadRanges;
+use super::reread::FileReads;
 use super::stream::{Measured, ReadStream, Run};
 use super::write_run::WriteRun;
 use super::{probe, Candidate, InFlight, Inner};
@@ -49,7 +49,7 @@ pub struct EngineFile {
     /// The sequential read stream in progress (see [`ReadStream`]).
     stream: Mutex<ReadStream>,
     /// The bytes read so far (to tell reading again from reading for the first time).
-    read_ranges: Mutex<ReadRanges>,
+    read_ranges: Mutex<FileReads>,
     /// Bit `i`: a transfer went through the engine's candidate `i` (the first one through a
     /// handle pays its set-up: a mapping's first page faults, a ring's registration).
     used: AtomicU64,
@@ -60,8 +60,15 @@ pub struct EngineFile {
 }
 
 impl Drop for EngineFile {
-    /// Records the stream reads and the writes measured but not yet recorded.
+    /// Records the stream reads and the writes measured but not yet recorded, and counts
+    /// the bytes read once (see [`FileReads`]).
     fn drop(&mut self) {
+        let read_once = self
+            .read_ranges
+            .get_mut()
+            .unwrap_or_else(|p| p.into_inner())
+            .finish();
+        self.engine.reads.add(read_once, 0);
         let [read, window] = self
             .stream
             .get_mut()
@@ -108,7 +115,7 @@ impl EngineFile {
             purpose: RwLock::new(Purpose::General),
             probe_fd: OnceLock::new(),
             stream: Mutex::new(ReadStream::NONE),
-            read_ranges: Mutex::new(ReadRanges::default()),
+            read_ranges: Mutex::new(FileReads::default()),
             used: AtomicU64::new(0),
             decisions: Mutex::new(Decisions::default()),
             write_run: Mutex::new(WriteRun::default()),
@@ -547,12 +554,12 @@ impl EngineFile {
                         && !(direction == Direction::Read && ctx.cache == CacheState::Cached))
                         .then(|| ctx.clone());
                     if direction == Direction::Read {
-                        let again = self
+                        let (first, again) = self
                             .read_ranges
                             .lock()
                             .unwrap_or_else(|p| p.into_inner())
                             .add(offset, offset + n as u64);
-                        self.engine.reads.add(n as u64, again);
+                        self.engine.reads.add(first, again);
                         // Stream reads are measured in runs, and an exploring path that takes
                         // over a stream only once it has warmed up in it (see `ReadStream`);
                         // exploration stays on it meanwhile (`Selector::choose_staying`).
