@@ -400,6 +400,10 @@ fn a_slow_path_through_the_page_cache_is_ruled_out_by_its_warm_up() {
     assert_eq!(reads_of_a_slow_buffered_path(512 << 10), 9);
     // At 1 MiB, its first read, far behind as well, is enough (see `FIRST_FAR_FROM`).
     assert_eq!(reads_of_a_slow_buffered_path(1 << 20), 1);
+    // At 64 KiB, slow on every read, it is ruled out by its first 8 warm-up reads too (a
+    // warm-up run of small reads is judged without its slowest read, see
+    // `Run::far_test_wall`).
+    assert_eq!(reads_of_a_slow_buffered_path(64 << 10), 9);
 }
 
 #[test]

@@ -304,8 +304,10 @@ impl EngineFile {
             return;
         };
         if run.warm_up {
-            self.engine
-                .record_if_far(&run.ctx, c.name(), run.bytes, run.wall, run.cpu());
+            if let Some(wall) = run.far_test_wall(c.keeps_cache()) {
+                self.engine
+                    .record_if_far(&run.ctx, c.name(), run.bytes, wall, run.cpu());
+            }
         } else {
             self.engine
                 .record(&run.ctx, c.name(), run.bytes, run.wall, run.cpu());
