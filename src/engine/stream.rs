@@ -27,7 +27,8 @@ pub(crate) struct ReadStream {
     end: u64,
     /// The page-cache state probed at the stream's first read (or at its last re-probe).
     cache: CacheState,
-    /// Where the page cache was last probed.
+    /// Where the page cache was last probed (in a cold stream, or last asked whether the
+    /// bytes were read before, see [`ReadStream::begin`]).
     probed_at: u64,
     /// The backend (index among the engine's candidates) of the stream's last read.
     last_path: usize,
@@ -86,7 +87,7 @@ pub(crate) struct Run {
     /// Reads in the run.
     pub(crate) transfers: u32,
     /// Wall time of the run's slowest read.
-    pub(crate) slowest: Duration,
+    slowest: Duration,
     /// Whether the run spans a readahead window (see [`Run::READ_AHEAD_BYTES`]).
     long: bool,
     /// The reads of a path warming up in the stream (see [`ReadStream::WARM_UP_BYTES`]):
@@ -152,19 +153,22 @@ impl Run {
 
     /// The wall time a warm-up run is judged by when it is offered to rule its path out
     /// (see `Selector::record_if_far`): its own, but for a run of reads under
-    /// [`Run::ONE_WAIT_BELOW`] each through a path that keeps the page cache, that of its
-    /// other reads scaled to the whole run (`None` for a single such read). A read from the
-    /// device through the page cache waits for its readahead now and then (cold streams
-    /// through `posix` were traced waiting 5-8 ms once every 8-16 MiB); the small reads
-    /// between are cheap, so a short run's mean is decided by whether one of its reads
-    /// waited: 8 reads of 64 KiB with one such wait average over 0.6 ms, where the path
-    /// streams at about 0.11 ms a read (the fixed `posix`'s cold 64 KiB phase: 456 ms for
-    /// 4096 reads) and a direct read costs 0.08-0.1 ms. Judged by their mean, such runs
-    /// dropped `posix` and `mmap` from cold 64 KiB contexts on this machine at 0.01-0.1
-    /// GB/s (up to 68 times behind, too far for any later look), and a warm engine starting
-    /// from those contexts re-read its 64 KiB phase from the device in one to three rounds of
-    /// six (337-385 ms against 26-39 from the cache). A path slow on every read is still
-    /// ruled out by such a run.
+    /// [`Run::ONE_WAIT_BELOW`] each through a path that keeps the page cache, that of
+    /// its other reads scaled to the whole run (`None` for a single such read). A read
+    /// from the device through the page cache waits for its readahead now and then
+    /// (cold streams through `posix` were traced waiting 5-8 ms once every 8-16 MiB);
+    /// the small reads between are cheap, so a short run's mean is decided by whether
+    /// one of its reads waited: 8 reads of 64 KiB with one such wait average over 0.6
+    /// ms, where the path streams at about 0.11 ms a read (the fixed `posix`'s cold 64
+    /// KiB phase: 456 ms for 4096 reads) and a direct read costs 0.08-0.1 ms. Judged by
+    /// their mean, warm-up runs (at 64 KiB the only measurements that can rule a path
+    /// out early) dropped `posix` and `mmap` from cold 64 KiB contexts on this machine
+    /// at 0.005-0.1 GB/s (the leaders at 0.5-0.9 GB/s: too far behind for any later
+    /// look; costs that fit one long wait in a run of 8 reads or in a single read; the
+    /// runs were not traced one by one), and a warm engine starting from those contexts
+    /// re-read its 64 KiB phase from the device in one to three rounds of six (337-385
+    /// ms against 26-39 from the cache). A path slow on every read is still ruled out
+    /// by such a run.
     pub(crate) fn far_test_wall(&self, keeps_cache: bool) -> Option<Duration> {
         let small = self.bytes < u64::from(self.transfers) * Self::ONE_WAIT_BELOW;
         if !(keeps_cache && small && self.ctx.direction == Direction::Read) {
@@ -298,7 +302,14 @@ impl ReadStream {
             let far = offset.saturating_sub(self.probed_at) >= Self::REPROBE_BYTES;
             let due = match self.cache {
                 CacheState::Cached => len as u64 >= Self::REPROBE_EACH || far,
-                CacheState::Cold => far && !self.last_keeps_cache && reread(),
+                CacheState::Cold if far && !self.last_keeps_cache => {
+                    // Asked once per `REPROBE_BYTES`, not at every read of a first pass.
+                    let again = reread();
+                    if !again {
+                        self.probed_at = offset;
+                    }
+                    again
+                }
                 _ => false,
             };
             if !due {
@@ -599,6 +610,25 @@ mod tests {
         assert_eq!(run_of(64 << 10, &[5000]).far_test_wall(true), None);
         let large = run_of(1 << 20, &[5000, 300]);
         assert_eq!(large.far_test_wall(true), Some(Duration::from_micros(5300)));
+    }
+
+    #[test]
+    fn a_cold_first_pass_asks_whether_it_reads_again_once_a_mib() {
+        const K64: u64 = 64 << 10;
+        let asked = std::cell::Cell::new(0);
+        let mut s = ReadStream::NONE;
+        for i in 0..64u64 {
+            let off = i * K64;
+            let ask = || {
+                asked.set(asked.get() + 1);
+                false
+            };
+            let (cache, _) = s.begin(off, K64 as usize, ask, || CacheState::Cold);
+            assert_eq!(cache, CacheState::Cold);
+            s.finish(i > 0, off..off + K64, 0, false, false, None);
+        }
+        // 4 MiB of first reads through a direct path: asked at 1, 2 and 3 MiB.
+        assert_eq!(asked.get(), 3);
     }
 
     /// Path 0 owns a cold stream; path 1 takes it over while exploring for `reads` reads of
