@@ -294,7 +294,29 @@ impl EngineFile {
                 .unwrap_or_else(|p| p.into_inner())
                 .covers(offset, offset + len as u64)
         };
-        stream.begin(offset, len, reread, || self.cache_state(offset, len))
+        let read_through_cache = || {
+            self.read_ranges
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .covers_through_cache(offset, offset + len as u64)
+        };
+        stream.begin(
+            offset,
+            len,
+            reread,
+            || self.cache_state(offset, len),
+            read_through_cache,
+            |range| self.cached_range(range),
+        )
+    }
+
+    /// Whether every byte of `range` is in the page cache; `None` when that cannot be told
+    /// (no probe, or the range runs past the end of the file).
+    fn cached_range(&self, range: std::ops::Range<u64>) -> Option<bool> {
+        if !self.engine.detect_cache {
+            return None;
+        }
+        probe::cached_range(self.probe_file()?, range)
     }
 
     /// Records a run of reads or writes as one observation (a warm-up run only when it shows
@@ -560,7 +582,7 @@ impl EngineFile {
                             .read_ranges
                             .lock()
                             .unwrap_or_else(|p| p.into_inner())
-                            .add(offset, offset + n as u64);
+                            .add(offset, offset + n as u64, chosen.keeps_cache());
                         self.engine.reads.add(first, again);
                         // Stream reads are measured in runs, and an exploring path that takes
                         // over a stream only once it has warmed up in it (see `ReadStream`);

@@ -34,6 +34,20 @@ pub(crate) fn cache_state(file: &File, offset: u64, len: usize) -> CacheState {
     }
 }
 
+/// Whether every byte of `range` is in the page cache, as [`cache_state`] tells; `None` when
+/// that cannot be told (the range runs past the end of the file, or no POSIX helpers).
+pub(crate) fn cached_range(file: &File, range: std::ops::Range<u64>) -> Option<bool> {
+    if range.end > file.metadata().ok()?.len() {
+        return None;
+    }
+    let len = usize::try_from(range.end.checked_sub(range.start)?).ok()?;
+    match cache_state(file, range.start, len) {
+        CacheState::Cached => Some(true),
+        CacheState::Cold => Some(false),
+        CacheState::Unknown => None,
+    }
+}
+
 /// The real clock: monotonic wall time and the process's CPU time (all threads, so the
 /// helper threads of parallel backends count).
 #[derive(Debug, Clone, Copy)]
@@ -83,4 +97,49 @@ pub fn evict(path: &std::path::Path) -> fastensor_core::Result<()> {
     rustix::fs::fdatasync(&file).map_err(|e| err(e.into()))?;
     rustix::fs::fadvise(&file, 0, None, rustix::fs::Advice::DontNeed).map_err(|e| err(e.into()))?;
     Ok(())
+}
+
+#[cfg(all(test, feature = "posix"))]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    #[test]
+    fn a_range_is_cached_not_cached_or_past_the_end() {
+        const MIB: u64 = 1 << 20;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f.bin");
+        let mut f = File::create(&path).unwrap();
+        f.write_all(&vec![7u8; (48 * MIB) as usize]).unwrap();
+        f.sync_all().unwrap();
+        drop(f);
+        let f = File::open(&path).unwrap();
+        // Read all of it (cached), then drop the pages from 32 MiB on.
+        let mut buf = vec![0u8; MIB as usize];
+        for i in 0..48 {
+            rustix::io::pread(&f, &mut buf, i * MIB).unwrap();
+        }
+        assert_eq!(cached_range(&f, 47 * MIB..49 * MIB), None);
+        let mut dropped = false;
+        for _ in 0..5 {
+            rustix::fs::fadvise(&f, 32 * MIB, None, rustix::fs::Advice::DontNeed).unwrap();
+            if cached_range(&f, 40 * MIB..41 * MIB) == Some(false) {
+                dropped = true;
+                break;
+            }
+        }
+        // tmpfs and overlay file systems cannot drop their pages.
+        let fs = rustix::fs::fstatfs(&f).unwrap().f_type as i64;
+        const TMPFS: i64 = 0x0102_1994;
+        const OVERLAYFS: i64 = 0x794c_7630;
+        if !dropped {
+            assert!(
+                fs == TMPFS || fs == OVERLAYFS,
+                "pages not dropped (fs {fs:#x})"
+            );
+            return;
+        }
+        assert_eq!(cached_range(&f, 0..MIB), Some(true));
+        assert_eq!(cached_range(&f, 31 * MIB..33 * MIB), Some(false));
+    }
 }

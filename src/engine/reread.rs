@@ -86,6 +86,8 @@ impl ReadRanges {
 #[derive(Debug, Default)]
 pub(crate) struct FileReads {
     ranges: ReadRanges,
+    /// The ranges read through a path that keeps the page cache (the bytes it left cached).
+    through_cache: ReadRanges,
     /// First-read bytes not counted yet (nothing read again so far).
     pending: u64,
     /// Some bytes were read again.
@@ -93,8 +95,12 @@ pub(crate) struct FileReads {
 }
 
 impl FileReads {
-    /// Adds a read of `start..end`; returns the bytes to count now, `(first, again)`.
-    pub(crate) fn add(&mut self, start: u64, end: u64) -> (u64, u64) {
+    /// Adds a read of `start..end` (`keeps_cache`: through a path that keeps the page
+    /// cache); returns the bytes to count now, `(first, again)`.
+    pub(crate) fn add(&mut self, start: u64, end: u64, keeps_cache: bool) -> (u64, u64) {
+        if keeps_cache {
+            self.through_cache.add(start, end);
+        }
         let again = self.ranges.add(start, end);
         let first = end.saturating_sub(start) - again;
         self.read_again |= again > 0;
@@ -109,6 +115,12 @@ impl FileReads {
     /// Whether every byte of `start..end` was read before (see [`ReadRanges::covers`]).
     pub(crate) fn covers(&self, start: u64, end: u64) -> bool {
         self.ranges.covers(start, end)
+    }
+
+    /// Whether every byte of `start..end` was read before through a path that keeps the
+    /// page cache (see [`ReadRanges::covers`]).
+    pub(crate) fn covers_through_cache(&self, start: u64, end: u64) -> bool {
+        self.through_cache.covers(start, end)
     }
 
     /// The first-read bytes still to count, when the file is closed.
@@ -232,25 +244,36 @@ mod tests {
         // A file read twice, 100 bytes: the rate stays 1.0 through a second file's first
         // pass, which counts when it reads again.
         let mut a = FileReads::default();
-        count(a.add(0, 100));
+        count(a.add(0, 100, false));
         assert_eq!(counts.rate(), 0.0);
-        count(a.add(0, 60));
+        count(a.add(0, 60, false));
         assert_eq!(counts.rate(), 0.6);
-        count(a.add(60, 100));
+        count(a.add(60, 100, false));
         assert_eq!(counts.rate(), 1.0);
         let mut b = FileReads::default();
-        count(b.add(0, 300));
+        count(b.add(0, 300, false));
         assert_eq!(counts.rate(), 1.0);
-        count(b.add(0, 100));
+        count(b.add(0, 100, false));
         assert_eq!(counts.rate(), 200.0 / 400.0);
         // A file closed after one pass counts then.
         let mut c = FileReads::default();
-        count(c.add(0, 400));
+        count(c.add(0, 400, false));
         assert_eq!(counts.rate(), 0.5);
         counts.add(c.finish(), 0);
         assert_eq!(counts.rate(), 200.0 / 800.0);
         assert_eq!(c.finish(), 0);
         // Nothing is left to count for a file that read again.
         assert_eq!(b.finish(), 0);
+    }
+
+    #[test]
+    fn a_file_knows_the_bytes_read_through_the_page_cache() {
+        let mut f = FileReads::default();
+        f.add(0, 100, true);
+        f.add(100, 300, false);
+        f.add(300, 400, true);
+        assert!(f.covers_through_cache(0, 100) && f.covers_through_cache(310, 320));
+        assert!(!f.covers_through_cache(50, 150) && !f.covers_through_cache(100, 200));
+        assert!(f.covers(0, 400));
     }
 }

@@ -30,6 +30,9 @@ pub(crate) struct ReadStream {
     /// Where the page cache was last probed (in a cold stream, or last asked whether the
     /// bytes were read before, see [`ReadStream::begin`]).
     probed_at: u64,
+    /// Reads ending here or before need not ask whether the bytes beyond the stream's
+    /// readahead are cached: they were, further on (see [`ReadStream::begin`]).
+    cached_beyond_to: u64,
     /// The backend (index among the engine's candidates) of the stream's last read.
     last_path: usize,
     /// Whether that backend reads through the page cache (and so reads ahead).
@@ -233,6 +236,7 @@ impl ReadStream {
         end: u64::MAX,
         cache: CacheState::Unknown,
         probed_at: 0,
+        cached_beyond_to: 0,
         last_path: usize::MAX,
         last_keeps_cache: false,
         path_bytes: 0,
@@ -282,27 +286,39 @@ impl ReadStream {
     /// cached where that pass went through the page cache. Without it, the whole second pass
     /// stayed keyed by its first read's state: its cached reads went to the direct paths, and
     /// the paths that did read the cache were credited with cold reads at cache speed (a
-    /// cold 1 MiB context chose `mmap` on such samples). A cold stream through the page cache
-    /// is not probed again: its own readahead caches the bytes ahead of it, and keying its
-    /// reads by that would credit readahead to the cached context. Also returns, for a read
-    /// that continues the stream, the backend of the stream's last read.
+    /// cold 1 MiB context chose `mmap` on such samples). A stream whose last read went
+    /// through the page cache caches the bytes ahead of it by its own readahead, so there
+    /// bytes found cached count as cached only where they were read before through the page
+    /// cache (`read_through_cache`), or, for bytes cached some other way (written, or read
+    /// by another process), where `cached_beyond` (asked about [`Self::beyond_readahead`],
+    /// at most once per that range) finds bytes cached beyond the readahead's reach too;
+    /// where it finds them not cached the read is cold, and where it cannot tell (past the
+    /// end of the file) the stream stays as it was. Keyed by
+    /// the probe alone, a second pass that read the cached stretch an earlier pass left and
+    /// ran on into bytes that pass read directly stayed keyed cached there: its reads
+    /// through `posix` took 15-18 ms each for 8 MiB, through `mmap` 9-25 ms (from the
+    /// cache: 0.5-1.5), taken as cached samples. Also returns, for a read that continues
+    /// the stream, the backend of the stream's last read.
     pub(crate) fn begin(
         &mut self,
         offset: u64,
         len: usize,
         reread: impl FnOnce() -> bool,
         probe: impl FnOnce() -> CacheState,
+        read_through_cache: impl FnOnce() -> bool,
+        cached_beyond: impl FnOnce(std::ops::Range<u64>) -> Option<bool>,
     ) -> (CacheState, Option<usize>) {
         let continues = self.end == offset;
         if !continues {
             self.end_pairing();
+            self.cached_beyond_to = 0;
         }
         let previous = continues.then_some(self.last_path);
         if continues {
             let far = offset.saturating_sub(self.probed_at) >= Self::REPROBE_BYTES;
             let due = match self.cache {
                 CacheState::Cached => len as u64 >= Self::REPROBE_EACH || far,
-                CacheState::Cold if far && !self.last_keeps_cache => {
+                CacheState::Cold if far => {
                     // Asked once per `REPROBE_BYTES`, not at every read of a first pass.
                     let again = reread();
                     if !again {
@@ -316,9 +332,39 @@ impl ReadStream {
                 return (self.cache, previous);
             }
         }
+        let before = self.cache;
         self.cache = probe();
         self.probed_at = offset;
+        let end = offset.saturating_add(len as u64);
+        if continues
+            && self.last_keeps_cache
+            && self.cache == CacheState::Cached
+            && end > self.cached_beyond_to
+            && !read_through_cache()
+        {
+            let beyond = Self::beyond_readahead(offset, len);
+            match cached_beyond(beyond.clone()) {
+                Some(true) => self.cached_beyond_to = beyond.end,
+                Some(false) => self.cache = CacheState::Cold,
+                // Cannot tell: the stream stays as it was.
+                None => self.cache = before,
+            }
+        }
         (self.cache, previous)
+    }
+
+    /// The bytes asked about to tell whether the bytes of a read of `len` at `offset` are
+    /// cached for a reason other than the stream's own readahead: 1 MiB (or `len`, if less)
+    /// beyond what readahead can have reached, that is two windows of
+    /// [`Run::READ_AHEAD_BYTES`] (the kernel reads one window ahead while the stream reads
+    /// the one before) or one read's length (`mmap` asks for the next read's range) past
+    /// the read's end, whichever is further.
+    pub(crate) fn beyond_readahead(offset: u64, len: usize) -> std::ops::Range<u64> {
+        let len = len as u64;
+        let start = offset
+            .saturating_add(len)
+            .saturating_add((2 * Run::READ_AHEAD_BYTES).max(len));
+        start..start.saturating_add(len.clamp(1, 1 << 20))
     }
 
     /// Notes that a read through `path` covered `range` (`continued`: it continued the
@@ -507,6 +553,8 @@ mod tests {
                     probes.set(probes.get() + 1);
                     state
                 },
+                || panic!("no stream here reads through the page cache"),
+                |_| panic!("no stream here reads through the page cache"),
             )
         };
         assert_eq!(
@@ -548,6 +596,8 @@ mod tests {
                     probes.set(probes.get() + 1);
                     state
                 },
+                || panic!("no stream here reads through the page cache"),
+                |_| panic!("no stream here reads through the page cache"),
             )
         };
         // A second pass through a direct path: its first MiB cold, the next cached (an
@@ -571,13 +621,43 @@ mod tests {
         let got = begin(&mut s, MIB, false, CacheState::Cached);
         assert_eq!(got, (CacheState::Cold, Some(0)));
         assert_eq!(probes.get(), 4);
-        // Nor is a cold stream through the page cache (its readahead caches what follows).
-        let mut s = ReadStream::NONE;
-        begin(&mut s, 0, true, CacheState::Cold);
-        s.finish(false, 0..MIB, 0, true, false, None);
-        let got = begin(&mut s, MIB, true, CacheState::Cached);
-        assert_eq!(got, (CacheState::Cold, Some(0)));
-        assert_eq!(probes.get(), 5);
+        // A cold stream through the page cache, over bytes read before, is probed too, but
+        // bytes found cached count only where they were read through the page cache before
+        // (`through`), or else where bytes beyond its readahead's reach are cached as well
+        // (`beyond`): its own readahead caches what follows it.
+        let asked = std::cell::Cell::new(0);
+        let begin_ahead =
+            |s: &mut ReadStream, off: u64, state, through: bool, beyond: Option<bool>| {
+                s.begin(
+                    off,
+                    MIB as usize,
+                    || true,
+                    || {
+                        probes.set(probes.get() + 1);
+                        state
+                    },
+                    || through,
+                    |_| {
+                        asked.set(asked.get() + 1);
+                        beyond
+                    },
+                )
+            };
+        use CacheState::{Cached, Cold};
+        for (through, beyond, then) in [
+            (false, Some(false), Cold),
+            (false, None, Cold),
+            (false, Some(true), Cached),
+            (true, Some(false), Cached),
+        ] {
+            let mut s = ReadStream::NONE;
+            assert_eq!(begin_ahead(&mut s, 0, Cold, false, None), (Cold, None));
+            s.finish(false, 0..MIB, 0, true, false, None);
+            let got = begin_ahead(&mut s, MIB, Cached, through, beyond);
+            assert_eq!(got, (then, Some(0)), "{through} {beyond:?}");
+        }
+        assert_eq!(probes.get(), 4 + 8);
+        assert_eq!(asked.get(), 3);
     }
 
     #[test]
@@ -623,12 +703,67 @@ mod tests {
                 asked.set(asked.get() + 1);
                 false
             };
-            let (cache, _) = s.begin(off, K64 as usize, ask, || CacheState::Cold);
+            let (cache, _) = s.begin(
+                off,
+                K64 as usize,
+                ask,
+                || CacheState::Cold,
+                || false,
+                |_| None,
+            );
             assert_eq!(cache, CacheState::Cold);
             s.finish(i > 0, off..off + K64, 0, false, false, None);
         }
         // 4 MiB of first reads through a direct path: asked at 1, 2 and 3 MiB.
         assert_eq!(asked.get(), 3);
+    }
+
+    #[test]
+    fn a_cached_stream_through_the_page_cache_asks_what_is_cached_beyond_its_readahead() {
+        const MIB: u64 = 1 << 20;
+        // A stream of 8 MiB reads that starts cached and goes on through a path that keeps
+        // the page cache, over bytes cached some other way than by reading them through the
+        // page cache (written, say). `cached_to`: where those cached bytes end; the probe
+        // finds every read cached (the stream's readahead is ahead of it).
+        let run = |cached_to: u64, reads: u64| {
+            let asked = std::cell::RefCell::new(Vec::new());
+            let mut s = ReadStream::NONE;
+            let mut states = Vec::new();
+            for i in 0..reads {
+                let off = i * 8 * MIB;
+                let (cache, _) = s.begin(
+                    off,
+                    (8 * MIB) as usize,
+                    || true,
+                    || CacheState::Cached,
+                    || false,
+                    |range| {
+                        asked.borrow_mut().push(range.start / MIB);
+                        (range.end <= 1 << 30).then_some(range.end <= cached_to)
+                    },
+                );
+                states.push(cache);
+                s.finish(i > 0, off..off + 8 * MIB, 0, true, false, None);
+            }
+            (states, asked.into_inner())
+        };
+        // Cached up to 64 MiB. The first read starts the stream (nothing asked); the read
+        // at 8 MiB asks about 32-33 MiB (16 MiB past its end), cached, which vouches for
+        // the reads ending by 33 MiB; the read at 32 MiB asks about 56-57, and the read at
+        // 56 MiB about 80-81, not cached: it turns the stream cold (its bytes were cached,
+        // but so close to where the cached bytes end that its readahead cannot be told
+        // apart). The reads after it, still found cached (their own readahead's), ask
+        // again, and stay cold.
+        let (states, asked) = run(64 * MIB, 10);
+        use CacheState::{Cached, Cold};
+        assert_eq!(
+            states,
+            vec![Cached, Cached, Cached, Cached, Cached, Cached, Cached, Cold, Cold, Cold]
+        );
+        assert_eq!(asked, vec![32, 56, 80, 88, 96]);
+        // Near the end of the file nothing can be told: the probe stands.
+        let (states, _) = run(2 << 30, 128);
+        assert!(states.iter().all(|&c| c == Cached));
     }
 
     /// Path 0 owns a cold stream; path 1 takes it over while exploring for `reads` reads of
@@ -751,7 +886,14 @@ mod tests {
             );
             assert!(out.iter().all(Option::is_none));
         }
-        s.begin(1 << 30, 1 << 20, || false, || CacheState::Cold);
+        s.begin(
+            1 << 30,
+            1 << 20,
+            || false,
+            || CacheState::Cold,
+            || false,
+            |_| None,
+        );
         let out = s.finish(
             false,
             (1 << 30)..(1 << 30) + (1 << 20),
