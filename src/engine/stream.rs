@@ -223,8 +223,8 @@ impl Run {
 impl ReadStream {
     /// A stream that started `Cached` is probed again after this many bytes, so that it
     /// notices when it runs into bytes that are not cached; a `Cold` one reading bytes read
-    /// before through a direct path, so that it notices bytes an earlier pass left cached
-    /// (see [`ReadStream::begin`]).
+    /// before, so that it notices bytes an earlier pass left cached (see
+    /// [`ReadStream::begin`]).
     pub(crate) const REPROBE_BYTES: u64 = 1 << 20;
 
     /// Reads of at least this many bytes in a `Cached` stream are each probed (a probe
@@ -278,27 +278,26 @@ impl ReadStream {
     /// The page-cache state a read of `len` bytes at `offset` is keyed by, asking `probe`
     /// only where needed: at a stream's first read; in a stream that started cached, at
     /// every read of [`Self::REPROBE_EACH`] or more and every [`Self::REPROBE_BYTES`]
-    /// otherwise (it turns cold where the cached bytes end); and in a cold stream whose last
-    /// read bypassed the page cache, every [`Self::REPROBE_BYTES`] of bytes read before
-    /// (`reread` tells whether the read's bytes all were): such a stream reads nothing ahead,
-    /// so what is cached there is what an earlier pass left, and a second pass over a file
-    /// whose first pass began through a direct path (as a cold-read exploration does) turns
-    /// cached where that pass went through the page cache. Without it, the whole second pass
-    /// stayed keyed by its first read's state: its cached reads went to the direct paths, and
-    /// the paths that did read the cache were credited with cold reads at cache speed (a
-    /// cold 1 MiB context chose `mmap` on such samples). A stream whose last read went
-    /// through the page cache caches the bytes ahead of it by its own readahead, so there
-    /// bytes found cached count as cached only where they were read before through the page
-    /// cache (`read_through_cache`), or, for bytes cached some other way (written, or read
-    /// by another process), where `cached_beyond` (asked about [`Self::beyond_readahead`],
-    /// at most once per that range) finds bytes cached beyond the readahead's reach too;
-    /// where it finds them not cached the read is cold, and where it cannot tell (past the
-    /// end of the file) the stream stays as it was. Keyed by
-    /// the probe alone, a second pass that read the cached stretch an earlier pass left and
-    /// ran on into bytes that pass read directly stayed keyed cached there: its reads
-    /// through `posix` took 15-18 ms each for 8 MiB, through `mmap` 9-25 ms (from the
-    /// cache: 0.5-1.5), taken as cached samples. Also returns, for a read that continues
-    /// the stream, the backend of the stream's last read.
+    /// otherwise (it turns cold where the cached bytes end); and in a cold stream, every
+    /// [`Self::REPROBE_BYTES`] of bytes read before (`reread` tells whether the read's
+    /// bytes all were): a second pass over a file whose first pass began through a direct
+    /// path (as a cold-read exploration does) turns cached where that pass went through the
+    /// page cache. Without it, the whole second pass stayed keyed by its first read's
+    /// state: its cached reads went to the direct paths, and the paths that did read the
+    /// cache were credited with cold reads at cache speed (a cold 1 MiB context chose
+    /// `mmap` on such samples). A stream whose last read went through the page cache caches
+    /// the bytes ahead of it by its own readahead, so there bytes found cached count as
+    /// cached only where they were read before through the page cache
+    /// (`read_through_cache`), or, for bytes cached some other way (written, or read by
+    /// another process), where `cached_beyond` (asked about [`Self::beyond_readahead`], at
+    /// most once per that range) finds bytes cached beyond the readahead's reach too; where
+    /// it finds them not cached the read is cold, and where it cannot tell (past the end of
+    /// the file) the stream stays as it was. Keyed by the probe alone, a second pass that
+    /// read the cached stretch an earlier pass left and ran on into bytes that pass read
+    /// directly stayed keyed cached there: its reads through `posix` took 15-18 ms each for
+    /// 8 MiB, through `mmap` 9-25 ms (from the cache: 0.5-1.5), taken as cached samples.
+    /// Also returns, for a read that continues the stream, the backend of the stream's last
+    /// read.
     pub(crate) fn begin(
         &mut self,
         offset: u64,
