@@ -57,23 +57,35 @@ impl Phases {
     }
 }
 
+/// A small deterministic generator (splitmix64): the mix's order and the bootstrap's draws
+/// are the same from run to run.
+struct SplitMix(u64);
+
+impl SplitMix {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// A number in `0..n` (`n > 0`).
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+}
+
 /// The transfers of one workload: (offset, length).
 fn layout(sizes: &[(usize, usize)], seed: u64) -> Vec<(u64, usize)> {
     let mut items: Vec<usize> = sizes
         .iter()
         .flat_map(|&(s, n)| std::iter::repeat(s).take(n))
         .collect();
-    // Deterministic shuffle (splitmix64).
-    let mut state = seed;
-    let mut next = || {
-        state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = state;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    };
+    // Deterministic shuffle.
+    let mut rng = SplitMix(seed);
     for i in (1..items.len()).rev() {
-        let j = (next() % (i as u64 + 1)) as usize;
+        let j = rng.below(i + 1);
         items.swap(i, j);
     }
     let mut off = 0u64;
@@ -169,6 +181,63 @@ fn clean_up(dir: &Path) {
 fn median(mut v: Vec<Duration>) -> Duration {
     v.sort();
     v.get(v.len() / 2).copied().unwrap_or_default()
+}
+
+fn ratio(a: Duration, b: Duration) -> f64 {
+    a.as_secs_f64() / b.as_secs_f64().max(1e-12)
+}
+
+/// One contender's rounds on one workload, summed up.
+struct Summary {
+    /// Each phase's median over the rounds.
+    phases: Phases,
+    /// The median of the rounds' totals. Not the sum of the phase medians: an engine that
+    /// adapts trades its phases against each other within a round (a page-cache write
+    /// leaves cheap re-reads and a slow cold read, a direct write the opposite), so the
+    /// medians of its phases can come from different rounds and add up to a round it never
+    /// ran (`auto`'s 1 MiB in one run: rounds of 496-843 ms, median 685, phase medians
+    /// summing to 748).
+    total: Duration,
+}
+
+impl Summary {
+    fn of(rounds: &[Phases]) -> Self {
+        let m = |f: fn(&Phases) -> Duration| median(rounds.iter().map(f).collect());
+        Summary {
+            phases: Phases {
+                write: m(|p| p.write),
+                cold: m(|p| p.cold),
+                cached: m(|p| p.cached),
+            },
+            total: m(Phases::total),
+        }
+    }
+}
+
+/// The ratio of the median total of `ours` to that of `theirs`, with a 90% bootstrap
+/// interval: rounds drawn with replacement, the same rounds for both (the contenders of a
+/// round share its disk conditions), 2000 times.
+fn ratio_interval(ours: &[Phases], theirs: &[Phases], rng: &mut SplitMix) -> (f64, f64, f64) {
+    let n = ours.len().min(theirs.len());
+    let total = |v: &[Phases], idx: &mut dyn Iterator<Item = usize>| {
+        median(idx.map(|i| v[i].total()).collect())
+    };
+    let point = ratio(total(ours, &mut (0..n)), total(theirs, &mut (0..n)));
+    if n < 2 {
+        return (point, point, point);
+    }
+    let mut draws: Vec<f64> = (0..2000)
+        .map(|_| {
+            let idx: Vec<usize> = (0..n).map(|_| rng.below(n)).collect();
+            ratio(
+                total(ours, &mut idx.iter().copied()),
+                total(theirs, &mut idx.iter().copied()),
+            )
+        })
+        .collect();
+    draws.sort_by(f64::total_cmp);
+    let at = |q: f64| draws[((draws.len() - 1) as f64 * q).round() as usize];
+    (point, at(0.05), at(0.95))
 }
 
 fn main() -> fastensor::Result<()> {
@@ -296,49 +365,35 @@ fn main() -> fastensor::Result<()> {
         last_auto = Some(auto_cold);
         eprintln!("round {} of {rounds} done", round + 1);
     }
-    let rows: Vec<(String, Vec<(String, Phases)>)> = workloads
-        .iter()
-        .zip(&samples)
-        .map(|((label, _), by_label)| {
-            let results = labels
-                .iter()
-                .filter_map(|l| {
-                    let v = by_label.get(l)?;
-                    let m = |f: fn(&Phases) -> Duration| median(v.iter().map(f).collect());
-                    Some((
-                        l.clone(),
-                        Phases {
-                            write: m(|p| p.write),
-                            cold: m(|p| p.cold),
-                            cached: m(|p| p.cached),
-                        },
-                    ))
-                })
-                .collect();
-            (label.clone(), results)
-        })
-        .collect();
-
+    let mut rng = SplitMix(0x5EED);
     println!();
-    println!("medians over {rounds} rounds");
+    println!("medians over {rounds} rounds (total: the median of the rounds' totals)");
     println!("{:8} {:12} {:>10} {:>10} {:>10} {:>10}   ratios to the best fixed (write cold cached total)", "size", "engine", "write ms", "cold ms", "cached ms", "total ms");
-    for (label, results) in &rows {
-        let fixed: Vec<&(String, Phases)> = results
+    let mut verdicts: Vec<String> = Vec::new();
+    let mut intervals: Vec<String> = Vec::new();
+    for ((label, _), by_label) in workloads.iter().zip(&samples) {
+        let results: Vec<(&String, Summary)> = labels
             .iter()
-            .filter(|(n, _)| !n.starts_with("auto"))
+            .filter_map(|l| Some((l, Summary::of(by_label.get(l)?))))
             .collect();
-        let full: Vec<&&(String, Phases)> = fixed.iter().filter(|(n, _)| n != "mmap").collect();
-        let best = |f: &dyn Fn(&Phases) -> Duration, set: &[&(String, Phases)]| {
-            set.iter().map(|(_, p)| f(p)).min().unwrap_or_default()
+        let fixed = |with_mmap: bool| {
+            results
+                .iter()
+                .filter(move |(n, _)| !n.starts_with("auto") && (with_mmap || *n != "mmap"))
         };
-        let full_refs: Vec<&(String, Phases)> = full.iter().map(|x| **x).collect();
-        let bw = best(&|p| p.write, &full_refs);
-        let bc = best(&|p| p.cold, &fixed);
-        let bk = best(&|p| p.cached, &fixed);
-        let bt = best(&|p| p.total(), &full_refs);
-        for (name, p) in results {
+        let best = |f: fn(&Summary) -> Duration, with_mmap: bool| {
+            fixed(with_mmap)
+                .map(|(_, s)| f(s))
+                .min()
+                .unwrap_or_default()
+        };
+        let bw = best(|s| s.phases.write, false);
+        let bc = best(|s| s.phases.cold, true);
+        let bk = best(|s| s.phases.cached, true);
+        let bt = best(|s| s.total, false);
+        for (name, s) in &results {
             let ms = |d: Duration| d.as_secs_f64() * 1e3;
-            let r = |a: Duration, b: Duration| a.as_secs_f64() / b.as_secs_f64().max(1e-12);
+            let p = &s.phases;
             println!(
                 "{:8} {:12} {:10.1} {:10.1} {:10.1} {:10.1}   {:5.2} {:5.2} {:5.2} {}",
                 label,
@@ -346,39 +401,80 @@ fn main() -> fastensor::Result<()> {
                 ms(p.write),
                 ms(p.cold),
                 ms(p.cached),
-                ms(p.total()),
-                r(p.write, bw),
-                r(p.cold, bc),
-                r(p.cached, bk),
-                if name == "mmap" {
+                ms(s.total),
+                ratio(p.write, bw),
+                ratio(p.cold, bc),
+                ratio(p.cached, bk),
+                if *name == "mmap" {
                     "  n/a (read-only)".to_string()
                 } else {
-                    format!("{:5.2}", r(p.total(), bt))
+                    format!("{:5.2}", ratio(s.total, bt))
                 },
             );
         }
+        // The same ratios with their uncertainty, and the next fixed backend's, which shows
+        // how far apart this disk's noise puts two paths.
+        let mut ranked: Vec<&(&String, Summary)> = fixed(false).collect();
+        ranked.sort_by_key(|(_, s)| s.total);
+        let Some((best_name, _)) = ranked.first() else {
+            continue;
+        };
+        let theirs = &by_label[*best_name];
+        let mut line = format!("{label:8} best fixed {best_name:12}");
+        let goal = if label == "mixed" { 1.0 } else { 1.05 };
+        for a in ["auto", "auto-warm"] {
+            let Some(ours) = by_label.get(a) else {
+                continue;
+            };
+            let (r, low, high) = ratio_interval(ours, theirs, &mut rng);
+            line += &format!("   {a} {r:.2} [{low:.2} {high:.2}]");
+            let met = if label == "mixed" {
+                r < goal
+            } else {
+                r <= goal
+            };
+            verdicts.push(format!(
+                "{label} {a}: {} ({r:.3})",
+                if met { "met" } else { "missed" }
+            ));
+        }
+        if let Some((next, _)) = ranked.get(1) {
+            let (r, low, high) = ratio_interval(&by_label[*next], theirs, &mut rng);
+            line += &format!("   next fixed {next} {r:.2} [{low:.2} {high:.2}]");
+        }
+        intervals.push(line);
+    }
+    println!();
+    println!("total ratios to the best fixed backend, with 90% intervals (rounds resampled)");
+    for line in &intervals {
+        println!("{line}");
+    }
+    println!();
+    println!("goal (within 5% of the best fixed backend per size class, below it on the mix):");
+    for v in &verdicts {
+        println!("  {v}");
     }
     // The same ratio round by round (each `auto` total against the best fixed backend's
     // total of the same round): how much of a ratio the disk's swings alone move.
     println!();
     println!("per-round total ratios to the best fixed backend (median [lowest highest])");
-    for ((label, results), by_label) in rows.iter().zip(&samples) {
-        let Some((best, _)) = results
+    for ((label, _), by_label) in workloads.iter().zip(&samples) {
+        let Some((best, theirs)) = by_label
             .iter()
-            .filter(|(n, _)| !n.starts_with("auto") && n != "mmap")
-            .min_by_key(|(_, p)| p.total())
+            .filter(|(n, _)| !n.starts_with("auto") && *n != "mmap")
+            .min_by_key(|(_, v)| Summary::of(v).total)
         else {
             continue;
         };
         let mut line = format!("{label:8} best fixed {best:12}");
         for a in ["auto", "auto-warm"] {
-            let (Some(ours), Some(theirs)) = (by_label.get(a), by_label.get(best)) else {
+            let Some(ours) = by_label.get(a) else {
                 continue;
             };
             let mut r: Vec<f64> = ours
                 .iter()
                 .zip(theirs)
-                .map(|(o, t)| o.total().as_secs_f64() / t.total().as_secs_f64().max(1e-12))
+                .map(|(o, t)| ratio(o.total(), t.total()))
                 .collect();
             r.sort_by(f64::total_cmp);
             line += &format!(
