@@ -273,9 +273,11 @@ fn profile_round_trip_through_the_engine() {
         .open(Path::new("/virtual/p.bin"), OpenMode::Create)
         .unwrap();
     let data = vec![0u8; 4096];
-    for _ in 0..10 {
+    // Enough writes to end the exploration (`a`'s are measured in runs of 8).
+    for _ in 0..64 {
         file.write_at(0, &data).unwrap();
     }
+    drop(file);
     engine.save_profile().unwrap();
     let saved = engine.dictionary();
     // A second engine starts from the profile: no exploration at all.
@@ -455,35 +457,104 @@ fn a_large_first_transfer_far_behind_the_leader_rules_its_path_out() {
     assert_eq!(write.choice.as_deref(), Some("a"), "{}", s.engine.report());
 }
 
+/// An engine over one store with a path that keeps the page cache, `buffered`, and one that
+/// bypasses it, `direct`, each costing `call_ns` a call.
+fn buffered_and_direct(
+    buffered_ns: u64,
+    direct_ns: u64,
+) -> (Engine, Arc<Throttled>, Arc<Throttled>) {
+    let clock = VirtualClock::new();
+    let store: Arc<dyn Backend> = Arc::new(MemoryBackend::new());
+    let caps = store.capabilities();
+    let buffered = Arc::new(Throttled::virtual_clock(
+        "buffered",
+        store.clone(),
+        Costs::uniform(Cost::new(buffered_ns, 0.0)),
+        &clock,
+    ));
+    let direct = Arc::new(
+        Throttled::virtual_clock(
+            "direct",
+            store,
+            Costs::uniform(Cost::new(direct_ns, 0.0)),
+            &clock,
+        )
+        .with_capabilities(fastensor::Capabilities {
+            bypasses_page_cache: true,
+            ..caps
+        }),
+    );
+    let engine = builder(&clock)
+        .backend(buffered.clone())
+        .backend(direct.clone())
+        .build()
+        .unwrap();
+    (engine, buffered, direct)
+}
+
 #[test]
-fn chosen_small_writes_are_recorded_in_runs_and_explorations_one_by_one() {
-    let s = setup(SelectorConfig::default());
-    let file = s
-        .engine
+fn small_writes_are_recorded_in_runs_but_a_direct_paths_explorations_one_by_one() {
+    // `buffered` 14 µs a write, `direct` 201 µs.
+    let (engine, buffered, direct) = buffered_and_direct(14_000, 201_000);
+    let file = engine
         .open(Path::new("/virtual/write-runs.bin"), OpenMode::Create)
         .unwrap();
-    let data = vec![7u8; 4096]; // a: 14 µs, b: 201 µs
+    let data = vec![7u8; 4096];
     let writes = 400u64;
     for i in 0..writes {
         file.write_at(i * 4096, &data).unwrap();
     }
-    let before_drop = s.engine.selector_stats();
+    let before_drop = engine.selector_stats();
     drop(file);
-    let stats = s.engine.selector_stats();
+    let stats = engine.selector_stats();
     assert_eq!(
-        s.engine.report().dictionary.contexts[0].choice.as_deref(),
-        Some("a")
+        engine.report().dictionary.contexts[0].choice.as_deref(),
+        Some("buffered")
     );
-    // Each exploring write is one observation, the chosen ones one per 8; the first write
-    // through each handle measures nothing; dropping the file records the run in progress.
-    let chosen = writes - stats.explorations;
-    assert!(stats.explorations < 20, "{stats:?}");
+    // `direct` wrote twice: its first write through a new handle (measuring nothing) and
+    // one sample, which dropped it.
+    assert_eq!(direct.calls(), 2, "{stats:?}");
+    // Every other write went through `buffered`, exploring or chosen, and was recorded in
+    // runs of 8 (its first write through a new handle measures nothing; dropping the file
+    // records the run in progress): one observation per 8 writes, and `direct`'s one.
+    let measured = buffered.calls() - 1;
+    assert_eq!(buffered.calls() + direct.calls(), writes);
+    let buffered_observations = stats.observations - 1;
     assert!(
-        stats.observations >= stats.explorations - 2 + (chosen - 2) / 8
-            && stats.observations <= stats.explorations + chosen.div_ceil(8),
+        buffered_observations >= measured / 8 && buffered_observations <= measured.div_ceil(8) + 2,
         "{stats:?}"
     );
     assert!(stats.observations > before_drop.observations, "{stats:?}");
-    // Every chosen write went through `a`, measured or not.
-    assert_eq!(s.a.calls() + s.b.calls(), writes);
+}
+
+#[test]
+fn a_page_cache_path_with_occasional_slow_writes_is_judged_over_a_run() {
+    // `buffered` writes 64 KiB in 16 µs, but one write in 8 waits for memory (250 µs), and
+    // its first measured write is one of those: 45 µs a write on average, against 130 µs
+    // for `direct`. Judged on that write alone, it would have been dropped, and written
+    // nothing until a look at it, hundreds of writes later.
+    let (engine, buffered, direct) = buffered_and_direct(16_000, 130_000);
+    let file = engine
+        .open(Path::new("/virtual/spiky.bin"), OpenMode::Create)
+        .unwrap();
+    let data = vec![1u8; 64 << 10];
+    for i in 0..600u64 {
+        let ns = if buffered.calls() % 8 == 1 {
+            250_000
+        } else {
+            16_000
+        };
+        buffered.set_costs(Costs::uniform(Cost::new(ns, 0.0)));
+        file.write_at(i * (64 << 10), &data).unwrap();
+    }
+    drop(file);
+    let report = engine.report();
+    assert_eq!(
+        report.dictionary.contexts[0].choice.as_deref(),
+        Some("buffered"),
+        "{report}"
+    );
+    // Its first write through a new handle, one sample, and a second look (a candidate
+    // dropped on one sample within 3 times the choice gets one).
+    assert_eq!(direct.calls(), 3, "{report}");
 }

@@ -336,13 +336,15 @@ impl EngineFile {
         }
     }
 
-    /// Records a useful write through the candidate `path`: an exploration's alone (after
-    /// the run in progress, so the selector learns in order), a chosen one in a run of
-    /// writes (see `write_run.rs`).
+    /// Records a useful write through the candidate `path`: a chosen one in a run of writes,
+    /// and so an exploration's through a path that keeps the page cache; an exploration's
+    /// through a path that bypasses it alone (after the run in progress, so the selector
+    /// learns in order). See `write_run.rs`.
     fn record_write(&self, measured: Measured, path: usize, exploring: bool) {
+        let alone = exploring && !self.engine.candidates[path].keeps_cache();
         let ended = {
             let mut runs = self.write_run.lock().unwrap_or_else(|p| p.into_inner());
-            if exploring {
+            if alone {
                 [runs.take(), Some(Run::start(measured, path, false))]
             } else {
                 runs.add(measured, path)
