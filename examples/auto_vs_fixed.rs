@@ -20,16 +20,21 @@
 //! system is synced and left 2 s (on a file system mounted with `discard`, freeing a big
 //! file keeps the device busy, which must not fall on the next contender's phases).
 //!
-//! The whole run is repeated `--rounds` times (default 6), each round with a new cold-start
+//! The whole run is repeated `--rounds` times (default 12), each round with a new cold-start
 //! `auto` engine (so every round pays for its exploration) and a warm one built from the
 //! profile the previous round's cold-start engine saved (before the first round, a cold-start
 //! engine runs every workload once, untimed, to make the first profile). Every contender,
 //! both `auto` engines included, runs each workload in turn, in an order that changes from
 //! round to round so that all meet the same disk conditions, in every position and after
-//! every other contender alike (see `balanced_order`; 6 rounds balance 6 contenders fully),
-//! and each phase's median over the rounds is reported (this disk's speed swings between
-//! runs).
-//! Ratios are time / time of the best fixed backend of the same row (lower is better).
+//! every other contender alike (see `balanced_order`; every 6 rounds balance 6 contenders
+//! fully). Each phase's median over the rounds is reported, and each total is the median of
+//! the rounds' totals (this disk's speed swings between rounds).
+//! Ratios are time / time of the best fixed backend of the same row (lower is better), and
+//! the total ratios of both `auto` engines and of the next fixed backend come with 90%
+//! bootstrap intervals: the next fixed backend's shows how far apart the disk's noise puts
+//! two paths. With 6 rounds, `uring` and `posix-direct` (one request at a time, both
+//! `O_DIRECT`) came out more than 5% apart at 1 MiB or 8 MiB in 8 of 32 class results, so
+//! a goal of 5% needs more rounds than that.
 //! `mmap` cannot write: its write phase uses `posix` and it is left out of the mixed total.
 
 use fastensor::engine::evict;
@@ -250,7 +255,7 @@ fn main() -> fastensor::Result<()> {
         .position(|a| a == "--rounds")
         .and_then(|i| args.get(i + 1))
         .and_then(|v| v.parse().ok())
-        .unwrap_or(6)
+        .unwrap_or(12)
         .max(1);
     let scale = if quick { 4 } else { 1 };
     // (size, transfers per phase)
