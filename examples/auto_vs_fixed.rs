@@ -224,20 +224,17 @@ impl Summary {
 /// round share its disk conditions), 2000 times.
 fn ratio_interval(ours: &[Phases], theirs: &[Phases], rng: &mut SplitMix) -> (f64, f64, f64) {
     let n = ours.len().min(theirs.len());
-    let total = |v: &[Phases], idx: &mut dyn Iterator<Item = usize>| {
-        median(idx.map(|i| v[i].total()).collect())
-    };
-    let point = ratio(total(ours, &mut (0..n)), total(theirs, &mut (0..n)));
+    let median_of =
+        |v: &[Phases], rounds: &[usize]| median(rounds.iter().map(|&i| v[i].total()).collect());
+    let all: Vec<usize> = (0..n).collect();
+    let point = ratio(median_of(ours, &all), median_of(theirs, &all));
     if n < 2 {
         return (point, point, point);
     }
     let mut draws: Vec<f64> = (0..2000)
         .map(|_| {
-            let idx: Vec<usize> = (0..n).map(|_| rng.below(n)).collect();
-            ratio(
-                total(ours, &mut idx.iter().copied()),
-                total(theirs, &mut idx.iter().copied()),
-            )
+            let rounds: Vec<usize> = (0..n).map(|_| rng.below(n)).collect();
+            ratio(median_of(ours, &rounds), median_of(theirs, &rounds))
         })
         .collect();
     draws.sort_by(f64::total_cmp);

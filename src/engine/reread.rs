@@ -11,6 +11,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 pub(crate) struct ReadRanges {
     /// start -> end of disjoint, non-adjacent ranges.
     ranges: BTreeMap<u64, u64>,
+    /// The range the last read grew or made, `(start, end, start of the next range or
+    /// u64::MAX)`: a stream's next read extends it with one map lookup, not three (every
+    /// read of a file comes here, and a read through the page cache twice, see
+    /// [`FileReads`]).
+    hot: Option<(u64, u64, u64)>,
 }
 
 impl ReadRanges {
@@ -44,15 +49,27 @@ impl ReadRanges {
         }
         // A read inside or extending the range it starts in, reaching no other range: that
         // range grows in place.
-        if let Some((&s, &e)) = self.ranges.range(..=start).next_back() {
-            let reaches_next = self.ranges_after(s).is_some_and(|next| next <= end);
-            if e >= start && !reaches_next {
-                if let Some(e) = self.ranges.get_mut(&s) {
-                    *e = (*e).max(end);
+        let known = match self.hot {
+            Some((s, e, next)) if s <= start && start <= e => Some((s, e, next)),
+            _ => self
+                .ranges
+                .range(..=start)
+                .next_back()
+                .map(|(&s, &e)| (s, e, self.ranges_after(s).unwrap_or(u64::MAX))),
+        };
+        if let Some((s, e, next)) = known {
+            if e >= start && end < next {
+                let grown = e.max(end);
+                if grown > e {
+                    if let Some(e) = self.ranges.get_mut(&s) {
+                        *e = grown;
+                    }
                 }
+                self.hot = Some((s, grown, next));
                 return e.min(end) - start;
             }
         }
+        self.hot = None;
         let mut again = 0;
         let (mut lo, mut hi) = (start, end);
         let mut touched = false;
@@ -71,6 +88,7 @@ impl ReadRanges {
         }
         if touched || self.ranges.len() < Self::MAX_RANGES {
             self.ranges.insert(lo, hi);
+            self.hot = Some((lo, hi, self.ranges_after(lo).unwrap_or(u64::MAX)));
         }
         again
     }
@@ -204,6 +222,25 @@ mod tests {
         }
         let covered: u64 = r.ranges.iter().map(|(s, e)| e - s).sum();
         assert_eq!(covered, seen.iter().filter(|b| **b).count() as u64);
+    }
+
+    #[test]
+    fn streams_grow_their_ranges_in_place_and_stop_at_the_next() {
+        let mut r = ReadRanges::default();
+        assert_eq!(r.add(1000, 1100), 0);
+        for i in 0..10 {
+            assert_eq!(r.add(i * 10, i * 10 + 10), 0);
+        }
+        // Reads again inside the range just grown, then runs into the next one: merged.
+        assert_eq!(r.add(50, 120), 50);
+        assert_eq!(r.add(120, 1010), 10);
+        assert_eq!(r.ranges.iter().collect::<Vec<_>>(), vec![(&0, &1100)]);
+        // Another stream elsewhere, then the first one again.
+        assert_eq!(r.add(2000, 2100), 0);
+        assert_eq!(r.add(1100, 1200), 0);
+        assert_eq!(r.add(2100, 2200), 0);
+        assert!(r.covers(0, 1200) && r.covers(2000, 2200) && !r.covers(1150, 2050));
+        assert_eq!(r.ranges.len(), 2);
     }
 
     #[test]

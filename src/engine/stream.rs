@@ -760,7 +760,7 @@ mod tests {
             vec![Cached, Cached, Cached, Cached, Cached, Cached, Cached, Cold, Cold, Cold]
         );
         assert_eq!(asked, vec![32, 56, 80, 88, 96]);
-        // Near the end of the file nothing can be told: the probe stands.
+        // Near the end of the file nothing can be told: the stream stays as it was (cached).
         let (states, _) = run(2 << 30, 128);
         assert!(states.iter().all(|&c| c == Cached));
     }
