@@ -263,76 +263,124 @@ fn read_spans(
 }
 
 /// Loads tensors straight into the caller's buffers: each `(name, destination)` pair is
-/// filled with that tensor's bytes. Destinations may be host or device memory (when the
-/// backend takes device memory); each must be exactly the tensor's byte length, else
-/// [`ErrorKind::InvalidInput`]. Small host tensors next to each other are read together
-/// through a staging buffer. Returns the file's header.
+/// filled with that tensor's bytes; see [`CheckpointFile::read_into`]. Returns the file's
+/// header.
 pub fn load_into<O: FileOpener + ?Sized>(
     opener: &O,
     path: &Path,
     targets: Vec<(&str, MemMut<'_>)>,
 ) -> Result<Header> {
+    let ckpt = open(opener, path)?;
+    ckpt.read_into(targets)?;
+    Ok(ckpt.header)
+}
+
+/// A safetensors file opened once: its validated header, and reads of its tensors through
+/// the same open file, as many as the caller wants (what `safe_open` is in Python).
+pub struct CheckpointFile {
+    path: PathBuf,
+    file: Box<dyn BackendFile>,
+    header: Header,
+}
+
+impl std::fmt::Debug for CheckpointFile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CheckpointFile")
+            .field("path", &self.path)
+            .field("tensors", &self.header.entries().len())
+            .finish()
+    }
+}
+
+/// Opens the safetensors file at `path` and validates its header; nothing else is read.
+pub fn open<O: FileOpener + ?Sized>(opener: &O, path: &Path) -> Result<CheckpointFile> {
     let file = opener.open_file(path, OpenMode::Read)?;
     let header = read_header(&*file, path)?;
-    let mut reqs: Vec<Request<'_>> = Vec::with_capacity(targets.len());
-    for (name, dst) in targets {
-        let e: &HeaderEntry = header.get(name).ok_or_else(|| {
-            Error::new(
-                ErrorKind::NotFound,
-                format!("no tensor `{name}` in the checkpoint"),
-            )
-            .with_path(path)
-        })?;
-        if dst.len() as u64 != e.byte_len() {
-            return Err(Error::new(
-                ErrorKind::InvalidInput,
-                format!(
-                    "tensor `{name}` is {} bytes but its destination holds {}",
-                    e.byte_len(),
-                    dst.len()
-                ),
-            )
-            .with_path(path));
-        }
-        reqs.push((header.file_range(e), dst));
+    Ok(CheckpointFile {
+        path: path.to_path_buf(),
+        file,
+        header,
+    })
+}
+
+impl CheckpointFile {
+    /// The file's validated header: every tensor's descriptor and place, and the metadata.
+    pub fn header(&self) -> &Header {
+        &self.header
     }
-    reqs.sort_by_key(|(r, _)| r.start);
-    // Group small host requests that sit close together; the rest go one by one.
-    let mut groups: Vec<(bool, Vec<Request<'_>>)> = Vec::new();
-    for (r, dst) in reqs {
-        let small = r.end - r.start < SMALL && matches!(dst, MemMut::Host(_));
-        if let Some((true, g)) = groups.last_mut().filter(|_| small) {
-            let first = g[0].0.start;
-            let last_end = g.iter().map(|(r, _)| r.end).max().unwrap_or(first);
-            if r.start <= last_end + JOIN_GAP && r.end - first <= STAGE_MAX {
-                g.push((r, dst));
-                continue;
-            }
-        }
-        groups.push((small, vec![(r, dst)]));
+
+    /// The path the file was opened at.
+    pub fn path(&self) -> &Path {
+        &self.path
     }
-    parallel::for_each(groups, IO_THREADS, |(_, mut group)| {
-        if group.len() == 1 {
-            let (r, dst) = group.pop().expect("one request");
-            let got = file.read_at(r.start, dst)?;
-            if got as u64 != r.end - r.start {
-                return Err(truncated(path, r.start + got as u64));
+
+    /// Fills each `(name, destination)` pair with that tensor's bytes. Destinations may be
+    /// host or device memory (when the backend takes device memory); each must be exactly
+    /// the tensor's byte length, else [`ErrorKind::InvalidInput`]; a name the file lacks is
+    /// [`ErrorKind::NotFound`]. Nothing is read before every target is checked. Requests go
+    /// out in file order, several in flight; small host tensors next to each other are read
+    /// together through a staging buffer.
+    pub fn read_into(&self, targets: Vec<(&str, MemMut<'_>)>) -> Result<()> {
+        let (file, header, path) = (&*self.file, &self.header, self.path.as_path());
+        let mut reqs: Vec<Request<'_>> = Vec::with_capacity(targets.len());
+        for (name, dst) in targets {
+            let e: &HeaderEntry = header.get(name).ok_or_else(|| {
+                Error::new(
+                    ErrorKind::NotFound,
+                    format!("no tensor `{name}` in the checkpoint"),
+                )
+                .with_path(path)
+            })?;
+            if dst.len() as u64 != e.byte_len() {
+                return Err(Error::new(
+                    ErrorKind::InvalidInput,
+                    format!(
+                        "tensor `{name}` is {} bytes but its destination holds {}",
+                        e.byte_len(),
+                        dst.len()
+                    ),
+                )
+                .with_path(path));
             }
-            return Ok(());
+            reqs.push((header.file_range(e), dst));
         }
-        let from = align_down(group[0].0.start, ALIGN);
-        let end = group.iter().map(|(r, _)| r.end).max().unwrap_or(from);
-        let mut stage = HostBuffer::new((end - from) as usize)?;
-        let got = file.read_at(from, stage.as_mem_mut())?;
-        if (got as u64) < end - from {
-            return Err(truncated(path, from + got as u64));
-        }
-        for (r, dst) in group {
-            if let MemMut::Host(d) = dst {
-                d.copy_from_slice(&stage[(r.start - from) as usize..(r.end - from) as usize]);
+        reqs.sort_by_key(|(r, _)| r.start);
+        // Group small host requests that sit close together; the rest go one by one.
+        let mut groups: Vec<(bool, Vec<Request<'_>>)> = Vec::new();
+        for (r, dst) in reqs {
+            let small = r.end - r.start < SMALL && matches!(dst, MemMut::Host(_));
+            if let Some((true, g)) = groups.last_mut().filter(|_| small) {
+                let first = g[0].0.start;
+                let last_end = g.iter().map(|(r, _)| r.end).max().unwrap_or(first);
+                if r.start <= last_end + JOIN_GAP && r.end - first <= STAGE_MAX {
+                    g.push((r, dst));
+                    continue;
+                }
             }
+            groups.push((small, vec![(r, dst)]));
         }
-        Ok(())
-    })?;
-    Ok(header)
+        parallel::for_each(groups, IO_THREADS, |(_, mut group)| {
+            if group.len() == 1 {
+                let (r, dst) = group.pop().expect("one request");
+                let got = file.read_at(r.start, dst)?;
+                if got as u64 != r.end - r.start {
+                    return Err(truncated(path, r.start + got as u64));
+                }
+                return Ok(());
+            }
+            let from = align_down(group[0].0.start, ALIGN);
+            let end = group.iter().map(|(r, _)| r.end).max().unwrap_or(from);
+            let mut stage = HostBuffer::new((end - from) as usize)?;
+            let got = file.read_at(from, stage.as_mem_mut())?;
+            if (got as u64) < end - from {
+                return Err(truncated(path, from + got as u64));
+            }
+            for (r, dst) in group {
+                if let MemMut::Host(d) = dst {
+                    d.copy_from_slice(&stage[(r.start - from) as usize..(r.end - from) as usize]);
+                }
+            }
+            Ok(())
+        })
+    }
 }

@@ -28,8 +28,8 @@ mod validate;
 
 pub use arena::Arena;
 pub use header::{parse_header, Header, HeaderEntry, DATA_ALIGN, MAX_HEADER_LEN, METADATA_KEY};
-pub use load::{load, load_into, load_selected, Checkpoint};
-pub use save::{save, save_with_metadata, TensorView};
+pub use load::{load, load_into, load_selected, open, Checkpoint, CheckpointFile};
+pub use save::{save, save_section, save_with_metadata, TensorView};
 pub use tools::{copy, format_table, inspect, rows, InspectRow};
 
 use crate::{Backend, BackendFile, OpenMode, Result};

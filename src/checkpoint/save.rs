@@ -67,7 +67,64 @@ pub fn save_with_metadata<O: FileOpener + ?Sized>(
     metadata: &BTreeMap<String, String>,
 ) -> Result<()> {
     let entries = layout(tensors).map_err(|e| e.with_path(path))?;
-    let prefix = header::encode(&entries, metadata);
+    let segments: Vec<(u64, MemRef<'_>)> = tensors
+        .iter()
+        .zip(&entries)
+        .map(|(t, e)| (e.offsets.start, t.data))
+        .collect();
+    write_file(opener, path, &entries, &segments, metadata)
+}
+
+/// Saves tensors whose bytes lie one after another in `data`, in the order of `descs` (the
+/// layout of a safetensors data section), with a `__metadata__` map, like
+/// [`save_with_metadata`]. `data` is written in large requests straight from memory where it
+/// is aligned (a page-aligned buffer is, whole), never tensor by tensor. `data` must hold
+/// exactly the tensors' bytes, else [`ErrorKind::InvalidInput`].
+pub fn save_section<O: FileOpener + ?Sized>(
+    opener: &O,
+    path: &Path,
+    descs: &[TensorDesc],
+    data: MemRef<'_>,
+    metadata: &BTreeMap<String, String>,
+) -> Result<()> {
+    let mut views = Vec::with_capacity(descs.len());
+    let mut at = 0usize;
+    for d in descs {
+        let len = usize::try_from(d.byte_len()?).unwrap_or(usize::MAX);
+        if len > data.len() - at {
+            return Err(Error::new(
+                ErrorKind::InvalidInput,
+                format!("the data section ends inside tensor `{}`", d.name),
+            )
+            .with_path(path));
+        }
+        views.push(TensorView::new(d.clone(), data.slice(at, len)));
+        at += len;
+    }
+    if at != data.len() {
+        return Err(Error::new(
+            ErrorKind::InvalidInput,
+            format!(
+                "the data section holds {} bytes, its tensors {at}",
+                data.len()
+            ),
+        )
+        .with_path(path));
+    }
+    let entries = layout(&views).map_err(|e| e.with_path(path))?;
+    write_file(opener, path, &entries, &[(0, data)], metadata)
+}
+
+/// Writes the header of `entries` and the data section, given as `segments` (section
+/// offset, bytes), to a temporary file, and commits it over `path`.
+fn write_file<O: FileOpener + ?Sized>(
+    opener: &O,
+    path: &Path,
+    entries: &[HeaderEntry],
+    segments: &[(u64, MemRef<'_>)],
+    metadata: &BTreeMap<String, String>,
+) -> Result<()> {
+    let prefix = header::encode(entries, metadata);
     let data_start = prefix.len() as u64;
     let total = data_start + entries.last().map_or(0, |e| e.offsets.end);
     let header_buf = HostBuffer::from_slice(&prefix)?;
@@ -75,7 +132,7 @@ pub fn save_with_metadata<O: FileOpener + ?Sized>(
     let temp = TempFile::new(path)?;
     let file = opener.open_file(&temp.path, OpenMode::Truncate)?;
     file.write_at(0, header_buf.as_mem())?;
-    write_data(&*file, data_start, tensors, &entries)?;
+    write_data(&*file, data_start, segments)?;
     if file.len()? != total {
         file.set_len(total)?;
     }
@@ -131,8 +188,9 @@ enum Job<'a> {
     },
 }
 
-/// Splits the data section into jobs of at most [`WINDOW`] bytes (aligned in the file).
-fn jobs<'a>(data_start: u64, tensors: &[TensorView<'a>], entries: &[HeaderEntry]) -> Vec<Job<'a>> {
+/// Splits the data section, given as segments (section offset, bytes), into jobs of at most
+/// [`WINDOW`] bytes (aligned in the file).
+fn jobs<'a>(data_start: u64, segments: &[(u64, MemRef<'a>)]) -> Vec<Job<'a>> {
     let mut jobs = Vec::new();
     let mut run: Option<(u64, usize, Vec<&'a [u8]>)> = None;
     let flush = |run: &mut Option<(u64, usize, Vec<&'a [u8]>)>, jobs: &mut Vec<Job<'a>>| {
@@ -144,16 +202,15 @@ fn jobs<'a>(data_start: u64, tensors: &[TensorView<'a>], entries: &[HeaderEntry]
             });
         }
     };
-    for (t, e) in tensors.iter().zip(entries) {
-        let mut pos = e.offsets.start;
-        while pos < e.offsets.end {
+    for &(start, data) in segments {
+        let seg_end = start + data.len() as u64;
+        let mut pos = start;
+        while pos < seg_end {
             // Pieces end at window boundaries of the file.
             let abs = data_start + pos;
             let window_end = (abs / WINDOW + 1) * WINDOW - data_start;
-            let end = e.offsets.end.min(window_end);
-            let src = t
-                .data
-                .slice((pos - e.offsets.start) as usize, (end - pos) as usize);
+            let end = seg_end.min(window_end);
+            let src = data.slice((pos - start) as usize, (end - pos) as usize);
             let direct = match src {
                 MemRef::Device(_) => true,
                 MemRef::Host(_) => {
@@ -184,14 +241,13 @@ fn jobs<'a>(data_start: u64, tensors: &[TensorView<'a>], entries: &[HeaderEntry]
     jobs
 }
 
-/// Writes the data section of `tensors`, laid out as `entries`, from `data_start`.
+/// Writes the data section, given as segments (section offset, bytes), from `data_start`.
 fn write_data(
     file: &dyn BackendFile,
     data_start: u64,
-    tensors: &[TensorView<'_>],
-    entries: &[HeaderEntry],
+    segments: &[(u64, MemRef<'_>)],
 ) -> Result<()> {
-    let jobs = jobs(data_start, tensors, entries);
+    let jobs = jobs(data_start, segments);
     let pool: Mutex<Vec<HostBuffer>> = Mutex::new(Vec::new());
     parallel::for_each(jobs, SAVE_JOBS_IN_FLIGHT, |job| match job {
         Job::Direct { offset, src } => file.write_at(offset, src),

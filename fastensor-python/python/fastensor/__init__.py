@@ -1,0 +1,32 @@
+"""fastensor: tensors between SSD files and memory through the fastest I/O path.
+
+Checkpoints are safetensors files, saved durably and atomically and loaded at the disk's
+speed by a Rust engine that picks the I/O path (page cache, ``O_DIRECT``, mmap, io_uring,
+GPUDirect Storage) per transfer and learns which one wins.
+
+* :mod:`fastensor.torch`: ``save_file``, ``load_file``, ``load_into``, ``safe_open``,
+  ``save_file_async`` for PyTorch (names as in ``safetensors.torch``).
+* :mod:`fastensor.numpy`: ``save_file``, ``load_file``, ``safe_open`` for NumPy.
+* :class:`Engine` and :func:`backends` for control over the I/O paths.
+
+``import fastensor`` needs neither torch nor numpy.
+"""
+
+from __future__ import annotations
+
+from . import errors
+from ._engine import Backend, Engine, backends, default_engine
+from ._native import SaveHandle, __version__
+from .errors import CorruptError, FastensorError
+
+__all__ = [
+    "Backend",
+    "CorruptError",
+    "Engine",
+    "FastensorError",
+    "SaveHandle",
+    "__version__",
+    "backends",
+    "default_engine",
+    "errors",
+]

@@ -1,0 +1,130 @@
+"""Pieces the torch and numpy front ends share."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Union
+
+from .errors import _invalid
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+#: Memory of a tensor read from a file is placed so that its address and its file offset
+#: agree modulo this many bytes: a direct (O_DIRECT) read can then fill it with no copy.
+IO_ALIGN = 4096
+
+#: Tensors smaller than this are not worth a padded allocation (they are read staged).
+ALIGN_MIN_BYTES = 1 << 20
+
+
+def fspath(path: PathLike) -> str:
+    """``path`` as a string; a clear error for anything else."""
+    try:
+        return os.fspath(path)
+    except TypeError:
+        raise TypeError(
+            f"expected a path (str or os.PathLike), got {type(path).__name__}"
+        ) from None
+
+
+def check_metadata(metadata: Mapping[str, str] | None, path: str) -> dict[str, str] | None:
+    """The metadata as a plain ``dict[str, str]``, as safetensors requires."""
+    if metadata is None:
+        return None
+    if not isinstance(metadata, Mapping):
+        raise TypeError(
+            f"{path}: metadata must be a dict of str to str, got {type(metadata).__name__}"
+        )
+    out = {}
+    for k, v in metadata.items():
+        if not isinstance(k, str) or not isinstance(v, str):
+            raise TypeError(
+                f"{path}: metadata must map str to str;"
+                f" got {type(k).__name__} -> {type(v).__name__}"
+            )
+        out[k] = v
+    return out
+
+
+def check_names(tensors: Mapping[str, object], path: str) -> None:
+    """Refuses a mapping whose keys are not strings."""
+    if not isinstance(tensors, Mapping):
+        raise TypeError(f"{path}: expected a dict of tensors, got {type(tensors).__name__}")
+    for k in tensors:
+        if not isinstance(k, str):
+            raise TypeError(f"{path}: tensor names must be str, got {type(k).__name__} ({k!r})")
+
+
+def pad_for(file_offset: int, base_address: int, nbytes: int, itemsize: int) -> int:
+    """Bytes to skip in a buffer starting at ``base_address`` so that the tensor lands on an
+    address congruent to ``file_offset`` modulo :data:`IO_ALIGN`, keeping ``itemsize``
+    alignment; 0 where that cannot hold or is not worth it."""
+    if nbytes < ALIGN_MIN_BYTES or file_offset % itemsize:
+        return 0
+    return (file_offset - base_address) % IO_ALIGN
+
+
+def unknown_dtype(path: str, name: str, dtype: str, framework: str) -> Exception:
+    return _invalid(
+        f"{path}: tensor `{name}` has dtype {dtype}, which {framework} cannot hold", path
+    )
+
+
+class SafeOpenBase:
+    """A safetensors file opened once: names, metadata, and tensors read on demand.
+
+    Use it as a context manager, as ``safetensors.safe_open`` is used; every read goes
+    through the file opened here.
+    """
+
+    def __init__(self, native_file, path: str):
+        self._file = native_file
+        self._path = path
+        self._entries = {e[0]: e for e in native_file.entries()}
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Closes the file (tensors already read stay valid)."""
+        self._file = None
+
+    def _open_file(self):
+        if self._file is None:
+            raise ValueError(f"{self._path}: the file is closed")
+        return self._file
+
+    def keys(self) -> list[str]:
+        """The tensor names, in file order."""
+        return list(self._entries)
+
+    def offset_keys(self) -> list[str]:
+        """The tensor names in the order of their data in the file."""
+        return sorted(self._entries, key=lambda n: self._entries[n][3])
+
+    def metadata(self) -> dict[str, str] | None:
+        """The file's ``__metadata__`` map (``None`` when it has none, as in safetensors)."""
+        return self._open_file().metadata() or None
+
+    def _entry(self, name: str):
+        try:
+            return self._entries[name]
+        except KeyError:
+            from .errors import NotFoundError
+
+            exc = NotFoundError(f"{self._path}: no tensor `{name}` in the checkpoint")
+            exc.path = self._path
+            raise exc from None
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._entries
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self._path!r} ({len(self._entries)} tensors)>"

@@ -1,0 +1,177 @@
+"""Safetensors checkpoints for NumPy, moved by fastensor's engine.
+
+The names follow ``safetensors.numpy``. Arrays returned by :func:`load_file` own their
+memory (allocated by NumPy, one buffer per array, filled in place by the engine with the
+GIL released). The save functions read the caller's arrays in place while they run
+(C-contiguous little-endian ones without a copy); :func:`save_file_async` copies them first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+import numpy as np
+
+from . import _native
+from ._common import (
+    PathLike,
+    SafeOpenBase,
+    check_metadata,
+    check_names,
+    fspath,
+    pad_for,
+    unknown_dtype,
+)
+from ._engine import engine_or_default
+from .errors import NotFoundError, _invalid
+
+__all__ = ["load_file", "load_selected", "safe_open", "save_file", "save_file_async"]
+
+_TO_NAME = {
+    np.dtype(np.bool_): "BOOL",
+    np.dtype(np.uint8): "U8",
+    np.dtype(np.int8): "I8",
+    np.dtype(np.int16): "I16",
+    np.dtype(np.uint16): "U16",
+    np.dtype(np.float16): "F16",
+    np.dtype(np.int32): "I32",
+    np.dtype(np.uint32): "U32",
+    np.dtype(np.float32): "F32",
+    np.dtype(np.int64): "I64",
+    np.dtype(np.uint64): "U64",
+    np.dtype(np.float64): "F64",
+}
+_FROM_NAME = {v: k for k, v in _TO_NAME.items()}
+
+
+def _address(a: np.ndarray) -> int:
+    return a.__array_interface__["data"][0]
+
+
+def _save_specs(tensors: Mapping[str, np.ndarray], path: str):
+    check_names(tensors, path)
+    specs, keep = [], []
+    for name, a in tensors.items():
+        if not isinstance(a, np.ndarray):
+            raise TypeError(f"{path}: `{name}` is a {type(a).__name__}, not a numpy.ndarray")
+        if a.dtype.byteorder == ">":  # safetensors is little-endian
+            a = a.astype(a.dtype.newbyteorder("<"))
+        dtype = _TO_NAME.get(a.dtype)
+        if dtype is None:
+            raise _invalid(
+                f"{path}: array `{name}` has dtype {a.dtype}, which safetensors cannot hold", path
+            )
+        a = np.ascontiguousarray(a)
+        keep.append(a)
+        specs.append((name, dtype, list(a.shape), _address(a) if a.nbytes else 0, a.nbytes, -1))
+    return specs, keep
+
+
+def save_file(
+    tensor_dict: Mapping[str, np.ndarray],
+    filename: PathLike,
+    metadata: Mapping[str, str] | None = None,
+    *,
+    engine: _native.Engine | None = None,
+) -> None:
+    """Saves ``tensor_dict`` to ``filename`` as a safetensors file, durably and atomically
+    (see :func:`fastensor.torch.save_file`)."""
+    path = fspath(filename)
+    engine = engine_or_default(engine)
+    meta = check_metadata(metadata, path)
+    specs, keep = _save_specs(tensor_dict, path)
+    engine.save(path, specs, meta)
+    del keep
+
+
+def save_file_async(
+    tensor_dict: Mapping[str, np.ndarray],
+    filename: PathLike,
+    metadata: Mapping[str, str] | None = None,
+    *,
+    engine: _native.Engine | None = None,
+) -> _native.SaveHandle:
+    """Snapshots the arrays, then saves them in the background (see
+    :func:`fastensor.torch.save_file_async`)."""
+    path = fspath(filename)
+    engine = engine_or_default(engine)
+    meta = check_metadata(metadata, path)
+    specs, keep = _save_specs(tensor_dict, path)
+    handle = engine.save_async(path, specs, meta)
+    del keep
+    return handle
+
+
+def _empty_for(entry, path: str) -> np.ndarray:
+    name, dtype, shape, offset, nbytes = entry
+    dt = _FROM_NAME.get(dtype)
+    if dt is None:
+        raise unknown_dtype(path, name, dtype, "numpy")
+    if nbytes == 0:
+        return np.empty(shape, dtype=dt)
+    if nbytes < 1 << 20:
+        return np.empty(shape, dtype=dt)
+    raw = np.empty(nbytes + 4096, dtype=np.uint8)
+    pad = pad_for(offset, _address(raw), nbytes, dt.itemsize)
+    return raw[pad : pad + nbytes].view(dt).reshape(shape)
+
+
+def _read_new(file, path: str, entries) -> dict[str, np.ndarray]:
+    out, targets = {}, []
+    for e in entries:
+        a = _empty_for(e, path)
+        out[e[0]] = a
+        if e[4]:
+            targets.append((e[0], _address(a), e[4], -1))
+    file.read_into(targets)
+    return out
+
+
+def load_file(filename: PathLike, *, engine: _native.Engine | None = None) -> dict[str, np.ndarray]:
+    """Loads every tensor of the safetensors file ``filename`` as a numpy array.
+
+    Raises:
+        FileNotFoundError (NotFoundError): no such file.
+        ValueError (CorruptError): not a valid safetensors file; or a dtype numpy lacks
+            (BF16, F8), naming the tensor.
+    """
+    path = fspath(filename)
+    file = engine_or_default(engine).open(path)
+    return _read_new(file, path, file.entries())
+
+
+def load_selected(
+    filename: PathLike, names: Iterable[str], *, engine: _native.Engine | None = None
+) -> dict[str, np.ndarray]:
+    """Loads only the arrays ``names`` of ``filename``; only their bytes are read."""
+    path = fspath(filename)
+    file = engine_or_default(engine).open(path)
+    by_name = {e[0]: e for e in file.entries()}
+    wanted = []
+    for n in dict.fromkeys(names):
+        if n not in by_name:
+            exc = NotFoundError(f"{path}: no tensor `{n}` in the checkpoint")
+            exc.path = path
+            raise exc
+        wanted.append(by_name[n])
+    return _read_new(file, path, wanted)
+
+
+class safe_open(SafeOpenBase):  # noqa: N801 (named as in safetensors)
+    """Opens a safetensors file for reads on demand (``framework="np"``)."""
+
+    def __init__(
+        self, filename: PathLike, framework: str = "np", device: str = "cpu", *, engine=None
+    ):
+        if framework not in ("np", "numpy"):
+            raise ValueError(f"fastensor.numpy.safe_open: framework {framework!r} is not 'np'")
+        if device != "cpu":
+            raise ValueError(
+                f"fastensor.numpy.safe_open: numpy arrays live on the cpu, not {device!r}"
+            )
+        path = fspath(filename)
+        super().__init__(engine_or_default(engine).open(path), path)
+
+    def get_tensor(self, name: str) -> np.ndarray:
+        """The array ``name``, read now into new memory."""
+        return _read_new(self._open_file(), self._path, [self._entry(name)])[name]

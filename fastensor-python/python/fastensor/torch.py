@@ -1,0 +1,423 @@
+"""Safetensors checkpoints for PyTorch, moved by fastensor's engine.
+
+The names follow ``safetensors.torch``, so switching is one import::
+
+    from fastensor.torch import load_file, save_file
+
+Memory ownership: tensors returned by :func:`load_file`, :func:`load_selected` and
+``safe_open(...).get_tensor`` are allocated by torch (its allocator owns them; each tensor
+has its own storage, freed with it) and filled in place by the engine with the GIL
+released. :func:`load_into` writes into the caller's existing tensors. The save functions
+read the caller's tensors in place (contiguous ones without a copy) while they run;
+:func:`save_file_async` copies them first, so the caller may change them at once.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterable, Mapping
+from typing import NamedTuple
+
+import torch
+
+from . import _native
+from ._common import (
+    PathLike,
+    SafeOpenBase,
+    check_metadata,
+    check_names,
+    fspath,
+    pad_for,
+    unknown_dtype,
+)
+from ._engine import engine_or_default
+from .errors import _invalid
+
+__all__ = [
+    "LoadResult",
+    "load_file",
+    "load_into",
+    "load_selected",
+    "safe_open",
+    "save_file",
+    "save_file_async",
+]
+
+
+def _dtype_table() -> dict[torch.dtype, str]:
+    table = {
+        torch.bool: "BOOL",
+        torch.uint8: "U8",
+        torch.int8: "I8",
+        torch.int16: "I16",
+        torch.float16: "F16",
+        torch.bfloat16: "BF16",
+        torch.int32: "I32",
+        torch.float32: "F32",
+        torch.int64: "I64",
+        torch.float64: "F64",
+    }
+    # Newer dtypes, where this torch has them.
+    for attr, name in (
+        ("float8_e5m2", "F8_E5M2"),
+        ("float8_e4m3fn", "F8_E4M3"),
+        ("uint16", "U16"),
+        ("uint32", "U32"),
+        ("uint64", "U64"),
+    ):
+        dt = getattr(torch, attr, None)
+        if dt is not None:
+            table[dt] = name
+    return table
+
+
+_TO_NAME = _dtype_table()
+_FROM_NAME = {v: k for k, v in _TO_NAME.items()}
+
+_CUDA_BACKENDS = ("gds", "cuda-staged")
+
+
+class LoadResult(NamedTuple):
+    """What :func:`load_into` did not match, as ``nn.Module.load_state_dict`` reports it."""
+
+    missing_keys: list[str]
+    unexpected_keys: list[str]
+
+
+def _device_ordinal(t: torch.Tensor) -> int:
+    if t.device.type == "cpu":
+        return -1
+    if t.device.type == "cuda":
+        return t.device.index if t.device.index is not None else torch.cuda.current_device()
+    raise _invalid(f"tensors on {t.device} are not supported (only cpu and cuda)")
+
+
+def _takes_device_memory(engine: _native.Engine) -> bool:
+    return any(b in _CUDA_BACKENDS for b in engine.backend_names())
+
+
+def _warn_staged_once(what: str) -> None:
+    if not getattr(_warn_staged_once, "done", False):
+        _warn_staged_once.done = True
+        warnings.warn(
+            f"fastensor: no CUDA backend is available here; {what} go through host memory",
+            stacklevel=3,
+        )
+
+
+def _save_specs(tensors: Mapping[str, torch.Tensor], path: str, engine, host_only: bool):
+    """The memory specs of ``tensors`` and the tensors that back them (kept alive)."""
+    check_names(tensors, path)
+    specs, keep = [], []
+    device_ok = not host_only and _takes_device_memory(engine)
+    synced = set()
+    for name, t in tensors.items():
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{path}: `{name}` is a {type(t).__name__}, not a torch.Tensor")
+        if t.layout != torch.strided:
+            raise _invalid(
+                f"{path}: tensor `{name}` has layout {t.layout}; only dense tensors", path
+            )
+        dtype = _TO_NAME.get(t.dtype)
+        if dtype is None:
+            raise _invalid(
+                f"{path}: tensor `{name}` has dtype {t.dtype}, which safetensors cannot hold", path
+            )
+        t = t.detach()
+        ordinal = _device_ordinal(t)
+        if ordinal >= 0 and not device_ok:
+            if not host_only:
+                _warn_staged_once("saves of CUDA tensors")
+            t, ordinal = t.to("cpu"), -1
+        elif ordinal >= 0 and ordinal not in synced:
+            torch.cuda.synchronize(ordinal)  # pending kernels may still write the tensor
+            synced.add(ordinal)
+        if not t.is_contiguous():
+            t = t.contiguous()
+        keep.append(t)
+        nbytes = t.numel() * t.element_size()
+        specs.append((name, dtype, list(t.shape), t.data_ptr() if nbytes else 0, nbytes, ordinal))
+    return specs, keep
+
+
+def save_file(
+    tensors: Mapping[str, torch.Tensor],
+    filename: PathLike,
+    metadata: Mapping[str, str] | None = None,
+    *,
+    engine: _native.Engine | None = None,
+) -> None:
+    """Saves ``tensors`` to ``filename`` as a safetensors file.
+
+    The file is written durably and atomically: to a temporary file in the same directory,
+    synced, then renamed over ``filename``; after a crash ``filename`` holds the old file or
+    the new one, whole. Tensors may be non-contiguous (saved as their contiguous copy) and
+    on the CPU or a CUDA device. ``metadata`` is a dict of str to str.
+
+    Raises:
+        TypeError: a name, tensor or metadata value of the wrong type.
+        ValueError (InvalidInputError): a dtype safetensors cannot hold, a sparse tensor.
+        OSError (FastensorError subclasses): the file could not be written; nothing of it
+            is left behind.
+    """
+    path = fspath(filename)
+    engine = engine_or_default(engine)
+    meta = check_metadata(metadata, path)
+    specs, keep = _save_specs(tensors, path, engine, host_only=False)
+    engine.save(path, specs, meta)
+    del keep
+
+
+def save_file_async(
+    tensors: Mapping[str, torch.Tensor],
+    filename: PathLike,
+    metadata: Mapping[str, str] | None = None,
+    *,
+    engine: _native.Engine | None = None,
+) -> _native.SaveHandle:
+    """Snapshots ``tensors`` and saves them to ``filename`` in the background.
+
+    Returns once the tensors' bytes are copied to host staging memory (CUDA tensors are
+    copied to the host first), so the caller may change them at once. The save itself is
+    durable and atomic as :func:`save_file`'s. The returned handle's ``wait()`` blocks until
+    the file is saved and raises its error, if any; ``done()`` polls. The staging memory is
+    kept by the engine for the next snapshot (``engine.release_staging()`` frees it).
+    """
+    path = fspath(filename)
+    engine = engine_or_default(engine)
+    meta = check_metadata(metadata, path)
+    specs, keep = _save_specs(tensors, path, engine, host_only=True)
+    handle = engine.save_async(path, specs, meta)
+    del keep
+    return handle
+
+
+def _torch_dtype(path: str, name: str, dtype: str) -> torch.dtype:
+    dt = _FROM_NAME.get(dtype)
+    if dt is None:
+        raise unknown_dtype(path, name, dtype, f"torch {torch.__version__}")
+    return dt
+
+
+def _empty_for(entry, path: str, device: torch.device) -> torch.Tensor:
+    """A new tensor for ``entry``, placed for a direct read (see ``pad_for``)."""
+    name, dtype, shape, offset, nbytes = entry
+    dt = _torch_dtype(path, name, dtype)
+    if nbytes == 0:
+        return torch.empty(shape, dtype=dt, device=device)
+    itemsize = torch.empty((), dtype=dt).element_size()
+    raw = torch.empty(nbytes + 4096, dtype=torch.uint8, device=device)
+    pad = pad_for(offset, raw.data_ptr(), nbytes, itemsize)
+    if pad == 0:
+        raw = (
+            raw[:nbytes]
+            if nbytes >= 1 << 20
+            else torch.empty(nbytes, dtype=torch.uint8, device=device)
+        )
+    else:
+        raw = raw[pad : pad + nbytes]
+    return raw.view(dt).view(shape)
+
+
+def _read_new(
+    file, path: str, entries, device: str | torch.device, engine
+) -> dict[str, torch.Tensor]:
+    dev = torch.device(device)
+    if dev.type not in ("cpu", "cuda"):
+        raise _invalid(f"{path}: cannot load to device {dev} (only cpu and cuda)", path)
+    if dev.type == "cuda" and not _takes_device_memory(engine):
+        _warn_staged_once("loads to CUDA")
+        host = _read_new(file, path, entries, "cpu", engine)
+        return {k: v.to(dev) for k, v in host.items()}
+    out: dict[str, torch.Tensor] = {}
+    targets = []
+    for e in entries:
+        t = _empty_for(e, path, dev)
+        out[e[0]] = t
+        if e[4]:
+            targets.append((e[0], t.data_ptr(), e[4], _device_ordinal(t)))
+    file.read_into(targets)
+    return out
+
+
+def load_file(
+    filename: PathLike,
+    device: str | int | torch.device = "cpu",
+    *,
+    engine: _native.Engine | None = None,
+) -> dict[str, torch.Tensor]:
+    """Loads every tensor of the safetensors file ``filename`` onto ``device``.
+
+    Each tensor owns its memory (allocated by torch, freed with the tensor); the engine
+    reads straight into it. Files written by other tools load too.
+
+    Raises:
+        FileNotFoundError (NotFoundError): no such file.
+        ValueError (CorruptError): not a valid safetensors file, or truncated; the message
+            names the file and the tensor.
+    """
+    path = fspath(filename)
+    engine = engine_or_default(engine)
+    if isinstance(device, int):
+        device = f"cuda:{device}"
+    file = engine.open(path)
+    return _read_new(file, path, file.entries(), device, engine)
+
+
+def load_selected(
+    filename: PathLike,
+    names: Iterable[str],
+    device: str | int | torch.device = "cpu",
+    *,
+    engine: _native.Engine | None = None,
+) -> dict[str, torch.Tensor]:
+    """Loads only the tensors ``names`` of ``filename``; only their bytes are read.
+
+    Raises:
+        FileNotFoundError (NotFoundError): no such file, or a name the file lacks.
+    """
+    path = fspath(filename)
+    engine = engine_or_default(engine)
+    if isinstance(device, int):
+        device = f"cuda:{device}"
+    file = engine.open(path)
+    by_name = {e[0]: e for e in file.entries()}
+    wanted = []
+    for n in dict.fromkeys(names):
+        if n not in by_name:
+            from .errors import NotFoundError
+
+            exc = NotFoundError(f"{path}: no tensor `{n}` in the checkpoint")
+            exc.path = path
+            raise exc
+        wanted.append(by_name[n])
+    return _read_new(file, path, wanted, device, engine)
+
+
+def _state_of(target) -> dict[str, torch.Tensor]:
+    if isinstance(target, torch.nn.Module):
+        return target.state_dict()
+    if isinstance(target, Mapping):
+        for k, v in target.items():
+            if not isinstance(v, torch.Tensor):
+                raise TypeError(f"load_into: `{k}` is a {type(v).__name__}, not a torch.Tensor")
+        return dict(target)
+    raise TypeError(
+        f"load_into: expected an nn.Module or a dict of tensors, got {type(target).__name__}"
+    )
+
+
+def load_into(
+    target: torch.nn.Module | Mapping[str, torch.Tensor],
+    filename: PathLike,
+    strict: bool = True,
+    *,
+    engine: _native.Engine | None = None,
+) -> LoadResult:
+    """Reads the tensors of ``filename`` straight into ``target``'s existing tensors.
+
+    ``target`` is an ``nn.Module`` (its ``state_dict()``: parameters and persistent
+    buffers) or a dict of tensors. Contiguous destinations of the file's dtype are filled in
+    place with no copy; others (another dtype, non-contiguous) are read and then copied in,
+    as ``load_state_dict`` does. Returns the missing and unexpected names; with ``strict``
+    (the default) any of either, or a shape that differs, raises before anything is read.
+
+    Raises:
+        RuntimeError: with ``strict``, names that do not match (listed as
+            ``load_state_dict`` lists them); or any shape mismatch.
+    """
+    path = fspath(filename)
+    engine = engine_or_default(engine)
+    state = _state_of(target)
+    file = engine.open(path)
+    entries = {e[0]: e for e in file.entries()}
+    missing = [k for k in state if k not in entries]
+    unexpected = [k for k in entries if k not in state]
+    what = type(target).__name__
+    if strict and (missing or unexpected):
+        parts = []
+        if missing:
+            parts.append(
+                "Missing key(s) in state_dict: " + ", ".join(f'"{k}"' for k in missing) + "."
+            )
+        if unexpected:
+            parts.append(
+                "Unexpected key(s) in state_dict: " + ", ".join(f'"{k}"' for k in unexpected) + "."
+            )
+        raise RuntimeError(
+            f"Error(s) in loading state_dict for {what} from {path}:\n\t" + "\n\t".join(parts)
+        )
+    direct, staged = [], []
+    seen: dict[tuple, str] = {}
+    errors = []
+    for name, dst in state.items():
+        e = entries.get(name)
+        if e is None:
+            continue
+        _, dtype, shape, _, nbytes = e
+        if tuple(dst.shape) != tuple(shape):
+            errors.append(
+                f"size mismatch for {name}: copying a param with shape {torch.Size(shape)} from "
+                f"checkpoint, the shape in current model is {dst.shape}."
+            )
+            continue
+        same = _TO_NAME.get(dst.dtype) == dtype and dst.is_contiguous()
+        if same and dst.layout == torch.strided and nbytes:
+            key = (dst.device, dst.data_ptr(), nbytes)
+            if key in seen:  # tied weights: one read fills both names
+                continue
+            seen[key] = name
+            direct.append((name, dst))
+        elif nbytes:
+            staged.append((name, dst))
+    if errors:
+        raise RuntimeError(
+            f"Error(s) in loading state_dict for {what} from {path}:\n\t" + "\n\t".join(errors)
+        )
+    cuda_direct = _takes_device_memory(engine)
+    targets, copies = [], []
+    for name, dst in direct:
+        if dst.device.type == "cuda" and not cuda_direct:
+            staged.append((name, dst))
+            continue
+        targets.append((name, dst.data_ptr(), entries[name][4], _device_ordinal(dst)))
+    synced = {d for d in (t[3] for t in targets) if d >= 0}
+    for d in synced:
+        torch.cuda.synchronize(d)  # nothing may still be using the destinations
+    if staged:
+        fresh = _read_new(file, path, [entries[n] for n, _ in staged], "cpu", engine)
+        copies = [(dst, fresh[n]) for n, dst in staged]
+    file.read_into(targets)
+    with torch.no_grad():
+        for dst, src in copies:
+            dst.copy_(src)
+    return LoadResult(missing, unexpected)
+
+
+class safe_open(SafeOpenBase):  # noqa: N801 (named as in safetensors)
+    """Opens a safetensors file for reads on demand, as ``safetensors.safe_open`` does::
+
+    with safe_open("model.safetensors", framework="pt") as f:
+        names = f.keys()
+        w = f.get_tensor("w")
+    """
+
+    def __init__(
+        self,
+        filename: PathLike,
+        framework: str = "pt",
+        device: str | int | torch.device = "cpu",
+        *,
+        engine: _native.Engine | None = None,
+    ):
+        if framework not in ("pt", "torch", "pytorch"):
+            raise ValueError(f"fastensor.torch.safe_open: framework {framework!r} is not 'pt'")
+        path = fspath(filename)
+        self._engine = engine_or_default(engine)
+        self._device = f"cuda:{device}" if isinstance(device, int) else device
+        super().__init__(self._engine.open(path), path)
+
+    def get_tensor(self, name: str) -> torch.Tensor:
+        """The tensor ``name``, read now into new memory of the file's device."""
+        e = self._entry(name)
+        return _read_new(self._open_file(), self._path, [e], self._device, self._engine)[name]

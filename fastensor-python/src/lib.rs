@@ -1,0 +1,48 @@
+//! The native part of the `fastensor` Python package: the Rust engine and checkpoint calls,
+//! taking tensors as raw memory that the Python wrappers (`fastensor.torch`,
+//! `fastensor.numpy`) own and keep alive. Every byte moves in Rust, detached from the
+//! interpreter.
+
+mod engine;
+mod errors;
+mod memory;
+mod snapshot;
+
+use fastensor::Availability;
+use pyo3::prelude::*;
+
+/// Every backend compiled into this build: `(name, available, detail or reason,
+/// capabilities)`.
+#[pyfunction]
+fn backends() -> Vec<(String, bool, Option<String>, String)> {
+    fastensor::registry()
+        .entries()
+        .map(|e| {
+            let b = &e.backend;
+            let (ok, why) = match b.probe() {
+                Availability::Available => (true, b.detail()),
+                Availability::Unavailable { reason } => (false, Some(reason)),
+            };
+            (b.name().to_string(), ok, why, b.capabilities().summary())
+        })
+        .collect()
+}
+
+/// Where the engine's profile lives by default (as for the `fastensor` command):
+/// `$FASTENSOR_PROFILE`, else `$XDG_CACHE_HOME/fastensor/profile.toml`, else
+/// `~/.cache/fastensor/profile.toml`.
+#[pyfunction]
+fn default_profile_path() -> Option<std::path::PathBuf> {
+    fastensor::engine::default_profile_path()
+}
+
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<engine::PyEngine>()?;
+    m.add_class::<engine::PyCheckpointFile>()?;
+    m.add_class::<snapshot::SaveHandle>()?;
+    m.add_function(wrap_pyfunction!(backends, m)?)?;
+    m.add_function(wrap_pyfunction!(default_profile_path, m)?)?;
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    Ok(())
+}

@@ -1,0 +1,252 @@
+//! `save_file_async`: the tensors are copied into one page-aligned staging buffer laid out
+//! as the file's data section (so the save writes it straight from memory, in large
+//! requests), then written by a background thread. The staging buffer goes back to a pool
+//! of one when the save ends, so the next snapshot reuses memory already faulted in.
+
+use crate::errors::to_py;
+use fastensor::checkpoint::{self, TensorView};
+use fastensor::core::parallel;
+use fastensor::{Engine, Error, HostBuffer, MemRef, Result, TensorDesc};
+use pyo3::exceptions::PyTimeoutError;
+use pyo3::prelude::*;
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+/// Threads that copy a snapshot (memory bandwidth, and fresh pages faulted in parallel).
+const COPY_THREADS: usize = 4;
+
+/// Bytes one copy task moves.
+const COPY_CHUNK: usize = 8 << 20;
+
+/// The staging buffer kept between async saves (at most one: the largest needed so far).
+#[derive(Default)]
+pub struct StagingPool {
+    kept: Mutex<Option<HostBuffer>>,
+}
+
+impl StagingPool {
+    /// A buffer of at least `len` bytes: the kept one if large enough, else a new one.
+    fn take(&self, len: usize) -> Result<HostBuffer> {
+        let kept = self.kept.lock().unwrap_or_else(|p| p.into_inner()).take();
+        match kept {
+            Some(b) if b.len() >= len => Ok(b),
+            _ => HostBuffer::new(len.max(1)),
+        }
+    }
+
+    /// Keeps `buf` for the next snapshot, unless a larger one is kept already.
+    fn give_back(&self, buf: HostBuffer) {
+        let mut kept = self.kept.lock().unwrap_or_else(|p| p.into_inner());
+        if kept.as_ref().is_none_or(|k| k.len() < buf.len()) {
+            *kept = Some(buf);
+        }
+    }
+
+    /// Bytes kept.
+    pub fn bytes(&self) -> usize {
+        self.kept
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .map_or(0, |b| b.len())
+    }
+
+    /// Frees the kept buffer.
+    pub fn clear(&self) {
+        *self.kept.lock().unwrap_or_else(|p| p.into_inner()) = None;
+    }
+}
+
+/// A copy of tensors' bytes, laid out as a safetensors data section.
+pub struct Snapshot {
+    descs: Vec<TensorDesc>,
+    buffer: HostBuffer,
+    len: usize,
+}
+
+impl Snapshot {
+    /// Copies every tensor (host memory only) into a staging buffer from `pool`.
+    pub fn take(pool: &StagingPool, tensors: &[TensorView<'_>]) -> Result<Snapshot> {
+        let mut pieces = Vec::with_capacity(tensors.len());
+        let mut len = 0usize;
+        for t in tensors {
+            match t.data {
+                MemRef::Host(bytes) => pieces.push((len, bytes)),
+                MemRef::Device(_) => {
+                    return Err(Error::new(
+                        fastensor::ErrorKind::Unsupported,
+                        format!(
+                            "tensor `{}`: an asynchronous save snapshots host memory only",
+                            t.desc.name
+                        ),
+                    ))
+                }
+            }
+            len += t.data.len();
+        }
+        let mut buffer = pool.take(len)?;
+        // Chunks of at most COPY_CHUNK bytes, copied by a few threads.
+        let mut tasks: Vec<(&mut [u8], &[u8])> = Vec::new();
+        let mut rest: &mut [u8] = &mut buffer[..len];
+        for (_, bytes) in &pieces {
+            let (dst, tail) = rest.split_at_mut(bytes.len());
+            rest = tail;
+            for (d, s) in dst.chunks_mut(COPY_CHUNK).zip(bytes.chunks(COPY_CHUNK)) {
+                tasks.push((d, s));
+            }
+        }
+        parallel::for_each(tasks, COPY_THREADS, |(d, s)| {
+            d.copy_from_slice(s);
+            Ok(())
+        })?;
+        Ok(Snapshot {
+            descs: tensors.iter().map(|t| t.desc.clone()).collect(),
+            buffer,
+            len,
+        })
+    }
+}
+
+/// Where a background save stands.
+enum State {
+    Running,
+    Saved,
+    /// Failed; not yet raised.
+    Failed(Error),
+    /// Failed, and raised by an earlier `wait()`: raised again as is.
+    Raised(PyErr),
+}
+
+/// The state of a background save, and a signal when it ends.
+struct Outcome {
+    state: Mutex<State>,
+    finished: Condvar,
+}
+
+/// A save running in the background: `wait()` for its outcome, `done()` to poll.
+#[pyclass(name = "SaveHandle", module = "fastensor._native", frozen)]
+pub struct SaveHandle {
+    path: PathBuf,
+    outcome: Arc<Outcome>,
+    started: Instant,
+}
+
+impl SaveHandle {
+    /// Starts the background save of `snapshot` to `path`.
+    pub fn spawn(
+        engine: Engine,
+        pool: Arc<StagingPool>,
+        path: PathBuf,
+        snapshot: Snapshot,
+        metadata: BTreeMap<String, String>,
+    ) -> SaveHandle {
+        let outcome = Arc::new(Outcome {
+            state: Mutex::new(State::Running),
+            finished: Condvar::new(),
+        });
+        let done = outcome.clone();
+        let target = path.clone();
+        std::thread::spawn(move || {
+            let result = checkpoint::save_section(
+                &engine,
+                &target,
+                &snapshot.descs,
+                snapshot.buffer[..snapshot.len].into(),
+                &metadata,
+            );
+            pool.give_back(snapshot.buffer);
+            *done.state.lock().unwrap_or_else(|p| p.into_inner()) = match result {
+                Ok(()) => State::Saved,
+                Err(e) => State::Failed(e),
+            };
+            done.finished.notify_all();
+        });
+        SaveHandle {
+            path,
+            outcome,
+            started: Instant::now(),
+        }
+    }
+}
+
+#[pymethods]
+impl SaveHandle {
+    /// True once the save has finished (successfully or not).
+    fn done(&self) -> bool {
+        !matches!(
+            *self.outcome.state.lock().unwrap_or_else(|p| p.into_inner()),
+            State::Running
+        )
+    }
+
+    /// Blocks until the save has finished and raises its error, if any. With `timeout`
+    /// (seconds), raises `TimeoutError` if it has not finished by then; the save goes on.
+    #[pyo3(signature = (timeout=None))]
+    fn wait(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<()> {
+        let deadline = timeout.map(|t| Instant::now() + Duration::from_secs_f64(t.max(0.0)));
+        let finished = py.detach(|| {
+            let mut guard = self.outcome.state.lock().unwrap_or_else(|p| p.into_inner());
+            loop {
+                if !matches!(*guard, State::Running) {
+                    return true;
+                }
+                guard = match deadline {
+                    None => self
+                        .outcome
+                        .finished
+                        .wait(guard)
+                        .unwrap_or_else(|p| p.into_inner()),
+                    Some(d) => {
+                        let left = d.saturating_duration_since(Instant::now());
+                        if left.is_zero() {
+                            return false;
+                        }
+                        self.outcome
+                            .finished
+                            .wait_timeout(guard, left)
+                            .unwrap_or_else(|p| p.into_inner())
+                            .0
+                    }
+                };
+            }
+        });
+        if !finished {
+            return Err(PyTimeoutError::new_err(format!(
+                "the save of {} has not finished yet",
+                self.path.display()
+            )));
+        }
+        let mut state = self.outcome.state.lock().unwrap_or_else(|p| p.into_inner());
+        match std::mem::replace(&mut *state, State::Saved) {
+            State::Running | State::Saved => Ok(()),
+            State::Failed(e) => {
+                let err = to_py(e);
+                *state = State::Raised(err.clone_ref(py));
+                Err(err)
+            }
+            State::Raised(err) => {
+                *state = State::Raised(err.clone_ref(py));
+                Err(err)
+            }
+        }
+    }
+
+    /// The file being saved.
+    #[getter]
+    fn path(&self) -> PathBuf {
+        self.path.clone()
+    }
+
+    /// Seconds since the save started.
+    #[getter]
+    fn elapsed(&self) -> f64 {
+        self.started.elapsed().as_secs_f64()
+    }
+
+    fn __repr__(&self) -> String {
+        let state = if self.done() { "done" } else { "running" };
+        format!("<SaveHandle {} ({state})>", self.path.display())
+    }
+}
