@@ -61,7 +61,8 @@ def _save_specs(tensors: Mapping[str, np.ndarray], path: str):
             raise _invalid(
                 f"{path}: array `{name}` has dtype {a.dtype}, which safetensors cannot hold", path
             )
-        a = np.ascontiguousarray(a)
+        if not a.flags.c_contiguous:  # (np.ascontiguousarray would make 0-d arrays 1-d)
+            a = a.copy(order="C")
         keep.append(a)
         specs.append((name, dtype, list(a.shape), _address(a) if a.nbytes else 0, a.nbytes, -1))
     return specs, keep
@@ -104,6 +105,7 @@ def save_file_async(
 
 def _empty_for(entry, path: str) -> np.ndarray:
     name, dtype, shape, offset, nbytes = entry
+    shape = tuple(shape)
     dt = _FROM_NAME.get(dtype)
     if dt is None:
         raise unknown_dtype(path, name, dtype, "numpy")
