@@ -64,7 +64,7 @@ pub fn save_profile(dict: &Dictionary, path: &Path) -> Result<()> {
         std::fs::create_dir_all(parent)
             .map_err(|e| Error::io(e, "cannot create the profile directory").with_path(parent))?;
     }
-    dict.save(path)
+    fastensor::atomic::write(path, dict.to_toml().as_bytes())
 }
 
 /// Runs a short exploration and writes the profile.

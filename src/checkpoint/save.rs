@@ -5,11 +5,11 @@
 
 use super::header::{self, HeaderEntry, DATA_ALIGN};
 use super::{validate, FileOpener};
+use crate::atomic::AtomicFile;
 use crate::core::parallel;
 use crate::{BackendFile, Error, ErrorKind, HostBuffer, MemRef, OpenMode, Result, TensorDesc};
 use std::collections::{BTreeMap, HashSet};
-use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::path::Path;
 use std::sync::Mutex;
 
 /// Bytes of the data section written by one job (a multiple of [`DATA_ALIGN`]).
@@ -55,9 +55,11 @@ pub fn save<O: FileOpener + ?Sized>(
 
 /// Saves `tensors` (in this order) and a `__metadata__` map to `path`.
 ///
-/// The file is written to a temporary file in the same directory, synced, renamed over
-/// `path`, and the directory is synced: after a crash `path` holds either the old or the new
-/// checkpoint, whole. On error the temporary file is removed. A descriptor whose byte length
+/// The file is written through [`AtomicFile`]: after a crash `path` holds either the old
+/// or the new checkpoint, whole, and after return the new one, durably; a target that is
+/// not a regular file is refused, a symbolic link is followed, the mode (and owner, as
+/// root) of a file replaced is kept. On error nothing is left behind, and the error names
+/// `path` (and says "no space left on device" when the disk is full). A descriptor whose byte length
 /// differs from its data's, a duplicate name, or the name `__metadata__` is
 /// [`ErrorKind::InvalidInput`].
 pub fn save_with_metadata<O: FileOpener + ?Sized>(
@@ -72,16 +74,24 @@ pub fn save_with_metadata<O: FileOpener + ?Sized>(
     let total = data_start + entries.last().map_or(0, |e| e.offsets.end);
     let header_buf = HostBuffer::from_slice(&prefix)?;
 
-    let temp = TempFile::new(path)?;
-    let file = opener.open_file(&temp.path, OpenMode::Truncate)?;
-    file.write_at(0, header_buf.as_mem())?;
-    write_data(&*file, data_start, tensors, &entries)?;
-    if file.len()? != total {
-        file.set_len(total)?;
-    }
-    file.sync()?;
-    drop(file);
-    temp.commit(path)
+    let temp = AtomicFile::new(path)?;
+    let written = (|| {
+        let file = opener.open_file(&temp.path(), OpenMode::Truncate)?;
+        file.write_at(0, header_buf.as_mem())?;
+        write_data(&*file, data_start, tensors, &entries)?;
+        if file.len()? != total {
+            file.set_len(total)?;
+        }
+        file.sync()
+    })();
+    written.map_err(|e| {
+        let what = match e.kind() {
+            ErrorKind::StorageFull => "cannot save the checkpoint: no space left on device",
+            _ => "cannot save the checkpoint",
+        };
+        Error::new(e.kind(), what).with_path(path).with_source(e)
+    })?;
+    temp.commit()
 }
 
 /// Checks the tensors and lays them out one after another.
@@ -215,57 +225,4 @@ fn write_data(
             res
         }
     })
-}
-
-/// A temporary file next to the target, removed unless committed.
-struct TempFile {
-    path: PathBuf,
-    committed: bool,
-}
-
-impl TempFile {
-    fn new(target: &Path) -> Result<TempFile> {
-        static COUNTER: AtomicU64 = AtomicU64::new(0);
-        let name = target.file_name().ok_or_else(|| {
-            Error::new(
-                ErrorKind::InvalidInput,
-                "a checkpoint path must name a file",
-            )
-            .with_path(target)
-        })?;
-        let mut tmp = std::ffi::OsString::from(".");
-        tmp.push(name);
-        tmp.push(format!(
-            ".tmp.{}.{}",
-            std::process::id(),
-            COUNTER.fetch_add(1, Ordering::Relaxed)
-        ));
-        Ok(TempFile {
-            path: target.with_file_name(tmp),
-            committed: false,
-        })
-    }
-
-    /// Renames the temporary file over `target` and syncs the directory.
-    fn commit(mut self, target: &Path) -> Result<()> {
-        std::fs::rename(&self.path, target).map_err(|e| {
-            Error::io(e, "cannot rename the temporary checkpoint").with_path(target)
-        })?;
-        self.committed = true;
-        let dir = match target.parent() {
-            Some(p) if !p.as_os_str().is_empty() => p,
-            _ => Path::new("."),
-        };
-        std::fs::File::open(dir)
-            .and_then(|d| d.sync_all())
-            .map_err(|e| Error::io(e, "cannot sync the directory").with_path(dir))
-    }
-}
-
-impl Drop for TempFile {
-    fn drop(&mut self) {
-        if !self.committed {
-            let _ = std::fs::remove_file(&self.path);
-        }
-    }
 }

@@ -3,7 +3,6 @@
 use super::header::{check_header_len, header_len_of, parse_header, Header};
 use super::{load, save_with_metadata, FileOpener};
 use crate::{Error, Result};
-use std::fs::File;
 use std::io::Read;
 use std::path::Path;
 
@@ -11,7 +10,7 @@ use std::path::Path;
 /// through the page cache; no backend needed).
 pub fn inspect(path: &Path) -> Result<Header> {
     let ctx = |e: Error| e.with_path(path);
-    let mut file = File::open(path).map_err(|e| ctx(Error::io(e, "cannot open for reading")))?;
+    let mut file = crate::atomic::open_regular(path)?;
     let file_len = file
         .metadata()
         .map_err(|e| ctx(Error::io(e, "cannot stat")))?

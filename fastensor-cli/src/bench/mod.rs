@@ -296,5 +296,5 @@ pub(crate) fn write_output(path: &Path, text: &str) -> Result<()> {
         println!("{text}");
         return Ok(());
     }
-    std::fs::write(path, text).map_err(|e| Error::io(e, "cannot write the report").with_path(path))
+    fastensor::atomic::write(path, text.as_bytes())
 }
