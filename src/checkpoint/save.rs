@@ -3,12 +3,13 @@
 //! buffers where they are aligned and through staging buffers where they are not (small
 //! tensors are coalesced, never written one by one).
 
-use super::header::{self, HeaderEntry, DATA_ALIGN};
+use super::header::{self, DATA_ALIGN};
 use super::{validate, FileOpener};
 use crate::atomic::AtomicFile;
 use crate::core::parallel;
 use crate::{BackendFile, Error, ErrorKind, HostBuffer, MemRef, OpenMode, Result, TensorDesc};
-use std::collections::{BTreeMap, HashSet};
+use std::collections::BTreeMap;
+use std::ops::Range;
 use std::path::Path;
 use std::sync::Mutex;
 
@@ -59,26 +60,80 @@ pub fn save<O: FileOpener + ?Sized>(
 /// or the new checkpoint, whole, and after return the new one, durably; a target that is
 /// not a regular file is refused, a symbolic link is followed, the mode (and owner, as
 /// root) of a file replaced is kept. On error nothing is left behind, and the error names
-/// `path` (and says "no space left on device" when the disk is full). A descriptor whose byte length
-/// differs from its data's, a duplicate name, or the name `__metadata__` is
-/// [`ErrorKind::InvalidInput`].
+/// `path` (and says "no space left on device" when the disk is full). A descriptor whose
+/// byte length differs from its data's, a duplicate name, or the name `__metadata__` is
+/// [`ErrorKind::InvalidInput`]. Beyond the tensors' bytes, memory in use stays within a
+/// few dozen bytes per tensor and a few MiB: the header is written as it is encoded.
 pub fn save_with_metadata<O: FileOpener + ?Sized>(
     opener: &O,
     path: &Path,
     tensors: &[TensorView<'_>],
     metadata: &BTreeMap<String, String>,
 ) -> Result<()> {
-    let entries = layout(tensors).map_err(|e| e.with_path(path))?;
-    let prefix = header::encode(&entries, metadata);
-    let data_start = prefix.len() as u64;
-    let total = data_start + entries.last().map_or(0, |e| e.offsets.end);
-    let header_buf = HostBuffer::from_slice(&prefix)?;
+    save_tensors(opener, path, &Views(tensors), metadata)
+}
+
+/// Tensors to save: descriptors and bytes, by index.
+pub(crate) trait Tensors<'a>: Sync {
+    /// Number of tensors.
+    fn count(&self) -> usize;
+    /// The descriptor of tensor `i`.
+    fn desc(&self, i: usize) -> &'a TensorDesc;
+    /// The bytes of tensor `i`.
+    fn data(&self, i: usize) -> MemRef<'a>;
+}
+
+struct Views<'s, 'a>(&'s [TensorView<'a>]);
+
+impl<'s: 'a, 'a> Tensors<'a> for Views<'s, 'a> {
+    fn count(&self) -> usize {
+        self.0.len()
+    }
+    fn desc(&self, i: usize) -> &'a TensorDesc {
+        &self.0[i].desc
+    }
+    fn data(&self, i: usize) -> MemRef<'a> {
+        self.0[i].data
+    }
+}
+
+/// Saves `tensors` and `metadata` to `path` (see [`save_with_metadata`]).
+pub(crate) fn save_tensors<'a, O: FileOpener + ?Sized>(
+    opener: &O,
+    path: &Path,
+    tensors: &dyn Tensors<'a>,
+    metadata: &BTreeMap<String, String>,
+) -> Result<()> {
+    let offsets = layout(tensors).map_err(|e| e.with_path(path))?;
+    let tensor = |i: usize| (tensors.desc(i), offsets[i].clone());
+    let mut counter = header::Counter::default();
+    {
+        // The encoder writes a few bytes at a time: through a buffer.
+        let mut out = std::io::BufWriter::with_capacity(64 << 10, &mut counter);
+        header::write_json(&mut out, offsets.len(), tensor, metadata)
+            .and_then(|()| std::io::Write::flush(&mut out))
+            .expect("counting never fails");
+    }
+    let data_start = header::padded_len(counter.0);
+    let total = data_start + offsets.last().map_or(0, |r| r.end);
 
     let temp = AtomicFile::new(path)?;
     let written = (|| {
         let file = opener.open_file(&temp.path(), OpenMode::Truncate)?;
-        file.write_at(0, header_buf.as_mem())?;
-        write_data(&*file, data_start, tensors, &entries)?;
+        let mut out = HeaderWriter::new(&*file)?;
+        let header_len = data_start - 8;
+        let encoded = {
+            let mut buffered = std::io::BufWriter::with_capacity(64 << 10, &mut out);
+            std::io::Write::write_all(&mut buffered, &header_len.to_le_bytes())
+                .and_then(|()| header::write_json(&mut buffered, offsets.len(), tensor, metadata))
+                .and_then(|()| std::io::Write::flush(&mut buffered))
+        };
+        encoded.map_err(|e| {
+            out.take_error()
+                .unwrap_or_else(|| Error::io(e, "cannot write the header"))
+        })?;
+        out.finish(data_start)?;
+        write_data(&*file, data_start, tensors, &offsets)?;
         if file.len()? != total {
             file.set_len(total)?;
         }
@@ -94,38 +149,111 @@ pub fn save_with_metadata<O: FileOpener + ?Sized>(
     temp.commit()
 }
 
-/// Checks the tensors and lays them out one after another.
-fn layout(tensors: &[TensorView<'_>]) -> Result<Vec<HeaderEntry>> {
-    let mut names = HashSet::with_capacity(tensors.len());
-    let mut pos = 0u64;
-    let mut out = Vec::with_capacity(tensors.len());
-    for t in tensors {
-        let name = &t.desc.name;
-        validate::tensor_name(name)?;
-        if !names.insert(name.as_str()) {
-            return Err(Error::new(
-                ErrorKind::InvalidInput,
-                format!("tensor `{name}` is given twice"),
-            ));
+/// Writes the header to the start of a file in aligned pieces of [`HEADER_PIECE`] bytes.
+struct HeaderWriter<'f> {
+    file: &'f dyn BackendFile,
+    buf: HostBuffer,
+    filled: usize,
+    /// File offset of `buf[0]`.
+    pos: u64,
+    error: Option<Error>,
+}
+
+/// Bytes of one write of a header (a multiple of [`DATA_ALIGN`]).
+const HEADER_PIECE: usize = 1 << 20;
+
+impl<'f> HeaderWriter<'f> {
+    fn new(file: &'f dyn BackendFile) -> Result<Self> {
+        Ok(HeaderWriter {
+            file,
+            buf: HostBuffer::new(HEADER_PIECE)?,
+            filled: 0,
+            pos: 0,
+            error: None,
+        })
+    }
+
+    fn flush_piece(&mut self) -> Result<()> {
+        self.file
+            .write_at(self.pos, MemRef::Host(&self.buf[..self.filled]))?;
+        self.pos += self.filled as u64;
+        self.filled = 0;
+        Ok(())
+    }
+
+    /// Pads with spaces up to `data_start` and writes what is left.
+    fn finish(mut self, data_start: u64) -> Result<()> {
+        if let Some(e) = self.error.take() {
+            return Err(e);
         }
-        let len = t.desc.byte_len()?;
-        if len != t.data.len() as u64 {
+        while self.pos + (self.filled as u64) < data_start {
+            let room = self.buf.len() - self.filled;
+            let pad = room.min((data_start - self.pos - self.filled as u64) as usize);
+            self.buf[self.filled..self.filled + pad].fill(b' ');
+            self.filled += pad;
+            if self.filled == self.buf.len() {
+                self.flush_piece()?;
+            }
+        }
+        if self.filled > 0 {
+            self.flush_piece()?;
+        }
+        Ok(())
+    }
+
+    fn take_error(&mut self) -> Option<Error> {
+        self.error.take()
+    }
+}
+
+impl std::io::Write for HeaderWriter<'_> {
+    fn write(&mut self, data: &[u8]) -> std::io::Result<usize> {
+        let n = data.len().min(self.buf.len() - self.filled);
+        self.buf[self.filled..self.filled + n].copy_from_slice(&data[..n]);
+        self.filled += n;
+        if self.filled == self.buf.len() {
+            if let Err(e) = self.flush_piece() {
+                self.error = Some(e);
+                return Err(std::io::Error::other("the header write failed"));
+            }
+        }
+        Ok(n)
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Checks the tensors and lays them out one after another: their offsets in the data
+/// section.
+fn layout(tensors: &dyn Tensors<'_>) -> Result<Vec<Range<u64>>> {
+    let mut pos = 0u64;
+    let mut out = Vec::with_capacity(tensors.count());
+    for i in 0..tensors.count() {
+        let desc = tensors.desc(i);
+        let name = &desc.name;
+        validate::tensor_name(name)?;
+        let len = desc.byte_len()?;
+        let data_len = tensors.data(i).len();
+        if len != data_len as u64 {
             return Err(Error::new(
                 ErrorKind::InvalidInput,
                 format!(
-                    "tensor `{name}`: {} × {:?} is {len} bytes but its data holds {}",
-                    t.desc.dtype,
-                    t.desc.shape,
-                    t.data.len()
+                    "tensor `{name}`: {} × {:?} is {len} bytes but its data holds {data_len}",
+                    desc.dtype, desc.shape
                 ),
             ));
         }
-        out.push(HeaderEntry {
-            desc: t.desc.clone(),
-            offsets: pos..pos + len,
-        });
+        out.push(pos..pos + len);
         pos += len;
     }
+    let descs: Vec<&TensorDesc> = (0..tensors.count()).map(|i| tensors.desc(i)).collect();
+    validate::by_name(&descs, |d| &d.name).map_err(|name| {
+        Error::new(
+            ErrorKind::InvalidInput,
+            format!("tensor `{name}` is given twice"),
+        )
+    })?;
     Ok(out)
 }
 
@@ -142,7 +270,7 @@ enum Job<'a> {
 }
 
 /// Splits the data section into jobs of at most [`WINDOW`] bytes (aligned in the file).
-fn jobs<'a>(data_start: u64, tensors: &[TensorView<'a>], entries: &[HeaderEntry]) -> Vec<Job<'a>> {
+fn jobs<'a>(data_start: u64, tensors: &dyn Tensors<'a>, offsets: &[Range<u64>]) -> Vec<Job<'a>> {
     let mut jobs = Vec::new();
     let mut run: Option<(u64, usize, Vec<&'a [u8]>)> = None;
     let flush = |run: &mut Option<(u64, usize, Vec<&'a [u8]>)>, jobs: &mut Vec<Job<'a>>| {
@@ -154,16 +282,15 @@ fn jobs<'a>(data_start: u64, tensors: &[TensorView<'a>], entries: &[HeaderEntry]
             });
         }
     };
-    for (t, e) in tensors.iter().zip(entries) {
-        let mut pos = e.offsets.start;
-        while pos < e.offsets.end {
+    for (i, range) in offsets.iter().enumerate() {
+        let data = tensors.data(i);
+        let mut pos = range.start;
+        while pos < range.end {
             // Pieces end at window boundaries of the file.
             let abs = data_start + pos;
             let window_end = (abs / WINDOW + 1) * WINDOW - data_start;
-            let end = e.offsets.end.min(window_end);
-            let src = t
-                .data
-                .slice((pos - e.offsets.start) as usize, (end - pos) as usize);
+            let end = range.end.min(window_end);
+            let src = data.slice((pos - range.start) as usize, (end - pos) as usize);
             let direct = match src {
                 MemRef::Device(_) => true,
                 MemRef::Host(_) => {
@@ -194,14 +321,14 @@ fn jobs<'a>(data_start: u64, tensors: &[TensorView<'a>], entries: &[HeaderEntry]
     jobs
 }
 
-/// Writes the data section of `tensors`, laid out as `entries`, from `data_start`.
+/// Writes the data section of `tensors`, laid out at `offsets`, from `data_start`.
 fn write_data(
     file: &dyn BackendFile,
     data_start: u64,
-    tensors: &[TensorView<'_>],
-    entries: &[HeaderEntry],
+    tensors: &dyn Tensors<'_>,
+    offsets: &[Range<u64>],
 ) -> Result<()> {
-    let jobs = jobs(data_start, tensors, entries);
+    let jobs = jobs(data_start, tensors, offsets);
     let pool: Mutex<Vec<HostBuffer>> = Mutex::new(Vec::new());
     parallel::for_each(jobs, SAVE_JOBS_IN_FLIGHT, |job| match job {
         Job::Direct { offset, src } => file.write_at(offset, src),
