@@ -6,6 +6,8 @@ use super::{worker, OffloadConfig, OffloadStats};
 use crate::{Engine, EngineFile};
 use fastensor_core::{Error, ErrorKind, HostBuffer, OpenMode, Purpose, Result};
 use std::fmt;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -15,7 +17,11 @@ use std::time::{Duration, Instant};
 /// What the store, its I/O threads and its handles share.
 pub(crate) struct Shared {
     pub(crate) file: EngineFile,
+    /// `/proc/self/fd/N` of `swap`: how the engine's backends open the swap file.
     pub(crate) path: PathBuf,
+    /// The swap file, which has no name: it goes away with the last descriptor, however
+    /// the process ends.
+    swap: std::fs::File,
     pub(crate) config: OffloadConfig,
     state: Mutex<State>,
     /// Jobs were queued (I/O threads wait on it).
@@ -47,18 +53,18 @@ impl Shared {
         let new = round_up(needed.max(cap + cap / 2));
         fastensor_core::BackendFile::set_len(&self.file, new)?;
         // Best effort: reserve the blocks so later writes do not allocate.
-        if let Ok(f) = std::fs::OpenOptions::new().write(true).open(&self.path) {
-            let flags = rustix::fs::FallocateFlags::KEEP_SIZE;
-            let _ = rustix::fs::fallocate(&f, flags, cap, new - cap);
-        }
+        let flags = rustix::fs::FallocateFlags::KEEP_SIZE;
+        let _ = rustix::fs::fallocate(&self.swap, flags, cap, new - cap);
         st.alloc.grow_to(new);
         Ok(())
     }
 }
 
 /// Activations offloaded to one swap file, under a memory budget, with background writes
-/// and scheduled prefetch. `Send + Sync`. Dropping the store (also while unwinding from a
-/// panic) stops its I/O threads and removes the swap file.
+/// and scheduled prefetch. `Send + Sync`. The swap file has no name in its directory (it is
+/// made with `O_TMPFILE`, or unlinked as soon as it is open), so nothing is left behind
+/// however the process ends (a panic, `process::exit`, `SIGKILL`). Dropping the store stops
+/// its I/O threads and closes the file.
 pub struct OffloadStore {
     shared: Arc<Shared>,
     threads: Vec<JoinHandle<()>>,
@@ -124,7 +130,8 @@ impl Drop for Handle {
 static NEXT_FILE: AtomicU64 = AtomicU64::new(0);
 
 impl OffloadStore {
-    /// A store whose swap file is a new file in `config.dir`, opened through `engine`.
+    /// A store whose swap file is a new, unnamed file in `config.dir`, opened through
+    /// `engine`.
     pub fn new(engine: &Engine, config: OffloadConfig) -> Result<OffloadStore> {
         if config.budget == 0 {
             return Err(Error::new(
@@ -137,12 +144,18 @@ impl OffloadStore {
             std::process::id(),
             NEXT_FILE.fetch_add(1, Ordering::Relaxed)
         );
-        let path = config.dir.join(name);
-        let file = engine.open(&path, OpenMode::Truncate)?;
+        let swap = unnamed_file(&config.dir, &name)?;
+        let path = PathBuf::from(format!("/proc/self/fd/{}", swap.as_raw_fd()));
+        let file = engine.open(&path, OpenMode::Truncate).map_err(|e| {
+            Error::new(e.kind(), "cannot open the offload swap file")
+                .with_path(&config.dir)
+                .with_source(e)
+        })?;
         let mut store = OffloadStore {
             shared: Arc::new(Shared {
                 file,
                 path,
+                swap,
                 config,
                 state: Mutex::new(State::default()),
                 work: Condvar::new(),
@@ -150,7 +163,7 @@ impl OffloadStore {
             }),
             threads: Vec::new(),
         };
-        // From here on, Drop removes the file whatever fails.
+        // From here on, Drop stops the threads whatever fails.
         let s = &store.shared;
         s.file.set_purpose(Purpose::Offload);
         if let Some(b) = &s.config.pin {
@@ -164,7 +177,8 @@ impl OffloadStore {
         Ok(store)
     }
 
-    /// The swap file's path.
+    /// A path that opens the swap file while the store lives (`/proc/self/fd/N`: the file
+    /// has no name in its directory).
     pub fn path(&self) -> &Path {
         &self.shared.path
     }
@@ -398,6 +412,41 @@ impl Drop for OffloadStore {
         for t in self.threads.drain(..) {
             let _ = t.join();
         }
-        let _ = std::fs::remove_file(&self.shared.path);
     }
+}
+
+/// A new file in `dir` with no name: `O_TMPFILE`, or where the file system lacks it a file
+/// called `name`, unlinked as soon as it is open.
+fn unnamed_file(dir: &Path, name: &str) -> Result<std::fs::File> {
+    use rustix::fs::{Mode, OFlags};
+    let cannot =
+        |e: std::io::Error| Error::io(e, "cannot create the offload swap file").with_path(dir);
+    match rustix::fs::open(
+        dir,
+        OFlags::TMPFILE | OFlags::RDWR | OFlags::CLOEXEC,
+        Mode::from_raw_mode(0o600),
+    ) {
+        Ok(fd) => return Ok(std::fs::File::from(fd)),
+        Err(e)
+            if ![
+                rustix::io::Errno::OPNOTSUPP,
+                rustix::io::Errno::ISDIR,
+                rustix::io::Errno::INVAL,
+            ]
+            .contains(&e) =>
+        {
+            return Err(cannot(e.into()))
+        }
+        Err(_) => {}
+    }
+    let path = dir.join(name);
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&path)
+        .map_err(cannot)?;
+    std::fs::remove_file(&path).map_err(cannot)?;
+    Ok(file)
 }
