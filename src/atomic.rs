@@ -287,8 +287,8 @@ fn parent(path: &Path) -> &Path {
     }
 }
 
-/// `/proc/self/fd/N` for `file`.
-fn fd_path(file: &File) -> PathBuf {
+/// `/proc/self/fd/N` for `file`: a path that opens it again.
+pub(crate) fn fd_path(file: &File) -> PathBuf {
     PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd()))
 }
 
@@ -318,6 +318,25 @@ fn unnamed_temp(dir: &File) -> std::io::Result<Option<File>> {
         }
         Err(e) => Err(e.into()),
     }
+}
+
+/// A new file in `dir` for scratch data, with no name, so that nothing is left however the
+/// process ends: `O_TMPFILE`, or where the file system lacks it a file called `name`,
+/// unlinked as soon as it is open. Open it by path through [`fd_path`].
+pub(crate) fn unnamed_file(dir: &Path, name: &str) -> std::io::Result<File> {
+    let dir_file = File::open(dir)?;
+    if let Some(file) = unnamed_temp(&dir_file)? {
+        return Ok(file);
+    }
+    let path = dir.join(name);
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&path)?;
+    std::fs::remove_file(&path)?;
+    Ok(file)
 }
 
 fn cannot_create(e: std::io::Error, target: &Path) -> Error {

@@ -6,6 +6,7 @@ mod backends;
 mod bench;
 mod ckpt;
 mod ckpt_bench;
+mod scratch;
 mod sizes;
 mod table;
 mod tune;
@@ -40,6 +41,7 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    scratch::install();
     let result = match cli.command {
         Command::Backends => backends::run(),
         Command::Bench(args) => bench::run(*args),

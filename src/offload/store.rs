@@ -6,8 +6,6 @@ use super::{worker, OffloadConfig, OffloadStats};
 use crate::{Engine, EngineFile};
 use fastensor_core::{Error, ErrorKind, HostBuffer, OpenMode, Purpose, Result};
 use std::fmt;
-use std::os::fd::AsRawFd;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -144,8 +142,10 @@ impl OffloadStore {
             std::process::id(),
             NEXT_FILE.fetch_add(1, Ordering::Relaxed)
         );
-        let swap = unnamed_file(&config.dir, &name)?;
-        let path = PathBuf::from(format!("/proc/self/fd/{}", swap.as_raw_fd()));
+        let swap = crate::atomic::unnamed_file(&config.dir, &name).map_err(|e| {
+            Error::io(e, "cannot create the offload swap file").with_path(&config.dir)
+        })?;
+        let path = crate::atomic::fd_path(&swap);
         let file = engine.open(&path, OpenMode::Truncate).map_err(|e| {
             Error::new(e.kind(), "cannot open the offload swap file")
                 .with_path(&config.dir)
@@ -413,40 +413,4 @@ impl Drop for OffloadStore {
             let _ = t.join();
         }
     }
-}
-
-/// A new file in `dir` with no name: `O_TMPFILE`, or where the file system lacks it a file
-/// called `name`, unlinked as soon as it is open.
-fn unnamed_file(dir: &Path, name: &str) -> Result<std::fs::File> {
-    use rustix::fs::{Mode, OFlags};
-    let cannot =
-        |e: std::io::Error| Error::io(e, "cannot create the offload swap file").with_path(dir);
-    match rustix::fs::open(
-        dir,
-        OFlags::TMPFILE | OFlags::RDWR | OFlags::CLOEXEC,
-        Mode::from_raw_mode(0o600),
-    ) {
-        Ok(fd) => return Ok(std::fs::File::from(fd)),
-        Err(e)
-            if ![
-                rustix::io::Errno::OPNOTSUPP,
-                rustix::io::Errno::ISDIR,
-                rustix::io::Errno::INVAL,
-            ]
-            .contains(&e) =>
-        {
-            return Err(cannot(e.into()))
-        }
-        Err(_) => {}
-    }
-    let path = dir.join(name);
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(&path)
-        .map_err(cannot)?;
-    std::fs::remove_file(&path).map_err(cannot)?;
-    Ok(file)
 }

@@ -19,12 +19,13 @@ mod sweep;
 pub use args::BenchCli;
 use args::{BenchArgs, BenchCommand, Directions};
 
+use crate::scratch::Scratch;
 use crate::sizes::format_size;
 use energy::EnergyMeter;
 use fastensor::{Availability, Error, ErrorKind, Result};
 use measure::Cache;
 use report::{BudgetUse, EnergySources, Report, Settings, SCHEMA};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use subjects::Subject;
 
 fn default_sizes(quick: bool) -> Vec<u64> {
@@ -268,26 +269,13 @@ fn write_reports(report: &Report, args: &BenchArgs) -> Result<()> {
     Ok(())
 }
 
-fn tempfile_dir(parent: &Path) -> Result<TempDir> {
+/// The run's scratch directory in `parent`, removed when dropped (and on a signal).
+fn tempfile_dir(parent: &Path) -> Result<Scratch> {
     let path = parent.join(format!("fastensor-bench-{}", std::process::id()));
-    std::fs::create_dir_all(&path)
-        .map_err(|e| Error::io(e, "cannot create the bench directory").with_path(&path))?;
-    Ok(TempDir(path))
-}
-
-/// A directory removed when dropped.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn path(&self) -> &Path {
-        &self.0
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
+    let scratch = Scratch::new(path);
+    std::fs::create_dir_all(scratch.path())
+        .map_err(|e| Error::io(e, "cannot create the bench directory").with_path(scratch.path()))?;
+    Ok(scratch)
 }
 
 /// Writes `text` to `path`, or to standard output for `-`.
