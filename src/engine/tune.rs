@@ -133,10 +133,10 @@ fn run(engine: &Engine, path: &Path, options: &TuneOptions) -> Result<TuneOutcom
     })
 }
 
-/// Where profiles live by default: `$FASTENSOR_PROFILE`, else
+/// Where profiles live by default: `$FASTENSOR_PROFILE` (unless empty), else
 /// `$XDG_CACHE_HOME/fastensor/profile.toml`, else `~/.cache/fastensor/profile.toml`.
 pub fn default_profile_path() -> Option<PathBuf> {
-    if let Some(p) = std::env::var_os("FASTENSOR_PROFILE") {
+    if let Some(p) = std::env::var_os("FASTENSOR_PROFILE").filter(|p| !p.is_empty()) {
         return Some(PathBuf::from(p));
     }
     let base = std::env::var_os("XDG_CACHE_HOME")
