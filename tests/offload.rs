@@ -214,6 +214,9 @@ fn write_failure_surfaces_on_get_and_next_put() {
             Ok(h) => hs.push(h),
             Err(e) => {
                 assert!(i > 4 && reported.is_none(), "put {i}: {e}");
+                // Its own tensor is not lost silently.
+                let own = format!("tensor `act-{i}` was not stored");
+                assert!(e.to_string().contains(&own), "{e}");
                 reported = Some(e);
                 hs.push(store.put(tensor(i, 8192), format!("act-{i}")).unwrap());
             }
@@ -227,6 +230,7 @@ fn write_failure_surfaces_on_get_and_next_put() {
     };
     assert_eq!(err.kind(), ErrorKind::Io);
     assert!(err.to_string().contains("`act-4`"), "{err}");
+    assert!(err.to_string().contains("was not stored"), "{err}");
     store.put(tensor(99, 8192), "after").unwrap();
     for (i, h) in hs.iter().enumerate().rev() {
         match store.get(h) {

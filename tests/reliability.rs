@@ -201,3 +201,64 @@ fn reads_refuse_a_fifo_and_a_device_without_blocking() {
     }
     assert!(msgs[0].contains("FIFO") && msgs[3].contains("character device"));
 }
+
+/// A tmpfs of `size` mounted on a new directory (unmounted on drop); `None`, with the reason
+/// printed, when not root or when mounting fails.
+fn small_fs(size: &str) -> Option<SmallFs> {
+    if !is_root() {
+        println!("skipped: mounting a small file system needs root");
+        return None;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let ok = Command::new("mount")
+        .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+        .arg(dir.path())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !ok {
+        println!("skipped: cannot mount a tmpfs");
+        return None;
+    }
+    Some(SmallFs(dir))
+}
+
+struct SmallFs(tempfile::TempDir);
+
+impl Drop for SmallFs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(self.0.path()).status();
+    }
+}
+
+#[test]
+fn an_offload_store_on_a_full_disk_keeps_the_os_cause() {
+    use fastensor::offload::{OffloadConfig, OffloadStore};
+    let Some(fs) = small_fs("2m") else {
+        return;
+    };
+    let engine = Engine::new().unwrap();
+    let config = OffloadConfig::new(fs.0.path(), 1 << 20).small_threshold(0);
+    let store = OffloadStore::new(&engine, config).unwrap();
+    let mut handles = Vec::new();
+    let mut failed = None;
+    for i in 0..32 {
+        let buf = fastensor::HostBuffer::from_slice(&vec![i as u8; 256 << 10]).unwrap();
+        match store.put(buf, format!("t{i}")) {
+            Ok(h) => handles.push(h),
+            Err(e) => {
+                failed = Some(e);
+                break;
+            }
+        }
+    }
+    store.flush();
+    let err = failed.unwrap_or_else(|| {
+        handles
+            .iter()
+            .find_map(|h| store.get(h).err())
+            .expect("8 MiB fitted in a 2 MiB file system")
+    });
+    assert_eq!(err.kind(), ErrorKind::StorageFull, "{err}");
+    assert_eq!(err.raw_os_error(), Some(28), "the OS cause was lost: {err}");
+    assert!(err.to_string().contains("No space left on device"), "{err}");
+}

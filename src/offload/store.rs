@@ -191,7 +191,8 @@ impl OffloadStore {
     /// Offloads `tensor` under `label` and returns at once while a background thread writes
     /// it; waits first when the memory budget has no room for it (backpressure). Tensors
     /// below the small threshold stay in memory. Fails with the first background failure
-    /// not yet reported (naming its tensor), or for a tensor larger than the budget.
+    /// not yet reported (naming its tensor; `tensor` is then not stored, and the error says
+    /// so), or for a tensor larger than the budget.
     pub fn put(&self, tensor: HostBuffer, label: impl Into<String>) -> Result<Handle> {
         let s = &self.shared;
         let (budget, depth) = (s.config.budget, s.config.prefetch_depth);
@@ -199,7 +200,12 @@ impl OffloadStore {
         let label: Arc<str> = label.into().into();
         let mut st = s.lock();
         if let Some(f) = st.unreported.pop_front() {
-            return Err(f.error());
+            let earlier = f.error();
+            return Err(Error::new(
+                earlier.kind(),
+                format!("tensor `{label}` was not stored: an earlier background transfer failed"),
+            )
+            .with_source(earlier));
         }
         let small = tensor.len() < s.config.small_threshold;
         if !small && len > budget {
