@@ -126,8 +126,7 @@ impl AtomicFile {
     /// directory. Errors name the target.
     pub fn commit(mut self) -> Result<()> {
         let target = self.target.clone();
-        let fail =
-            |e: std::io::Error, what: &str| Error::io(e, what.to_string()).with_path(&target);
+        let fail = |e: std::io::Error, what: &str| save_error(e, what).with_path(&target);
         if let Some((mode, uid, gid)) = self.old {
             self.file
                 .set_permissions(std::fs::Permissions::from_mode(mode))
@@ -195,7 +194,7 @@ pub fn write(path: &Path, bytes: &[u8]) -> Result<()> {
     let temp = AtomicFile::new(path)?;
     (&temp.file)
         .write_all(bytes)
-        .map_err(|e| Error::io(e, "cannot write the new file").with_path(path))?;
+        .map_err(|e| save_error(e, "cannot write the new file").with_path(path))?;
     temp.commit()
 }
 
@@ -340,7 +339,17 @@ pub(crate) fn unnamed_file(dir: &Path, name: &str) -> std::io::Result<File> {
 }
 
 fn cannot_create(e: std::io::Error, target: &Path) -> Error {
-    Error::io(e, "cannot create the temporary file to save").with_path(target)
+    save_error(e, "cannot create the temporary file to save").with_path(target)
+}
+
+/// The error of a save that failed doing `what`, saying so in words when the disk is full.
+fn save_error(e: std::io::Error, what: &str) -> Error {
+    let kind = crate::core::kind_of_io(&e);
+    let message = match kind {
+        ErrorKind::StorageFull => format!("{what}: no space left on device"),
+        _ => what.to_string(),
+    };
+    Error::new(kind, message).with_source(e)
 }
 
 /// `.NAME.tmp.PID.N`: the name of a named temporary of `name`.

@@ -262,3 +262,19 @@ fn an_offload_store_on_a_full_disk_keeps_the_os_cause() {
     assert_eq!(err.raw_os_error(), Some(28), "the OS cause was lost: {err}");
     assert!(err.to_string().contains("No space left on device"), "{err}");
 }
+
+#[test]
+fn a_profile_save_on_a_full_disk_keeps_the_old_file_and_says_so() {
+    let Some(fs) = small_fs("1m") else {
+        return;
+    };
+    let path = fs.0.path().join("profile.toml");
+    std::fs::write(&path, b"old").unwrap();
+    let err = fastensor::atomic::write(&path, &vec![b'x'; 2 << 20]).unwrap_err();
+    let msg = err.to_string();
+    assert_eq!(err.kind(), ErrorKind::StorageFull, "{msg}");
+    assert!(msg.contains("no space left on device"), "{msg}");
+    assert!(msg.contains(&*path.to_string_lossy()), "{msg}");
+    assert_eq!(std::fs::read(&path).unwrap(), b"old");
+    assert_eq!(names_in(fs.0.path()), ["profile.toml"]);
+}

@@ -153,3 +153,24 @@ fn an_empty_fastensor_profile_is_unset() {
         text(&out)
     );
 }
+
+#[test]
+fn a_deeply_nested_profile_error_is_not_one_huge_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("deep.toml");
+    std::fs::write(&p, format!("x = {}", "[".repeat(100_000))).unwrap();
+    let out = fastensor()
+        .args(["profile", "show"])
+        .arg(&p)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("not a valid fastensor dictionary"),
+        "{}",
+        &err[..err.len().min(500)]
+    );
+    let longest = err.lines().map(|l| l.chars().count()).max().unwrap_or(0);
+    assert!(longest <= 400, "a line of {longest} characters");
+}
