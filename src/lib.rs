@@ -6,6 +6,7 @@
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 
+pub mod atomic;
 pub mod checkpoint;
 pub mod engine;
 pub mod offload;

@@ -475,3 +475,36 @@ fn round_trip_through_the_engine() {
     let sel = checkpoint::load_selected(&engine, &path, ["odd"]).unwrap();
     assert_eq!(sel.len(), 1);
 }
+
+/// A data section given as one buffer saves the file `save` writes from separate tensors,
+/// and a buffer of the wrong length is refused, leaving nothing.
+#[test]
+fn save_section_writes_what_save_writes() {
+    let dir = tempfile::tempdir().unwrap();
+    let tensors = sample();
+    let mut section =
+        fastensor::HostBuffer::new(tensors.iter().map(|(_, b)| b.len()).sum()).unwrap();
+    let mut at = 0;
+    for (_, b) in &tensors {
+        section[at..at + b.len()].copy_from_slice(b);
+        at += b.len();
+    }
+    let descs: Vec<TensorDesc> = tensors.iter().map(|(d, _)| d.clone()).collect();
+    let views: Vec<TensorView<'_>> = tensors
+        .iter()
+        .map(|(d, b)| TensorView::new(d.clone(), &b[..]))
+        .collect();
+    let meta = BTreeMap::from([("k".to_string(), "v".to_string())]);
+    let backend = DirectBackend::default();
+    let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+    checkpoint::save_with_metadata(&backend, &a, &views, &meta).unwrap();
+    checkpoint::save_section(&backend, &b, &descs, section.as_mem(), &meta).unwrap();
+    assert_eq!(std::fs::read(&a).unwrap(), std::fs::read(&b).unwrap());
+
+    let short = section.as_mem().slice(0, section.len() - 1);
+    let c = dir.path().join("c");
+    let err = checkpoint::save_section(&backend, &c, &descs, short, &meta).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidInput);
+    assert!(!c.exists());
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 2);
+}

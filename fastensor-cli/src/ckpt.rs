@@ -40,8 +40,10 @@ pub fn run(cmd: CkptCommand) -> Result<()> {
     match cmd {
         CkptCommand::Inspect { file } => {
             let header = checkpoint::inspect(&file)?;
-            print!("{}", checkpoint::format_table(&header));
-            Ok(())
+            let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+            checkpoint::write_table(&header, &mut out)
+                .and_then(|()| std::io::Write::flush(&mut out))
+                .map_err(|e| fastensor::Error::io(e, "cannot print the table"))
         }
         CkptCommand::Bench { dir, scale, rounds } => crate::ckpt_bench::run(&dir, scale, rounds),
         CkptCommand::Copy { src, dst } => {

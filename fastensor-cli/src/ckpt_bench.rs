@@ -10,6 +10,7 @@
 //! fsync, and loads through a memory map, copying each tensor into an owned buffer (what a
 //! framework does when it loads a state dict).
 
+use crate::scratch::Scratch;
 use fastensor::checkpoint::bench::{self, Row};
 use fastensor::posix::DirectBackend;
 use fastensor::{Error, MemRef, Result};
@@ -50,6 +51,11 @@ pub fn run(dir: &Path, scale: f64, rounds: usize) -> Result<()> {
     let mut all: Vec<Row> = Vec::new();
     for round in 0..rounds {
         let path = |name: &str| dir.join(format!("ckpt_bench.{name}"));
+        // Removed at the end of the round, or on a signal.
+        let scratch: Vec<Scratch> = SCRATCH_NAMES
+            .iter()
+            .map(|name| Scratch::new(path(name)))
+            .collect();
         // A row's time depends on what ran before it (the device's write cache, memory
         // handed back by the previous row): each round runs the rows in its own shuffled
         // order, so no path always follows the same one.
@@ -88,17 +94,7 @@ pub fn run(dir: &Path, scale: f64, rounds: usize) -> Result<()> {
         // Every row wrote a file of its own; they go only now, so that no row pays for
         // freeing another's blocks (online discard makes that slow), and the device gets
         // to finish those discards before the next round.
-        for name in [
-            "raw",
-            "fastensor.safetensors",
-            "engine.safetensors",
-            "st.safetensors",
-            "fastensor-into.safetensors",
-            "st-into.safetensors",
-            "plain",
-        ] {
-            let _ = std::fs::remove_file(path(name));
-        }
+        drop(scratch);
         bench::quiesce(std::time::Duration::from_secs(3));
         if rounds > 1 {
             let names: Vec<String> = order.iter().map(|i| (i + 1).to_string()).collect();
@@ -169,6 +165,17 @@ fn shuffled(n: usize, seed: u64) -> Vec<usize> {
     }
     v
 }
+
+/// The files of a round (`DIR/ckpt_bench.NAME`).
+const SCRATCH_NAMES: [&str; 7] = [
+    "raw",
+    "fastensor.safetensors",
+    "engine.safetensors",
+    "st.safetensors",
+    "fastensor-into.safetensors",
+    "st-into.safetensors",
+    "plain",
+];
 
 const SAFETENSORS: &str = "safetensors crate (mmap)";
 const INTO: &str = "fastensor, into existing";

@@ -6,6 +6,7 @@ mod backends;
 mod bench;
 mod ckpt;
 mod ckpt_bench;
+mod scratch;
 mod sizes;
 mod table;
 mod tune;
@@ -40,6 +41,7 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    scratch::install();
     let result = match cli.command {
         Command::Backends => backends::run(),
         Command::Bench(args) => bench::run(*args),
@@ -50,8 +52,46 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("fastensor: error: {e}");
+            eprintln!("fastensor: error: {}", shorten_lines(&e.to_string()));
             ExitCode::FAILURE
         }
+    }
+}
+
+/// Longest line of an error message printed whole; longer lines (a parser quoting a huge
+/// input line) are cut, saying how much was left out.
+const MAX_LINE: usize = 300;
+
+/// `msg` with every line longer than [`MAX_LINE`] characters cut to that length.
+fn shorten_lines(msg: &str) -> String {
+    msg.split('\n')
+        .map(|line| match line.char_indices().nth(MAX_LINE) {
+            Some((cut, _)) => {
+                let rest = line[cut..].chars().count();
+                format!("{}... ({rest} more characters)", &line[..cut])
+            }
+            None => line.to_string(),
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn long_lines_are_cut_short_ones_kept() {
+        let long = "x".repeat(1000);
+        let out = shorten_lines(&format!("short\n{long}\nend"));
+        let lines: Vec<&str> = out.lines().collect();
+        assert_eq!(lines[0], "short");
+        assert!(lines[1].len() < MAX_LINE + 40, "{}", lines[1]);
+        assert!(lines[1].ends_with("(700 more characters)"), "{}", lines[1]);
+        assert_eq!(lines[2], "end");
+        assert_eq!(
+            shorten_lines("é".repeat(400).as_str()).chars().count(),
+            300 + 25
+        );
     }
 }

@@ -37,6 +37,10 @@ pub struct TuneArgs {
     /// Most rounds per size (exploration usually ends sooner).
     #[arg(long, default_value_t = 40)]
     max_rounds: usize,
+    /// Replace a profile file that cannot be used (not a profile, another format version,
+    /// another machine's); the old file is kept as `FILE.bak`.
+    #[arg(long)]
+    force: bool,
 }
 
 /// `fastensor profile ...`.
@@ -64,7 +68,7 @@ pub fn save_profile(dict: &Dictionary, path: &Path) -> Result<()> {
         std::fs::create_dir_all(parent)
             .map_err(|e| Error::io(e, "cannot create the profile directory").with_path(parent))?;
     }
-    dict.save(path)
+    fastensor::atomic::write(path, dict.to_toml().as_bytes())
 }
 
 /// Runs a short exploration and writes the profile.
@@ -82,9 +86,32 @@ pub fn run_tune(args: TuneArgs) -> Result<()> {
         options.sizes = sizes;
     }
     let path = profile_path(args.profile)?;
+    // Checked before tuning: a file that is no usable profile is replaced only with --force.
+    let old = match usable_profile(&path) {
+        Ok(old) => old,
+        Err(why) if args.force => {
+            let bak = backup_path(&path);
+            std::fs::copy(&path, &bak).map_err(|e| {
+                Error::io(e, "cannot keep the old profile").with_path(&bak)
+            })?;
+            eprintln!(
+                "fastensor: replacing {} ({why}); the old file is kept as {}",
+                path.display(),
+                bak.display()
+            );
+            None
+        }
+        Err(why) => {
+            return Err(Error::new(
+                ErrorKind::InvalidInput,
+                format!("refusing to overwrite a file that is {why} (--force replaces it, keeping it as FILE.bak)"),
+            )
+            .with_path(&path))
+        }
+    };
     let mut outcome = tune(&args.dir, &options)?;
     // Keep the knob settings `bench --write-profile` stored in the profile being replaced.
-    if let Ok(old) = Dictionary::read(&path) {
+    if let Some(old) = old {
         outcome.dictionary.knobs = old.knobs;
     }
     save_profile(&outcome.dictionary, &path)?;
@@ -100,6 +127,34 @@ pub fn run_tune(args: TuneArgs) -> Result<()> {
     Ok(())
 }
 
+/// The profile at `path` when it is one this machine would use (`None` when there is no
+/// file); else what the file is, in words.
+fn usable_profile(path: &Path) -> std::result::Result<Option<Dictionary>, String> {
+    match Dictionary::read(path) {
+        Ok(d) => match other_machine(&d) {
+            Some(why) => Err(format!("a profile of another machine ({why})")),
+            None => Ok(Some(d)),
+        },
+        Err(e) if e.kind() == ErrorKind::NotFound => Ok(None),
+        Err(e) if e.kind() == ErrorKind::Unsupported => {
+            Err(format!("a profile of another format ({})", e.message()))
+        }
+        Err(e) => Err(format!("not a usable profile ({e})")),
+    }
+}
+
+/// How the machine `dict` was measured on differs from this one; `None` when it is this one.
+fn other_machine(dict: &Dictionary) -> Option<String> {
+    dict.fingerprint.mismatch(&dict.fingerprint.current())
+}
+
+/// `FILE.bak` for `FILE`.
+fn backup_path(path: &Path) -> PathBuf {
+    let mut name = path.as_os_str().to_os_string();
+    name.push(".bak");
+    PathBuf::from(name)
+}
+
 /// Runs `fastensor profile ...`.
 pub fn run_profile(cmd: ProfileCommand) -> Result<()> {
     match cmd {
@@ -107,6 +162,12 @@ pub fn run_profile(cmd: ProfileCommand) -> Result<()> {
             let path = profile_path(file)?;
             let dict = Dictionary::read(&path)?;
             print!("{dict}");
+            if let Some(why) = other_machine(&dict) {
+                println!(
+                    "warning: this profile was measured on another machine ({why}); the engine \
+                     would not use it here"
+                );
+            }
             Ok(())
         }
     }

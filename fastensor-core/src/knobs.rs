@@ -84,14 +84,22 @@ impl Knobs {
         Ok(())
     }
 
-    /// The value of `name` as a count (`4`), if set.
+    /// The value of `name` as a count (`4`; at least 1), if set.
     pub fn count(&self, name: &str) -> Result<Option<usize>> {
-        self.parsed(name, |v| v.parse::<usize>().ok(), "a count such as 4")
+        self.parsed(
+            name,
+            |v| v.parse::<usize>().ok().filter(|&n| n > 0),
+            "a count of at least 1, such as 4",
+        )
     }
 
-    /// The value of `name` as a byte size (`4096`, `512K`, `4M`, `1G`), if set.
+    /// The value of `name` as a byte size (`4096`, `512K`, `4M`, `1G`; at least 1), if set.
     pub fn size(&self, name: &str) -> Result<Option<usize>> {
-        self.parsed(name, parse_size, "a size such as 512K or 4M")
+        self.parsed(
+            name,
+            |v| parse_size(v).filter(|&n| n > 0),
+            "a size of at least 1 byte, such as 512K or 4M",
+        )
     }
 
     /// The value of `name` as a flag (`true`/`false`, `on`/`off`, `1`/`0`), if set.
@@ -193,5 +201,18 @@ mod tests {
         assert_eq!(format_size(512 << 10), "512K");
         assert_eq!(format_size(1000), "1000");
         assert_eq!(parse_size("2G"), Some(2 << 30));
+    }
+
+    #[test]
+    fn zero_threads_or_chunk_is_invalid_input() {
+        let mut k = Knobs::new();
+        k.set("threads", "0").set("chunk", "0");
+        for err in [
+            k.count("threads").unwrap_err(),
+            k.size("chunk").unwrap_err(),
+        ] {
+            assert_eq!(err.kind(), ErrorKind::InvalidInput, "{err}");
+            assert!(err.to_string().contains("at least 1"), "{err}");
+        }
     }
 }

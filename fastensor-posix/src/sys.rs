@@ -8,8 +8,10 @@ use std::fs::{File, OpenOptions};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 
-/// Opens `path` as `mode` requires, optionally with `O_DIRECT`. Directories are refused with
-/// [`ErrorKind::InvalidInput`]; a file system that refuses `O_DIRECT` gives
+/// Opens `path` as `mode` requires, optionally with `O_DIRECT`. Directories and every other
+/// file that is not a regular file (FIFOs, devices, sockets) are refused with
+/// [`ErrorKind::InvalidInput`], without blocking (the open itself is non-blocking, so a FIFO
+/// with no writer does not hang it); a file system that refuses `O_DIRECT` gives
 /// [`ErrorKind::Unsupported`]. Errors name the file and `backend`.
 pub fn open_file(path: &Path, mode: OpenMode, direct: bool, backend: &str) -> Result<File> {
     let mut opts = OpenOptions::new();
@@ -26,9 +28,11 @@ pub fn open_file(path: &Path, mode: OpenMode, direct: bool, backend: &str) -> Re
             opts.write(true).create(true).truncate(true);
         }
     }
+    let mut flags = OFlags::NONBLOCK;
     if direct {
-        opts.custom_flags(OFlags::DIRECT.bits() as i32);
+        flags |= OFlags::DIRECT;
     }
+    opts.custom_flags(flags.bits() as i32);
     let what = if mode.writable() {
         "cannot open for writing"
     } else {
@@ -59,7 +63,44 @@ pub fn open_file(path: &Path, mode: OpenMode, direct: bool, backend: &str) -> Re
                 .with_backend(backend),
         );
     }
+    if !meta.is_file() {
+        return Err(Error::new(
+            ErrorKind::InvalidInput,
+            format!("not a regular file ({})", file_kind(&meta.file_type())),
+        )
+        .with_path(path)
+        .with_backend(backend));
+    }
+    // Transfers block as usual (O_NONBLOCK means nothing to a regular file's reads, but
+    // the descriptor is handed on).
+    rustix::fs::fcntl_getfl(&file)
+        .and_then(|fl| rustix::fs::fcntl_setfl(&file, fl - OFlags::NONBLOCK))
+        .map_err(|e| {
+            Error::io(e.into(), "cannot clear O_NONBLOCK")
+                .with_path(path)
+                .with_backend(backend)
+        })?;
     Ok(file)
+}
+
+/// What a file that is not a regular file is, in words ("a FIFO", "a character device").
+pub fn file_kind(ft: &std::fs::FileType) -> &'static str {
+    use std::os::unix::fs::FileTypeExt;
+    if ft.is_file() {
+        "a regular file"
+    } else if ft.is_dir() {
+        "a directory"
+    } else if ft.is_fifo() {
+        "a FIFO"
+    } else if ft.is_char_device() {
+        "a character device"
+    } else if ft.is_block_device() {
+        "a block device"
+    } else if ft.is_socket() {
+        "a socket"
+    } else {
+        "a special file"
+    }
 }
 
 /// Opens `path` twice for a direct-I/O backend: an `O_DIRECT` descriptor as `mode` requires,

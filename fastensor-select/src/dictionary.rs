@@ -111,8 +111,9 @@ fn corrupt(what: impl fmt::Display) -> Error {
 
 impl Dictionary {
     /// Reads a dictionary. A missing file is [`ErrorKind::NotFound`]; a file that is not a
-    /// dictionary is [`ErrorKind::Corrupt`] naming the file; a dictionary of another format
-    /// version is [`ErrorKind::Unsupported`].
+    /// dictionary is [`ErrorKind::Corrupt`] naming the file (so is one with an unknown
+    /// objective, a sample that is NaN, infinite or negative, or a context given twice); a
+    /// dictionary of another format version is [`ErrorKind::Unsupported`].
     pub fn read(path: &Path) -> Result<Dictionary> {
         let text = std::fs::read_to_string(path)
             .map_err(|e| Error::io(e, "cannot read the dictionary").with_path(path))?;
@@ -135,8 +136,12 @@ impl Dictionary {
             ));
         }
         let dict: Dictionary = table.try_into().map_err(corrupt)?;
+        dict.objective
+            .parse::<Objective>()
+            .map_err(|e| corrupt(format!("objective: {}", e.message())))?;
+        let mut keys = std::collections::BTreeSet::new();
         for c in &dict.contexts {
-            c.key().map_err(corrupt)?;
+            let key = c.key().map_err(corrupt)?;
             for cand in &c.candidates {
                 if cand.time_ns_per_byte.len() != cand.cpu_ns_per_byte.len() {
                     return Err(corrupt(format!(
@@ -144,6 +149,22 @@ impl Dictionary {
                         cand.name
                     )));
                 }
+                let samples = cand.time_ns_per_byte.iter().chain(&cand.cpu_ns_per_byte);
+                if let Some(bad) = samples
+                    .chain(&cand.prior)
+                    .find(|v| !v.is_finite() || **v < 0.0)
+                {
+                    return Err(corrupt(format!(
+                        "candidate `{}` has a sample of {bad} (costs are finite, not negative)",
+                        cand.name
+                    )));
+                }
+            }
+            if !keys.insert(key) {
+                return Err(corrupt(format!(
+                    "the context {} {} size class {} cache {} appears twice",
+                    c.direction, c.memory, c.size_class, c.cache
+                )));
             }
         }
         Ok(dict)

@@ -1,13 +1,18 @@
 //! Loads: the whole data section into one aligned arena, a selection of tensors (only the
 //! ranges needed, neighbours merged), or the caller's own buffers.
 
-use super::header::{check_header_len, header_len_of, parse_header, Header, HeaderEntry};
-use super::save::TensorView;
-use super::{Arena, FileOpener, IO_THREADS};
+use super::header::{
+    check_header_len, header_len_of, lookup, parse_header, parse_header_from, Header, HeaderEntry,
+    PARSE_WHOLE_MAX,
+};
+use super::save::{TensorView, Tensors};
+use super::{validate, Arena, FileOpener, IO_THREADS};
 use crate::core::align::align_down;
 use crate::core::parallel;
-use crate::{BackendFile, Error, ErrorKind, HostBuffer, MemMut, OpenMode, Result, TensorDesc};
-use std::collections::{BTreeMap, HashMap};
+use crate::{
+    BackendFile, Error, ErrorKind, HostBuffer, MemMut, MemRef, OpenMode, Result, TensorDesc,
+};
+use std::collections::BTreeMap;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 
@@ -41,14 +46,15 @@ pub struct Checkpoint {
     path: PathBuf,
     arena: Arena,
     entries: Vec<(TensorDesc, Range<usize>)>,
-    by_name: HashMap<String, usize>,
+    /// Indices into `entries`, sorted by name.
+    by_name: Vec<u32>,
     metadata: BTreeMap<String, String>,
 }
 
 impl Checkpoint {
     /// The tensor called `name`: its descriptor and bytes (a view into the arena).
     pub fn tensor(&self, name: &str) -> Option<(&TensorDesc, &[u8])> {
-        self.by_name.get(name).map(|&i| {
+        lookup(&self.by_name, name, |i| &self.entries[i].0.name).map(|i| {
             let (d, r) = &self.entries[i];
             (d, &self.arena[r.clone()])
         })
@@ -99,7 +105,20 @@ impl Checkpoint {
     }
 }
 
-/// Reads and validates the header of an open file.
+impl<'a> Tensors<'a> for &'a Checkpoint {
+    fn count(&self) -> usize {
+        self.entries.len()
+    }
+    fn desc(&self, i: usize) -> &'a TensorDesc {
+        &self.entries[i].0
+    }
+    fn data(&self, i: usize) -> MemRef<'a> {
+        MemRef::Host(&self.arena[self.entries[i].1.clone()])
+    }
+}
+
+/// Reads and validates the header of an open file; one longer than [`PARSE_WHOLE_MAX`] is
+/// parsed as it is read, in pieces of [`FIRST_READ`] bytes (its JSON never held whole).
 pub(crate) fn read_header(file: &dyn BackendFile, path: &Path) -> Result<Header> {
     let ctx = |e: Error| e.with_path(path);
     let file_len = file.len().map_err(ctx)?;
@@ -108,7 +127,10 @@ pub(crate) fn read_header(file: &dyn BackendFile, path: &Path) -> Result<Header>
     let header_len = header_len_of(&buf[..n]).map_err(ctx)?;
     check_header_len(header_len, file_len).map_err(ctx)?;
     let need = 8 + header_len as usize;
-    if need > n {
+    if need <= n {
+        return parse_header(&buf[..n], file_len).map_err(ctx);
+    }
+    if header_len <= PARSE_WHOLE_MAX {
         buf = HostBuffer::new(need)?;
         let got = file.read_at(0, buf.as_mem_mut()).map_err(ctx)?;
         if got < need {
@@ -117,8 +139,51 @@ pub(crate) fn read_header(file: &dyn BackendFile, path: &Path) -> Result<Header>
                 "the file shrank while its header was read",
             )));
         }
+        return parse_header(&buf[..need], file_len).map_err(ctx);
     }
-    parse_header(&buf[..need], file_len).map_err(ctx)
+    let reader = FileReader {
+        file,
+        buf,
+        filled: n,
+        at: 8,
+        pos: 0,
+    };
+    parse_header_from(reader, header_len, file_len).map_err(ctx)
+}
+
+/// Reads a file from an offset on, a buffer at a time.
+struct FileReader<'a> {
+    file: &'a dyn BackendFile,
+    buf: HostBuffer,
+    /// Bytes of `buf` holding the file from `pos`.
+    filled: usize,
+    /// Next byte of `buf` to hand out.
+    at: usize,
+    /// File offset of `buf[0]`.
+    pos: u64,
+}
+
+impl std::io::Read for FileReader<'_> {
+    fn read(&mut self, out: &mut [u8]) -> std::io::Result<usize> {
+        if self.at == self.filled {
+            self.pos += self.filled as u64;
+            self.at = 0;
+            self.filled = self
+                .file
+                .read_at(self.pos, self.buf.as_mem_mut())
+                .map_err(std::io::Error::other)?;
+            if self.filled == 0 {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::UnexpectedEof,
+                    "the file shrank while its header was read",
+                ));
+            }
+        }
+        let n = out.len().min(self.filled - self.at);
+        out[..n].copy_from_slice(&self.buf[self.at..self.at + n]);
+        self.at += n;
+        Ok(n)
+    }
 }
 
 fn truncated(path: &Path, offset: u64) -> Error {
@@ -238,27 +303,32 @@ fn read_spans(
             Ok(())
         })?;
     }
+    let data_start = header.data_start();
+    let (all, metadata) = header.into_parts();
     let mut entries = Vec::new();
-    let mut by_name = HashMap::new();
-    for (i, e) in header.entries().iter().enumerate() {
+    let mut span = 0;
+    for (i, e) in all.into_iter().enumerate() {
         if !keep(i) {
             continue;
         }
-        let r = header.file_range(e);
-        let &(from, _, arena_off) = placed
-            .iter()
-            .find(|(from, end, _)| *from <= r.start && r.end <= *end)
-            .expect("every kept tensor lies in a span");
+        let r = data_start + e.offsets.start..data_start + e.offsets.end;
+        // Kept tensors come in file order, as the spans do.
+        while !(placed[span].0 <= r.start && r.end <= placed[span].1) {
+            span += 1;
+        }
+        let (from, _, arena_off) = placed[span];
         let start = (arena_off + r.start - from) as usize;
-        by_name.insert(e.desc.name.clone(), entries.len());
-        entries.push((e.desc.clone(), start..start + e.byte_len() as usize));
+        entries.push((e.desc, start..start + (r.end - r.start) as usize));
     }
+    entries.shrink_to_fit();
+    let by_name = validate::by_name(&entries, |(d, _)| &d.name)
+        .map_err(|name| Error::new(ErrorKind::Corrupt, format!("tensor `{name}` appears twice")))?;
     Ok(Checkpoint {
         path: path.to_path_buf(),
         arena,
         entries,
         by_name,
-        metadata: header.metadata().clone(),
+        metadata,
     })
 }
 

@@ -27,10 +27,12 @@ mod tools;
 mod validate;
 
 pub use arena::Arena;
-pub use header::{parse_header, Header, HeaderEntry, DATA_ALIGN, MAX_HEADER_LEN, METADATA_KEY};
+pub use header::{
+    parse_header, Header, HeaderEntry, DATA_ALIGN, MAX_HEADER_LEN, MAX_RANK, METADATA_KEY,
+};
 pub use load::{load, load_into, load_selected, open, Checkpoint, CheckpointFile};
 pub use save::{save, save_section, save_with_metadata, TensorView};
-pub use tools::{copy, format_table, inspect, rows, InspectRow};
+pub use tools::{copy, format_table, inspect, rows, write_table, InspectRow};
 
 use crate::{Backend, BackendFile, OpenMode, Result};
 use std::path::Path;

@@ -3,13 +3,14 @@
 //! buffers where they are aligned and through staging buffers where they are not (small
 //! tensors are coalesced, never written one by one).
 
-use super::header::{self, HeaderEntry, DATA_ALIGN};
+use super::header::{self, DATA_ALIGN};
 use super::{validate, FileOpener};
+use crate::atomic::AtomicFile;
 use crate::core::parallel;
 use crate::{BackendFile, Error, ErrorKind, HostBuffer, MemRef, OpenMode, Result, TensorDesc};
-use std::collections::{BTreeMap, HashSet};
-use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::collections::BTreeMap;
+use std::ops::Range;
+use std::path::Path;
 use std::sync::Mutex;
 
 /// Bytes of the data section written by one job (a multiple of [`DATA_ALIGN`]).
@@ -55,24 +56,50 @@ pub fn save<O: FileOpener + ?Sized>(
 
 /// Saves `tensors` (in this order) and a `__metadata__` map to `path`.
 ///
-/// The file is written to a temporary file in the same directory, synced, renamed over
-/// `path`, and the directory is synced: after a crash `path` holds either the old or the new
-/// checkpoint, whole. On error the temporary file is removed. A descriptor whose byte length
-/// differs from its data's, a duplicate name, or the name `__metadata__` is
-/// [`ErrorKind::InvalidInput`].
+/// The file is written through [`AtomicFile`]: after a crash `path` holds either the old
+/// or the new checkpoint, whole, and after return the new one, durably; a target that is
+/// not a regular file is refused, a symbolic link is followed, the mode (and owner, as
+/// root) of a file replaced is kept. On error nothing is left behind, and the error names
+/// `path` (and says "no space left on device" when the disk is full). A descriptor whose
+/// byte length differs from its data's, a duplicate name, or the name `__metadata__` is
+/// [`ErrorKind::InvalidInput`]. Beyond the tensors' bytes, memory in use stays within a
+/// few dozen bytes per tensor and a few MiB: the header is written as it is encoded.
 pub fn save_with_metadata<O: FileOpener + ?Sized>(
     opener: &O,
     path: &Path,
     tensors: &[TensorView<'_>],
     metadata: &BTreeMap<String, String>,
 ) -> Result<()> {
-    let entries = layout(tensors).map_err(|e| e.with_path(path))?;
-    let segments: Vec<(u64, MemRef<'_>)> = tensors
-        .iter()
-        .zip(&entries)
-        .map(|(t, e)| (e.offsets.start, t.data))
-        .collect();
-    write_file(opener, path, &entries, &segments, metadata)
+    save_tensors(opener, path, &Views(tensors), metadata)
+}
+
+/// Tensors to save: descriptors and bytes, by index.
+pub(crate) trait Tensors<'a>: Sync {
+    /// Number of tensors.
+    fn count(&self) -> usize;
+    /// The descriptor of tensor `i`.
+    fn desc(&self, i: usize) -> &'a TensorDesc;
+    /// The bytes of tensor `i`.
+    fn data(&self, i: usize) -> MemRef<'a>;
+    /// The whole data section as one buffer, when the tensors lie one after another in it
+    /// (it is then written as one, not tensor by tensor).
+    fn section(&self) -> Option<MemRef<'a>> {
+        None
+    }
+}
+
+struct Views<'s, 'a>(&'s [TensorView<'a>]);
+
+impl<'s: 'a, 'a> Tensors<'a> for Views<'s, 'a> {
+    fn count(&self) -> usize {
+        self.0.len()
+    }
+    fn desc(&self, i: usize) -> &'a TensorDesc {
+        &self.0[i].desc
+    }
+    fn data(&self, i: usize) -> MemRef<'a> {
+        self.0[i].data
+    }
 }
 
 /// Saves tensors whose bytes lie one after another in `data`, in the order of `descs` (the
@@ -87,21 +114,13 @@ pub fn save_section<O: FileOpener + ?Sized>(
     data: MemRef<'_>,
     metadata: &BTreeMap<String, String>,
 ) -> Result<()> {
-    let mut views = Vec::with_capacity(descs.len());
-    let mut at = 0usize;
+    let mut starts = Vec::with_capacity(descs.len() + 1);
+    let mut at = 0u64;
     for d in descs {
-        let len = usize::try_from(d.byte_len()?).unwrap_or(usize::MAX);
-        if len > data.len() - at {
-            return Err(Error::new(
-                ErrorKind::InvalidInput,
-                format!("the data section ends inside tensor `{}`", d.name),
-            )
-            .with_path(path));
-        }
-        views.push(TensorView::new(d.clone(), data.slice(at, len)));
-        at += len;
+        starts.push(at);
+        at = at.saturating_add(d.byte_len().map_err(|e| e.with_path(path))?);
     }
-    if at != data.len() {
+    if at != data.len() as u64 {
         return Err(Error::new(
             ErrorKind::InvalidInput,
             format!(
@@ -111,68 +130,200 @@ pub fn save_section<O: FileOpener + ?Sized>(
         )
         .with_path(path));
     }
-    let entries = layout(&views).map_err(|e| e.with_path(path))?;
-    write_file(opener, path, &entries, &[(0, data)], metadata)
+    starts.push(at);
+    save_tensors(
+        opener,
+        path,
+        &Section {
+            descs,
+            starts,
+            data,
+        },
+        metadata,
+    )
 }
 
-/// Writes the header of `entries` and the data section, given as `segments` (section
-/// offset, bytes), to a temporary file, and commits it over `path`.
-fn write_file<O: FileOpener + ?Sized>(
+/// Tensors laid out one after another in one buffer.
+struct Section<'a> {
+    descs: &'a [TensorDesc],
+    /// Offset of each tensor in `data`, and the end.
+    starts: Vec<u64>,
+    data: MemRef<'a>,
+}
+
+impl<'a> Tensors<'a> for Section<'a> {
+    fn count(&self) -> usize {
+        self.descs.len()
+    }
+    fn desc(&self, i: usize) -> &'a TensorDesc {
+        &self.descs[i]
+    }
+    fn data(&self, i: usize) -> MemRef<'a> {
+        let (from, to) = (self.starts[i] as usize, self.starts[i + 1] as usize);
+        self.data.slice(from, to - from)
+    }
+    fn section(&self) -> Option<MemRef<'a>> {
+        Some(self.data)
+    }
+}
+
+/// Saves `tensors` and `metadata` to `path` (see [`save_with_metadata`]).
+pub(crate) fn save_tensors<'a, O: FileOpener + ?Sized>(
     opener: &O,
     path: &Path,
-    entries: &[HeaderEntry],
-    segments: &[(u64, MemRef<'_>)],
+    tensors: &dyn Tensors<'a>,
     metadata: &BTreeMap<String, String>,
 ) -> Result<()> {
-    let prefix = header::encode(entries, metadata);
-    let data_start = prefix.len() as u64;
-    let total = data_start + entries.last().map_or(0, |e| e.offsets.end);
-    let header_buf = HostBuffer::from_slice(&prefix)?;
-
-    let temp = TempFile::new(path)?;
-    let file = opener.open_file(&temp.path, OpenMode::Truncate)?;
-    file.write_at(0, header_buf.as_mem())?;
-    write_data(&*file, data_start, segments)?;
-    if file.len()? != total {
-        file.set_len(total)?;
+    let offsets = layout(tensors).map_err(|e| e.with_path(path))?;
+    let tensor = |i: usize| (tensors.desc(i), offsets[i].clone());
+    let mut counter = header::Counter::default();
+    {
+        // The encoder writes a few bytes at a time: through a buffer.
+        let mut out = std::io::BufWriter::with_capacity(64 << 10, &mut counter);
+        header::write_json(&mut out, offsets.len(), tensor, metadata)
+            .and_then(|()| std::io::Write::flush(&mut out))
+            .expect("counting never fails");
     }
-    file.sync()?;
-    drop(file);
-    temp.commit(path)
+    let data_start = header::padded_len(counter.0);
+    let total = data_start + offsets.last().map_or(0, |r| r.end);
+
+    let temp = AtomicFile::new(path)?;
+    let written = (|| {
+        let file = opener.open_file(&temp.path(), OpenMode::Truncate)?;
+        let mut out = HeaderWriter::new(&*file)?;
+        let header_len = data_start - 8;
+        let encoded = {
+            let mut buffered = std::io::BufWriter::with_capacity(64 << 10, &mut out);
+            std::io::Write::write_all(&mut buffered, &header_len.to_le_bytes())
+                .and_then(|()| header::write_json(&mut buffered, offsets.len(), tensor, metadata))
+                .and_then(|()| std::io::Write::flush(&mut buffered))
+        };
+        encoded.map_err(|e| {
+            out.take_error()
+                .unwrap_or_else(|| Error::io(e, "cannot write the header"))
+        })?;
+        out.finish(data_start)?;
+        write_data(&*file, data_start, tensors, &offsets)?;
+        if file.len()? != total {
+            file.set_len(total)?;
+        }
+        file.sync()
+    })();
+    written.map_err(|e| {
+        let what = match e.kind() {
+            ErrorKind::StorageFull => "cannot save the checkpoint: no space left on device",
+            _ => "cannot save the checkpoint",
+        };
+        Error::new(e.kind(), what).with_path(path).with_source(e)
+    })?;
+    temp.commit()
 }
 
-/// Checks the tensors and lays them out one after another.
-fn layout(tensors: &[TensorView<'_>]) -> Result<Vec<HeaderEntry>> {
-    let mut names = HashSet::with_capacity(tensors.len());
-    let mut pos = 0u64;
-    let mut out = Vec::with_capacity(tensors.len());
-    for t in tensors {
-        let name = &t.desc.name;
-        validate::tensor_name(name)?;
-        if !names.insert(name.as_str()) {
-            return Err(Error::new(
-                ErrorKind::InvalidInput,
-                format!("tensor `{name}` is given twice"),
-            ));
+/// Writes the header to the start of a file in aligned pieces of [`HEADER_PIECE`] bytes.
+struct HeaderWriter<'f> {
+    file: &'f dyn BackendFile,
+    buf: HostBuffer,
+    filled: usize,
+    /// File offset of `buf[0]`.
+    pos: u64,
+    error: Option<Error>,
+}
+
+/// Bytes of one write of a header (a multiple of [`DATA_ALIGN`]).
+const HEADER_PIECE: usize = 1 << 20;
+
+impl<'f> HeaderWriter<'f> {
+    fn new(file: &'f dyn BackendFile) -> Result<Self> {
+        Ok(HeaderWriter {
+            file,
+            buf: HostBuffer::new(HEADER_PIECE)?,
+            filled: 0,
+            pos: 0,
+            error: None,
+        })
+    }
+
+    fn flush_piece(&mut self) -> Result<()> {
+        self.file
+            .write_at(self.pos, MemRef::Host(&self.buf[..self.filled]))?;
+        self.pos += self.filled as u64;
+        self.filled = 0;
+        Ok(())
+    }
+
+    /// Pads with spaces up to `data_start` and writes what is left.
+    fn finish(mut self, data_start: u64) -> Result<()> {
+        if let Some(e) = self.error.take() {
+            return Err(e);
         }
-        let len = t.desc.byte_len()?;
-        if len != t.data.len() as u64 {
+        while self.pos + (self.filled as u64) < data_start {
+            let room = self.buf.len() - self.filled;
+            let pad = room.min((data_start - self.pos - self.filled as u64) as usize);
+            self.buf[self.filled..self.filled + pad].fill(b' ');
+            self.filled += pad;
+            if self.filled == self.buf.len() {
+                self.flush_piece()?;
+            }
+        }
+        if self.filled > 0 {
+            self.flush_piece()?;
+        }
+        Ok(())
+    }
+
+    fn take_error(&mut self) -> Option<Error> {
+        self.error.take()
+    }
+}
+
+impl std::io::Write for HeaderWriter<'_> {
+    fn write(&mut self, data: &[u8]) -> std::io::Result<usize> {
+        let n = data.len().min(self.buf.len() - self.filled);
+        self.buf[self.filled..self.filled + n].copy_from_slice(&data[..n]);
+        self.filled += n;
+        if self.filled == self.buf.len() {
+            if let Err(e) = self.flush_piece() {
+                self.error = Some(e);
+                return Err(std::io::Error::other("the header write failed"));
+            }
+        }
+        Ok(n)
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Checks the tensors and lays them out one after another: their offsets in the data
+/// section.
+fn layout(tensors: &dyn Tensors<'_>) -> Result<Vec<Range<u64>>> {
+    let mut pos = 0u64;
+    let mut out = Vec::with_capacity(tensors.count());
+    for i in 0..tensors.count() {
+        let desc = tensors.desc(i);
+        let name = &desc.name;
+        validate::tensor_name(name)?;
+        let len = desc.byte_len()?;
+        let data_len = tensors.data(i).len();
+        if len != data_len as u64 {
             return Err(Error::new(
                 ErrorKind::InvalidInput,
                 format!(
-                    "tensor `{name}`: {} × {:?} is {len} bytes but its data holds {}",
-                    t.desc.dtype,
-                    t.desc.shape,
-                    t.data.len()
+                    "tensor `{name}`: {} × {:?} is {len} bytes but its data holds {data_len}",
+                    desc.dtype, desc.shape
                 ),
             ));
         }
-        out.push(HeaderEntry {
-            desc: t.desc.clone(),
-            offsets: pos..pos + len,
-        });
+        out.push(pos..pos + len);
         pos += len;
     }
+    let descs: Vec<&TensorDesc> = (0..tensors.count()).map(|i| tensors.desc(i)).collect();
+    validate::by_name(&descs, |d| &d.name).map_err(|name| {
+        Error::new(
+            ErrorKind::InvalidInput,
+            format!("tensor `{name}` is given twice"),
+        )
+    })?;
     Ok(out)
 }
 
@@ -188,9 +339,8 @@ enum Job<'a> {
     },
 }
 
-/// Splits the data section, given as segments (section offset, bytes), into jobs of at most
-/// [`WINDOW`] bytes (aligned in the file).
-fn jobs<'a>(data_start: u64, segments: &[(u64, MemRef<'a>)]) -> Vec<Job<'a>> {
+/// Splits the data section into jobs of at most [`WINDOW`] bytes (aligned in the file).
+fn jobs<'a>(data_start: u64, tensors: &dyn Tensors<'a>, offsets: &[Range<u64>]) -> Vec<Job<'a>> {
     let mut jobs = Vec::new();
     let mut run: Option<(u64, usize, Vec<&'a [u8]>)> = None;
     let flush = |run: &mut Option<(u64, usize, Vec<&'a [u8]>)>, jobs: &mut Vec<Job<'a>>| {
@@ -202,15 +352,25 @@ fn jobs<'a>(data_start: u64, segments: &[(u64, MemRef<'a>)]) -> Vec<Job<'a>> {
             });
         }
     };
-    for &(start, data) in segments {
-        let seg_end = start + data.len() as u64;
-        let mut pos = start;
-        while pos < seg_end {
+    // The pieces of the data section: the whole section at once where the tensors come as
+    // one buffer, else tensor by tensor.
+    let segments: Vec<(Range<u64>, MemRef<'a>)> = match tensors.section() {
+        Some(all) => vec![(0..all.len() as u64, all)],
+        None => offsets
+            .iter()
+            .enumerate()
+            .map(|(i, r)| (r.clone(), tensors.data(i)))
+            .collect(),
+    };
+    for (range, data) in &segments {
+        let (range, data) = (range.clone(), *data);
+        let mut pos = range.start;
+        while pos < range.end {
             // Pieces end at window boundaries of the file.
             let abs = data_start + pos;
             let window_end = (abs / WINDOW + 1) * WINDOW - data_start;
-            let end = seg_end.min(window_end);
-            let src = data.slice((pos - start) as usize, (end - pos) as usize);
+            let end = range.end.min(window_end);
+            let src = data.slice((pos - range.start) as usize, (end - pos) as usize);
             let direct = match src {
                 MemRef::Device(_) => true,
                 MemRef::Host(_) => {
@@ -241,13 +401,14 @@ fn jobs<'a>(data_start: u64, segments: &[(u64, MemRef<'a>)]) -> Vec<Job<'a>> {
     jobs
 }
 
-/// Writes the data section, given as segments (section offset, bytes), from `data_start`.
+/// Writes the data section of `tensors`, laid out at `offsets`, from `data_start`.
 fn write_data(
     file: &dyn BackendFile,
     data_start: u64,
-    segments: &[(u64, MemRef<'_>)],
+    tensors: &dyn Tensors<'_>,
+    offsets: &[Range<u64>],
 ) -> Result<()> {
-    let jobs = jobs(data_start, segments);
+    let jobs = jobs(data_start, tensors, offsets);
     let pool: Mutex<Vec<HostBuffer>> = Mutex::new(Vec::new());
     parallel::for_each(jobs, SAVE_JOBS_IN_FLIGHT, |job| match job {
         Job::Direct { offset, src } => file.write_at(offset, src),
@@ -271,57 +432,4 @@ fn write_data(
             res
         }
     })
-}
-
-/// A temporary file next to the target, removed unless committed.
-struct TempFile {
-    path: PathBuf,
-    committed: bool,
-}
-
-impl TempFile {
-    fn new(target: &Path) -> Result<TempFile> {
-        static COUNTER: AtomicU64 = AtomicU64::new(0);
-        let name = target.file_name().ok_or_else(|| {
-            Error::new(
-                ErrorKind::InvalidInput,
-                "a checkpoint path must name a file",
-            )
-            .with_path(target)
-        })?;
-        let mut tmp = std::ffi::OsString::from(".");
-        tmp.push(name);
-        tmp.push(format!(
-            ".tmp.{}.{}",
-            std::process::id(),
-            COUNTER.fetch_add(1, Ordering::Relaxed)
-        ));
-        Ok(TempFile {
-            path: target.with_file_name(tmp),
-            committed: false,
-        })
-    }
-
-    /// Renames the temporary file over `target` and syncs the directory.
-    fn commit(mut self, target: &Path) -> Result<()> {
-        std::fs::rename(&self.path, target).map_err(|e| {
-            Error::io(e, "cannot rename the temporary checkpoint").with_path(target)
-        })?;
-        self.committed = true;
-        let dir = match target.parent() {
-            Some(p) if !p.as_os_str().is_empty() => p,
-            _ => Path::new("."),
-        };
-        std::fs::File::open(dir)
-            .and_then(|d| d.sync_all())
-            .map_err(|e| Error::io(e, "cannot sync the directory").with_path(dir))
-    }
-}
-
-impl Drop for TempFile {
-    fn drop(&mut self) {
-        if !self.committed {
-            let _ = std::fs::remove_file(&self.path);
-        }
-    }
 }

@@ -1,17 +1,19 @@
 //! What the command line needs: a header listing and a re-save through the fast path.
 
-use super::header::{check_header_len, header_len_of, parse_header, Header};
-use super::{load, save_with_metadata, FileOpener};
+use super::header::{
+    check_header_len, header_len_of, parse_header, parse_header_from, Header, PARSE_WHOLE_MAX,
+};
+use super::save::save_tensors;
+use super::{load, FileOpener};
 use crate::{Error, Result};
-use std::fs::File;
-use std::io::Read;
+use std::io::{Read, Write};
 use std::path::Path;
 
 /// Reads and validates only the header of the safetensors file at `path` (a small read
 /// through the page cache; no backend needed).
 pub fn inspect(path: &Path) -> Result<Header> {
     let ctx = |e: Error| e.with_path(path);
-    let mut file = File::open(path).map_err(|e| ctx(Error::io(e, "cannot open for reading")))?;
+    let mut file = crate::atomic::open_regular(path)?;
     let file_len = file
         .metadata()
         .map_err(|e| ctx(Error::io(e, "cannot stat")))?
@@ -23,6 +25,10 @@ pub fn inspect(path: &Path) -> Result<Header> {
         .map_err(|e| ctx(Error::io(e, "cannot read the header")))?;
     let header_len = header_len_of(&len_bytes).map_err(ctx)?;
     check_header_len(header_len, file_len).map_err(ctx)?;
+    if header_len > PARSE_WHOLE_MAX {
+        // Parsed as it is read: the JSON is never held whole.
+        return parse_header_from(file, header_len, file_len).map_err(ctx);
+    }
     let mut bytes = len_bytes;
     (&mut file)
         .take(header_len)
@@ -63,36 +69,50 @@ pub fn rows(header: &Header) -> Vec<InspectRow> {
 
 /// A plain-text table of `header`: one line per tensor, then a summary line.
 pub fn format_table(header: &Header) -> String {
-    let rows = rows(header);
-    let name_w = rows.iter().map(|r| r.name.len()).max().unwrap_or(4).max(4);
-    let mut out = format!(
-        "{:<name_w$}  {:<8} {:<24} {:>14}\n",
+    let mut out = Vec::new();
+    write_table(header, &mut out).expect("writing to memory never fails");
+    String::from_utf8(out).expect("the table is UTF-8")
+}
+
+/// Writes the table of [`format_table`] to `out`, a line at a time (nothing is built whole).
+pub fn write_table(header: &Header, out: &mut dyn Write) -> std::io::Result<()> {
+    let entries = header.entries();
+    let name_w = entries
+        .iter()
+        .map(|e| e.desc.name.len())
+        .max()
+        .unwrap_or(4)
+        .max(4);
+    writeln!(
+        out,
+        "{:<name_w$}  {:<8} {:<24} {:>14}",
         "name", "dtype", "shape", "bytes"
-    );
-    for r in &rows {
-        out.push_str(&format!(
-            "{:<name_w$}  {:<8} {:<24} {:>14}\n",
-            r.name,
-            r.dtype,
-            format!("{:?}", r.shape),
-            r.bytes
-        ));
+    )?;
+    for e in entries {
+        writeln!(
+            out,
+            "{:<name_w$}  {:<8} {:<24} {:>14}",
+            e.desc.name,
+            e.desc.dtype.name(),
+            format!("{:?}", e.desc.shape),
+            e.byte_len()
+        )?;
     }
-    out.push_str(&format!(
-        "{} tensors, {} data bytes, header {} bytes, data {}aligned, {} metadata keys\n",
-        rows.len(),
+    writeln!(
+        out,
+        "{} tensors, {} data bytes, header {} bytes, data {}aligned, {} metadata keys",
+        entries.len(),
         header.data_len(),
         header.header_len(),
         if header.is_aligned() { "" } else { "not " },
         header.metadata().len()
-    ));
-    out
+    )
 }
 
 /// Copies the checkpoint at `src` to `dst` (metadata included), reading and re-saving it
 /// through the fast path, so `dst` gets an aligned data section. Returns the data bytes.
 pub fn copy<O: FileOpener + ?Sized>(opener: &O, src: &Path, dst: &Path) -> Result<u64> {
     let ckpt = load(opener, src)?;
-    save_with_metadata(opener, dst, &ckpt.views(), ckpt.metadata())?;
+    save_tensors(opener, dst, &&ckpt, ckpt.metadata())?;
     Ok(ckpt.data_bytes())
 }

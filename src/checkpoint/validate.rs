@@ -1,28 +1,23 @@
 //! Checks of a header's tensor table against the file: lengths, order, overlaps and gaps.
 
-use super::header::{HeaderEntry, RawEntry, METADATA_KEY};
-use crate::{Error, ErrorKind, Result, TensorDesc};
-use std::collections::HashSet;
+use super::header::{HeaderEntry, METADATA_KEY};
+use crate::{Error, ErrorKind, Result};
 
 fn corrupt(msg: String) -> Error {
     Error::new(ErrorKind::Corrupt, msg)
 }
 
-/// Validates raw entries against a data section of `data_len` bytes and returns them sorted
-/// by offset. The data must be covered exactly: no overlap, no gap, nothing after the last
-/// tensor, and each tensor's byte length must be dtype size × number of elements.
-pub(crate) fn entries(raw: Vec<RawEntry>, data_len: u64) -> Result<Vec<HeaderEntry>> {
-    let mut names = HashSet::with_capacity(raw.len());
-    let mut out = Vec::with_capacity(raw.len());
-    for r in raw {
-        if !names.insert(r.name.clone()) {
-            return Err(corrupt(format!(
-                "tensor `{}` appears twice in the header",
-                r.name
-            )));
-        }
-        let [start, end] = r.offsets;
-        let desc = TensorDesc::new(r.name, r.dtype, r.shape);
+/// Validates entries as a header gives them (offsets unchecked) against a data section of
+/// `data_len` bytes and returns them sorted by offset, with their indices sorted by name.
+/// The data must be covered exactly: no overlap, no gap, nothing after the last tensor, and
+/// each tensor's byte length must be dtype size × number of elements; names are unique.
+pub(crate) fn entries(
+    mut out: Vec<HeaderEntry>,
+    data_len: u64,
+) -> Result<(Vec<HeaderEntry>, Vec<u32>)> {
+    for e in &out {
+        let (start, end) = (e.offsets.start, e.offsets.end);
+        let desc = &e.desc;
         if end < start {
             return Err(corrupt(format!(
                 "tensor `{}`: data_offsets [{start}, {end}] end before they start",
@@ -51,12 +46,8 @@ pub(crate) fn entries(raw: Vec<RawEntry>, data_len: u64) -> Result<Vec<HeaderEnt
                 desc.name
             )));
         }
-        out.push(HeaderEntry {
-            desc,
-            offsets: start..end,
-        });
     }
-    out.sort_by(|a, b| {
+    out.sort_unstable_by(|a, b| {
         (a.offsets.start, a.offsets.end, &a.desc.name).cmp(&(
             b.offsets.start,
             b.offsets.end,
@@ -91,7 +82,27 @@ pub(crate) fn entries(raw: Vec<RawEntry>, data_len: u64) -> Result<Vec<HeaderEnt
             "the data section is {data_len} bytes but {last} ends at {pos} (trailing bytes)"
         )));
     }
-    Ok(out)
+    let by_name = by_name(&out, |e| &e.desc.name)
+        .map_err(|name| corrupt(format!("tensor `{name}` appears twice in the header")))?;
+    Ok((out, by_name))
+}
+
+/// The indices of `items` sorted by their names; a name given twice is returned as the
+/// error.
+pub(crate) fn by_name<T>(
+    items: &[T],
+    name_of: impl Fn(&T) -> &String,
+) -> std::result::Result<Vec<u32>, String> {
+    let n = u32::try_from(items.len()).map_err(|_| "(more than 2^32 tensors)".to_string())?;
+    let mut order: Vec<u32> = (0..n).collect();
+    order.sort_unstable_by(|&a, &b| name_of(&items[a as usize]).cmp(name_of(&items[b as usize])));
+    for w in order.windows(2) {
+        let name = name_of(&items[w[0] as usize]);
+        if name == name_of(&items[w[1] as usize]) {
+            return Err(name.clone());
+        }
+    }
+    Ok(order)
 }
 
 /// Checks a tensor name given for saving.

@@ -46,6 +46,9 @@ pub struct EngineFile {
     pinned: RwLock<Option<String>>,
     purpose: RwLock<Purpose>,
     probe_fd: OnceLock<Option<std::fs::File>>,
+    /// The file first opened (`None` when the path names no file of the local file
+    /// systems, e.g. for an in-memory backend): every handle opened later must reach it.
+    identity: Option<FileId>,
     /// The sequential read stream in progress (see [`ReadStream`]).
     stream: Mutex<ReadStream>,
     /// The bytes read so far (to tell reading again from reading for the first time).
@@ -102,9 +105,14 @@ fn refusal(kind: ErrorKind) -> bool {
 
 impl EngineFile {
     pub(crate) fn open(engine: Arc<Inner>, path: &Path, mode: OpenMode) -> Result<EngineFile> {
+        let before = FileId::of(path);
+        if let Some(kind) = before.and_then(|id| id.special) {
+            // Refused before any backend opens it: opening a FIFO blocks.
+            return Err(not_regular(kind).with_path(path));
+        }
         let location = Arc::new(location_of(path));
         let handles = vec![None; engine.candidates.len()];
-        let file = EngineFile {
+        let mut file = EngineFile {
             engine,
             path: path.to_path_buf(),
             writable: mode.writable(),
@@ -114,6 +122,7 @@ impl EngineFile {
             pinned: RwLock::new(None),
             purpose: RwLock::new(Purpose::General),
             probe_fd: OnceLock::new(),
+            identity: None,
             stream: Mutex::new(ReadStream::NONE),
             read_ranges: Mutex::new(FileReads::default()),
             used: AtomicU64::new(0),
@@ -147,6 +156,15 @@ impl EngineFile {
         for (i, c) in first {
             match c.backend.open(path, mode) {
                 Ok(h) => {
+                    // The file the handle reached: the one at the path before and after the
+                    // open (a rename over the path in between leaves no way to tell).
+                    let after = FileId::of(path);
+                    if let (Some(b), Some(a)) = (before, after) {
+                        if !b.same_file(&a) {
+                            return Err(replaced(path, "while it was being opened"));
+                        }
+                    }
+                    file.identity = after;
                     file.handles_mut()[i] = Some((Arc::from(h), mode.writable()));
                     return Ok(file);
                 }
@@ -233,9 +251,27 @@ impl EngineFile {
             OpenMode::Read
         };
         let h: Handle = Arc::from(c.backend.open(&self.path, mode)?);
+        self.check_identity()?;
         let mut handles = self.handles_mut();
         let entry = handles[index].get_or_insert((h, writable));
         Ok(entry.0.clone())
+    }
+
+    /// Fails unless the path still names the file first opened: a handle opened by path
+    /// after a rename over it would reach another file (a load would mix two checkpoints).
+    fn check_identity(&self) -> Result<()> {
+        let Some(first) = &self.identity else {
+            return Ok(());
+        };
+        match FileId::of(&self.path) {
+            Some(now) if now.same_file(first) => Ok(()),
+            Some(_) => Err(replaced(&self.path, "since it was opened")),
+            None => Err(Error::new(
+                ErrorKind::NotFound,
+                "the file was removed or renamed since it was opened: open it again",
+            )
+            .with_path(&self.path)),
+        }
     }
 
     /// Whether this is the first transfer through the engine's candidate `index` on this
@@ -359,7 +395,12 @@ impl EngineFile {
     /// write-back; `None` when it cannot be opened.
     fn probe_file(&self) -> Option<&std::fs::File> {
         self.probe_fd
-            .get_or_init(|| std::fs::File::open(&self.path).ok())
+            .get_or_init(|| {
+                let f = std::fs::File::open(&self.path).ok()?;
+                let meta = f.metadata().ok()?;
+                let same = self.identity.as_ref().is_some_and(|id| id.is(&meta));
+                same.then_some(f)
+            })
             .as_ref()
     }
 
@@ -750,6 +791,58 @@ impl EngineFile {
     pub fn write_at<'a>(&self, offset: u64, src: impl Into<MemRef<'a>>) -> Result<()> {
         BackendFile::write_at(self, offset, src.into())
     }
+}
+
+/// The identity of a file on the local file systems: its device and inode, and what it is
+/// when it is not a regular file or a directory.
+#[derive(Debug, Clone, Copy)]
+struct FileId {
+    dev: u64,
+    ino: u64,
+    special: Option<&'static str>,
+}
+
+impl FileId {
+    /// The file at `path` (following symbolic links); `None` when there is none.
+    fn of(path: &Path) -> Option<FileId> {
+        use std::os::unix::fs::MetadataExt;
+        let meta = std::fs::metadata(path).ok()?;
+        Some(FileId {
+            dev: meta.dev(),
+            ino: meta.ino(),
+            special: special_kind(&meta.file_type()),
+        })
+    }
+
+    fn same_file(&self, other: &FileId) -> bool {
+        (self.dev, self.ino) == (other.dev, other.ino)
+    }
+
+    /// True when `meta` describes this file.
+    fn is(&self, meta: &std::fs::Metadata) -> bool {
+        use std::os::unix::fs::MetadataExt;
+        (self.dev, self.ino) == (meta.dev(), meta.ino())
+    }
+}
+
+/// What a file that is neither a regular file nor a directory is (`None` for those two).
+fn special_kind(ft: &std::fs::FileType) -> Option<&'static str> {
+    (!ft.is_file() && !ft.is_dir()).then(|| crate::atomic::describe(ft))
+}
+
+fn not_regular(kind: &str) -> Error {
+    Error::new(
+        ErrorKind::InvalidInput,
+        format!("not a regular file ({kind})"),
+    )
+}
+
+fn replaced(path: &Path, when: &str) -> Error {
+    Error::new(
+        ErrorKind::Other,
+        format!("the file was replaced (renamed over) {when}: open it again"),
+    )
+    .with_path(path)
 }
 
 /// The file system and device of `path` (its directory when the file does not exist yet);

@@ -481,10 +481,11 @@ impl Engine {
         self.save_profile_to(path)
     }
 
-    /// Saves what was learned to `path` (atomically).
+    /// Saves what was learned to `path`, atomically and durably (see
+    /// [`AtomicFile`](crate::atomic::AtomicFile): a target that is not a regular file is
+    /// refused, a symbolic link followed, the old file's mode kept).
     pub fn save_profile_to(&self, path: &Path) -> Result<()> {
-        let dict = self.dictionary();
-        dict.save(path)
+        crate::atomic::write(path, self.dictionary().to_toml().as_bytes())
     }
 }
 

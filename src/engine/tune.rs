@@ -55,7 +55,8 @@ pub struct TuneOutcome {
     pub elapsed: Duration,
 }
 
-/// Explores every available backend on a scratch file in `dir` (removed afterwards) for each
+/// Explores every available backend on a scratch file in `dir` (one with no name, which
+/// nothing can leave behind: `O_TMPFILE`, or unlinked once open) for each
 /// size, writes and reads (cold and cached), until every context has a choice or
 /// `max_rounds` is reached, and returns the dictionary.
 pub fn tune(dir: &Path, options: &TuneOptions) -> Result<TuneOutcome> {
@@ -70,10 +71,11 @@ pub fn tune(dir: &Path, options: &TuneOptions) -> Result<TuneOutcome> {
         builder = builder.profile(p.clone());
     }
     let engine = builder.build()?;
-    let path = dir.join(format!(".fastensor-tune-{}.bin", std::process::id()));
-    let result = run(&engine, &path, options);
-    let _ = std::fs::remove_file(&path);
-    result
+    // A file with no name: nothing is left behind however the process ends.
+    let scratch =
+        crate::atomic::unnamed_file(dir, &format!(".fastensor-tune-{}.bin", std::process::id()))
+            .map_err(|e| Error::io(e, "cannot create the scratch file").with_path(dir))?;
+    run(&engine, &crate::atomic::fd_path(&scratch), options)
 }
 
 fn run(engine: &Engine, path: &Path, options: &TuneOptions) -> Result<TuneOutcome> {
@@ -131,10 +133,10 @@ fn run(engine: &Engine, path: &Path, options: &TuneOptions) -> Result<TuneOutcom
     })
 }
 
-/// Where profiles live by default: `$FASTENSOR_PROFILE`, else
+/// Where profiles live by default: `$FASTENSOR_PROFILE` (unless empty), else
 /// `$XDG_CACHE_HOME/fastensor/profile.toml`, else `~/.cache/fastensor/profile.toml`.
 pub fn default_profile_path() -> Option<PathBuf> {
-    if let Some(p) = std::env::var_os("FASTENSOR_PROFILE") {
+    if let Some(p) = std::env::var_os("FASTENSOR_PROFILE").filter(|p| !p.is_empty()) {
         return Some(PathBuf::from(p));
     }
     let base = std::env::var_os("XDG_CACHE_HOME")

@@ -17,6 +17,10 @@ pub(crate) struct Failure {
     backend: Option<String>,
     path: Option<PathBuf>,
     offset: Option<u64>,
+    /// The OS error behind it (`errno`), kept as the source of every error returned.
+    os_error: Option<i32>,
+    /// The cause's text, when it is no OS error.
+    cause: Option<String>,
 }
 
 impl Failure {
@@ -31,6 +35,8 @@ impl Failure {
             backend: err.backend().map(String::from),
             path: err.path().map(PathBuf::from),
             offset: err.offset(),
+            os_error: err.raw_os_error(),
+            cause: std::error::Error::source(err).map(|s| s.to_string()),
         }
     }
 
@@ -46,7 +52,11 @@ impl Failure {
         if let Some(o) = self.offset {
             e = e.with_offset(o);
         }
-        e
+        match (self.os_error, &self.cause) {
+            (Some(code), _) => e.with_source(std::io::Error::from_raw_os_error(code)),
+            (None, Some(cause)) => e.with_source(cause.clone()),
+            (None, None) => e,
+        }
     }
 }
 

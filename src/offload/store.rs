@@ -15,7 +15,11 @@ use std::time::{Duration, Instant};
 /// What the store, its I/O threads and its handles share.
 pub(crate) struct Shared {
     pub(crate) file: EngineFile,
+    /// `/proc/self/fd/N` of `swap`: how the engine's backends open the swap file.
     pub(crate) path: PathBuf,
+    /// The swap file, which has no name: it goes away with the last descriptor, however
+    /// the process ends.
+    swap: std::fs::File,
     pub(crate) config: OffloadConfig,
     state: Mutex<State>,
     /// Jobs were queued (I/O threads wait on it).
@@ -47,18 +51,18 @@ impl Shared {
         let new = round_up(needed.max(cap + cap / 2));
         fastensor_core::BackendFile::set_len(&self.file, new)?;
         // Best effort: reserve the blocks so later writes do not allocate.
-        if let Ok(f) = std::fs::OpenOptions::new().write(true).open(&self.path) {
-            let flags = rustix::fs::FallocateFlags::KEEP_SIZE;
-            let _ = rustix::fs::fallocate(&f, flags, cap, new - cap);
-        }
+        let flags = rustix::fs::FallocateFlags::KEEP_SIZE;
+        let _ = rustix::fs::fallocate(&self.swap, flags, cap, new - cap);
         st.alloc.grow_to(new);
         Ok(())
     }
 }
 
 /// Activations offloaded to one swap file, under a memory budget, with background writes
-/// and scheduled prefetch. `Send + Sync`. Dropping the store (also while unwinding from a
-/// panic) stops its I/O threads and removes the swap file.
+/// and scheduled prefetch. `Send + Sync`. The swap file has no name in its directory (it is
+/// made with `O_TMPFILE`, or unlinked as soon as it is open), so nothing is left behind
+/// however the process ends (a panic, `process::exit`, `SIGKILL`). Dropping the store stops
+/// its I/O threads and closes the file.
 pub struct OffloadStore {
     shared: Arc<Shared>,
     threads: Vec<JoinHandle<()>>,
@@ -124,7 +128,8 @@ impl Drop for Handle {
 static NEXT_FILE: AtomicU64 = AtomicU64::new(0);
 
 impl OffloadStore {
-    /// A store whose swap file is a new file in `config.dir`, opened through `engine`.
+    /// A store whose swap file is a new, unnamed file in `config.dir`, opened through
+    /// `engine`.
     pub fn new(engine: &Engine, config: OffloadConfig) -> Result<OffloadStore> {
         if config.budget == 0 {
             return Err(Error::new(
@@ -137,12 +142,20 @@ impl OffloadStore {
             std::process::id(),
             NEXT_FILE.fetch_add(1, Ordering::Relaxed)
         );
-        let path = config.dir.join(name);
-        let file = engine.open(&path, OpenMode::Truncate)?;
+        let swap = crate::atomic::unnamed_file(&config.dir, &name).map_err(|e| {
+            Error::io(e, "cannot create the offload swap file").with_path(&config.dir)
+        })?;
+        let path = crate::atomic::fd_path(&swap);
+        let file = engine.open(&path, OpenMode::Truncate).map_err(|e| {
+            Error::new(e.kind(), "cannot open the offload swap file")
+                .with_path(&config.dir)
+                .with_source(e)
+        })?;
         let mut store = OffloadStore {
             shared: Arc::new(Shared {
                 file,
                 path,
+                swap,
                 config,
                 state: Mutex::new(State::default()),
                 work: Condvar::new(),
@@ -150,7 +163,7 @@ impl OffloadStore {
             }),
             threads: Vec::new(),
         };
-        // From here on, Drop removes the file whatever fails.
+        // From here on, Drop stops the threads whatever fails.
         let s = &store.shared;
         s.file.set_purpose(Purpose::Offload);
         if let Some(b) = &s.config.pin {
@@ -164,7 +177,8 @@ impl OffloadStore {
         Ok(store)
     }
 
-    /// The swap file's path.
+    /// A path that opens the swap file while the store lives (`/proc/self/fd/N`: the file
+    /// has no name in its directory).
     pub fn path(&self) -> &Path {
         &self.shared.path
     }
@@ -177,7 +191,8 @@ impl OffloadStore {
     /// Offloads `tensor` under `label` and returns at once while a background thread writes
     /// it; waits first when the memory budget has no room for it (backpressure). Tensors
     /// below the small threshold stay in memory. Fails with the first background failure
-    /// not yet reported (naming its tensor), or for a tensor larger than the budget.
+    /// not yet reported (naming its tensor; `tensor` is then not stored, and the error says
+    /// so), or for a tensor larger than the budget.
     pub fn put(&self, tensor: HostBuffer, label: impl Into<String>) -> Result<Handle> {
         let s = &self.shared;
         let (budget, depth) = (s.config.budget, s.config.prefetch_depth);
@@ -185,7 +200,12 @@ impl OffloadStore {
         let label: Arc<str> = label.into().into();
         let mut st = s.lock();
         if let Some(f) = st.unreported.pop_front() {
-            return Err(f.error());
+            let earlier = f.error();
+            return Err(Error::new(
+                earlier.kind(),
+                format!("tensor `{label}` was not stored: an earlier background transfer failed"),
+            )
+            .with_source(earlier));
         }
         let small = tensor.len() < s.config.small_threshold;
         if !small && len > budget {
@@ -398,6 +418,5 @@ impl Drop for OffloadStore {
         for t in self.threads.drain(..) {
             let _ = t.join();
         }
-        let _ = std::fs::remove_file(&self.shared.path);
     }
 }

@@ -19,11 +19,13 @@ mod sweep;
 pub use args::BenchCli;
 use args::{BenchArgs, BenchCommand, Directions};
 
+use crate::scratch::Scratch;
 use crate::sizes::format_size;
 use energy::EnergyMeter;
 use fastensor::{Availability, Error, ErrorKind, Result};
 use measure::Cache;
 use report::{BudgetUse, EnergySources, Report, Settings, SCHEMA};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use subjects::Subject;
 
@@ -111,8 +113,25 @@ fn run_bench(args: BenchArgs) -> Result<()> {
         .dir
         .clone()
         .ok_or_else(|| Error::new(ErrorKind::InvalidInput, "--dir is required"))?;
+    check_args(&args, &dir)?;
     let backends = backends(&args)?;
     let (subjects, grid) = subjects(&args, &backends)?;
+    if !args.no_raw {
+        let odd: Vec<String> = args
+            .sizes
+            .iter()
+            .flatten()
+            .filter(|&&s| s % sweep::RAW_ALIGN != 0)
+            .map(|&s| format_size(s))
+            .collect();
+        if !odd.is_empty() {
+            eprintln!(
+                "raw skipped at {}: its O_DIRECT loop needs multiples of {} bytes",
+                odd.join(", "),
+                sweep::RAW_ALIGN
+            );
+        }
+    }
     let mut caches: Vec<Cache> = args.cache.iter().map(|&c| c.into()).collect();
     caches.sort();
     caches.dedup();
@@ -132,11 +151,6 @@ fn run_bench(args: BenchArgs) -> Result<()> {
         warmup: args.warmup,
         budget: args.budget,
     };
-    if !dir.is_dir() {
-        return Err(
-            Error::new(ErrorKind::NotFound, "the bench directory does not exist").with_path(&dir),
-        );
-    }
     let meter = EnergyMeter::new(&args.powercap_root);
     let work = tempfile_dir(&dir)?;
     let outcome = sweep::run(&plan, &subjects, work.path(), &meter)?;
@@ -197,13 +211,67 @@ fn run_bench(args: BenchArgs) -> Result<()> {
     };
     report.compute_ratios();
     report.compute_best_knobs();
-    print_report(&report, &args);
+    // With `--json -` or `--csv -`, standard output carries only that format.
+    let text = stdout_taken(&args).is_some();
+    let mut out: Box<dyn Write> = if text {
+        Box::new(std::io::stderr().lock())
+    } else {
+        Box::new(std::io::stdout().lock())
+    };
+    print_report(&report, &args, &mut *out).map_err(|e| Error::io(e, "cannot print the report"))?;
+    drop(out);
     write_reports(&report, &args)
 }
 
-fn print_report(report: &Report, args: &BenchArgs) {
+/// The option that writes to standard output (`-`), if one does.
+fn stdout_taken(args: &BenchArgs) -> Option<&'static str> {
+    let dash = |p: &Option<PathBuf>| p.as_deref().is_some_and(|p| p.as_os_str() == "-");
+    [
+        ("--json", &args.json),
+        ("--csv", &args.csv),
+        ("--plot", &args.plot),
+    ]
+    .into_iter()
+    .find(|(_, p)| dash(p))
+    .map(|(name, _)| name)
+}
+
+/// Refuses settings that cannot be measured, before anything runs.
+fn check_args(args: &BenchArgs, dir: &Path) -> Result<()> {
+    let invalid = |msg: String| Err(Error::new(ErrorKind::InvalidInput, msg));
+    match std::fs::metadata(dir) {
+        Ok(m) if m.is_dir() => {}
+        Ok(_) => {
+            return Err(
+                Error::new(ErrorKind::InvalidInput, "--dir: not a directory").with_path(dir),
+            )
+        }
+        Err(e) => {
+            return Err(Error::io(e, "--dir: the bench directory cannot be used").with_path(dir))
+        }
+    }
+    if args.sizes.as_ref().is_some_and(|s| s.contains(&0)) {
+        return invalid("--sizes: a transfer size must be at least 1 byte".into());
+    }
+    if args.repeat == Some(0) {
+        return invalid("--repeat: at least one timed repetition is needed".into());
+    }
+    let dashes = [&args.json, &args.csv, &args.plot]
+        .iter()
+        .filter(|p| p.as_deref().is_some_and(|p| p.as_os_str() == "-"))
+        .count();
+    if dashes > 1 {
+        return invalid(
+            "only one of --json, --csv and --plot can write to standard output (-)".into(),
+        );
+    }
+    Ok(())
+}
+
+fn print_report(report: &Report, args: &BenchArgs, out: &mut dyn Write) -> std::io::Result<()> {
     let m = &report.machine;
-    println!(
+    writeln!(
+        out,
         "fastensor bench: {} on {} ({}), kernel {}; reads cold (page cache dropped) or warm, writes durable (synced); median per cell",
         m.dir,
         m.file_system,
@@ -214,33 +282,36 @@ fn print_report(report: &Report, args: &BenchArgs) {
             .collect::<Vec<_>>()
             .join(" "),
         m.kernel
-    );
-    print!("{}", render::table(report));
+    )?;
+    write!(out, "{}", render::table(report))?;
     for (what, s) in [("CPU", &report.energy.cpu), ("GPU", &report.energy.gpu)] {
         if let Some(why) = &s.reason {
-            println!("{what} energy unavailable: {why}");
+            writeln!(out, "{what} energy unavailable: {why}")?;
         }
     }
     if report.budget.exhausted {
-        println!(
+        writeln!(
+            out,
             "budget spent: measured {} of {} cells in {:.1} s",
             report.budget.cells_run, report.budget.cells_planned, report.budget.elapsed_s
-        );
+        )?;
     }
     for (backend, knobs) in &report.best_knobs {
         let k: Vec<String> = knobs.iter().map(|(k, v)| format!("{k}={v}")).collect();
-        println!("best knobs for {backend}: {}", k.join(","));
+        writeln!(out, "best knobs for {backend}: {}", k.join(","))?;
     }
     if !report.random_reads.is_empty() {
-        println!();
-        println!(
+        writeln!(out)?;
+        writeln!(
+            out,
             "random {} KiB reads from a cold {} file ({} requests):",
             random::REQUEST >> 10,
             format_size(args.random_file),
             args.random_reads
-        );
-        print!("{}", random::table(&report.random_reads));
+        )?;
+        write!(out, "{}", random::table(&report.random_reads))?;
     }
+    Ok(())
 }
 
 fn write_reports(report: &Report, args: &BenchArgs) -> Result<()> {
@@ -262,32 +333,24 @@ fn write_reports(report: &Report, args: &BenchArgs) -> Result<()> {
             eprintln!("--write-profile: no backend was swept over knobs; the profile is unchanged");
         } else {
             profile::write(path, &report.best_knobs)?;
-            println!("best knobs written to {}", path.display());
+            let msg = format!("best knobs written to {}", path.display());
+            if stdout_taken(args).is_some() {
+                eprintln!("{msg}");
+            } else {
+                println!("{msg}");
+            }
         }
     }
     Ok(())
 }
 
-fn tempfile_dir(parent: &Path) -> Result<TempDir> {
+/// The run's scratch directory in `parent`, removed when dropped (and on a signal).
+fn tempfile_dir(parent: &Path) -> Result<Scratch> {
     let path = parent.join(format!("fastensor-bench-{}", std::process::id()));
-    std::fs::create_dir_all(&path)
-        .map_err(|e| Error::io(e, "cannot create the bench directory").with_path(&path))?;
-    Ok(TempDir(path))
-}
-
-/// A directory removed when dropped.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn path(&self) -> &Path {
-        &self.0
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
+    let scratch = Scratch::new(path);
+    std::fs::create_dir_all(scratch.path())
+        .map_err(|e| Error::io(e, "cannot create the bench directory").with_path(scratch.path()))?;
+    Ok(scratch)
 }
 
 /// Writes `text` to `path`, or to standard output for `-`.
@@ -296,5 +359,5 @@ pub(crate) fn write_output(path: &Path, text: &str) -> Result<()> {
         println!("{text}");
         return Ok(());
     }
-    std::fs::write(path, text).map_err(|e| Error::io(e, "cannot write the report").with_path(path))
+    fastensor::atomic::write(path, text.as_bytes())
 }

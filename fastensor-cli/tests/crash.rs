@@ -1,0 +1,167 @@
+//! Crash safety of `ckpt copy` over an existing checkpoint: SIGKILL at random points, and a
+//! full disk. The destination is always the old or the new checkpoint, whole, and nothing
+//! else is left in its directory.
+
+use std::io::Write;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn fastensor() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_fastensor"))
+}
+
+/// A safetensors file of `tensors` tensors of `each` bytes, filled from `seed`.
+fn checkpoint(path: &Path, tensors: usize, each: usize, seed: u8) {
+    let mut json = String::from("{");
+    for i in 0..tensors {
+        if i > 0 {
+            json.push(',');
+        }
+        json.push_str(&format!(
+            "\"t{i}\":{{\"dtype\":\"U8\",\"shape\":[{each}],\"data_offsets\":[{},{}]}}",
+            i * each,
+            (i + 1) * each
+        ));
+    }
+    json.push('}');
+    let mut f = std::io::BufWriter::new(std::fs::File::create(path).unwrap());
+    f.write_all(&(json.len() as u64).to_le_bytes()).unwrap();
+    f.write_all(json.as_bytes()).unwrap();
+    let data: Vec<u8> = (0..tensors * each)
+        .map(|i| (i as u8).wrapping_mul(13).wrapping_add(seed))
+        .collect();
+    f.write_all(&data).unwrap();
+    f.flush().unwrap();
+}
+
+fn names(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn sigkill_during_copy_leaves_the_old_or_the_new_checkpoint_and_nothing_else() {
+    let src_dir = tempfile::tempdir().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let src = src_dir.path().join("a.safetensors");
+    let dst = dir.path().join("dst.safetensors");
+    checkpoint(&src, 16, 1 << 20, 1);
+    // The new checkpoint as a copy writes it, and the old one it replaces.
+    let t0 = Instant::now();
+    let st = fastensor()
+        .args(["ckpt", "copy"])
+        .arg(&src)
+        .arg(&dst)
+        .output()
+        .unwrap();
+    assert!(
+        st.status.success(),
+        "{}",
+        String::from_utf8_lossy(&st.stderr)
+    );
+    let copy_time = t0.elapsed();
+    let new = std::fs::read(&dst).unwrap();
+    checkpoint(&dst, 4, 1 << 20, 2);
+    let old = std::fs::read(&dst).unwrap();
+    let mut seed = std::process::id() as u64 ^ 0x9e37_79b9_7f4a_7c15;
+    let (mut saw_old, mut saw_new) = (0, 0);
+    for round in 0..20 {
+        seed = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        // From the start of the process to a little past a whole copy.
+        let delay =
+            Duration::from_micros((seed >> 33) % (copy_time.as_micros() as u64 * 5 / 4 + 1));
+        let mut child = fastensor()
+            .args(["ckpt", "copy"])
+            .arg(&src)
+            .arg(&dst)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(delay);
+        let _ = child.kill(); // SIGKILL
+        child.wait().unwrap();
+        let now = std::fs::read(&dst).unwrap();
+        if now == old {
+            saw_old += 1;
+        } else if now == new {
+            saw_new += 1;
+            std::fs::write(&dst, &old).unwrap();
+        } else {
+            panic!("round {round}: killed after {delay:?}, the destination is neither checkpoint");
+        }
+        assert_eq!(
+            names(dir.path()),
+            ["dst.safetensors"],
+            "round {round}: killed after {delay:?}, something was left behind"
+        );
+    }
+    println!("20 kills (a copy takes {copy_time:?}): old {saw_old}, new {saw_new}");
+}
+
+fn is_root() -> bool {
+    Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
+}
+
+#[test]
+fn a_full_disk_keeps_the_old_checkpoint_and_says_so() {
+    if !is_root() {
+        println!("skipped: mounting a small file system needs root");
+        return;
+    }
+    let mnt = tempfile::tempdir().unwrap();
+    let mounted = Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=12m", "tmpfs"])
+        .arg(mnt.path())
+        .status();
+    if !mounted.is_ok_and(|s| s.success()) {
+        println!("skipped: cannot mount a tmpfs");
+        return;
+    }
+    struct Unmount<'a>(&'a Path);
+    impl Drop for Unmount<'_> {
+        fn drop(&mut self) {
+            let _ = Command::new("umount").arg(self.0).status();
+        }
+    }
+    let _unmount = Unmount(mnt.path());
+    let src_dir = tempfile::tempdir().unwrap();
+    let src = src_dir.path().join("big.safetensors");
+    checkpoint(&src, 8, 1 << 20, 3);
+    let dst = mnt.path().join("model.safetensors");
+    checkpoint(&dst, 4, 1 << 20, 4);
+    let old = std::fs::read(&dst).unwrap();
+    let out = fastensor()
+        .args(["ckpt", "copy"])
+        .arg(&src)
+        .arg(&dst)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "a copy onto a full disk succeeded");
+    assert!(err.contains("no space left on device"), "{err}");
+    assert!(
+        err.contains(&*dst.to_string_lossy()),
+        "the error does not name the destination: {err}"
+    );
+    assert!(
+        std::fs::read(&dst).unwrap() == old,
+        "the old checkpoint was damaged"
+    );
+    assert_eq!(
+        names(mnt.path()),
+        ["model.safetensors"],
+        "something was left behind"
+    );
+    println!("full disk: {}", err.trim());
+}

@@ -1,0 +1,280 @@
+//! What saves and loads guarantee to careless and hostile callers: special files are never
+//! replaced nor block a read, symbolic links and modes survive a save, nothing is left
+//! behind, and a header's memory stays bounded.
+
+use fastensor::checkpoint::{self, TensorView};
+use fastensor::posix::PosixBackend;
+use fastensor::{DType, Engine, ErrorKind, TensorDesc};
+use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+fn is_root() -> bool {
+    rustix::process::geteuid().is_root()
+}
+
+fn save_small(path: &Path, value: u8) -> fastensor::Result<()> {
+    let data = [value; 64];
+    let t = [TensorView::new(
+        TensorDesc::new("w", DType::U8, [64]),
+        &data[..],
+    )];
+    checkpoint::save(&PosixBackend, path, &t)
+}
+
+fn names_in(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    v.sort();
+    v
+}
+
+fn mkfifo(path: &Path) {
+    let st = Command::new("mkfifo").arg(path).status().unwrap();
+    assert!(st.success(), "mkfifo failed");
+}
+
+#[test]
+fn a_save_refuses_a_fifo_a_directory_and_a_device() {
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("fifo");
+    mkfifo(&fifo);
+    let sub = dir.path().join("sub");
+    std::fs::create_dir(&sub).unwrap();
+    let mut targets = vec![fifo.clone(), sub.clone()];
+    let dev = dir.path().join("null");
+    if is_root() {
+        let st = Command::new("mknod")
+            .arg(&dev)
+            .args(["c", "1", "3"])
+            .status()
+            .unwrap();
+        if st.success() {
+            targets.push(dev.clone());
+        } else {
+            println!("skipped the character device: mknod failed");
+        }
+    } else {
+        println!("skipped the character device: not root");
+    }
+    for t in &targets {
+        let err = save_small(t, 1).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::InvalidInput, "{err}");
+        let msg = err.to_string();
+        assert!(msg.contains("not a regular file"), "{msg}");
+        assert!(msg.contains(&*t.to_string_lossy()), "{msg}");
+        // The profile and report saves go through the same helper.
+        assert!(fastensor::atomic::write(t, b"x").is_err());
+    }
+    assert!(std::fs::metadata(&fifo).unwrap().file_type().is_fifo());
+    assert!(std::fs::metadata(&sub).unwrap().is_dir());
+    if targets.contains(&dev) {
+        assert!(std::fs::metadata(&dev)
+            .unwrap()
+            .file_type()
+            .is_char_device());
+    }
+    let mut expected: Vec<String> = targets
+        .iter()
+        .map(|t| t.file_name().unwrap().to_string_lossy().into_owned())
+        .collect();
+    expected.sort();
+    assert_eq!(names_in(dir.path()), expected, "something was left behind");
+}
+
+#[test]
+fn a_save_through_a_symlink_replaces_its_target_and_keeps_the_link() {
+    let dir = tempfile::tempdir().unwrap();
+    let real = dir.path().join("real.safetensors");
+    let link = dir.path().join("link.safetensors");
+    save_small(&real, 1).unwrap();
+    std::os::unix::fs::symlink("real.safetensors", &link).unwrap();
+    save_small(&link, 2).unwrap();
+    assert!(std::fs::symlink_metadata(&link)
+        .unwrap()
+        .file_type()
+        .is_symlink());
+    let back = checkpoint::load(&PosixBackend, &real).unwrap();
+    assert_eq!(back.tensor("w").unwrap().1, &[2u8; 64][..]);
+    assert_eq!(
+        names_in(dir.path()),
+        ["link.safetensors", "real.safetensors"]
+    );
+}
+
+#[test]
+fn a_replaced_file_keeps_its_mode_and_owner() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("m.safetensors");
+    save_small(&path, 1).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let owner = if is_root() {
+        std::os::unix::fs::chown(&path, Some(65534), Some(65534)).unwrap();
+        Some((65534, 65534))
+    } else {
+        println!("owner not checked: not root");
+        None
+    };
+    save_small(&path, 2).unwrap();
+    let meta = std::fs::metadata(&path).unwrap();
+    assert_eq!(meta.mode() & 0o7777, 0o600);
+    if let Some((uid, gid)) = owner {
+        assert_eq!((meta.uid(), meta.gid()), (uid, gid));
+    }
+    // Profiles too.
+    let profile = dir.path().join("p.toml");
+    std::fs::write(&profile, "x").unwrap();
+    std::fs::set_permissions(&profile, std::fs::Permissions::from_mode(0o640)).unwrap();
+    fastensor::atomic::write(&profile, b"y").unwrap();
+    assert_eq!(std::fs::read(&profile).unwrap(), b"y");
+    assert_eq!(std::fs::metadata(&profile).unwrap().mode() & 0o7777, 0o640);
+}
+
+#[test]
+fn a_save_removes_the_temporaries_dead_processes_left() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("c.safetensors");
+    // A process that is gone.
+    let mut child = Command::new("true").spawn().unwrap();
+    let dead = child.id();
+    child.wait().unwrap();
+    let stale = dir.path().join(format!(".c.safetensors.tmp.{dead}.0"));
+    std::fs::write(&stale, vec![0u8; 4096]).unwrap();
+    // One of a live process (this one) and one of another target stay.
+    let live = dir
+        .path()
+        .join(format!(".c.safetensors.tmp.{}.999", std::process::id()));
+    std::fs::write(&live, b"").unwrap();
+    let other = dir.path().join(format!(".d.safetensors.tmp.{dead}.0"));
+    std::fs::write(&other, b"").unwrap();
+    save_small(&path, 1).unwrap();
+    assert!(!stale.exists(), "a dead process's temporary was left");
+    assert!(live.exists() && other.exists());
+    std::fs::remove_file(&live).unwrap();
+    std::fs::remove_file(&other).unwrap();
+    assert_eq!(names_in(dir.path()), ["c.safetensors"]);
+}
+
+#[test]
+fn a_save_leaves_no_temporary_on_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("e.safetensors");
+    let data = [0u8; 10];
+    // Wrong byte length: refused before anything is written.
+    let bad = [TensorView::new(
+        TensorDesc::new("w", DType::F32, [3]),
+        &data[..],
+    )];
+    assert!(checkpoint::save(&PosixBackend, &path, &bad).is_err());
+    assert!(names_in(dir.path()).is_empty());
+}
+
+/// Reads of a FIFO or a device are refused at once, saying what the file is.
+#[test]
+fn reads_refuse_a_fifo_and_a_device_without_blocking() {
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("fifo");
+    mkfifo(&fifo);
+    let (tx, rx) = std::sync::mpsc::channel();
+    let f = fifo.clone();
+    std::thread::spawn(move || {
+        let engine = Engine::new().unwrap();
+        let results = [
+            checkpoint::inspect(&f).map(|_| ()),
+            checkpoint::load(&PosixBackend, &f).map(|_| ()),
+            checkpoint::load(&engine, &f).map(|_| ()),
+            checkpoint::load(&engine, Path::new("/dev/zero")).map(|_| ()),
+            checkpoint::inspect(Path::new("/dev/zero")).map(|_| ()),
+        ];
+        let _ = tx.send(results.map(|r| r.unwrap_err().to_string()));
+    });
+    let start = Instant::now();
+    let msgs = rx
+        .recv_timeout(Duration::from_secs(20))
+        .expect("a read of a FIFO blocked");
+    assert!(start.elapsed() < Duration::from_secs(20));
+    for (i, m) in msgs.iter().enumerate() {
+        assert!(m.contains("not a regular file"), "{i}: {m}");
+    }
+    assert!(msgs[0].contains("FIFO") && msgs[3].contains("character device"));
+}
+
+/// A tmpfs of `size` mounted on a new directory (unmounted on drop); `None`, with the reason
+/// printed, when not root or when mounting fails.
+fn small_fs(size: &str) -> Option<SmallFs> {
+    if !is_root() {
+        println!("skipped: mounting a small file system needs root");
+        return None;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let ok = Command::new("mount")
+        .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+        .arg(dir.path())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !ok {
+        println!("skipped: cannot mount a tmpfs");
+        return None;
+    }
+    Some(SmallFs(dir))
+}
+
+struct SmallFs(tempfile::TempDir);
+
+impl Drop for SmallFs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(self.0.path()).status();
+    }
+}
+
+#[test]
+fn an_offload_store_on_a_full_disk_keeps_the_os_cause() {
+    use fastensor::offload::{OffloadConfig, OffloadStore};
+    let Some(fs) = small_fs("2m") else {
+        return;
+    };
+    let engine = Engine::new().unwrap();
+    let config = OffloadConfig::new(fs.0.path(), 1 << 20).small_threshold(0);
+    let store = OffloadStore::new(&engine, config).unwrap();
+    let mut handles = Vec::new();
+    let mut failed = None;
+    for i in 0..32 {
+        let buf = fastensor::HostBuffer::from_slice(&vec![i as u8; 256 << 10]).unwrap();
+        match store.put(buf, format!("t{i}")) {
+            Ok(h) => handles.push(h),
+            Err(e) => {
+                failed = Some(e);
+                break;
+            }
+        }
+    }
+    store.flush();
+    let err = failed.unwrap_or_else(|| {
+        handles
+            .iter()
+            .find_map(|h| store.get(h).err())
+            .expect("8 MiB fitted in a 2 MiB file system")
+    });
+    assert_eq!(err.kind(), ErrorKind::StorageFull, "{err}");
+    assert_eq!(err.raw_os_error(), Some(28), "the OS cause was lost: {err}");
+    assert!(err.to_string().contains("No space left on device"), "{err}");
+}
+
+#[test]
+fn a_profile_save_on_a_full_disk_keeps_the_old_file_and_says_so() {
+    let Some(fs) = small_fs("1m") else {
+        return;
+    };
+    let path = fs.0.path().join("profile.toml");
+    std::fs::write(&path, b"old").unwrap();
+    let err = fastensor::atomic::write(&path, &vec![b'x'; 2 << 20]).unwrap_err();
+    let msg = err.to_string();
+    assert_eq!(err.kind(), ErrorKind::StorageFull, "{msg}");
+    assert!(msg.contains("no space left on device"), "{msg}");
+    assert!(msg.contains(&*path.to_string_lossy()), "{msg}");
+    assert_eq!(std::fs::read(&path).unwrap(), b"old");
+    assert_eq!(names_in(fs.0.path()), ["profile.toml"]);
+}
