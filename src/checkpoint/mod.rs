@@ -9,8 +9,7 @@
 //!   [`load_into`] fills the caller's buffers.
 //! * [`parse_header`] validates hostile input without panicking; every defect is an
 //!   [`ErrorKind::Corrupt`](crate::ErrorKind::Corrupt) error naming the file and the tensor.
-//! * [`inspect`], [`rows`] and [`copy`] serve the command line; [`bench`](mod@bench) builds the
-//!   benchmark's state dict and measures the disk.
+//! * [`inspect`], [`rows`] and [`copy`] serve the command line.
 //!
 //! Files written by other tools (unaligned data sections) load too.
 //!
@@ -18,8 +17,6 @@
 //! the backend per transfer; its implementation lives in `src/engine`) or any [`Backend`].
 
 mod arena;
-#[cfg(feature = "posix")]
-pub mod bench;
 mod header;
 mod load;
 mod save;

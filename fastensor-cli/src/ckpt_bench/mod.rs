@@ -11,9 +11,11 @@
 //! framework does when it loads a state dict).
 
 use crate::scratch::Scratch;
-use fastensor::checkpoint::bench::{self, Row};
+mod rows;
+
 use fastensor::posix::DirectBackend;
 use fastensor::{Error, MemRef, Result};
+use rows::{self as bench, Row};
 use safetensors::tensor::{Dtype, SafeTensors, TensorView as StView};
 use std::fs::File;
 use std::path::Path;
