@@ -355,6 +355,20 @@ pub fn write_end(offset: u64, len: usize, backend: &str, path: &Path) -> Result<
     })
 }
 
+/// Opens files for the layers above the backends (checkpoints): a [`Backend`] (every
+/// transfer through it), or an engine that picks a backend per transfer. It lives here, below
+/// both, so that the engine implements it without depending on the layers that use it.
+pub trait FileOpener: Send + Sync {
+    /// Opens `path` in `mode` for checkpoint transfers. Errors name the file.
+    fn open_file(&self, path: &Path, mode: OpenMode) -> Result<Box<dyn BackendFile>>;
+}
+
+impl<B: Backend + ?Sized> FileOpener for B {
+    fn open_file(&self, path: &Path, mode: OpenMode) -> Result<Box<dyn BackendFile>> {
+        self.open(path, mode)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -31,20 +31,7 @@ pub use load::{load, load_into, load_selected, open, Checkpoint, CheckpointFile}
 pub use save::{save, save_section, save_with_metadata, TensorView};
 pub use tools::{copy, format_table, inspect, rows, write_table, InspectRow};
 
-use crate::{Backend, BackendFile, OpenMode, Result};
-use std::path::Path;
+pub use crate::core::FileOpener;
 
 /// Threads that issue the transfers of one checkpoint (the caller's included).
 pub(crate) const IO_THREADS: usize = 4;
-
-/// Opens files for checkpoint transfers: the [`Engine`](crate::Engine) or a [`Backend`].
-pub trait FileOpener: Send + Sync {
-    /// Opens `path` in `mode`. Errors name the file.
-    fn open_file(&self, path: &Path, mode: OpenMode) -> Result<Box<dyn BackendFile>>;
-}
-
-impl<B: Backend + ?Sized> FileOpener for B {
-    fn open_file(&self, path: &Path, mode: OpenMode) -> Result<Box<dyn BackendFile>> {
-        self.open(path, mode)
-    }
-}

@@ -702,7 +702,7 @@ impl Drop for InFlight<'_> {
 
 /// Checkpoints opened through the engine pick their backend per transfer, and their
 /// transfers are tagged with the checkpoint purpose.
-impl crate::checkpoint::FileOpener for Engine {
+impl fastensor_core::FileOpener for Engine {
     fn open_file(
         &self,
         path: &Path,
