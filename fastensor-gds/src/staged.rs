@@ -21,7 +21,7 @@ use fastensor_core::{
     ErrorKind, MemMut, MemRef, OpenMode, Result,
 };
 use fastensor_core::{readable_len, write_end};
-use fastensor_posix::sys;
+use fastensor_sys as sys;
 use parking_lot::Mutex;
 use std::fs::File;
 use std::path::{Path, PathBuf};

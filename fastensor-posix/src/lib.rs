@@ -12,7 +12,7 @@
 mod buffered;
 mod direct;
 mod mmap;
-pub mod sys;
+pub use fastensor_sys as sys;
 
 pub use buffered::{PosixBackend, POSIX};
 pub use direct::{DirectBackend, DirectConfig, POSIX_DIRECT};

@@ -6,7 +6,7 @@ use crate::ring::Ring;
 use crate::URING;
 use fastensor_core::align::is_aligned;
 use fastensor_core::{Error, ErrorKind, Result};
-use fastensor_posix::sys;
+use fastensor_sys as sys;
 use io_uring::{opcode, squeue, types};
 use std::collections::VecDeque;
 use std::io;

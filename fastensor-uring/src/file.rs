@@ -22,7 +22,7 @@ use fastensor_core::{
     unsupported_memory, BackendFile, Error, ErrorKind, MemMut, MemRef, ReadRequest, Result,
     WriteRequest,
 };
-use fastensor_posix::sys;
+use fastensor_sys as sys;
 use std::fs::File;
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};

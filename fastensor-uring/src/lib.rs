@@ -30,7 +30,7 @@ use fastensor_core::{
     knobs, Availability, Backend, BackendFile, Capabilities, KnobSpec, Knobs, OpenMode, Result,
     SharedBackend,
 };
-use fastensor_posix::sys;
+use fastensor_sys as sys;
 use std::path::Path;
 use std::sync::Arc;
 

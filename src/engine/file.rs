@@ -406,12 +406,11 @@ impl EngineFile {
 
     /// Waits until the bytes just written at `offset..offset + len` have left the page
     /// cache for the device (a no-op for direct writes, which left it already), so that a
-    /// durable write is measured at its true cost. Without the POSIX backends nothing is
-    /// waited for (the final `sync` still makes the file durable).
+    /// durable write is measured at its true cost. A file no probe handle could open waits
+    /// for nothing (the final `sync` still makes the file durable).
     fn write_back(&self, offset: u64, len: usize) -> Result<()> {
-        #[cfg(feature = "posix")]
         if let Some(f) = self.probe_file() {
-            return fastensor_posix::sys::flush_range(f, offset, len as u64).map_err(|e| {
+            return fastensor_sys::flush_range(f, offset, len as u64).map_err(|e| {
                 Error::io(e, "cannot write back a durable write")
                     .with_path(&self.path)
                     .with_offset(offset)
@@ -846,13 +845,6 @@ fn replaced(path: &Path, when: &str) -> Error {
 }
 
 /// The file system and device of `path` (its directory when the file does not exist yet);
-/// unknown in a build without the POSIX backends.
 fn location_of(path: &Path) -> FileLocation {
-    #[cfg(feature = "posix")]
-    return fastensor_posix::sys::file_location(path);
-    #[cfg(not(feature = "posix"))]
-    {
-        let _ = path;
-        FileLocation::default()
-    }
+    fastensor_sys::file_location(path)
 }

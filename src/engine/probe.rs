@@ -13,24 +13,18 @@ use std::time::{Duration, Instant};
 /// of its last page (the one most likely still in flight; present, so this read starts no
 /// readahead of its own): without it, a stream read through the page cache found the pages
 /// its own readahead had asked for "cached", and stayed keyed cached while it read from the
-/// device. `Unknown` without the POSIX helpers.
+/// device. `Unknown` where the kernel answers neither.
 pub(crate) fn cache_state(file: &File, offset: u64, len: usize) -> CacheState {
-    #[cfg(feature = "posix")]
-    return match fastensor_posix::sys::cached_pages(file, offset, len as u64) {
+    match fastensor_sys::cached_pages(file, offset, len as u64) {
         Some((cached, pages)) if cached >= pages => {
             let last = offset + (len.max(1) - 1) as u64;
-            match fastensor_posix::sys::page_ready(file, last) {
+            match fastensor_sys::page_ready(file, last) {
                 Some(false) => CacheState::Cold,
                 _ => CacheState::Cached,
             }
         }
         Some(_) => CacheState::Cold,
         None => CacheState::Unknown,
-    };
-    #[cfg(not(feature = "posix"))]
-    {
-        let _ = (file, offset, len);
-        CacheState::Unknown
     }
 }
 

@@ -10,7 +10,7 @@ use fastensor_core::{
     Result, WriteRequest,
 };
 use fastensor_core::{readable_len, write_end};
-use fastensor_posix::sys;
+use fastensor_sys as sys;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 

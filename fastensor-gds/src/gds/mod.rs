@@ -19,7 +19,7 @@ use crate::cufile::{self, CuFile};
 use fastensor_core::{
     Availability, Backend, BackendFile, Capabilities, Error, ErrorKind, OpenMode, Result,
 };
-use fastensor_posix::sys;
+use fastensor_sys as sys;
 use file::GdsFile;
 use std::path::{Path, PathBuf};
 

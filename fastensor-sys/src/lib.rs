@@ -1,5 +1,8 @@
-//! Opening files, mapping OS errors, and the file facts direct I/O needs. Shared by every
-//! backend that works on POSIX file descriptors.
+//! The OS helpers every fastensor layer shares: opening files (refusing special ones),
+//! mapping OS errors, the file facts direct I/O needs, page-cache probes, file location,
+//! sync, preallocation and eviction. Used by the backends and by the engine alike, so the
+//! engine keeps its cache probes and device identity in every build.
+#![deny(missing_docs)]
 
 use fastensor_core::align::DirectAlignment;
 use fastensor_core::{Error, ErrorKind, FileLocation, OpenMode, Result};
