@@ -278,3 +278,90 @@ fn a_profile_save_on_a_full_disk_keeps_the_old_file_and_says_so() {
     assert_eq!(std::fs::read(&path).unwrap(), b"old");
     assert_eq!(names_in(fs.0.path()), ["profile.toml"]);
 }
+
+/// A legal safetensors file whose JSON header is about `mb` MB of one-byte tensors with
+/// 64-dimension shapes; returns the header's length.
+fn hostile_header(path: &Path, mb: f64) -> u64 {
+    use std::io::Write;
+    let shape = vec!["1"; 64].join(",");
+    let mut json = String::from("{");
+    let mut n = 0u64;
+    while json.len() < (mb * 1e6) as usize {
+        if n > 0 {
+            json.push(',');
+        }
+        json.push_str(&format!(
+            "\"t{n}\":{{\"dtype\":\"U8\",\"shape\":[{shape}],\"data_offsets\":[{n},{}]}}",
+            n + 1
+        ));
+        n += 1;
+    }
+    json.push('}');
+    let mut f = std::io::BufWriter::new(std::fs::File::create(path).unwrap());
+    f.write_all(&(json.len() as u64).to_le_bytes()).unwrap();
+    f.write_all(json.as_bytes()).unwrap();
+    f.write_all(&vec![1u8; n as usize]).unwrap();
+    f.flush().unwrap();
+    json.len() as u64
+}
+
+/// Peak RSS of this process so far (`VmHWM`), in MB.
+fn peak_rss_mb() -> f64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let kb: f64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap();
+    kb / 1024.0
+}
+
+/// `checkpoint::load` through the engine of a hostile 12 MB header, in a child process (this
+/// test run again) whose peak RSS is at most 4 times the header plus 40 MB.
+#[test]
+fn a_load_of_a_hostile_header_stays_within_4x_its_size() {
+    const CHILD: &str = "FASTENSOR_TEST_LOAD_RSS";
+    if let Some(path) = std::env::var_os(CHILD) {
+        let engine = Engine::new().unwrap();
+        let before = peak_rss_mb();
+        let ckpt = checkpoint::load(&engine, Path::new(&path)).unwrap();
+        assert!(ckpt.len() > 1000);
+        println!("PEAK {before:.1} {:.1}", peak_rss_mb());
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("hostile.safetensors");
+    let header_mb = hostile_header(&path, 12.0) as f64 / 1e6;
+    let out = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "a_load_of_a_hostile_header_stays_within_4x_its_size",
+            "--nocapture",
+            "--test-threads",
+            "1",
+        ])
+        .env(CHILD, &path)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The harness may print the test's name on the same line.
+    let line = stdout
+        .lines()
+        .find_map(|l| l.split_once("PEAK ").map(|(_, v)| v))
+        .unwrap_or_else(|| panic!("no peak printed: {stdout}"));
+    let (start, peak): (f64, f64) = {
+        let mut v = line.split(' ').map(|x| x.parse::<f64>().unwrap());
+        (v.next().unwrap(), v.next().unwrap())
+    };
+    let bound = 4.0 * header_mb + 40.0;
+    println!(
+        "load: header {header_mb:.1} MB, peak RSS {peak:.0} MB (before the load {start:.0} MB, \
+         bound {bound:.0} MB)"
+    );
+    assert!(peak <= bound, "load peaked at {peak:.0} MB");
+}

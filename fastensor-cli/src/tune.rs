@@ -86,6 +86,15 @@ pub fn run_tune(args: TuneArgs) -> Result<()> {
         options.sizes = sizes;
     }
     let path = profile_path(args.profile)?;
+    if let Ok(m) = std::fs::metadata(&path).map(|m| m.file_type()) {
+        if !m.is_file() {
+            return Err(Error::new(
+                ErrorKind::InvalidInput,
+                "refusing to write a profile over something that is not a regular file",
+            )
+            .with_path(&path));
+        }
+    }
     // Checked before tuning: a file that is no usable profile is replaced only with --force.
     let old = match usable_profile(&path) {
         Ok(old) => old,

@@ -174,3 +174,61 @@ fn a_deeply_nested_profile_error_is_not_one_huge_line() {
     let longest = err.lines().map(|l| l.chars().count()).max().unwrap_or(0);
     assert!(longest <= 400, "a line of {longest} characters");
 }
+
+#[test]
+fn tune_and_profile_show_refuse_a_fifo_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("fifo");
+    assert!(Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap()
+        .success());
+    for force in [false, true] {
+        let mut child = fastensor();
+        child
+            .args(["tune", "--sizes", "4K", "--max-rounds", "1", "--dir"])
+            .arg(dir.path())
+            .arg("--profile")
+            .arg(&fifo);
+        if force {
+            child.arg("--force");
+        }
+        let out = run_briefly(child);
+        assert!(!out.status.success());
+        assert!(text(&out).contains("not a regular file"), "{}", text(&out));
+    }
+    let mut show = fastensor();
+    show.args(["profile", "show"]).arg(&fifo);
+    let out = run_briefly(show);
+    assert!(!out.status.success());
+    assert!(text(&out).contains("not a regular file"), "{}", text(&out));
+    use std::os::unix::fs::FileTypeExt;
+    assert!(std::fs::metadata(&fifo).unwrap().file_type().is_fifo());
+    assert_eq!(
+        std::fs::read_dir(dir.path()).unwrap().count(),
+        1,
+        "a backup was made"
+    );
+}
+
+/// Runs `cmd`, killing it if it takes over 20 s (a blocked open).
+fn run_briefly(mut cmd: Command) -> Output {
+    let child = cmd
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    match rx.recv_timeout(std::time::Duration::from_secs(20)) {
+        Ok(out) => out.unwrap(),
+        Err(_) => {
+            let _ = Command::new("kill").arg("-9").arg(pid.to_string()).status();
+            panic!("blocked on the FIFO");
+        }
+    }
+}

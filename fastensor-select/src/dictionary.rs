@@ -110,11 +110,16 @@ fn corrupt(what: impl fmt::Display) -> Error {
 }
 
 impl Dictionary {
-    /// Reads a dictionary. A missing file is [`ErrorKind::NotFound`]; a file that is not a
+    /// Reads a dictionary. A missing file is [`ErrorKind::NotFound`], one that is not a
+    /// regular file (a FIFO, a device) [`ErrorKind::InvalidInput`]; a file that is not a
     /// dictionary is [`ErrorKind::Corrupt`] naming the file (so is one with an unknown
     /// objective, a sample that is NaN, infinite or negative, or a context given twice); a
     /// dictionary of another format version is [`ErrorKind::Unsupported`].
     pub fn read(path: &Path) -> Result<Dictionary> {
+        // A FIFO would block the read; a device is no dictionary.
+        if std::fs::metadata(path).is_ok_and(|m| !m.is_file()) {
+            return Err(Error::new(ErrorKind::InvalidInput, "not a regular file").with_path(path));
+        }
         let text = std::fs::read_to_string(path)
             .map_err(|e| Error::io(e, "cannot read the dictionary").with_path(path))?;
         Self::parse(&text).map_err(|e| e.with_path(path))
