@@ -6,7 +6,7 @@
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 
-pub mod atomic;
+pub use fastensor_sys::atomic;
 pub mod checkpoint;
 pub mod engine;
 pub mod offload;

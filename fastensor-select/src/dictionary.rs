@@ -9,7 +9,6 @@ use fastensor_core::{CacheState, Direction, Error, ErrorKind, MemoryKind, Result
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::fmt;
-use std::io::Write;
 use std::path::Path;
 
 /// The format version this build reads and writes.
@@ -180,40 +179,11 @@ impl Dictionary {
         toml::to_string(self).expect("a dictionary always serialises")
     }
 
-    /// Writes the dictionary atomically: a temporary file in the same directory, `fsync`,
-    /// then `rename` over `path` (and `fsync` of the directory), so a crash leaves either the
-    /// old or the new dictionary, never a torn one.
+    /// Writes the dictionary atomically and durably ([`fastensor_sys::atomic::write`]): a
+    /// crash leaves the old or the new dictionary, never a torn one, and no temporary file;
+    /// a target that is not a regular file is refused, a symbolic link followed.
     pub fn save(&self, path: &Path) -> Result<()> {
-        let dir = path
-            .parent()
-            .filter(|p| !p.as_os_str().is_empty())
-            .unwrap_or_else(|| Path::new("."));
-        let file_name = path.file_name().ok_or_else(|| {
-            Error::new(ErrorKind::InvalidInput, "not a file path").with_path(path)
-        })?;
-        let mut tmp_name = std::ffi::OsString::from(".");
-        tmp_name.push(file_name);
-        tmp_name.push(format!(".tmp.{}", std::process::id()));
-        let tmp = dir.join(tmp_name);
-        let io =
-            |e: std::io::Error, what: &str, p: &Path| Error::io(e, what.to_string()).with_path(p);
-        let result = (|| {
-            let mut f = std::fs::File::create(&tmp)
-                .map_err(|e| io(e, "cannot create the dictionary", &tmp))?;
-            f.write_all(self.to_toml().as_bytes())
-                .map_err(|e| io(e, "cannot write the dictionary", &tmp))?;
-            f.sync_all()
-                .map_err(|e| io(e, "cannot fsync the dictionary", &tmp))?;
-            std::fs::rename(&tmp, path).map_err(|e| io(e, "cannot rename the dictionary", path))?;
-            if let Ok(d) = std::fs::File::open(dir) {
-                let _ = d.sync_all();
-            }
-            Ok(())
-        })();
-        if result.is_err() {
-            let _ = std::fs::remove_file(&tmp);
-        }
-        result
+        fastensor_sys::atomic::write(path, self.to_toml().as_bytes())
     }
 
     /// The objective the dictionary was made for (`Time` when unreadable).

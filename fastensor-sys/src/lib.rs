@@ -4,6 +4,8 @@
 //! engine keeps its cache probes and device identity in every build.
 #![deny(missing_docs)]
 
+pub mod atomic;
+
 use fastensor_core::align::DirectAlignment;
 use fastensor_core::{Error, ErrorKind, FileLocation, OpenMode, Result};
 use rustix::fs::{AtFlags, OFlags, StatxFlags};

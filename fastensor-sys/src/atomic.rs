@@ -16,7 +16,7 @@
 //!   refused with [`ErrorKind::InvalidInput`] naming it, never replaced.
 //! * A symbolic link is followed: the file it points to is replaced, and the link is kept.
 
-use crate::{Error, ErrorKind, Result};
+use fastensor_core::{Error, ErrorKind, Result};
 use rustix::fs::{AtFlags, Mode, OFlags, CWD};
 use std::ffi::{OsStr, OsString};
 use std::fs::File;
@@ -223,7 +223,7 @@ pub fn open_regular(path: &Path) -> Result<File> {
 }
 
 /// What a file type is, in words ("a FIFO", "a directory", ...).
-pub(crate) fn describe(ft: &std::fs::FileType) -> &'static str {
+pub fn describe(ft: &std::fs::FileType) -> &'static str {
     use std::os::unix::fs::FileTypeExt;
     if ft.is_file() {
         "a regular file"
@@ -287,7 +287,7 @@ fn parent(path: &Path) -> &Path {
 }
 
 /// `/proc/self/fd/N` for `file`: a path that opens it again.
-pub(crate) fn fd_path(file: &File) -> PathBuf {
+pub fn fd_path(file: &File) -> PathBuf {
     PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd()))
 }
 
@@ -322,7 +322,7 @@ fn unnamed_temp(dir: &File) -> std::io::Result<Option<File>> {
 /// A new file in `dir` for scratch data, with no name, so that nothing is left however the
 /// process ends: `O_TMPFILE`, or where the file system lacks it a file called `name`,
 /// unlinked as soon as it is open. Open it by path through [`fd_path`].
-pub(crate) fn unnamed_file(dir: &Path, name: &str) -> std::io::Result<File> {
+pub fn unnamed_file(dir: &Path, name: &str) -> std::io::Result<File> {
     let dir_file = File::open(dir)?;
     if let Some(file) = unnamed_temp(&dir_file)? {
         return Ok(file);
@@ -344,7 +344,7 @@ fn cannot_create(e: std::io::Error, target: &Path) -> Error {
 
 /// The error of a save that failed doing `what`, saying so in words when the disk is full.
 fn save_error(e: std::io::Error, what: &str) -> Error {
-    let kind = crate::core::kind_of_io(&e);
+    let kind = fastensor_core::kind_of_io(&e);
     let message = match kind {
         ErrorKind::StorageFull => format!("{what}: no space left on device"),
         _ => what.to_string(),
