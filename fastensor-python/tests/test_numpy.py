@@ -83,3 +83,13 @@ def test_numpy_refuses_what_it_cannot_hold(tmp_path):
     save_pt({"b": torch.ones(2, dtype=torch.bfloat16)}, tmp_path / "bf.safetensors")
     with pytest.raises(ValueError, match="`b`.*BF16"):
         load_file(tmp_path / "bf.safetensors")
+
+
+def test_top_level_safe_open_dispatches_on_framework(tmp_path):
+    import fastensor
+
+    save_file({"a": np.arange(4, dtype=np.int16)}, tmp_path / "a.safetensors")
+    with fastensor.safe_open(tmp_path / "a.safetensors", framework="np") as f:
+        np.testing.assert_array_equal(f.get_tensor("a"), np.arange(4, dtype=np.int16))
+    with pytest.raises(ValueError, match="framework"):
+        fastensor.safe_open(tmp_path / "a.safetensors", framework="tf")

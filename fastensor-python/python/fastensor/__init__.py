@@ -19,6 +19,20 @@ from ._engine import Backend, Engine, backends, default_engine
 from ._native import SaveHandle, __version__
 from .errors import CorruptError, FastensorError
 
+
+def safe_open(filename, framework: str = "pt", device: str = "cpu", **kwargs):
+    """Opens a safetensors file for reads on demand, as ``safetensors.safe_open`` does:
+    ``framework="pt"`` gives torch tensors (:class:`fastensor.torch.safe_open`),
+    ``"np"`` numpy arrays (:class:`fastensor.numpy.safe_open`)."""
+    if framework in ("pt", "torch", "pytorch"):
+        from .torch import safe_open as opener
+    elif framework in ("np", "numpy"):
+        from .numpy import safe_open as opener
+    else:
+        raise ValueError(f"safe_open: unknown framework {framework!r} (use 'pt' or 'np')")
+    return opener(filename, framework=framework, device=device, **kwargs)
+
+
 __all__ = [
     "Backend",
     "CorruptError",
@@ -29,4 +43,5 @@ __all__ = [
     "backends",
     "default_engine",
     "errors",
+    "safe_open",
 ]
