@@ -62,5 +62,6 @@ pub use key::{human_bytes, in_flight_class, size_class, ContextKey, KeyShape};
 pub use objective::{Clock, ClockReading, Objective, Observation};
 pub use reuse::Reuse;
 pub use selector::{
-    CandidateState, Choice, Epochs, KeyState, Selector, SelectorConfig, SelectorStats,
+    CandidateState, Choice, Epochs, KeyState, Phase, Selector, SelectorConfig, SelectorStats,
+    Status,
 };
