@@ -83,7 +83,7 @@ pub struct CandidateRecord {
     pub cpu_ns_per_byte: Vec<f64>,
     /// For a candidate ruled out without samples by the other size classes: the cost per
     /// byte they predicted (in the objective's units), which decides whether it gets a second
-    /// look (see `SelectorConfig::second_look_after`).
+    /// look (see the selector's re-look schedule).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prior: Option<f64>,
 }

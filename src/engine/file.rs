@@ -7,13 +7,15 @@ use super::write_run::WriteRun;
 use super::{probe, Candidate, InFlight, Inner};
 use fastensor_core::{
     BackendFile, CacheState, Direction, Error, ErrorKind, FileLocation, MemMut, MemRef, MemoryKind,
-    OpenMode, Purpose, Result, TransferContext,
+    OpenMode, Purpose, ReadRequest, Result, TransferContext, WriteRequest,
 };
 use std::collections::BTreeSet;
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
+
+mod batch;
 
 type Handle = Arc<dyn BackendFile>;
 
@@ -449,6 +451,68 @@ impl EngineFile {
         Some((path, choice.exploring))
     }
 
+    /// The pinned backend (this file's, else the engine's) as an index among the engine's
+    /// candidates.
+    fn pinned_index(&self) -> Result<Option<usize>> {
+        let index = |name: &str| self.engine.candidate_index(name).map(Some);
+        if let Some(name) = self
+            .pinned
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_deref()
+        {
+            return index(name);
+        }
+        let engine = self.engine.pinned.read().unwrap_or_else(|p| p.into_inner());
+        engine.as_deref().map_or(Ok(None), index)
+    }
+
+    /// The backend of a transfer in `ctx` (index among the engine's candidates) and whether
+    /// the transfer is an exploration's measurement: `pinned` when set, else the selector's
+    /// answer (continuing a stream last read through `stay`). An error when none can do it
+    /// (`last_err`: why the previous backend failed).
+    fn pick(
+        &self,
+        ctx: &TransferContext,
+        stay: Option<usize>,
+        pinned: Option<usize>,
+        last_err: &mut Option<Error>,
+    ) -> Result<(usize, bool)> {
+        let (direction, memory) = (ctx.direction, ctx.memory);
+        let Some(index) = pinned else {
+            return self.choose(ctx, stay).ok_or_else(|| {
+                last_err.take().unwrap_or_else(|| {
+                    Error::new(
+                        ErrorKind::Unsupported,
+                        format!("no available backend can {direction} {memory} memory"),
+                    )
+                    .with_path(&self.path)
+                })
+            });
+        };
+        let c = &self.engine.candidates[index];
+        let name = c.name();
+        if !c.fits(direction, memory) {
+            return Err(Error::new(
+                ErrorKind::Unsupported,
+                format!("the pinned backend `{name}` cannot {direction} {memory} memory"),
+            )
+            .with_backend(name)
+            .with_path(&self.path));
+        }
+        if self.refused().contains(name) {
+            return Err(last_err.take().unwrap_or_else(|| {
+                Error::new(
+                    ErrorKind::Unsupported,
+                    "the pinned backend refused this file",
+                )
+                .with_backend(name)
+                .with_path(&self.path)
+            }));
+        }
+        Ok((index, false))
+    }
+
     /// Runs one transfer: choose, open, time, record; on a refusal, tries another backend.
     fn transfer<T>(
         &self,
@@ -470,66 +534,10 @@ impl EngineFile {
         let (ctx, stream_previous) =
             self.context(direction, bytes as u64, memory, in_flight, offset);
         let durable = direction == Direction::Write && ctx.purpose.durable_writes();
-        // The pinned backend (this file's, else the engine's), looked up once.
-        let pinned: Option<usize> = {
-            let own = self.pinned.read().unwrap_or_else(|p| p.into_inner());
-            match own.as_deref() {
-                Some(name) => Some(self.engine.candidate_index(name)?),
-                None => match self
-                    .engine
-                    .pinned
-                    .read()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .as_deref()
-                {
-                    Some(name) => Some(self.engine.candidate_index(name)?),
-                    None => None,
-                },
-            }
-        };
+        let pinned = self.pinned_index()?;
         let mut last_err: Option<Error> = None;
         loop {
-            // The backend (index among the engine's candidates), and whether this transfer
-            // is an exploration's measurement.
-            let (path, exploring): (usize, bool) = match pinned {
-                Some(index) => {
-                    let c = &self.engine.candidates[index];
-                    let name = c.name();
-                    if !c.fits(direction, memory) {
-                        return Err(Error::new(
-                            ErrorKind::Unsupported,
-                            format!(
-                                "the pinned backend `{name}` cannot {direction} {memory} memory"
-                            ),
-                        )
-                        .with_backend(name)
-                        .with_path(&self.path));
-                    }
-                    if self.refused().contains(name) {
-                        return Err(last_err.unwrap_or_else(|| {
-                            Error::new(
-                                ErrorKind::Unsupported,
-                                "the pinned backend refused this file",
-                            )
-                            .with_backend(name)
-                            .with_path(&self.path)
-                        }));
-                    }
-                    (index, false)
-                }
-                None => match self.choose(&ctx, stream_previous) {
-                    Some(answer) => answer,
-                    None => {
-                        return Err(last_err.unwrap_or_else(|| {
-                            Error::new(
-                                ErrorKind::Unsupported,
-                                format!("no available backend can {direction} {memory} memory"),
-                            )
-                            .with_path(&self.path)
-                        }))
-                    }
-                },
-            };
+            let (path, exploring) = self.pick(&ctx, stream_previous, pinned, &mut last_err)?;
             let chosen = &self.engine.candidates[path];
             let handle = match self.handle(path) {
                 Ok(h) => h,
@@ -673,6 +681,14 @@ impl BackendFile for EngineFile {
             |h| h.write_at(offset, src),
             |_| len,
         )
+    }
+
+    fn read_batch(&self, requests: &mut [ReadRequest<'_>]) -> Result<()> {
+        EngineFile::read_batch(self, requests)
+    }
+
+    fn write_batch(&self, requests: &[WriteRequest<'_>]) -> Result<()> {
+        EngineFile::write_batch(self, requests)
     }
 
     /// Makes every write durable, through every handle that wrote.

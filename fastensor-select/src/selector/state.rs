@@ -167,7 +167,7 @@ impl KeyState {
         }
     }
 
-    /// The judged median of the candidate called `name` (`alive`: only if in the running).
+    /// The judged median of the candidate called `name`.
     pub(crate) fn judged_median(&self, name: &str, objective: Objective) -> Option<f64> {
         let (i, (_, c)) = self
             .candidates
