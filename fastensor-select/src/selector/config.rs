@@ -52,11 +52,14 @@ pub(crate) const DRIFT_FACTOR: f64 = 1.5;
 /// Slow observations in a row that explore the context again.
 pub(crate) const DRIFT_COUNT: u32 = 5;
 
-/// A slow observation beyond this times the choice's median is a severe one: far outside the
-/// noise that made the choice, it needs less evidence.
-pub(crate) const SEVERE_DRIFT_FACTOR: f64 = 3.0;
+/// One outlier rarely costs more than this times a path's median: slow observations of the
+/// choice beyond it are severe (far outside the noise, they need less evidence of drift), and
+/// a candidate dropped within it of the choice may owe that to an outlier (it is looked at
+/// again; one further behind is not, a look at a slow path costs much).
+pub(crate) const OUTLIER: f64 = 3.0;
 
-/// Severe slow observations in a row that explore the context again before `DRIFT_COUNT`.
+/// Severe slow observations in a row (beyond `OUTLIER` times the choice's median) that
+/// explore the context again before `DRIFT_COUNT`.
 pub(crate) const SEVERE_DRIFT_COUNT: usize = 2;
 
 /// A choice gives way to a leader only when its judged median is more than this times the
@@ -66,10 +69,6 @@ pub(crate) const SWITCH_MARGIN: f64 = 1.05;
 /// Transfers of the choice before the first re-look at the dropped candidates; each later
 /// one waits twice as long, so looking stays a vanishing share of a long-lived context.
 pub(crate) const RELOOK_AFTER: u32 = 64;
-
-/// A dropped candidate is looked at again only if its cost was within this factor of the
-/// choice's median: an outlier that large is rare, and a look at a slow path costs much.
-pub(crate) const RELOOK_WITHIN: f64 = 3.0;
 
 /// A measurement of a path warming up (not a fair sample) is recorded only beyond this times
 /// the leader's median: a readahead ramp alone costs up to 2-3 times a warm read.

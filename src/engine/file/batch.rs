@@ -10,8 +10,10 @@ use fastensor_core::{
 use std::ops::Range;
 
 /// While the batch's context is explored, the batch runs in pieces of this many requests,
-/// each one measurement (one ring of io_uring's default queue depth): exploring costs a few
-/// pieces of the batch, and the rest runs through the choice in one call.
+/// each one measurement (one ring of io_uring's default queue depth, so that a path's batch
+/// is measured as a batch): exploring costs a few pieces of the batch, and the rest runs
+/// through the choice in one call. Pieces of one request were tried: one slow request then
+/// dropped the best path.
 const EXPLORE_PIECE: usize = 16;
 
 impl EngineFile {
