@@ -79,7 +79,18 @@ fn bench_writes_a_table_json_and_csv() {
         }
     }
     let random = report["random_reads"].as_array().unwrap();
-    assert_eq!(random.len(), 3 * 2, "batch and one-at-a-time per backend");
+    // Batch and one-at-a-time per backend, and through `auto` and `auto-explored` engines.
+    assert_eq!(
+        random.len(),
+        (3 + 2) * 2,
+        "batch and one-at-a-time per subject"
+    );
+    for name in ["auto", "auto-explored"] {
+        assert!(
+            random.iter().any(|r| r["backend"] == name),
+            "{name} missing"
+        );
+    }
     let direct_single = random
         .iter()
         .find(|r| r["backend"] == "posix-direct" && r["mode"] == "one-at-a-time")

@@ -233,14 +233,14 @@ fn run(workload: &[TransferContext], seed: u64, config: SelectorConfig) -> Regre
                             .estimate(fastensor_select::Objective::Time)
                             .map_or(0.0, |e| e.median),
                         c.samples.len(),
-                        if c.eliminated { "x" } else { "" }
+                        if c.is_dropped() { "x" } else { "" }
                     )
                 })
                 .collect();
             println!(
                 "{k}: oracle {} choice {:?} [{}] totals {:?}",
                 sims[*o].name,
-                st.choice,
+                st.choice(),
                 cands.join(" "),
                 totals[k]
                     .iter()

@@ -2,8 +2,8 @@
 
 use crate::key::{cache_str, human_bytes};
 use crate::{
-    CandidateState, ContextKey, Fingerprint, KeyState, Objective, Sample, Samples, Selector,
-    SelectorConfig,
+    CandidateState, ContextKey, Fingerprint, KeyState, Objective, Phase, Sample, Samples, Selector,
+    SelectorConfig, Status,
 };
 use fastensor_core::{CacheState, Direction, Error, ErrorKind, MemoryKind, Result};
 use serde::{Deserialize, Serialize};
@@ -82,7 +82,7 @@ pub struct CandidateRecord {
     pub cpu_ns_per_byte: Vec<f64>,
     /// For a candidate ruled out without samples by the other size classes: the cost per
     /// byte they predicted (in the objective's units), which decides whether it gets a second
-    /// look (see `SelectorConfig::second_look_after`).
+    /// look (see the selector's re-look schedule).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prior: Option<f64>,
 }
@@ -245,15 +245,15 @@ impl ContextRecord {
                 other => cache_str(other).into(),
             },
             durable: key.durable,
-            choice: state.choice.clone(),
+            choice: state.choice().map(str::to_owned),
             reexplorations: state.reexplorations,
             candidates: state
                 .candidates
                 .iter()
                 .map(|(name, c)| CandidateRecord {
                     name: name.clone(),
-                    eliminated: c.eliminated,
-                    prior: c.prior.filter(|_| c.inherited && c.samples.is_empty()),
+                    eliminated: c.is_dropped(),
+                    prior: c.status.prior().filter(|_| c.samples.is_empty()),
                     time_ns_per_byte: c
                         .samples
                         .as_slice()
@@ -289,27 +289,37 @@ impl ContextRecord {
                     (
                         c.name.clone(),
                         CandidateState {
-                            // No samples, dropped or seeded: a seed from the other size
-                            // classes, revised while exploring (see `Selector::inherit`).
-                            inherited: samples.is_empty() && (c.eliminated || c.prior.is_some()),
+                            status: status_of(&samples, c),
                             samples: Samples::from_vec(samples),
-                            eliminated: c.eliminated,
-                            prior: c.prior,
-                            looked: false,
-                            far_only: false,
                         },
                     )
                 })
                 .collect(),
-            choice: self.choice.clone(),
-            drift_run: 0,
-            drift_samples: Samples::default(),
+            phase: match &self.choice {
+                Some(choice) => Phase::Exploiting {
+                    choice: choice.clone(),
+                    since: 0,
+                    slow: Samples::default(),
+                },
+                None => Phase::Exploring,
+            },
             reexplorations: self.reexplorations,
-            exploited: 0,
-            later_looks: 0,
-            adjust: Vec::new(),
-            seeded_at: None,
+            ..KeyState::default()
         }
+    }
+}
+
+/// A loaded candidate's status: without samples, a prior is a seed from the other size
+/// classes (revised while exploring); dropped with samples, dropped here.
+fn status_of(samples: &[Sample], c: &CandidateRecord) -> Status {
+    match (samples.is_empty(), c.eliminated, c.prior) {
+        (true, true, Some(prior)) => Status::RuledOut { prior },
+        (true, false, Some(prior)) => Status::Unmeasured {
+            prior,
+            seeded: true,
+        },
+        (_, true, _) => Status::Dropped { prior: None },
+        (_, false, _) => Status::Alive,
     }
 }
 
@@ -458,9 +468,9 @@ impl fmt::Display for Dictionary {
                                 f64::INFINITY
                             },
                             p.median,
-                            if cs.eliminated { " x" } else { "" }
+                            if cs.is_dropped() { " x" } else { "" }
                         ),
-                        _ => format!("{name} - n0{}", if cs.eliminated { " x" } else { "" }),
+                        _ => format!("{name} - n0{}", if cs.is_dropped() { " x" } else { "" }),
                     };
                     (cost, text)
                 })

@@ -6,20 +6,13 @@
 //! * **Exploration** ([`Selector::choose`] / [`Selector::record`]): every candidate is
 //!   measured [`SelectorConfig::min_samples`] times per context and summarised robustly
 //!   (median, MAD); candidates clearly worse than the leader are dropped early (successive
-//!   elimination); every candidate is measured once before any is confirmed, and a cold
-//!   read explored from scratch is measured through a path that bypasses the page cache
-//!   first (the yardstick that can rule a slow path out on its first reads). Unseen
-//!   contexts start from the other size classes of the same context, explored or still
-//!   exploring: a per-candidate cost model (`latency + bytes * per_byte`, fitted through
-//!   two classes) predicts the new class and skips candidates predicted clearly worse
-//!   ([`SelectorConfig::model_margin`]), revising its seeds as the other classes learn.
+//!   elimination). Unseen contexts are seeded from the other size classes of the same
+//!   context through a per-candidate cost model (`latency + bytes * per_byte`).
 //! * **Objective** ([`Objective`]): wall time per byte by default, CPU time or a weighted mix.
-//! * **Exploitation with drift detection**: when the choice keeps running well above its
-//!   estimate (five slow transfers in a row, or two over 3 times its median), the context
-//!   is explored again; a choice gives way to another candidate only when that one's
-//!   median is more than 5% better (a switch of path is not free); a candidate dropped on
-//!   one sample is measured again after 64 transfers of the choice, and every dropped
-//!   candidate near the choice after 128, 256, 512, ... more (costs change).
+//! * **Exploitation** ([`Phase::Exploiting`]): the choice is watched for drift (explored
+//!   again), gives way only to a clearly better leader, and dropped candidates near it are
+//!   looked at again on a doubling schedule. Every number these rules use is in one place
+//!   (`selector/config.rs`), each with its reason.
 //! * **Dictionary** ([`Dictionary`]): saved atomically as TOML with a format version and a
 //!   machine [`Fingerprint`]; another machine's or version's dictionary gives a [`Warning`]
 //!   and a fresh start, a corrupt one an [`ErrorKind::Corrupt`](fastensor_core::ErrorKind)
@@ -62,5 +55,6 @@ pub use key::{human_bytes, in_flight_class, size_class, ContextKey, KeyShape};
 pub use objective::{Clock, ClockReading, Objective, Observation};
 pub use reuse::Reuse;
 pub use selector::{
-    CandidateState, Choice, Epochs, KeyState, Selector, SelectorConfig, SelectorStats,
+    CandidateState, Choice, Epochs, KeyState, Phase, Selector, SelectorConfig, SelectorStats,
+    Status,
 };

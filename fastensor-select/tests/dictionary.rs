@@ -145,7 +145,7 @@ fn cached_and_cold_reads_are_different_contexts() {
     let choices: Vec<_> = s
         .keys()
         .iter()
-        .map(|(k, v)| (k.cache, v.choice.clone().unwrap()))
+        .map(|(k, v)| (k.cache, v.choice().unwrap().to_owned()))
         .collect();
     assert_eq!(
         choices,

@@ -7,13 +7,18 @@ use super::write_run::WriteRun;
 use super::{probe, Candidate, InFlight, Inner};
 use fastensor_core::{
     BackendFile, CacheState, Direction, Error, ErrorKind, FileLocation, MemMut, MemRef, MemoryKind,
-    OpenMode, Purpose, Result, TransferContext,
+    OpenMode, Purpose, ReadRequest, Result, TransferContext, WriteRequest,
 };
 use std::collections::BTreeSet;
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
+
+mod account;
+mod batch;
+
+use account::Done;
 
 type Handle = Arc<dyn BackendFile>;
 
@@ -489,6 +494,68 @@ impl EngineFile {
         Some((path, choice.exploring))
     }
 
+    /// The pinned backend (this file's, else the engine's) as an index among the engine's
+    /// candidates.
+    fn pinned_index(&self) -> Result<Option<usize>> {
+        let index = |name: &str| self.engine.candidate_index(name).map(Some);
+        if let Some(name) = self
+            .pinned
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_deref()
+        {
+            return index(name);
+        }
+        let engine = self.engine.pinned.read().unwrap_or_else(|p| p.into_inner());
+        engine.as_deref().map_or(Ok(None), index)
+    }
+
+    /// The backend of a transfer in `ctx` (index among the engine's candidates) and whether
+    /// the transfer is an exploration's measurement: `pinned` when set, else the selector's
+    /// answer (continuing a stream last read through `stay`). An error when none can do it
+    /// (`last_err`: why the previous backend failed).
+    fn pick(
+        &self,
+        ctx: &TransferContext,
+        stay: Option<usize>,
+        pinned: Option<usize>,
+        last_err: &mut Option<Error>,
+    ) -> Result<(usize, bool)> {
+        let (direction, memory) = (ctx.direction, ctx.memory);
+        let Some(index) = pinned else {
+            return self.choose(ctx, stay).ok_or_else(|| {
+                last_err.take().unwrap_or_else(|| {
+                    Error::new(
+                        ErrorKind::Unsupported,
+                        format!("no available backend can {direction} {memory} memory"),
+                    )
+                    .with_path(&self.path)
+                })
+            });
+        };
+        let c = &self.engine.candidates[index];
+        let name = c.name();
+        if !c.fits(direction, memory) {
+            return Err(Error::new(
+                ErrorKind::Unsupported,
+                format!("the pinned backend `{name}` cannot {direction} {memory} memory"),
+            )
+            .with_backend(name)
+            .with_path(&self.path));
+        }
+        if self.refused().contains(name) {
+            return Err(last_err.take().unwrap_or_else(|| {
+                Error::new(
+                    ErrorKind::Unsupported,
+                    "the pinned backend refused this file",
+                )
+                .with_backend(name)
+                .with_path(&self.path)
+            }));
+        }
+        Ok((index, false))
+    }
+
     /// Runs one transfer: choose, open, time, record; on a refusal, tries another backend.
     fn transfer<T>(
         &self,
@@ -510,66 +577,10 @@ impl EngineFile {
         let (ctx, stream_previous) =
             self.context(direction, bytes as u64, memory, in_flight, offset);
         let durable = direction == Direction::Write && ctx.purpose.durable_writes();
-        // The pinned backend (this file's, else the engine's), looked up once.
-        let pinned: Option<usize> = {
-            let own = self.pinned.read().unwrap_or_else(|p| p.into_inner());
-            match own.as_deref() {
-                Some(name) => Some(self.engine.candidate_index(name)?),
-                None => match self
-                    .engine
-                    .pinned
-                    .read()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .as_deref()
-                {
-                    Some(name) => Some(self.engine.candidate_index(name)?),
-                    None => None,
-                },
-            }
-        };
+        let pinned = self.pinned_index()?;
         let mut last_err: Option<Error> = None;
         loop {
-            // The backend (index among the engine's candidates), and whether this transfer
-            // is an exploration's measurement.
-            let (path, exploring): (usize, bool) = match pinned {
-                Some(index) => {
-                    let c = &self.engine.candidates[index];
-                    let name = c.name();
-                    if !c.fits(direction, memory) {
-                        return Err(Error::new(
-                            ErrorKind::Unsupported,
-                            format!(
-                                "the pinned backend `{name}` cannot {direction} {memory} memory"
-                            ),
-                        )
-                        .with_backend(name)
-                        .with_path(&self.path));
-                    }
-                    if self.refused().contains(name) {
-                        return Err(last_err.unwrap_or_else(|| {
-                            Error::new(
-                                ErrorKind::Unsupported,
-                                "the pinned backend refused this file",
-                            )
-                            .with_backend(name)
-                            .with_path(&self.path)
-                        }));
-                    }
-                    (index, false)
-                }
-                None => match self.choose(&ctx, stream_previous) {
-                    Some(answer) => answer,
-                    None => {
-                        return Err(last_err.unwrap_or_else(|| {
-                            Error::new(
-                                ErrorKind::Unsupported,
-                                format!("no available backend can {direction} {memory} memory"),
-                            )
-                            .with_path(&self.path)
-                        }))
-                    }
-                },
-            };
+            let (path, exploring) = self.pick(&ctx, stream_previous, pinned, &mut last_err)?;
             let chosen = &self.engine.candidates[path];
             let handle = match self.handle(path) {
                 Ok(h) => h,
@@ -605,75 +616,18 @@ impl EngineFile {
             };
             match result {
                 Ok(v) => {
-                    let n = moved(&v);
-                    self.engine.add_usage(path, n as u64, wall, cpu);
-                    // A short read (end of file) measures nothing useful, nor does the first
-                    // transfer through a backend on this file (it pays set-up costs once).
-                    let first = self.first_use(path);
-                    let useful = n == bytes && !first;
-                    // A first transfer that may tell a path far behind (see
-                    // `FIRST_FAR_FROM`): its context, recorded below only if so.
-                    let first_far = (first
-                        && exploring
-                        && n == bytes
-                        && bytes >= FIRST_FAR_FROM
-                        && !(direction == Direction::Read && ctx.cache == CacheState::Cached))
-                        .then(|| ctx.clone());
-                    if direction == Direction::Read {
-                        let (first, again) = self
-                            .read_ranges
-                            .lock()
-                            .unwrap_or_else(|p| p.into_inner())
-                            .add(offset, offset + n as u64, chosen.keeps_cache());
-                        self.engine.reads.add(first, again);
-                        // Stream reads are measured in runs, and an exploring path that takes
-                        // over a stream only once it has warmed up in it (see `ReadStream`);
-                        // exploration stays on it meanwhile (`Selector::choose_staying`).
-                        let measured = useful.then_some(Measured {
-                            ctx,
-                            bytes: n as u64,
-                            wall,
-                            cpu,
-                        });
-                        let ended = self
-                            .stream
-                            .lock()
-                            .unwrap_or_else(|p| p.into_inner())
-                            .finish(
-                                stream_previous.is_some(),
-                                offset..offset + n as u64,
-                                path,
-                                chosen.keeps_cache(),
-                                exploring,
-                                measured,
-                            );
-                        for run in ended.into_iter().flatten() {
-                            self.record_run(run);
-                        }
-                    } else if first_far.is_some() {
-                        // After the writes gathered so far, so that the selector learns
-                        // in order.
-                        let pending = self
-                            .write_run
-                            .lock()
-                            .unwrap_or_else(|p| p.into_inner())
-                            .take();
-                        if let Some(run) = pending {
-                            self.record_run(run);
-                        }
-                    } else if useful {
-                        let measured = Measured {
-                            ctx,
-                            bytes: n as u64,
-                            wall,
-                            cpu,
-                        };
-                        self.record_write(measured, path, exploring);
-                    }
-                    if let Some(ctx) = first_far {
-                        let name = chosen.name();
-                        self.engine.record_if_far(&ctx, name, n as u64, wall, cpu);
-                    }
+                    let done = Done {
+                        ctx,
+                        stay: stream_previous,
+                        path,
+                        exploring,
+                        offset,
+                        wanted: bytes,
+                        moved: moved(&v),
+                        wall,
+                        cpu,
+                    };
+                    self.account(done);
                     return Ok(v);
                 }
                 Err(e) if refusal(e.kind()) => {
@@ -713,6 +667,14 @@ impl BackendFile for EngineFile {
             |h| h.write_at(offset, src),
             |_| len,
         )
+    }
+
+    fn read_batch(&self, requests: &mut [ReadRequest<'_>]) -> Result<()> {
+        EngineFile::read_batch(self, requests)
+    }
+
+    fn write_batch(&self, requests: &[WriteRequest<'_>]) -> Result<()> {
+        EngineFile::write_batch(self, requests)
     }
 
     /// Makes every write durable, through every handle that wrote.
