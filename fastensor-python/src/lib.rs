@@ -6,6 +6,7 @@
 mod engine;
 mod errors;
 mod memory;
+mod sharded;
 mod snapshot;
 
 use fastensor::Availability;
@@ -43,6 +44,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<snapshot::SaveHandle>()?;
     m.add_function(wrap_pyfunction!(backends, m)?)?;
     m.add_function(wrap_pyfunction!(default_profile_path, m)?)?;
+    sharded::register(m)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

@@ -23,6 +23,7 @@ pub mod bench;
 mod header;
 mod load;
 mod save;
+pub mod sharded;
 mod tools;
 mod validate;
 
@@ -30,6 +31,10 @@ pub use arena::Arena;
 pub use header::{parse_header, Header, HeaderEntry, DATA_ALIGN, MAX_HEADER_LEN, METADATA_KEY};
 pub use load::{load, load_into, load_selected, open, Checkpoint, CheckpointFile};
 pub use save::{save, save_section, save_with_metadata, TensorView};
+pub use sharded::{
+    load_into_sharded, load_selected_sharded, load_sharded, open_sharded, read_ranges,
+    save_sharded, save_sharded_with_metadata, ShardedCheckpoint, ShardedFile, ShardedIndex,
+};
 pub use tools::{copy, format_table, inspect, rows, InspectRow};
 
 use crate::{Backend, BackendFile, OpenMode, Result};
