@@ -124,7 +124,7 @@ fn load_sharded_selected_and_into_are_bit_exact() {
         .zip(bufs.iter_mut())
         .map(|((d, _), buf)| (d.name.as_str(), MemMut::Host(&mut buf[..])))
         .collect();
-    checkpoint::load_into_sharded(&PosixBackend::default(), dir.path(), targets).unwrap();
+    checkpoint::load_into_sharded(&PosixBackend, dir.path(), targets).unwrap();
     for ((_, want), got) in s.iter().zip(&bufs) {
         assert_eq!(got, want);
     }
@@ -184,14 +184,14 @@ impl checkpoint::FileOpener for FailOn {
 fn a_failed_save_leaves_no_index_naming_its_shards() {
     let dir = tempfile::tempdir().unwrap();
     let s = sample();
-    let b = PosixBackend::default();
+    let b = PosixBackend;
     checkpoint::save_sharded(&b, dir.path(), &views(&s), MAX).unwrap();
     let changed: Vec<(TensorDesc, Vec<u8>)> = s
         .iter()
         .map(|(d, b)| (d.clone(), b.iter().map(|x| x ^ 0xff).collect()))
         .collect();
     let failing = FailOn {
-        inner: PosixBackend::default(),
+        inner: PosixBackend,
         fail: "model-00002",
     };
     let err = checkpoint::save_sharded(&failing, dir.path(), &views(&changed), MAX).unwrap_err();
@@ -213,7 +213,7 @@ fn a_failed_save_leaves_no_index_naming_its_shards() {
 fn a_smaller_save_removes_the_old_extra_shards() {
     let dir = tempfile::tempdir().unwrap();
     let s = sample();
-    let b = PosixBackend::default();
+    let b = PosixBackend;
     checkpoint::save_sharded(&b, dir.path(), &views(&s), MAX).unwrap();
     checkpoint::save_sharded(&b, dir.path(), &views(&s), u64::MAX).unwrap();
     let files: Vec<String> = std::fs::read_dir(dir.path())
@@ -232,7 +232,7 @@ fn a_smaller_save_removes_the_old_extra_shards() {
 fn hostile_or_broken_indexes_are_refused() {
     let dir = tempfile::tempdir().unwrap();
     let s = sample();
-    let b = PosixBackend::default();
+    let b = PosixBackend;
     checkpoint::save_sharded(&b, dir.path(), &views(&s[..2]), MAX).unwrap();
     let index = dir.path().join(sharded::INDEX_NAME);
     let write =
@@ -275,7 +275,7 @@ fn read_ranges_reads_across_files_in_one_job() {
     std::fs::write(&pc, &c).unwrap();
     let spans: Vec<(&Path, usize, usize)> = vec![
         (&pa, 0, 100),
-        (&pa, 5000, 10_000_00),
+        (&pa, 5000, 1_000_000),
         (&pc, 17, 4096),
         (&pa, 3_000_000, 145_728),
         (&pc, 1000, 1),
@@ -291,9 +291,9 @@ fn read_ranges_reads_across_files_in_one_job() {
         let src = if s.0 == pa.as_path() { &a } else { &c };
         assert_eq!(&got[..], &src[s.1..s.1 + s.2]);
     }
-    let mut past = vec![0u8; 10];
+    let mut past = [0u8; 10];
     let err = checkpoint::read_ranges(
-        &PosixBackend::default(),
+        &PosixBackend,
         vec![(pc.as_path(), (1 << 20) - 5, MemMut::Host(&mut past[..]))],
     )
     .unwrap_err();

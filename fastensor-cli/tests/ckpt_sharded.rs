@@ -33,7 +33,7 @@ fn inspect_and_copy_accept_a_directory_or_an_index() {
         .iter()
         .map(|(d, b)| TensorView::new(d.clone(), b))
         .collect();
-    checkpoint::save_sharded(&PosixBackend::default(), &src, &views, 150_000).unwrap();
+    checkpoint::save_sharded(&PosixBackend, &src, &views, 150_000).unwrap();
 
     let by_dir = ok(fastensor()
         .args(["ckpt", "inspect"])
@@ -41,7 +41,10 @@ fn inspect_and_copy_accept_a_directory_or_an_index() {
         .output()
         .unwrap());
     assert!(by_dir.contains("3 shards, 6 tensors"), "{by_dir}");
-    assert!(by_dir.contains("model-00002-of-00003.safetensors"), "{by_dir}");
+    assert!(
+        by_dir.contains("model-00002-of-00003.safetensors"),
+        "{by_dir}"
+    );
     let by_index = ok(fastensor()
         .args(["ckpt", "inspect"])
         .arg(src.join(sharded::INDEX_NAME))
@@ -57,7 +60,7 @@ fn inspect_and_copy_accept_a_directory_or_an_index() {
         .output()
         .unwrap());
     assert!(out.contains("copied 393216 bytes"), "{out}");
-    let back = checkpoint::load_sharded(&PosixBackend::default(), &dst).unwrap();
+    let back = checkpoint::load_sharded(&PosixBackend, &dst).unwrap();
     assert_eq!(back.index().shard_names().len(), 3);
     for (d, b) in &data {
         assert_eq!(back.tensor(&d.name).unwrap().1, &b[..]);

@@ -17,8 +17,6 @@ from __future__ import annotations
 import os
 import sys
 import time
-
-T_START = time.monotonic()
 from datetime import timedelta
 from pathlib import Path
 
@@ -196,14 +194,11 @@ def scenario_load(d: Path, rank: int, world: int) -> None:
         print(f"rank {rank}: {name} loaded on {world} ranks, bit-exact")
 
 
-def main() -> None:
+def run(scenario: str, directory: Path, rank: int, world: int) -> None:
+    """Runs ``scenario`` as rank ``rank`` of ``world`` (``MASTER_ADDR``/``MASTER_PORT`` set)."""
     t0 = time.monotonic()
-    scenario, directory = sys.argv[1], Path(sys.argv[2])
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo", rank=rank, world_size=world, timeout=timedelta(seconds=60)
-    )
+    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=60))
     try:
         if scenario == "save":
             scenario_save(directory, rank, world)
@@ -214,8 +209,34 @@ def main() -> None:
         dist.barrier()
     finally:
         dist.destroy_process_group()
-    print(f"rank {rank}: ok in {time.monotonic() - t0:.1f} s (imports {t0 - T_START:.1f} s)")
+    print(f"rank {rank}: ok in {time.monotonic() - t0:.1f} s", flush=True)
+
+
+def entry(scenario: str, directory: str, rank: int, world: int, port: int, log: str) -> None:
+    """A forked rank's entry: environment, output to ``log``, then :func:`run`."""
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK=str(rank),
+        WORLD_SIZE=str(world),
+        FASTENSOR_PROFILE="",
+    )
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115
+    sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
+    try:
+        run(scenario, Path(directory), rank, world)
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+        sys.stderr.flush()
+        os._exit(1)
+    sys.stdout.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
-    main()
+    run(sys.argv[1], Path(sys.argv[2]), int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]))
