@@ -73,7 +73,7 @@ def run_world(scenario: str, world: int, directory: Path, timeout: float = 120.0
     if failed:
         report = "\n".join(
             f"--- rank {r} (exit {p.exitcode}) ---\n{out[-4000:]}"
-            for r, (p, out) in enumerate(zip(procs, outputs))
+            for r, (p, out) in enumerate(zip(procs, outputs, strict=False))
         )
         raise AssertionError(f"{scenario} on {world} ranks: {failed}\n{report}")
     return outputs

@@ -23,12 +23,11 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from fastensor.dcp import METADATA_NAME, Reader, Writer
 from torch import nn
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import get_state_dict
 from torch.distributed.tensor import DTensor, Shard, distribute_tensor, init_device_mesh
-
-from fastensor.dcp import METADATA_NAME, Writer, Reader
 
 
 def make_model(seed: int) -> tuple[nn.Module, torch.optim.Optimizer]:
@@ -79,7 +78,13 @@ def make_state(model, opt, mesh, placements, fill: bool) -> dict:
     if not fill:
         plain = {k: torch.zeros_like(v) for k, v in plain.items()}
     extra = {"tag": "v1", "lst": [1, 2, 3]} if fill else {"tag": "", "lst": []}
-    return {"model": model_sd, "optim": optim_sd, "sharded": sharded, "plain": plain, "extra": extra}
+    return {
+        "model": model_sd,
+        "optim": optim_sd,
+        "sharded": sharded,
+        "plain": plain,
+        "extra": extra,
+    }
 
 
 def to_full(obj):
@@ -108,7 +113,7 @@ def assert_same(got, want, path: str = "") -> None:
             assert_same(got[k], want[k], f"{path}.{k}")
     elif isinstance(want, list):
         assert len(got) == len(want), f"{path}: {len(got)} != {len(want)}"
-        for i, (g, w) in enumerate(zip(got, want)):
+        for i, (g, w) in enumerate(zip(got, want, strict=False)):
             assert_same(g, w, f"{path}[{i}]")
     else:
         assert got == want, f"{path}: {got!r} != {want!r}"
@@ -123,7 +128,9 @@ class FailingWriter(Writer):
 
     def write_data(self, plan, planner):
         if dist.get_rank() == self.fail_rank:
-            half = type(plan)(items=plan.items[: len(plan.items) // 2], storage_data=plan.storage_data)
+            half = type(plan)(
+                items=plan.items[: len(plan.items) // 2], storage_data=plan.storage_data
+            )
             super().write_data(half, planner).wait()
             raise RuntimeError("injected failure halfway through this rank's save")
         return super().write_data(plan, planner)
@@ -174,7 +181,7 @@ def scenario_save(d: Path, rank: int, world: int) -> None:
     before = [p.detach().clone() for p in model.parameters()]
     for step in range(3):
         train_step(model, opt, 100 + step)
-    moved = any(not torch.equal(a, p) for a, p in zip(before, model.parameters()))
+    moved = any(not torch.equal(a, p) for a, p in zip(before, model.parameters(), strict=False))
     assert moved, "training did not change the parameters"
     future.result(timeout=60)
     if rank == 0:

@@ -17,7 +17,6 @@ torch = pytest.importorskip("torch")
 dcp = pytest.importorskip("torch.distributed.checkpoint")
 
 from _dist import run_world  # noqa: E402
-
 from fastensor.dcp import METADATA_NAME, Reader, Writer  # noqa: E402
 
 
@@ -116,7 +115,9 @@ def test_a_failed_save_keeps_the_previous_checkpoint(tmp_path):
     from torch.distributed.checkpoint.api import CheckpointException
 
     with pytest.raises(CheckpointException):
-        dcp.save({"w": torch.zeros(100, 100), "v": torch.zeros(10)}, storage_writer=Broken(tmp_path))
+        dcp.save(
+            {"w": torch.zeros(100, 100), "v": torch.zeros(10)}, storage_writer=Broken(tmp_path)
+        )
     assert (tmp_path / METADATA_NAME).read_bytes() == meta
     back = {"w": torch.zeros(100, 100), "v": torch.zeros(10)}
     dcp.load(back, storage_reader=Reader(tmp_path))

@@ -31,6 +31,7 @@ call, small neighbours merged, all files in flight together.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import dataclasses
 import io
@@ -105,10 +106,8 @@ def _write_atomic(path: str, data: bytes) -> None:
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
-        except FileNotFoundError:
-            pass
         raise
     _fsync_dir(os.path.dirname(path) or ".")
 
@@ -234,10 +233,8 @@ class Writer(StorageWriter, BlockingAsyncStager):
         named = {info.relative_path for info in storage.values()}
         for f in os.listdir(self.path):
             if _DATA_FILE.fullmatch(f) and f not in named:
-                try:
+                with contextlib.suppress(FileNotFoundError):
                     os.unlink(os.path.join(self.path, f))
-                except FileNotFoundError:
-                    pass
 
     def storage_meta(self) -> StorageMeta | None:
         """The checkpoint's id (its directory) and this save's id."""
@@ -413,7 +410,7 @@ class Reader(StorageReader):
             and target.is_contiguous()
             and _contiguous_box(sizes, offsets, lengths)
         ):
-            start = sum(o * s for o, s in zip(offsets, strides)) * esize
+            start = sum(o * s for o, s in zip(offsets, strides, strict=False)) * esize
             batch.add(
                 (path, info.offset + start, target.data_ptr(), nbytes, -1),
                 target,
