@@ -11,6 +11,7 @@ of all files in flight together.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import re
 from collections.abc import Iterable, Mapping
@@ -59,6 +60,53 @@ def parse_size(size: int | str) -> int:
     if n <= 0:
         raise ValueError(f"max_shard_size must be positive, got {size!r}")
     return n
+
+
+#: Loads onto the CPU go into one allocation aligned to this, marked for transparent huge
+#: pages: fresh memory faults in 2 MiB at a time instead of 4 KiB (faulting 0.7 GB of
+#: fresh 4 KiB pages costs about 1 s of CPU here, as long as reading it from the disk).
+_HUGE = 2 << 20
+_MADV_HUGEPAGE = 14
+
+
+def _madvise_huge(addr: int, length: int) -> None:
+    """Asks for transparent huge pages on ``addr..addr+length`` (best effort)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.madvise(ctypes.c_void_p(addr), ctypes.c_size_t(length), _MADV_HUGEPAGE)
+    except (OSError, AttributeError):
+        pass
+
+
+def _read_into_arena(file, path: str, entries) -> dict[str, torch.Tensor]:
+    """Every entry read into views of one CPU allocation (huge pages where the kernel
+    grants them), each placed so that its address and its file offset agree modulo 4096
+    (direct reads fill it with no copy); neighbours in a file stay neighbours."""
+    places, pos, prev_end = [], 0, None
+    for _, dtype, _, offset, nbytes in entries:
+        itemsize = _fst._torch_dtype(path, "", dtype).itemsize
+        if offset != prev_end:
+            pos += (offset % 4096 - pos % 4096) % 4096
+        if pos % itemsize:
+            pos += itemsize - pos % itemsize
+        places.append(pos)
+        pos += nbytes
+        prev_end = offset + nbytes
+    raw = torch.empty(pos + _HUGE, dtype=torch.uint8)
+    start = (-raw.data_ptr()) % _HUGE
+    arena = raw[start : start + pos]
+    if pos >= _HUGE:
+        _madvise_huge(arena.data_ptr(), pos - pos % _HUGE)
+    out, targets = {}, []
+    for (name, dtype, shape, _, nbytes), at in zip(entries, places, strict=True):
+        dt = _fst._torch_dtype(path, name, dtype)
+        if nbytes == 0:
+            out[name] = torch.empty(shape, dtype=dt)
+            continue
+        out[name] = arena[at : at + nbytes].view(dt).view(shape)
+        targets.append((name, arena.data_ptr() + at, nbytes, -1))
+    file.read_into(targets)
+    return out
 
 
 def is_sharded(path: PathLike) -> bool:
@@ -124,7 +172,9 @@ def load_sharded(
 ) -> dict[str, torch.Tensor]:
     """Loads the sharded checkpoint at ``path`` (its directory or its index) onto
     ``device``: every tensor, or only ``names`` (only their bytes are read). The reads of all
-    shards go out together.
+    shards go out together. On the CPU the tensors are views of one allocation (freed when
+    the last of them is), as the tensors of one file loaded by ``safetensors`` share its
+    mapping.
 
     Raises:
         FileNotFoundError (NotFoundError): no index, a missing shard, or a name the index
@@ -148,4 +198,6 @@ def load_sharded(
                 raise exc
             wanted.append(by_name[n])
         entries = wanted
+    if torch.device(device).type == "cpu":
+        return _read_into_arena(file, p, entries)
     return _fst._read_new(file, p, entries, device, engine)

@@ -321,6 +321,9 @@ def load_into(
 ) -> LoadResult:
     """Reads the tensors of ``filename`` straight into ``target``'s existing tensors.
 
+    ``filename`` is a safetensors file, or a sharded checkpoint: its directory or its
+    ``*.safetensors.index.json`` (see :func:`save_sharded`), whose shards are read as one job.
+
     ``target`` is an ``nn.Module`` (its ``state_dict()``: parameters and persistent
     buffers) or a dict of tensors. Contiguous destinations of the file's dtype are filled in
     place with no copy; others (another dtype, non-contiguous) are read and then copied in,
