@@ -1,7 +1,7 @@
 //! `fastensor ckpt ...`: inspect, re-save and benchmark safetensors checkpoints.
 
 use clap::Subcommand;
-use fastensor::checkpoint;
+use fastensor::checkpoint::{self, sharded};
 use fastensor::{Engine, Result};
 use std::path::PathBuf;
 
@@ -10,14 +10,15 @@ use std::path::PathBuf;
 pub enum CkptCommand {
     /// Print a checkpoint's tensors: names, dtypes, shapes, bytes.
     Inspect {
-        /// A safetensors file.
+        /// A safetensors file, or a sharded checkpoint (its directory or its index).
         file: PathBuf,
     },
     /// Re-save a checkpoint through the fast path (aligns a file written elsewhere).
     Copy {
-        /// The checkpoint to read.
+        /// The checkpoint to read: a file, or a sharded checkpoint (directory or index).
         src: PathBuf,
-        /// Where to write the copy (atomically).
+        /// Where to write the copy (atomically): a file, or for a sharded checkpoint a
+        /// directory (its shards keep their split; the index is written last).
         dst: PathBuf,
     },
     /// Save and load a GPT-2-medium-shaped state dict (1.4 GB of f32, 292 tensors) through
@@ -38,6 +39,27 @@ pub enum CkptCommand {
 /// Runs `fastensor ckpt ...`.
 pub fn run(cmd: CkptCommand) -> Result<()> {
     match cmd {
+        CkptCommand::Inspect { file } if sharded::is_sharded(&file) => {
+            let (index, shards) = sharded::inspect_sharded(&file)?;
+            let (mut tensors, mut bytes) = (0usize, 0u64);
+            for (path, header) in &shards {
+                println!("== {}", path.display());
+                print!("{}", checkpoint::format_table(header));
+                tensors += header.entries().len();
+                bytes += header.data_len();
+            }
+            println!(
+                "{}: {} shards, {} tensors in the weight map ({tensors} in the shards), {bytes} data bytes{}",
+                index.path.display(),
+                shards.len(),
+                index.weight_map.len(),
+                index
+                    .total_size
+                    .map(|t| format!(", total_size {t}"))
+                    .unwrap_or_default()
+            );
+            Ok(())
+        }
         CkptCommand::Inspect { file } => {
             let header = checkpoint::inspect(&file)?;
             let mut out = std::io::BufWriter::new(std::io::stdout().lock());
@@ -48,7 +70,11 @@ pub fn run(cmd: CkptCommand) -> Result<()> {
         CkptCommand::Bench { dir, scale, rounds } => crate::ckpt_bench::run(&dir, scale, rounds),
         CkptCommand::Copy { src, dst } => {
             let engine = Engine::new()?;
-            let bytes = checkpoint::copy(&engine, &src, &dst)?;
+            let bytes = if sharded::is_sharded(&src) {
+                sharded::copy_sharded(&engine, &src, &dst)?
+            } else {
+                checkpoint::copy(&engine, &src, &dst)?
+            };
             println!(
                 "copied {bytes} bytes of tensors from {} to {}",
                 src.display(),

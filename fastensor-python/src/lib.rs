@@ -6,6 +6,7 @@
 mod engine;
 mod errors;
 mod memory;
+mod sharded;
 mod snapshot;
 
 use fastensor::Availability;
@@ -36,6 +37,15 @@ fn default_profile_path() -> Option<std::path::PathBuf> {
     fastensor::engine::default_profile_path()
 }
 
+/// Writes `data` to `path` durably and atomically (an unnamed temporary file, synced,
+/// linked over `path`, directory synced): the old file or the new one, never a torn one.
+#[pyfunction]
+fn write_atomic(py: Python<'_>, path: std::path::PathBuf, data: Vec<u8>) -> PyResult<()> {
+    use errors::IntoPy;
+    py.detach(|| fastensor::atomic::write(&path, &data))
+        .py_err()
+}
+
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<engine::PyEngine>()?;
@@ -43,6 +53,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<snapshot::SaveHandle>()?;
     m.add_function(wrap_pyfunction!(backends, m)?)?;
     m.add_function(wrap_pyfunction!(default_profile_path, m)?)?;
+    m.add_function(wrap_pyfunction!(write_atomic, m)?)?;
+    sharded::register(m)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

@@ -20,6 +20,7 @@ mod arena;
 mod header;
 mod load;
 mod save;
+pub mod sharded;
 mod tools;
 mod validate;
 
@@ -29,6 +30,10 @@ pub use header::{
 };
 pub use load::{load, load_into, load_selected, open, Checkpoint, CheckpointFile};
 pub use save::{save, save_section, save_with_metadata, TensorView};
+pub use sharded::{
+    load_into_sharded, load_selected_sharded, load_sharded, open_sharded, read_ranges,
+    save_sharded, save_sharded_with_metadata, ShardedCheckpoint, ShardedFile, ShardedIndex,
+};
 pub use tools::{copy, format_table, inspect, rows, write_table, InspectRow};
 
 pub use crate::core::FileOpener;

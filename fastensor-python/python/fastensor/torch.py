@@ -31,10 +31,15 @@ from ._common import (
     unknown_dtype,
 )
 from ._engine import engine_or_default
+from ._sharded import _open_any, is_sharded, load_sharded, open_sharded, save_sharded
 from .errors import _invalid
 
 __all__ = [
     "LoadResult",
+    "is_sharded",
+    "load_sharded",
+    "open_sharded",
+    "save_sharded",
     "load_file",
     "load_into",
     "load_selected",
@@ -316,6 +321,9 @@ def load_into(
 ) -> LoadResult:
     """Reads the tensors of ``filename`` straight into ``target``'s existing tensors.
 
+    ``filename`` is a safetensors file, or a sharded checkpoint: its directory or its
+    ``*.safetensors.index.json`` (see :func:`save_sharded`), whose shards are read as one job.
+
     ``target`` is an ``nn.Module`` (its ``state_dict()``: parameters and persistent
     buffers) or a dict of tensors. Contiguous destinations of the file's dtype are filled in
     place with no copy; others (another dtype, non-contiguous) are read and then copied in,
@@ -329,7 +337,7 @@ def load_into(
     path = fspath(filename)
     engine = engine_or_default(engine)
     state = _state_of(target)
-    file = engine.open(path)
+    file = _open_any(engine, path)  # a directory or an index: every shard, as one job
     entries = {e[0]: e for e in file.entries()}
     missing = [k for k in state if k not in entries]
     unexpected = [k for k in entries if k not in state]

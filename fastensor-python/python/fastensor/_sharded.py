@@ -1,0 +1,203 @@
+"""Sharded checkpoints in the Hugging Face layout, for PyTorch (exported by
+:mod:`fastensor.torch`).
+
+A sharded checkpoint is a directory of ``model-00001-of-00003.safetensors``, ... and
+``model.safetensors.index.json``, whose ``weight_map`` names each tensor's shard and whose
+``metadata.total_size`` counts the data bytes (what ``transformers``' ``save_pretrained``
+writes and ``from_pretrained`` reads). The shards are written concurrently, each durably and
+atomically, and the index last, atomically; loads read every shard as one job, the requests
+of all files in flight together.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import re
+from collections.abc import Iterable, Mapping
+
+import torch
+
+from . import _native
+from . import torch as _fst
+from ._common import PathLike, check_metadata, fspath
+from ._engine import engine_or_default
+
+__all__ = [
+    "is_sharded",
+    "load_sharded",
+    "open_sharded",
+    "save_sharded",
+]
+
+_UNITS = {
+    "": 1,
+    "B": 1,
+    "KB": 10**3,
+    "MB": 10**6,
+    "GB": 10**9,
+    "TB": 10**12,
+    "KIB": 2**10,
+    "MIB": 2**20,
+    "GIB": 2**30,
+    "TIB": 2**40,
+}
+
+
+def parse_size(size: int | str) -> int:
+    """Bytes of ``size``: an int, or a string such as ``"5GB"`` (10^9) or ``"500MiB"``
+    (2^20), as ``transformers``' ``max_shard_size`` takes."""
+    if isinstance(size, bool):
+        raise TypeError("max_shard_size must be an int or a size string")
+    if isinstance(size, int):
+        if size <= 0:
+            raise ValueError(f"max_shard_size must be positive, got {size}")
+        return size
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]I?B|B)?\s*", str(size), re.IGNORECASE)
+    if not m:
+        raise ValueError(f"cannot read {size!r} as a size (e.g. '5GB', '500MiB', 1000000)")
+    n = int(float(m.group(1)) * _UNITS[(m.group(2) or "").upper()])
+    if n <= 0:
+        raise ValueError(f"max_shard_size must be positive, got {size!r}")
+    return n
+
+
+#: Loads onto the CPU go into one allocation aligned to this, marked for transparent huge
+#: pages: fresh memory faults in 2 MiB at a time instead of 4 KiB (faulting 0.7 GB of
+#: fresh 4 KiB pages costs about 1 s of CPU here, as long as reading it from the disk).
+_HUGE = 2 << 20
+_MADV_HUGEPAGE = 14
+
+
+def _madvise_huge(addr: int, length: int) -> None:
+    """Asks for transparent huge pages on ``addr..addr+length`` (best effort)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.madvise(ctypes.c_void_p(addr), ctypes.c_size_t(length), _MADV_HUGEPAGE)
+    except (OSError, AttributeError):
+        pass
+
+
+def _read_into_arena(file, path: str, entries) -> dict[str, torch.Tensor]:
+    """Every entry read into views of one CPU allocation (huge pages where the kernel
+    grants them), each placed so that its address and its file offset agree modulo 4096
+    (direct reads fill it with no copy); neighbours in a file stay neighbours."""
+    places, pos, prev_end = [], 0, None
+    for _, dtype, _, offset, nbytes in entries:
+        itemsize = _fst._torch_dtype(path, "", dtype).itemsize
+        if offset != prev_end:
+            pos += (offset % 4096 - pos % 4096) % 4096
+        if pos % itemsize:
+            pos += itemsize - pos % itemsize
+        places.append(pos)
+        pos += nbytes
+        prev_end = offset + nbytes
+    raw = torch.empty(pos + _HUGE, dtype=torch.uint8)
+    start = (-raw.data_ptr()) % _HUGE
+    arena = raw[start : start + pos]
+    if pos >= _HUGE:
+        _madvise_huge(arena.data_ptr(), pos - pos % _HUGE)
+    out, targets = {}, []
+    for (name, dtype, shape, _, nbytes), at in zip(entries, places, strict=True):
+        dt = _fst._torch_dtype(path, name, dtype)
+        if nbytes == 0:
+            out[name] = torch.empty(shape, dtype=dt)
+            continue
+        out[name] = arena[at : at + nbytes].view(dt).view(shape)
+        targets.append((name, arena.data_ptr() + at, nbytes, -1))
+    file.read_into(targets)
+    return out
+
+
+def is_sharded(path: PathLike) -> bool:
+    """True when ``path`` names a sharded checkpoint: a directory or a ``*.index.json``."""
+    p = fspath(path)
+    return os.path.isdir(p) or p.endswith(".index.json")
+
+
+def open_sharded(path: PathLike, *, engine: _native.Engine | None = None) -> _native.ShardedFile:
+    """Opens the sharded checkpoint at ``path`` (its directory or its index): the index and
+    every shard's header are validated; nothing else is read.
+
+    Raises:
+        FileNotFoundError: no index in the directory, or a shard it names is missing.
+        ValueError (CorruptError): a bad index, or a shard lacking a tensor the index puts
+            there.
+    """
+    return _native.open_sharded(engine_or_default(engine), fspath(path))
+
+
+def _open_any(engine: _native.Engine, path: str):
+    """A sharded checkpoint's open file for a directory or an index, else the file's."""
+    if is_sharded(path):
+        return _native.open_sharded(engine, path)
+    return engine.open(path)
+
+
+def save_sharded(
+    tensors: Mapping[str, torch.Tensor],
+    save_directory: PathLike,
+    max_shard_size: int | str = "5GB",
+    metadata: Mapping[str, str] | None = None,
+    *,
+    engine: _native.Engine | None = None,
+) -> dict[str, str]:
+    """Saves ``tensors`` as a sharded checkpoint in ``save_directory``.
+
+    The tensors are split, in order, into shards of at most ``max_shard_size`` bytes (an int,
+    or ``"5GB"``-style; a tensor larger than that gets a shard of its own), named
+    ``model-0000K-of-0000N.safetensors`` and written concurrently, each durably and
+    atomically; then ``model.safetensors.index.json`` is written atomically. An index already
+    there is removed first, so a crash never leaves an index naming missing, partial or
+    mixed shards; shards of an earlier save that the new index does not name are removed.
+    Every shard carries ``metadata`` (default ``{"format": "pt"}``, which ``transformers``
+    expects). Returns the weight map (tensor name -> shard file name).
+    """
+    path = fspath(save_directory)
+    engine = engine_or_default(engine)
+    meta = check_metadata(metadata, path) if metadata is not None else {"format": "pt"}
+    limit = parse_size(max_shard_size)
+    specs, keep = _fst._save_specs(tensors, path, engine, host_only=False)
+    weight_map = _native.save_sharded(engine, path, specs, limit, meta)
+    del keep
+    return weight_map
+
+
+def load_sharded(
+    path: PathLike,
+    device: str | int | torch.device = "cpu",
+    names: Iterable[str] | None = None,
+    *,
+    engine: _native.Engine | None = None,
+) -> dict[str, torch.Tensor]:
+    """Loads the sharded checkpoint at ``path`` (its directory or its index) onto
+    ``device``: every tensor, or only ``names`` (only their bytes are read). The reads of all
+    shards go out together. On the CPU the tensors are views of one allocation (freed when
+    the last of them is), as the tensors of one file loaded by ``safetensors`` share its
+    mapping.
+
+    Raises:
+        FileNotFoundError (NotFoundError): no index, a missing shard, or a name the index
+            lacks.
+    """
+    p = fspath(path)
+    engine = engine_or_default(engine)
+    if isinstance(device, int):
+        device = f"cuda:{device}"
+    file = _native.open_sharded(engine, p)
+    entries = file.entries()
+    if names is not None:
+        by_name = {e[0]: e for e in entries}
+        wanted = []
+        for n in dict.fromkeys(names):
+            if n not in by_name:
+                from .errors import NotFoundError
+
+                exc = NotFoundError(f"{p}: no tensor `{n}` in the checkpoint")
+                exc.path = p
+                raise exc
+            wanted.append(by_name[n])
+        entries = wanted
+    if torch.device(device).type == "cpu":
+        return _read_into_arena(file, p, entries)
+    return _fst._read_new(file, p, entries, device, engine)

@@ -1,0 +1,79 @@
+"""Runs one scenario of ``dcp_worker.py`` on several processes (gloo, CPU) for the tests.
+
+The ranks are forked from a forkserver that has imported torch once (an import of torch
+costs seconds of CPU on a small machine; four at once, a minute). Each run gets a free port
+and a deadline after which every rank is killed; a failure reports every rank's output.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import socket
+import time
+from pathlib import Path
+
+_PRELOAD = ["torch", "torch.distributed.checkpoint", "fastensor.dcp", "dcp_worker"]
+_ctx = None
+
+
+def _context():
+    global _ctx
+    if _ctx is None:
+        _ctx = mp.get_context("forkserver")
+        _ctx.set_forkserver_preload(_PRELOAD)
+    return _ctx
+
+
+def free_port() -> int:
+    """A TCP port free on localhost now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_world(scenario: str, world: int, directory: Path, timeout: float = 120.0) -> list[str]:
+    """Runs ``scenario`` on ``world`` ranks; returns each rank's output, or raises
+    ``AssertionError`` with every rank's output when one fails or the deadline passes."""
+    import dcp_worker
+
+    ctx = _context()
+    port = free_port()
+    logs = [directory / f"{scenario}.rank{r}.log" for r in range(world)]
+    procs = [
+        ctx.Process(
+            target=dcp_worker.entry,
+            args=(scenario, str(directory), r, world, port, str(logs[r])),
+            daemon=True,
+        )
+        for r in range(world)
+    ]
+    for p in procs:
+        p.start()
+    deadline = time.monotonic() + timeout
+    failed = None
+    while True:
+        codes = [p.exitcode for p in procs]
+        if any(c not in (None, 0) for c in codes):
+            failed = "a rank failed"
+            break
+        if all(c == 0 for c in codes):
+            break
+        if time.monotonic() > deadline:
+            failed = f"the scenario did not finish within {timeout:.0f} s"
+            break
+        time.sleep(0.05)
+    if failed:
+        time.sleep(0.5)  # the other ranks report their side
+        for p in procs:
+            if p.exitcode is None:
+                p.kill()
+    for p in procs:
+        p.join(10)
+    outputs = [log.read_text() if log.exists() else "" for log in logs]
+    if failed:
+        report = "\n".join(
+            f"--- rank {r} (exit {p.exitcode}) ---\n{out[-4000:]}"
+            for r, (p, out) in enumerate(zip(procs, outputs, strict=False))
+        )
+        raise AssertionError(f"{scenario} on {world} ranks: {failed}\n{report}")
+    return outputs

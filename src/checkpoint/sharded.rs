@@ -1,0 +1,817 @@
+//! Sharded checkpoints in the Hugging Face layout: `model-00001-of-00003.safetensors`, ...
+//! next to `model.safetensors.index.json` (`metadata.total_size` and a `weight_map` from
+//! tensor name to shard file), and ranged reads across many files as one job.
+//!
+//! * [`save_sharded`] splits the tensors (in order) into shards of at most
+//!   `max_shard_bytes` (a tensor larger than that gets a shard of its own), writes the shards
+//!   concurrently, each durably and atomically as [`save`](super::save) does, and writes the
+//!   index last, atomically ([`crate::atomic::write`]). An index already
+//!   in the directory is removed first, so a crash leaves either no index or one whose every
+//!   shard is whole and of the same save.
+//! * [`open_sharded`] validates the index and every shard's header; its
+//!   [`read_into`](ShardedFile::read_into) fills caller buffers with requests of all files
+//!   in flight together. [`load_sharded`], [`load_selected_sharded`] and
+//!   [`load_into_sharded`] are built on it.
+//! * [`read_ranges`] reads raw byte ranges of any files into caller buffers, in one job
+//!   (the `torch.distributed.checkpoint` reader's path).
+
+use super::header::{Header, HeaderEntry};
+use super::load::read_header;
+use super::save::TensorView;
+use super::{save_with_metadata, Arena, FileOpener, IO_THREADS};
+use crate::core::align::align_down;
+use crate::core::parallel;
+use crate::{BackendFile, Error, ErrorKind, HostBuffer, MemMut, OpenMode, Result, TensorDesc};
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+/// The index file's name in a sharded checkpoint's directory.
+pub const INDEX_NAME: &str = "model.safetensors.index.json";
+
+/// Shards written at once by [`save_sharded`] (each already split into parallel requests).
+const SHARD_JOBS: usize = 2;
+
+/// Alignment of file offsets and memory for zero-copy direct reads.
+const ALIGN: u64 = 4096;
+
+/// Host reads longer than this are split into windows of this many bytes, each faulted in
+/// and read by one of the workers (page faults of fresh memory overlap other reads).
+const READ_WINDOW: usize = 8 << 20;
+
+/// Requested ranges smaller than this are read through a staging buffer, with neighbours.
+const SMALL: u64 = 1 << 20;
+
+/// Small ranges closer than this are read in one staged request.
+const JOIN_GAP: u64 = 64 << 10;
+
+/// Largest staged read.
+const STAGE_MAX: u64 = 16 << 20;
+
+/// Longest index file accepted.
+const MAX_INDEX_LEN: u64 = 256 << 20;
+
+/// The name of shard `i` (0-based) of `n`: `model-0000{i+1}-of-0000{n}.safetensors`.
+pub fn shard_name(i: usize, n: usize) -> String {
+    format!("model-{:05}-of-{:05}.safetensors", i + 1, n)
+}
+
+/// A parsed `*.safetensors.index.json`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ShardedIndex {
+    /// The index file.
+    pub path: PathBuf,
+    /// `metadata.total_size`, when given.
+    pub total_size: Option<u64>,
+    /// Tensor name -> shard file name (relative to the index's directory).
+    pub weight_map: BTreeMap<String, String>,
+}
+
+impl ShardedIndex {
+    /// The directory the shards live in.
+    pub fn dir(&self) -> &Path {
+        match self.path.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p,
+            _ => Path::new("."),
+        }
+    }
+
+    /// The shard file names, in sorted order, each once.
+    pub fn shard_names(&self) -> Vec<&str> {
+        let set: std::collections::BTreeSet<&str> =
+            self.weight_map.values().map(String::as_str).collect();
+        set.into_iter().collect()
+    }
+}
+
+/// True when `path` names a sharded checkpoint: a directory, or a file ending in
+/// `.index.json`.
+pub fn is_sharded(path: &Path) -> bool {
+    path.is_dir()
+        || path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .is_some_and(|n| n.ends_with(".index.json"))
+}
+
+/// The index file of a sharded checkpoint given as its directory (which holds
+/// [`INDEX_NAME`], or exactly one `*.safetensors.index.json`) or as the index itself.
+pub fn resolve_index(path: &Path) -> Result<PathBuf> {
+    if !path.is_dir() {
+        return Ok(path.to_path_buf());
+    }
+    let default = path.join(INDEX_NAME);
+    if default.is_file() {
+        return Ok(default);
+    }
+    let mut found = Vec::new();
+    let dir = std::fs::read_dir(path)
+        .map_err(|e| Error::io(e, "cannot list the directory").with_path(path))?;
+    for entry in dir.flatten() {
+        let name = entry.file_name();
+        if name
+            .to_str()
+            .is_some_and(|n| n.ends_with(".safetensors.index.json") && !n.starts_with('.'))
+        {
+            found.push(entry.path());
+        }
+    }
+    match found.len() {
+        1 => Ok(found.pop().expect("one index")),
+        0 => Err(Error::new(
+            ErrorKind::NotFound,
+            format!("no {INDEX_NAME} (nor any *.safetensors.index.json) in the directory"),
+        )
+        .with_path(path)),
+        n => Err(Error::new(
+            ErrorKind::InvalidInput,
+            format!("{n} *.safetensors.index.json files in the directory: name the one to use"),
+        )
+        .with_path(path)),
+    }
+}
+
+fn corrupt(msg: impl Into<String>, path: &Path) -> Error {
+    Error::new(ErrorKind::Corrupt, msg).with_path(path)
+}
+
+/// Reads and validates the index of the sharded checkpoint at `path` (a directory or an
+/// index file). Shard names must be plain file names in the index's directory.
+pub fn read_index(path: &Path) -> Result<ShardedIndex> {
+    let index_path = resolve_index(path)?;
+    let p = index_path.as_path();
+    let meta =
+        std::fs::metadata(p).map_err(|e| Error::io(e, "cannot open the index").with_path(p))?;
+    if meta.len() > MAX_INDEX_LEN {
+        return Err(corrupt(
+            format!(
+                "the index is {} bytes, over the limit of {MAX_INDEX_LEN}",
+                meta.len()
+            ),
+            p,
+        ));
+    }
+    let bytes = std::fs::read(p).map_err(|e| Error::io(e, "cannot read the index").with_path(p))?;
+    let json: serde_json::Value = serde_json::from_slice(&bytes)
+        .map_err(|e| corrupt(format!("the index is not valid JSON: {e}"), p))?;
+    let obj = json
+        .as_object()
+        .ok_or_else(|| corrupt("the index is not a JSON object", p))?;
+    let total_size = match obj.get("metadata").and_then(|m| m.get("total_size")) {
+        None | Some(serde_json::Value::Null) => None,
+        Some(v) => Some(
+            v.as_u64()
+                .or_else(|| v.as_f64().filter(|f| *f >= 0.0).map(|f| f as u64))
+                .ok_or_else(|| corrupt("metadata.total_size is not a byte count", p))?,
+        ),
+    };
+    let map = obj
+        .get("weight_map")
+        .and_then(|m| m.as_object())
+        .ok_or_else(|| corrupt("the index has no weight_map object", p))?;
+    let mut weight_map = BTreeMap::new();
+    for (name, file) in map {
+        let file = file
+            .as_str()
+            .ok_or_else(|| corrupt(format!("weight_map[`{name}`] is not a file name"), p))?;
+        let plain = Path::new(file).file_name().and_then(|f| f.to_str()) == Some(file);
+        if !plain || file == ".." || file == "." {
+            return Err(corrupt(
+                format!(
+                    "weight_map[`{name}`] = `{file}` is not a file name in the index's directory"
+                ),
+                p,
+            ));
+        }
+        weight_map.insert(name.clone(), file.to_string());
+    }
+    Ok(ShardedIndex {
+        path: index_path,
+        total_size,
+        weight_map,
+    })
+}
+
+/// One open shard.
+struct Shard {
+    path: PathBuf,
+    file: Box<dyn BackendFile>,
+    header: Header,
+}
+
+/// A sharded checkpoint opened once: its index, every shard's validated header, and reads
+/// of its tensors into caller buffers across all shards at once.
+pub struct ShardedFile {
+    index: ShardedIndex,
+    shards: Vec<Shard>,
+    /// Tensor name -> (shard, entry), for every name of the weight map.
+    by_name: HashMap<String, (usize, usize)>,
+}
+
+impl std::fmt::Debug for ShardedFile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ShardedFile")
+            .field("index", &self.index.path)
+            .field("shards", &self.shards.len())
+            .field("tensors", &self.by_name.len())
+            .finish()
+    }
+}
+
+/// Opens the sharded checkpoint at `path` (a directory or an index file): validates the
+/// index and every shard's header (read in parallel). A tensor of the weight map missing
+/// from its shard is [`ErrorKind::Corrupt`]; a missing shard [`ErrorKind::NotFound`].
+pub fn open_sharded<O: FileOpener + ?Sized>(opener: &O, path: &Path) -> Result<ShardedFile> {
+    let index = read_index(path)?;
+    let names = index.shard_names();
+    let slots: Mutex<Vec<Option<Shard>>> = Mutex::new((0..names.len()).map(|_| None).collect());
+    let dir = index.dir().to_path_buf();
+    parallel::for_each(
+        names.iter().enumerate().collect(),
+        IO_THREADS,
+        |(i, name)| {
+            let path = dir.join(name);
+            let file = opener.open_file(&path, OpenMode::Read)?;
+            let header = read_header(&*file, &path)?;
+            slots.lock().unwrap_or_else(|p| p.into_inner())[i] = Some(Shard { path, file, header });
+            Ok(())
+        },
+    )?;
+    let shards: Vec<Shard> = slots
+        .into_inner()
+        .unwrap_or_else(|p| p.into_inner())
+        .into_iter()
+        .map(|s| s.expect("every shard was opened"))
+        .collect();
+    let shard_of: HashMap<&str, usize> = names.iter().enumerate().map(|(i, n)| (*n, i)).collect();
+    let mut by_name = HashMap::with_capacity(index.weight_map.len());
+    for (name, file) in &index.weight_map {
+        let s = shard_of[file.as_str()];
+        let e = shards[s].header.position(name).ok_or_else(|| {
+            corrupt(
+                format!("the index puts tensor `{name}` in {file}, which lacks it"),
+                &index.path,
+            )
+        })?;
+        by_name.insert(name.clone(), (s, e));
+    }
+    Ok(ShardedFile {
+        index,
+        shards,
+        by_name,
+    })
+}
+
+impl ShardedFile {
+    /// The parsed index.
+    pub fn index(&self) -> &ShardedIndex {
+        &self.index
+    }
+
+    /// The shards' paths, in sorted order.
+    pub fn shard_paths(&self) -> Vec<&Path> {
+        self.shards.iter().map(|s| s.path.as_path()).collect()
+    }
+
+    /// The shards' headers, in the order of [`shard_paths`](Self::shard_paths).
+    pub fn headers(&self) -> Vec<&Header> {
+        self.shards.iter().map(|s| &s.header).collect()
+    }
+
+    /// Every tensor of the weight map: its shard's index, its header entry and its absolute
+    /// file range, shard by shard in file order.
+    pub fn entries(&self) -> Vec<(usize, &HeaderEntry, Range<u64>)> {
+        let mut out: Vec<(usize, usize)> = self.by_name.values().copied().collect();
+        out.sort_unstable();
+        out.into_iter()
+            .map(|(s, e)| {
+                let h = &self.shards[s].header;
+                let entry = &h.entries()[e];
+                (s, entry, h.file_range(entry))
+            })
+            .collect()
+    }
+
+    /// The `__metadata__` of the first shard (our writer gives every shard the same).
+    pub fn metadata(&self) -> BTreeMap<String, String> {
+        self.shards
+            .first()
+            .map(|s| s.header.metadata().clone())
+            .unwrap_or_default()
+    }
+
+    /// Fills each `(name, destination)` pair with that tensor's bytes, with the requests of
+    /// every shard in flight together; the rules of
+    /// [`CheckpointFile::read_into`](super::CheckpointFile::read_into) hold (lengths
+    /// checked first, a missing name is [`ErrorKind::NotFound`]).
+    pub fn read_into(&self, targets: Vec<(&str, MemMut<'_>)>) -> Result<()> {
+        let mut reqs = Vec::with_capacity(targets.len());
+        for (name, dst) in targets {
+            let &(s, e) = self.by_name.get(name).ok_or_else(|| {
+                Error::new(
+                    ErrorKind::NotFound,
+                    format!("no tensor `{name}` in the checkpoint"),
+                )
+                .with_path(&self.index.path)
+            })?;
+            let h = &self.shards[s].header;
+            let entry = &h.entries()[e];
+            if dst.len() as u64 != entry.byte_len() {
+                return Err(Error::new(
+                    ErrorKind::InvalidInput,
+                    format!(
+                        "tensor `{name}` is {} bytes but its destination holds {}",
+                        entry.byte_len(),
+                        dst.len()
+                    ),
+                )
+                .with_path(&self.shards[s].path));
+            }
+            reqs.push((s, h.file_range(entry), dst));
+        }
+        let files: Vec<(&dyn BackendFile, &Path)> = self
+            .shards
+            .iter()
+            .map(|s| (&*s.file, s.path.as_path()))
+            .collect();
+        read_requests(&files, reqs)
+    }
+}
+
+/// One range to read: a file (an index into the open files), its byte range, and where to.
+type Request<'a> = (usize, Range<u64>, MemMut<'a>);
+
+/// One read job: a lone request, or small host requests of one file read together.
+enum ReadJob<'a> {
+    Single(Request<'a>),
+    Staged(usize, Vec<(Range<u64>, &'a mut [u8])>),
+}
+
+fn truncated(path: &Path, offset: u64) -> Error {
+    Error::new(
+        ErrorKind::Corrupt,
+        "the file ended before the range read did (truncated)",
+    )
+    .with_path(path)
+    .with_offset(offset)
+}
+
+/// Reads every request, all files in flight together: small host ranges close together in
+/// one file are joined into one staged read, long host ranges are split into windows (each
+/// faulted in by the worker that reads it), and the jobs of the files are interleaved so
+/// that the workers read from every file at once.
+fn read_requests(files: &[(&dyn BackendFile, &Path)], mut reqs: Vec<Request<'_>>) -> Result<()> {
+    reqs.sort_by_key(|(f, r, _)| (*f, r.start));
+    let mut per_file: Vec<Vec<ReadJob<'_>>> = (0..files.len()).map(|_| Vec::new()).collect();
+    for (f, r, dst) in reqs {
+        let len = r.end - r.start;
+        let jobs = &mut per_file[f];
+        match dst {
+            MemMut::Host(d) if len < SMALL => {
+                if let Some(ReadJob::Staged(_, g)) = jobs.last_mut() {
+                    let first = g[0].0.start;
+                    let last_end = g.iter().map(|(r, _)| r.end).max().unwrap_or(first);
+                    if r.start <= last_end + JOIN_GAP && r.end - first <= STAGE_MAX {
+                        g.push((r, d));
+                        continue;
+                    }
+                }
+                jobs.push(ReadJob::Staged(f, vec![(r, d)]));
+            }
+            MemMut::Host(d) => {
+                let mut at = r.start;
+                for w in d.chunks_mut(READ_WINDOW) {
+                    let end = at + w.len() as u64;
+                    jobs.push(ReadJob::Single((f, at..end, MemMut::Host(w))));
+                    at = end;
+                }
+            }
+            dst => jobs.push(ReadJob::Single((f, r, dst))),
+        }
+    }
+    // Round-robin over the files.
+    let mut queues: Vec<std::vec::IntoIter<ReadJob<'_>>> =
+        per_file.into_iter().map(Vec::into_iter).collect();
+    let mut jobs = Vec::new();
+    loop {
+        let before = jobs.len();
+        for q in &mut queues {
+            if let Some(j) = q.next() {
+                jobs.push(j);
+            }
+        }
+        if jobs.len() == before {
+            break;
+        }
+    }
+    parallel::for_each(jobs, IO_THREADS, |job| match job {
+        ReadJob::Single((f, r, dst)) => {
+            let (file, path) = files[f];
+            let mut dst = dst;
+            if let MemMut::Host(d) = &mut dst {
+                super::arena::fault_in(d);
+            }
+            let got = file.read_at(r.start, dst)?;
+            if (got as u64) < r.end - r.start {
+                return Err(truncated(path, r.start + got as u64));
+            }
+            Ok(())
+        }
+        ReadJob::Staged(f, group) => {
+            let (file, path) = files[f];
+            let from = align_down(group[0].0.start, ALIGN);
+            let end = group.iter().map(|(r, _)| r.end).max().unwrap_or(from);
+            let mut stage = HostBuffer::new((end - from) as usize)?;
+            let got = file.read_at(from, stage.as_mem_mut())?;
+            if (got as u64) < end - from {
+                return Err(truncated(path, from + got as u64));
+            }
+            for (r, d) in group {
+                d.copy_from_slice(&stage[(r.start - from) as usize..(r.end - from) as usize]);
+            }
+            Ok(())
+        }
+    })
+}
+
+/// Reads raw byte ranges `(file, offset, destination)` of any files (each opened once) into
+/// the destinations, as one job: every file's requests in flight together, small ranges
+/// close together read at once. A range past the end of its file is
+/// [`ErrorKind::Corrupt`].
+pub fn read_ranges<O: FileOpener + ?Sized>(
+    opener: &O,
+    requests: Vec<(&Path, u64, MemMut<'_>)>,
+) -> Result<()> {
+    let mut index: HashMap<&Path, usize> = HashMap::new();
+    let mut order: Vec<&Path> = Vec::new();
+    for (p, _, _) in &requests {
+        index.entry(*p).or_insert_with(|| {
+            order.push(*p);
+            order.len() - 1
+        });
+    }
+    let opened: Vec<Box<dyn BackendFile>> = order
+        .iter()
+        .map(|p| opener.open_file(p, OpenMode::Read))
+        .collect::<Result<_>>()?;
+    let files: Vec<(&dyn BackendFile, &Path)> =
+        opened.iter().zip(&order).map(|(f, p)| (&**f, *p)).collect();
+    let reqs = requests
+        .into_iter()
+        .filter(|(_, _, d)| !d.is_empty())
+        .map(|(p, off, d)| {
+            let len = d.len() as u64;
+            (index[p], off..off + len, d)
+        })
+        .collect();
+    read_requests(&files, reqs)
+}
+
+/// A sharded checkpoint loaded into one aligned arena, with zero-copy views.
+#[derive(Debug)]
+pub struct ShardedCheckpoint {
+    index: ShardedIndex,
+    arena: Arena,
+    entries: Vec<(TensorDesc, Range<usize>)>,
+    by_name: HashMap<String, usize>,
+    metadata: BTreeMap<String, String>,
+}
+
+impl ShardedCheckpoint {
+    /// The tensor called `name`: its descriptor and bytes.
+    pub fn tensor(&self, name: &str) -> Option<(&TensorDesc, &[u8])> {
+        self.by_name.get(name).map(|&i| {
+            let (d, r) = &self.entries[i];
+            (d, &self.arena[r.clone()])
+        })
+    }
+
+    /// Every loaded tensor, shard by shard in file order.
+    pub fn iter(&self) -> impl Iterator<Item = (&TensorDesc, &[u8])> + '_ {
+        self.entries
+            .iter()
+            .map(|(d, r)| (d, &self.arena[r.clone()]))
+    }
+
+    /// The loaded tensors as views, ready to save again.
+    pub fn views(&self) -> Vec<TensorView<'_>> {
+        self.iter()
+            .map(|(d, b)| TensorView::new(d.clone(), b))
+            .collect()
+    }
+
+    /// Number of loaded tensors.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// True when no tensor was loaded.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// The first shard's `__metadata__`.
+    pub fn metadata(&self) -> &BTreeMap<String, String> {
+        &self.metadata
+    }
+
+    /// The index the checkpoint came from.
+    pub fn index(&self) -> &ShardedIndex {
+        &self.index
+    }
+
+    /// Total bytes of the loaded tensors.
+    pub fn data_bytes(&self) -> u64 {
+        self.entries.iter().map(|(_, r)| r.len() as u64).sum()
+    }
+}
+
+/// Loads every tensor of the sharded checkpoint at `path` (a directory or an index file)
+/// into one arena: the reads of all shards go out as one job.
+pub fn load_sharded<O: FileOpener + ?Sized>(opener: &O, path: &Path) -> Result<ShardedCheckpoint> {
+    let file = open_sharded(opener, path)?;
+    load_chosen(file, |_| true)
+}
+
+/// Loads only the tensors `names` of the sharded checkpoint at `path`, only their bytes
+/// read, across shards as one job. A name the index lacks is [`ErrorKind::NotFound`].
+pub fn load_selected_sharded<O, I, S>(
+    opener: &O,
+    path: &Path,
+    names: I,
+) -> Result<ShardedCheckpoint>
+where
+    O: FileOpener + ?Sized,
+    I: IntoIterator<Item = S>,
+    S: AsRef<str>,
+{
+    let file = open_sharded(opener, path)?;
+    let mut wanted = HashSet::new();
+    for n in names {
+        let n = n.as_ref();
+        if !file.by_name.contains_key(n) {
+            return Err(Error::new(
+                ErrorKind::NotFound,
+                format!("no tensor `{n}` in the checkpoint"),
+            )
+            .with_path(&file.index.path));
+        }
+        wanted.insert(n.to_string());
+    }
+    load_chosen(file, |name| wanted.contains(name))
+}
+
+fn load_chosen(file: ShardedFile, keep: impl Fn(&str) -> bool) -> Result<ShardedCheckpoint> {
+    let chosen: Vec<(usize, HeaderEntry, Range<u64>)> = file
+        .entries()
+        .into_iter()
+        .filter(|(_, e, _)| keep(&e.desc.name))
+        .map(|(s, e, r)| (s, e.clone(), r))
+        .collect();
+    // Each tensor is placed where its arena offset and its file offset agree modulo ALIGN
+    // (neighbours in a file stay neighbours), so direct reads fill it with no copy.
+    let mut places = Vec::with_capacity(chosen.len());
+    let mut pos = 0u64;
+    let mut prev: Option<(usize, u64)> = None;
+    for (s, _, r) in &chosen {
+        if prev != Some((*s, r.start)) {
+            pos += (r.start % ALIGN + ALIGN - pos % ALIGN) % ALIGN;
+        }
+        places.push(pos);
+        pos += r.end - r.start;
+        prev = Some((*s, r.end));
+    }
+    let len = usize::try_from(pos).map_err(|_| {
+        Error::new(
+            ErrorKind::OutOfMemory,
+            "the checkpoint does not fit in memory",
+        )
+        .with_path(&file.index.path)
+    })?;
+    let mut arena = Arena::new(len).map_err(|e| e.with_path(&file.index.path))?;
+    {
+        let mut targets = Vec::with_capacity(chosen.len());
+        let mut rest: &mut [u8] = &mut arena;
+        let mut at = 0u64;
+        for ((_, e, r), &place) in chosen.iter().zip(&places) {
+            let (_, tail) = rest.split_at_mut((place - at) as usize);
+            let (piece, tail) = tail.split_at_mut((r.end - r.start) as usize);
+            targets.push((e.desc.name.as_str(), MemMut::Host(piece)));
+            rest = tail;
+            at = place + (r.end - r.start);
+        }
+        file.read_into(targets)?;
+    }
+    let mut entries = Vec::with_capacity(chosen.len());
+    let mut by_name = HashMap::with_capacity(chosen.len());
+    for ((_, e, r), &place) in chosen.iter().zip(&places) {
+        by_name.insert(e.desc.name.clone(), entries.len());
+        let start = place as usize;
+        entries.push((e.desc.clone(), start..start + (r.end - r.start) as usize));
+    }
+    let metadata = file.metadata();
+    Ok(ShardedCheckpoint {
+        index: file.index,
+        arena,
+        entries,
+        by_name,
+        metadata,
+    })
+}
+
+/// Fills the caller's buffers `(name, destination)` from the sharded checkpoint at `path`,
+/// requests of every shard in flight together; returns the index.
+pub fn load_into_sharded<O: FileOpener + ?Sized>(
+    opener: &O,
+    path: &Path,
+    targets: Vec<(&str, MemMut<'_>)>,
+) -> Result<ShardedIndex> {
+    let file = open_sharded(opener, path)?;
+    file.read_into(targets)?;
+    Ok(file.index)
+}
+
+/// Splits tensors of `sizes` bytes, in order, into groups of at most `max` bytes (a tensor
+/// larger than `max` alone), as `transformers`' `save_pretrained` does.
+pub fn plan_shards(sizes: &[u64], max: u64) -> Vec<Range<usize>> {
+    let mut out = Vec::new();
+    let (mut start, mut bytes) = (0usize, 0u64);
+    for (i, &s) in sizes.iter().enumerate() {
+        if i > start && bytes + s > max {
+            out.push(start..i);
+            start = i;
+            bytes = 0;
+        }
+        bytes += s;
+    }
+    if start < sizes.len() || out.is_empty() {
+        out.push(start..sizes.len());
+    }
+    out
+}
+
+/// Saves `tensors` as a sharded checkpoint in `dir`; see [`save_sharded_with_metadata`].
+pub fn save_sharded<O: FileOpener + ?Sized>(
+    opener: &O,
+    dir: &Path,
+    tensors: &[TensorView<'_>],
+    max_shard_bytes: u64,
+) -> Result<ShardedIndex> {
+    save_sharded_with_metadata(opener, dir, tensors, max_shard_bytes, &BTreeMap::new())
+}
+
+/// Saves `tensors` (in this order) in `dir` (created if needed) as shards of at most
+/// `max_shard_bytes` of data each, every shard carrying `metadata` as its `__metadata__`,
+/// and the index [`INDEX_NAME`] last; see the [module](self) for what a crash leaves.
+/// Shards of an earlier save that the new index does not name are removed after it is
+/// written. A duplicate name across shards is [`ErrorKind::InvalidInput`].
+pub fn save_sharded_with_metadata<O: FileOpener + ?Sized>(
+    opener: &O,
+    dir: &Path,
+    tensors: &[TensorView<'_>],
+    max_shard_bytes: u64,
+    metadata: &BTreeMap<String, String>,
+) -> Result<ShardedIndex> {
+    if max_shard_bytes == 0 {
+        return Err(
+            Error::new(ErrorKind::InvalidInput, "max_shard_bytes must be positive").with_path(dir),
+        );
+    }
+    let sizes: Vec<u64> = tensors.iter().map(|t| t.data.len() as u64).collect();
+    let groups: Vec<&[TensorView<'_>]> = plan_shards(&sizes, max_shard_bytes)
+        .into_iter()
+        .map(|r| &tensors[r])
+        .collect();
+    write_shards(opener, dir, &groups, metadata)
+}
+
+/// Writes `groups` as the shards of a checkpoint in `dir`, then the index.
+fn write_shards<O: FileOpener + ?Sized>(
+    opener: &O,
+    dir: &Path,
+    groups: &[&[TensorView<'_>]],
+    metadata: &BTreeMap<String, String>,
+) -> Result<ShardedIndex> {
+    let mut seen = HashSet::new();
+    for t in groups.iter().flat_map(|g| g.iter()) {
+        if !seen.insert(t.desc.name.as_str()) {
+            return Err(Error::new(
+                ErrorKind::InvalidInput,
+                format!("tensor `{}` is given twice", t.desc.name),
+            )
+            .with_path(dir));
+        }
+    }
+    std::fs::create_dir_all(dir)
+        .map_err(|e| Error::io(e, "cannot create the checkpoint directory").with_path(dir))?;
+    let index_path = dir.join(INDEX_NAME);
+    // The old index goes first: from here until the new one is in place, no index names a
+    // shard that is being replaced.
+    match std::fs::remove_file(&index_path) {
+        Ok(()) => sync_dir(dir)?,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(Error::io(e, "cannot remove the old index").with_path(&index_path)),
+    }
+    let n = groups.len();
+    let jobs: Vec<(usize, &[TensorView<'_>])> = groups.iter().copied().enumerate().collect();
+    parallel::for_each(jobs, SHARD_JOBS, |(i, g)| {
+        save_with_metadata(opener, &dir.join(shard_name(i, n)), g, metadata)
+    })?;
+    let mut weight_map = BTreeMap::new();
+    let mut total = 0u64;
+    for (i, g) in groups.iter().enumerate() {
+        for t in g.iter() {
+            weight_map.insert(t.desc.name.clone(), shard_name(i, n));
+            total += t.data.len() as u64;
+        }
+    }
+    let json = serde_json::json!({
+        "metadata": { "total_size": total },
+        "weight_map": weight_map,
+    });
+    let text = serde_json::to_string_pretty(&json).expect("an index always serializes");
+    crate::atomic::write(&index_path, text.as_bytes())?;
+    // Shards of an earlier save that the new index does not name.
+    let keep: HashSet<String> = (0..n).map(|i| shard_name(i, n)).collect();
+    if let Ok(list) = std::fs::read_dir(dir) {
+        for entry in list.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if is_shard_name(&name) && !keep.contains(&name) {
+                let _ = std::fs::remove_file(entry.path());
+            }
+        }
+    }
+    Ok(ShardedIndex {
+        path: index_path,
+        total_size: Some(total),
+        weight_map,
+    })
+}
+
+/// True for names of the form `model-NNNNN-of-NNNNN.safetensors`.
+fn is_shard_name(name: &str) -> bool {
+    let Some(rest) = name.strip_prefix("model-") else {
+        return false;
+    };
+    let Some(rest) = rest.strip_suffix(".safetensors") else {
+        return false;
+    };
+    let b = rest.as_bytes();
+    b.len() == 14
+        && b[..5].iter().all(u8::is_ascii_digit)
+        && &b[5..9] == b"-of-"
+        && b[9..].iter().all(u8::is_ascii_digit)
+}
+
+fn sync_dir(dir: &Path) -> Result<()> {
+    std::fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| Error::io(e, "cannot sync the directory").with_path(dir))
+}
+
+/// Copies the sharded checkpoint at `src` to the directory `dst` through the fast path,
+/// keeping its split into shards and the first shard's metadata. Returns the data bytes.
+pub fn copy_sharded<O: FileOpener + ?Sized>(opener: &O, src: &Path, dst: &Path) -> Result<u64> {
+    let file = open_sharded(opener, src)?;
+    let shard_count = file.shards.len();
+    let mut shard_of = HashMap::new();
+    for (s, e, _) in file.entries() {
+        shard_of.insert(e.desc.name.clone(), s);
+    }
+    let ckpt = load_chosen(file, |_| true)?;
+    let views = ckpt.views();
+    let mut groups: Vec<Vec<TensorView<'_>>> = (0..shard_count).map(|_| Vec::new()).collect();
+    for v in views {
+        groups[shard_of[&v.desc.name]].push(v);
+    }
+    groups.retain(|g| !g.is_empty());
+    let slices: Vec<&[TensorView<'_>]> = groups.iter().map(Vec::as_slice).collect();
+    write_shards(opener, dst, &slices, ckpt.metadata())?;
+    Ok(ckpt.data_bytes())
+}
+
+/// Reads and validates the index of the sharded checkpoint at `path` and every shard's
+/// header (small reads through the page cache; no backend needed), for listings.
+pub fn inspect_sharded(path: &Path) -> Result<(ShardedIndex, Vec<(PathBuf, Header)>)> {
+    let index = read_index(path)?;
+    let mut shards = Vec::new();
+    for name in index.shard_names() {
+        let p = index.dir().join(name);
+        let header = super::inspect(&p)?;
+        shards.push((p, header));
+    }
+    for (name, file) in &index.weight_map {
+        let (_, h) = shards
+            .iter()
+            .find(|(p, _)| p.file_name().and_then(|f| f.to_str()) == Some(file.as_str()))
+            .expect("every shard of the weight map was read");
+        if h.get(name).is_none() {
+            return Err(corrupt(
+                format!("the index puts tensor `{name}` in {file}, which lacks it"),
+                &index.path,
+            ));
+        }
+    }
+    Ok((index, shards))
+}
