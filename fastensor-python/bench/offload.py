@@ -1,30 +1,35 @@
 """Activation offload on a real CPU training step: no offload, activation checkpointing
 (``torch.utils.checkpoint``), and ``fastensor.torch.offload`` at several budgets.
 
-    python bench/offload.py [--dir DIR] [--blocks 32] [--width 128] [--tokens 1024]
-                            [--rounds 3] [--sweep-widths 256,128,64,32,16]
+    python bench/offload.py [--dir DIR] [--blocks 48] [--width 64] [--tokens 2048]
+                            [--min-bytes 262144]
+                            [--rounds 3] [--budgets 4,10,20,40] [--cap-div 8]
+                            [--sweep-widths 128,64,32,16,8] [--sweep-blocks 8]
 
 The model is a stack of pre-norm MLP blocks (LayerNorm, Linear d->4d, GELU, Linear 4d->d,
 residual), sized so its saved activations (about 40*d bytes a token a block) dominate
 memory. One training step is forward + loss + backward. Every configuration runs once per
-round and the rounds are interleaved (the machine's speed swings between rounds); each
-figure is the median over rounds.
+round after one warm-up step each, the rounds interleaved (the machine's speed swings
+between rounds); each figure is the median over rounds.
 
 Per configuration:
 - act held: peak bytes of activations held. No offload: every saved tensor (counted by a
   pass-through saved_tensors_hook); checkpointing: the block inputs it keeps plus one
-  block's activations during its recompute (computed from those counts); offload: the store's peak
-  (``stats.peak_held_bytes``, its own accounting) plus the tensors left in memory.
+  block's activations during its recompute (computed from those counts); offload: the
+  store's peak (``stats.peak_held_bytes``, its own accounting) plus the tensors left in
+  memory (below ``min_bytes``).
 - peak RSS: the process's peak resident memory during the step above its level before the
   step (VmHWM, reset through /proc/self/clear_refs; free heap returned first with
   malloc_trim, so each step faults its memory in as a fresh process would).
+- every configuration runs with glibc's mmap threshold fixed at min_bytes (what offload sets,
+  so that freed activations leave the process; see ``release_freed_memory``).
 - time, and slowdown against no offload (median of the per-round ratios).
 - stall: time backward waited in unpack; pack wait: time forward waited for the budget.
 
-Then the largest batch that fits a memory cap (the no-offload step's peak RSS at the base
-batch): each configuration's peak RSS per token, measured at the base batch, gives a
-predicted largest batch (footprint scales with the batch; offload's budget is kept at one
-block's activations per batch), and one step at that batch checks the prediction.
+Then the largest batch that fits a memory cap, the peak RSS growth of a no-offload step at
+tokens/cap_div: each configuration's peak RSS per token at the base batch predicts its
+largest batch (offload's budget scaled with the batch), and a step at that batch checks it
+(10% smaller while over the cap).
 
 Last, the stall sweep: the width shrinks at constant activation bytes (compute per byte
 falls with the width), at a budget of footprint/10.
@@ -43,6 +48,7 @@ import time
 import weakref
 
 import torch
+from fastensor._offload import release_freed_memory
 from fastensor.torch import offload
 from torch import nn
 from torch.utils.checkpoint import checkpoint
@@ -174,14 +180,19 @@ def make_model(d: int, blocks: int) -> Model:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--dir", default=None, help="swap directory (default: a temp dir)")
-    ap.add_argument("--blocks", type=int, default=32)
-    ap.add_argument("--width", type=int, default=128)
-    ap.add_argument("--tokens", type=int, default=1024, help="tokens a step (batch x seq)")
+    ap.add_argument("--blocks", type=int, default=48)
+    ap.add_argument("--width", type=int, default=64)
+    ap.add_argument("--tokens", type=int, default=2048, help="tokens a step (batch x seq)")
+    ap.add_argument("--min-bytes", type=int, default=256 << 10, help="offload's min_bytes")
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--sweep-widths", default="256,128,64,32,16")
-    ap.add_argument("--sweep-blocks", type=int, default=16)
-    ap.add_argument("--no-max-batch-check", action="store_true")
+    ap.add_argument("--budgets", default="4,10,20,40", help="offload budgets: footprint/N")
+    ap.add_argument("--cap-div", type=int, default=8, help="cap: no offload at tokens/N")
+    ap.add_argument("--sweep-widths", default="128,64,32,16,8")
+    ap.add_argument("--sweep-blocks", type=int, default=8)
     args = ap.parse_args()
+    # The malloc setting offload makes (freed blocks of 1 MiB or more go back to the system),
+    # made first for every configuration alike.
+    released = release_freed_memory(args.min_bytes)
     tmp = tempfile.TemporaryDirectory(dir=args.dir or os.environ.get("FASTENSOR_OFFLOAD_DIR"))
     sdir = tmp.name
     torch.manual_seed(0)
@@ -197,7 +208,8 @@ def main() -> None:
     ckpt_held = L * T * d * x.element_size() + block_bytes
     print(
         f"# fastensor offload benchmark: {L} MLP blocks, width {d}, {T} tokens; torch "
-        f"{torch.__version__}, {torch.get_num_threads()} threads; swap dir {sdir}"
+        f"{torch.__version__}, {torch.get_num_threads()} threads; swap dir {sdir}; "
+        f"malloc mmap threshold {args.min_bytes} B: {released}"
     )
     print(
         f"# saved activations {footprint / MIB:.1f} MiB ({block_bytes / MIB:.2f} MiB a block), "
@@ -207,10 +219,15 @@ def main() -> None:
         ("no offload", model, None),
         ("checkpoint", ckpt_model, None),
     ]
-    for div in (4, 10, 20):
+    divs = [int(v) for v in args.budgets.split(",") if v]
+    for div in divs:
         budget = max(footprint // div, 2 * MIB)
         configs.append(
-            (f"offload F/{div}", model, {"dir": sdir, "budget_bytes": budget, "min_bytes": MIB})
+            (
+                f"offload F/{div}",
+                model,
+                {"dir": sdir, "budget_bytes": budget, "min_bytes": args.min_bytes},
+            )
         )
     results: dict[str, list[dict]] = {name: [] for name, _, _ in configs}
     for _name, m, off in configs:  # warm-up: first-touch costs, the engine's first choices
@@ -258,43 +275,54 @@ def main() -> None:
         )
     )
 
-    # Largest batch within a memory cap: the no-offload step's peak RSS at the base batch.
-    cap = med("no offload", "rss")
+    # Largest batch within a memory cap: the no-offload step's peak RSS growth at
+    # tokens/cap_div. Each configuration's peak RSS per token at the base batch predicts its
+    # largest batch (offload's budget scaled with the batch); a step at that batch checks it,
+    # stepping down 10% while over the cap.
+    cap_tokens = T // args.cap_div
+    xc = torch.randn(cap_tokens, d)
+    one_step(model, xc, None)
+    cap = statistics.median(one_step(model, xc, None)["rss"] for _ in range(2))
+    del xc
+    big = f"offload F/{max(divs)}"
     print()
-    print(f"## largest batch within a cap of {cap / MIB:.1f} MiB of peak RSS growth")
     print(
-        "| configuration | RSS per 1k tokens MiB | predicted max tokens | checked: tokens, "
-        "peak RSS MiB, time s | vs no offload |"
+        f"## largest batch within a cap of {cap / MIB:.1f} MiB of peak RSS growth "
+        f"(no offload's at {cap_tokens} tokens)"
     )
-    print("|---|---:|---:|---|---:|")
-    rows = [("no offload", "no offload", model, None)]
-    rows.append(("checkpoint", "checkpoint", ckpt_model, None))
-    rows.append(("offload, budget = 1 block", None, model, "block"))
-    base_max = None
-    for label, name, m, off in rows:
-        if name is not None:
-            per_tok = med(name, "rss") / T
-        else:  # measured at the base batch with a budget of one block's activations
-            kw = {"dir": sdir, "budget_bytes": max(block_bytes, 2 * MIB), "min_bytes": MIB}
-            per_tok = statistics.median(one_step(m, x, kw)["rss"] for _ in range(2)) / T
-        n = int(cap / per_tok)
-        check = "-"
-        if not args.no_max_batch_check and n > 0:
-            xb = torch.randn(n, d)
+    print(
+        "| configuration | RSS per 1k tokens MiB (at base batch) | predicted max tokens "
+        "| checked max tokens | its peak RSS MiB | its time s | vs no offload |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for name, m in (("no offload", model), ("checkpoint", ckpt_model), (big, model)):
+        per_tok = med(name, "rss") / T
+        n = max(1, int(cap / per_tok))
+        if name == "no offload":
+            n = cap_tokens
+        checked = "-"
+        for _ in range(4):
             kw = None
-            if off == "block":
+            if name == big:
                 kw = {
                     "dir": sdir,
-                    "budget_bytes": max(block_bytes * n // T, 2 * MIB),
-                    "min_bytes": MIB,
+                    "budget_bytes": max(footprint * n // T // max(divs), 2 * MIB),
+                    "min_bytes": args.min_bytes,
                 }
+            xb = torch.randn(n, d)
             r = one_step(m, xb, kw)
-            check = (
-                f"{n}, {r['rss'] / MIB:.1f}{' (over)' if r['rss'] > cap else ''}, {r['time']:.2f}"
-            )
             del xb
-        base_max = base_max or n
-        print(f"| {label} | {per_tok * 1024 / MIB:.2f} | {n} | {check} | {n / base_max:.1f}x |")
+            if r["rss"] <= cap * 1.0 or name == "no offload":
+                checked = n
+                break
+            n = int(n * 0.9)
+        if checked == "-":
+            print(f"| {name} | {per_tok * 1024 / MIB:.2f} | - | none within 4 tries | - | - | - |")
+            continue
+        print(
+            f"| {name} | {per_tok * 1024 / MIB:.2f} | {int(cap / per_tok)} | {checked} "
+            f"| {r['rss'] / MIB:.1f} | {r['time']:.2f} | {checked / cap_tokens:.1f}x |"
+        )
 
     # The stall as compute shrinks: narrower blocks at the same activation bytes.
     widths = [int(w) for w in args.sweep_widths.split(",") if w]
@@ -313,7 +341,7 @@ def main() -> None:
         m = make_model(w, Ls)
         xs = torch.randn(tokens, w)
         fp = saved_bytes(m, xs)
-        kw = {"dir": sdir, "budget_bytes": max(fp // 10, 2 * MIB), "min_bytes": MIB}
+        kw = {"dir": sdir, "budget_bytes": max(fp // 10, 2 * MIB), "min_bytes": args.min_bytes}
         one_step(m, xs, None)
         one_step(m, xs, kw)
         rs = [(one_step(m, xs, None), one_step(m, xs, kw)) for _ in range(2)]

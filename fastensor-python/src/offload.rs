@@ -140,11 +140,7 @@ impl PyOffloadStore {
     /// Stops the I/O threads and removes the swap file (the handles left fail to `get`).
     /// Closing twice does nothing.
     fn close(&self, py: Python<'_>) {
-        let store = self
-            .store
-            .write()
-            .unwrap_or_else(|p| p.into_inner())
-            .take();
+        let store = self.store.write().unwrap_or_else(|p| p.into_inner()).take();
         py.detach(|| drop(store));
     }
 
@@ -349,7 +345,11 @@ fn capsule(py: Python<'_>, mut buf: HostBuffer) -> PyResult<Py<PyAny>> {
     // SAFETY: `p` is a valid `Managed` whose first field is the `DlManagedTensor`; the name
     // is a static C string; on failure the box is freed below.
     let cap = unsafe {
-        ffi::PyCapsule_New(p.cast::<c_void>(), DLTENSOR.as_ptr(), Some(capsule_destructor))
+        ffi::PyCapsule_New(
+            p.cast::<c_void>(),
+            DLTENSOR.as_ptr(),
+            Some(capsule_destructor),
+        )
     };
     if cap.is_null() {
         // SAFETY: the capsule was not made, so `p` is still ours alone.

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import ctypes
 import itertools
 import os
 import tempfile
@@ -40,7 +41,6 @@ import threading
 import time
 import warnings
 import weakref
-from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -50,13 +50,20 @@ from . import _native
 from ._engine import engine_or_default
 from .errors import _invalid
 
-__all__ = ["OffloadStats", "offload"]
+__all__ = ["OffloadStats", "offload", "release_freed_memory"]
 
 #: The swap files' names: ``fastensor-offload-<pid>-<n>.swap`` (see the Rust store).
 _SWAP_PREFIX = "fastensor-offload-"
 
 #: Prefetch depth standing for "as many tensors as the budget holds".
 _UNLIMITED = 1 << 20
+
+#: glibc's ``mallopt`` parameter of the mmap threshold, and the most it accepts (64-bit).
+_M_MMAP_THRESHOLD = -3
+_MMAP_THRESHOLD_MAX = 32 << 20
+
+#: The mmap threshold this module set (None: malloc left alone so far).
+_mmap_threshold: int | None = None
 
 _live_sessions: weakref.WeakSet[_Session] = weakref.WeakSet()
 _live_lock = threading.Lock()
@@ -108,6 +115,33 @@ def _remove_stale_swap_files(directory: str) -> int:
             os.remove(os.path.join(directory, name))
             removed += 1
     return removed
+
+
+def release_freed_memory(threshold: int = 1 << 20) -> bool:
+    """Makes glibc give blocks of at least ``threshold`` bytes back to the system when freed.
+
+    glibc's malloc raises its mmap threshold as large blocks are freed, after which such
+    blocks come from its heap, and freed ones stay there: offloaded activations, freed
+    once written, were measured to leave the process's resident memory at 65-75% of what
+    it was without offload (a transformer's forward, 245 MiB of activations, 12 MiB
+    budget), against 4-10% with a fixed threshold. Fixing the threshold (``mallopt``, as
+    ``MALLOC_MMAP_THRESHOLD_`` does) maps such blocks on their own and unmaps them on
+    free. :func:`offload` calls this with its ``min_bytes`` unless told not to; it affects
+    the whole process, and each large allocation then faults in fresh pages. Returns
+    whether the threshold is set (False off glibc).
+    """
+    global _mmap_threshold
+    threshold = max(1, min(int(threshold), _MMAP_THRESHOLD_MAX))
+    if _mmap_threshold is not None and _mmap_threshold <= threshold:
+        return True
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return False
+    if mallopt(_M_MMAP_THRESHOLD, threshold) != 1:
+        return False
+    _mmap_threshold = threshold
+    return True
 
 
 def _close_all_at_exit() -> None:
@@ -264,8 +298,10 @@ class _Session:
         """Closes the store (removes the swap file); keeps the final figures."""
         if self.store.closed:
             return
-        self.stats._final = self.figures()
-        self.store.close()
+        final = self.figures()
+        self.store.close()  # cancels what is still queued: nothing is held after it
+        final["held_bytes"] = 0
+        self.stats._final = final
         with _live_lock:
             _live_sessions.discard(self)
 
@@ -275,10 +311,9 @@ class _Session:
 
     # -- the hooks
 
-    def _keep(self, storage_bytes: int) -> torch.Tensor | None:
+    def _keep(self, storage_bytes: int) -> None:
         self.counts["tensors_kept"] += 1
         self.counts["bytes_kept"] += storage_bytes
-        return None
 
     def pack(self, t: torch.Tensor) -> torch.Tensor | _Packed:
         """The saved tensor ``t`` itself (kept in memory), or a packed reference to it."""
@@ -378,6 +413,9 @@ class offload:  # noqa: N801 (a context manager named as a function, like torch.
         prefetch: how many tensors to read back ahead of backward; ``None`` (default): as
             many as the budget holds; ``0``: none (each unpack reads its own).
         io_threads: background I/O threads (default 2).
+        release_memory: make glibc give freed blocks of ``min_bytes`` or more back to the
+            system (see :func:`release_freed_memory`; process-wide), so that the memory of
+            offloaded tensors is really freed. Default True.
         engine: the fastensor engine to use (default: the module's engine).
 
     Yields:
@@ -397,6 +435,7 @@ class offload:  # noqa: N801 (a context manager named as a function, like torch.
         prefetch: int | None = None,
         *,
         io_threads: int = 2,
+        release_memory: bool = True,
         engine: _native.Engine | None = None,
     ):
         if budget_bytes <= 0:
@@ -408,6 +447,7 @@ class offload:  # noqa: N801 (a context manager named as a function, like torch.
         self.min_bytes = max(1, int(min_bytes))
         self.prefetch = prefetch
         self.io_threads = io_threads
+        self.release_memory = release_memory
         self.engine = engine
         self._session: _Session | None = None
         self._hooks: contextlib.AbstractContextManager | None = None
@@ -422,6 +462,8 @@ class offload:  # noqa: N801 (a context manager named as a function, like torch.
                 stacklevel=2,
             )
         _remove_stale_swap_files(self.dir)
+        if self.release_memory:
+            release_freed_memory(self.min_bytes)
         depth = _UNLIMITED if self.prefetch is None else self.prefetch
         store = _native.OffloadStore(
             engine_or_default(self.engine),
@@ -443,10 +485,3 @@ class offload:  # noqa: N801 (a context manager named as a function, like torch.
             hooks.__exit__(*exc)
         # From here, the session lives as long as the graphs that hold its records.
         del session
-
-
-def _iter_swap_files(directory: str) -> Iterator[str]:
-    """The swap files in ``directory`` (for tests and tools)."""
-    for name in sorted(os.listdir(directory)):
-        if name.startswith(_SWAP_PREFIX) and name.endswith(".swap"):
-            yield os.path.join(directory, name)
