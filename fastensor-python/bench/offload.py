@@ -3,7 +3,7 @@
 
     python bench/offload.py [--dir DIR] [--blocks 48] [--width 64] [--tokens 2048]
                             [--min-bytes 262144]
-                            [--rounds 3] [--budgets 4,10,20,40] [--cap-div 8]
+                            [--rounds 3] [--budgets 10,20,40] [--cap-div 8]
                             [--sweep-widths 128,64,32,16,8] [--sweep-blocks 8]
 
 The model is a stack of pre-norm MLP blocks (LayerNorm, Linear d->4d, GELU, Linear 4d->d,
@@ -23,13 +23,15 @@ Per configuration:
   malloc_trim, so each step faults its memory in as a fresh process would).
 - every configuration runs with glibc's mmap threshold fixed at min_bytes (what offload sets,
   so that freed activations leave the process; see ``release_freed_memory``).
-- time, and slowdown against no offload (median of the per-round ratios).
+- time (wall) and CPU time (the process's, every thread), and their ratios to no offload's
+  (median of the per-round ratios). On a machine shared with other work, wall time swings
+  with the others' load; CPU time shows the work offload adds, the stall the waiting.
 - stall: time backward waited in unpack; pack wait: time forward waited for the budget.
 
 Then the largest batch that fits a memory cap, the peak RSS growth of a no-offload step at
 tokens/cap_div: each configuration's peak RSS per token at the base batch predicts its
 largest batch (offload's budget scaled with the batch), and a step at that batch checks it
-(10% smaller while over the cap).
+(5% smaller while over the cap).
 
 Last, the stall sweep: the width shrinks at constant activation bytes (compute per byte
 falls with the width), at a budget of footprint/10.
@@ -139,7 +141,7 @@ def param_storage_bytes(model: nn.Module) -> int:
 def one_step(model: nn.Module, x: torch.Tensor, off: dict | None) -> dict:
     """One training step; its time, peak RSS growth, and offload figures."""
     base = reset_peak()
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     if off is None:
         loss = model(x).square().mean()
         stats = None
@@ -148,9 +150,9 @@ def one_step(model: nn.Module, x: torch.Tensor, off: dict | None) -> dict:
             loss = model(x).square().mean()
     loss.backward()
     del loss
-    dt = time.perf_counter() - t0
+    dt, cpu = time.perf_counter() - t0, time.process_time() - c0
     peak = peak_rss() - base
-    out = {"time": dt, "rss": peak}
+    out = {"time": dt, "cpu": cpu, "rss": peak}
     if stats is not None:
         gc.collect()
         d = stats.as_dict()
@@ -185,7 +187,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=2048, help="tokens a step (batch x seq)")
     ap.add_argument("--min-bytes", type=int, default=256 << 10, help="offload's min_bytes")
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--budgets", default="4,10,20,40", help="offload budgets: footprint/N")
+    ap.add_argument("--budgets", default="10,20,40", help="offload budgets: footprint/N")
     ap.add_argument("--cap-div", type=int, default=8, help="cap: no offload at tokens/N")
     ap.add_argument("--sweep-widths", default="128,64,32,16,8")
     ap.add_argument("--sweep-blocks", type=int, default=8)
@@ -235,21 +237,21 @@ def main() -> None:
     for _ in range(args.rounds):
         for name, m, off in configs:
             results[name].append(one_step(m, x, off))
-    base_times = [r["time"] for r in results["no offload"]]
 
     def med(name: str, key: str) -> float:
         return statistics.median(r[key] for r in results[name])
 
-    def slowdown(name: str) -> float:
-        pairs = zip(results[name], base_times, strict=True)
-        return statistics.median(r["time"] / b for r, b in pairs)
+    def slowdown(name: str, key: str = "time") -> float:
+        pairs = zip(results[name], results["no offload"], strict=True)
+        return statistics.median(r[key] / b[key] for r, b in pairs)
 
     print()
     print(
         "| configuration | budget MiB | act held MiB | footprint/held | peak RSS MiB "
-        "| time s | slowdown | stall s | pack wait s | write GB/s | read GB/s |"
+        "| time s | slowdown | CPU s | CPU ratio | stall s | pack wait s | write GB/s "
+        "| read GB/s |"
     )
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for name, _, off in configs:
         if off is None:
             held = footprint if name == "no offload" else ckpt_held
@@ -264,13 +266,14 @@ def main() -> None:
         print(
             f"| {name} | {budget} | {held / MIB:.1f} | {footprint / held:.1f}x "
             f"| {med(name, 'rss') / MIB:.1f} | {med(name, 'time'):.3f} "
-            f"| {slowdown(name):.3f}x {extra}"
+            f"| {slowdown(name):.3f}x | {med(name, 'cpu'):.3f} | {slowdown(name, 'cpu'):.3f}x "
+            f"{extra}"
         )
     print()
     print(
-        "# rounds (time s): "
+        "# rounds (wall s / CPU s): "
         + "; ".join(
-            f"{name}: " + ", ".join(f"{r['time']:.2f}" for r in results[name])
+            f"{name}: " + ", ".join(f"{r['time']:.2f}/{r['cpu']:.2f}" for r in results[name])
             for name, _, _ in configs
         )
     )
@@ -278,7 +281,7 @@ def main() -> None:
     # Largest batch within a memory cap: the no-offload step's peak RSS growth at
     # tokens/cap_div. Each configuration's peak RSS per token at the base batch predicts its
     # largest batch (offload's budget scaled with the batch); a step at that batch checks it,
-    # stepping down 10% while over the cap.
+    # stepping down 5% while over the cap.
     cap_tokens = T // args.cap_div
     xc = torch.randn(cap_tokens, d)
     one_step(model, xc, None)
@@ -301,7 +304,7 @@ def main() -> None:
         if name == "no offload":
             n = cap_tokens
         checked = "-"
-        for _ in range(4):
+        for _ in range(8):
             kw = None
             if name == big:
                 kw = {
@@ -315,9 +318,9 @@ def main() -> None:
             if r["rss"] <= cap * 1.0 or name == "no offload":
                 checked = n
                 break
-            n = int(n * 0.9)
+            n = int(n * 0.95)
         if checked == "-":
-            print(f"| {name} | {per_tok * 1024 / MIB:.2f} | - | none within 4 tries | - | - | - |")
+            print(f"| {name} | {per_tok * 1024 / MIB:.2f} | - | none within 8 tries | - | - | - |")
             continue
         print(
             f"| {name} | {per_tok * 1024 / MIB:.2f} | {int(cap / per_tok)} | {checked} "
@@ -333,9 +336,10 @@ def main() -> None:
         f"{footprint * Ls // L / MIB:.0f} MiB of activations each)"
     )
     print(
-        "| width | tokens | fwd+bwd no offload s | offload s | slowdown | stall s | pack wait s |"
+        "| width | tokens | no offload s | offload s | slowdown | CPU ratio | stall s "
+        "| pack wait s |"
     )
-    print("|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
     for w in widths:
         tokens = max(1, T * d // w)
         m = make_model(w, Ls)
@@ -348,9 +352,13 @@ def main() -> None:
         tn = statistics.median(a["time"] for a, _ in rs)
         to = statistics.median(b["time"] for _, b in rs)
         sl = statistics.median(b["time"] / a["time"] for a, b in rs)
+        sc = statistics.median(b["cpu"] / a["cpu"] for a, b in rs)
         st = statistics.median(b["stall"] for _, b in rs)
         wt = statistics.median(b["wait"] for _, b in rs)
-        print(f"| {w} | {tokens} | {tn:.3f} | {to:.3f} | {sl:.3f}x | {st:.3f} | {wt:.3f} |")
+        print(
+            f"| {w} | {tokens} | {tn:.3f} | {to:.3f} | {sl:.3f}x | {sc:.3f}x "
+            f"| {st:.3f} | {wt:.3f} |"
+        )
         del m, xs
     tmp.cleanup()
     sys.stdout.flush()
