@@ -97,7 +97,9 @@ def test_transformer_gradients_bit_identical(tmp_path, prefetch):
     assert_same_grads(ref, off)
     assert stats.tensors_offloaded >= 12
     assert stats.bytes_written == stats.bytes_offloaded > 8 * MIB
-    assert stats.bytes_read == stats.bytes_written  # each storage read back once
+    # each storage read back at most once (not at all when backward came before its write
+    # ended: then it is answered from memory)
+    assert 0 < stats.bytes_read <= stats.bytes_written
     assert 0 < stats.peak_held_bytes <= budget
     if prefetch == 0:
         assert stats.prefetches == 0
@@ -142,7 +144,7 @@ def test_parameters_and_small_tensors_stay(tmp_path):
     assert stats.bytes_offloaded == z.untyped_storage().nbytes()
     assert stats.tensors_kept >= 3
     loss.backward()
-    assert stats.bytes_read == stats.bytes_offloaded
+    assert stats.bytes_read <= stats.bytes_offloaded
 
 
 def test_same_tensor_saved_twice_is_written_once(tmp_path):
@@ -178,7 +180,7 @@ def test_views_of_a_saved_tensor_share_one_write(tmp_path):
     ref = a.detach().clone().requires_grad_()
     f(ref).backward()
     assert torch.equal(a.grad, ref.grad)
-    assert stats.bytes_read == 4 * MIB
+    assert stats.bytes_read <= 4 * MIB  # read back once at most, for all three views
 
 
 class Check(torch.autograd.Function):
@@ -299,7 +301,7 @@ def test_several_graphs_alive_at_once(tmp_path):
     del l0, l1, l2
     gc.collect()
     assert swap_files(tmp_path) == []
-    assert s1.bytes_read == s1.bytes_written and s2.bytes_read == s2.bytes_written
+    assert 0 < s1.bytes_read <= s1.bytes_written and 0 < s2.bytes_read <= s2.bytes_written
 
 
 def test_budget_never_exceeded(tmp_path):
