@@ -122,9 +122,9 @@ def release_freed_memory(threshold: int = 1 << 20) -> bool:
 
     glibc's malloc raises its mmap threshold as large blocks are freed, after which such
     blocks come from its heap, and freed ones stay there: offloaded activations, freed
-    once written, were measured to leave the process's resident memory at 65-75% of what
-    it was without offload (a transformer's forward, 245 MiB of activations, 12 MiB
-    budget), against 4-10% with a fixed threshold. Fixing the threshold (``mallopt``, as
+    once written, were measured to leave the process's resident memory after a forward
+    pass at 64-77% of what it was without offload (24 MLP blocks, 245 MiB of activations,
+    a 12 MiB budget), against 1-4% with a fixed threshold. Fixing the threshold (``mallopt``, as
     ``MALLOC_MMAP_THRESHOLD_`` does) maps such blocks on their own and unmaps them on
     free. :func:`offload` calls this with its ``min_bytes`` unless told not to; it affects
     the whole process, and each large allocation then faults in fresh pages. Returns
