@@ -6,6 +6,7 @@
 mod engine;
 mod errors;
 mod memory;
+mod offload;
 mod sharded;
 mod snapshot;
 
@@ -51,6 +52,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<engine::PyEngine>()?;
     m.add_class::<engine::PyCheckpointFile>()?;
     m.add_class::<snapshot::SaveHandle>()?;
+    offload::register(m)?;
     m.add_function(wrap_pyfunction!(backends, m)?)?;
     m.add_function(wrap_pyfunction!(default_profile_path, m)?)?;
     m.add_function(wrap_pyfunction!(write_atomic, m)?)?;

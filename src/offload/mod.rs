@@ -29,16 +29,22 @@
 //! # Ok(()) }
 //! ```
 //!
+//! [`OffloadStore::put`] takes a [`HostBuffer`](crate::HostBuffer) it then owns, or a
+//! [`Payload::foreign`]: memory owned elsewhere (a framework's tensor), written in place and
+//! given back once written.
+//!
 //! Only host memory is handled for now; device memory (GPU activations staged or sent
 //! directly with GPUDirect Storage) can come later through the same engine.
 
 mod allocator;
+mod payload;
 mod schedule;
 mod state;
 mod store;
 mod worker;
 
 pub use allocator::{round_up, Extent, ExtentAllocator, EXTENT_ALIGN};
+pub use payload::{ForeignBytes, Payload};
 pub use schedule::Schedule;
 pub use store::{Handle, OffloadStore};
 
@@ -150,4 +156,8 @@ pub struct OffloadStats {
     pub put_wait: Duration,
     /// Time `get` waited for I/O (in flight or its own read).
     pub get_stall: Duration,
+    /// Time the I/O threads spent writing (summed over threads).
+    pub write_time: Duration,
+    /// Time spent reading, prefetches and `get`'s own reads (summed over threads).
+    pub read_time: Duration,
 }

@@ -2,6 +2,7 @@
 //! budget, the job queue of the I/O threads, and the prefetch decisions.
 
 use super::allocator::{Extent, ExtentAllocator};
+use super::payload::Payload;
 use super::schedule::Schedule;
 use super::OffloadStats;
 use fastensor_core::{Error, ErrorKind, HostBuffer};
@@ -64,9 +65,9 @@ impl Failure {
 #[derive(Debug)]
 pub(crate) enum Data {
     /// Below the small threshold: in memory only.
-    Small(Arc<HostBuffer>),
+    Small(Arc<Payload>),
     /// In memory and being written (counted in the budget).
-    Writing(Arc<HostBuffer>),
+    Writing(Arc<Payload>),
     /// On disk only.
     OnDisk,
     /// A prefetch read is queued (its bytes are reserved in the budget).
@@ -99,7 +100,7 @@ pub(crate) enum Job {
     Write {
         id: u64,
         offset: u64,
-        buf: Arc<HostBuffer>,
+        buf: Arc<Payload>,
     },
     /// Read `len` bytes at the offset.
     Read { id: u64, offset: u64, len: u64 },
@@ -257,7 +258,7 @@ impl State {
     pub(crate) fn write_done(
         &mut self,
         id: u64,
-        buf: Arc<HostBuffer>,
+        buf: Arc<Payload>,
         result: fastensor_core::Result<()>,
         depth: usize,
     ) {
@@ -277,8 +278,9 @@ impl State {
             }
             Ok(()) => {
                 self.stats.bytes_written += e.len;
+                // A foreign payload goes back to its owner once written.
                 match Arc::try_unwrap(buf) {
-                    Ok(b) if keep && !e.dropped => e.data = Data::Loaded(b),
+                    Ok(Payload::Owned(b)) if keep && !e.dropped => e.data = Data::Loaded(b),
                     _ => self.held -= e.len,
                 }
             }

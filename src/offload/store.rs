@@ -1,6 +1,7 @@
 //! [`OffloadStore`] and its [`Handle`]s.
 
 use super::allocator::round_up;
+use super::payload::Payload;
 use super::state::{Data, Entry, Failure, Job, State};
 use super::{worker, OffloadConfig, OffloadStats};
 use crate::{Engine, EngineFile};
@@ -192,8 +193,11 @@ impl OffloadStore {
     /// it; waits first when the memory budget has no room for it (backpressure). Tensors
     /// below the small threshold stay in memory. Fails with the first background failure
     /// not yet reported (naming its tensor; `tensor` is then not stored, and the error says
-    /// so), or for a tensor larger than the budget.
-    pub fn put(&self, tensor: HostBuffer, label: impl Into<String>) -> Result<Handle> {
+    /// so), or for a tensor larger than the budget. `tensor` is a [`HostBuffer`] (the store
+    /// owns it) or a [`Payload::foreign`] (memory owned elsewhere, written in place; the
+    /// store drops it once written, counting it in the budget until then).
+    pub fn put(&self, tensor: impl Into<Payload>, label: impl Into<String>) -> Result<Handle> {
+        let tensor: Payload = tensor.into();
         let s = &self.shared;
         let (budget, depth) = (s.config.budget, s.config.prefetch_depth);
         let len = tensor.len() as u64;
@@ -340,6 +344,7 @@ impl OffloadStore {
             let result = worker::read(s, offset, handle.len);
             let mut st = s.lock();
             st.stats.get_stall += stall + t0.elapsed();
+            st.stats.read_time += t0.elapsed();
             st.stats.gets_from_disk += 1;
             return match result {
                 Ok(buf) => {

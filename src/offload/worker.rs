@@ -6,6 +6,7 @@ use super::store::Shared;
 use fastensor_core::{Error, ErrorKind, HostBuffer, Result};
 use std::sync::Arc;
 use std::thread::JoinHandle;
+use std::time::Instant;
 
 /// Starts `n` I/O threads on `shared`.
 pub(crate) fn spawn(shared: &Arc<Shared>, n: usize) -> Result<Vec<JoinHandle<()>>> {
@@ -42,14 +43,18 @@ fn run(shared: &Shared) {
         };
         match job {
             Job::Write { id, offset, buf } => {
-                let result = shared.file.write_at(offset, &*buf);
+                let t0 = Instant::now();
+                let result = shared.file.write_at(offset, &buf[..]);
                 let mut st = shared.lock();
+                st.stats.write_time += t0.elapsed();
                 st.write_done(id, buf, result, shared.config.prefetch_depth);
                 shared.after_change(&mut st);
             }
             Job::Read { id, offset, len } => {
+                let t0 = Instant::now();
                 let result = read(shared, offset, len);
                 let mut st = shared.lock();
+                st.stats.read_time += t0.elapsed();
                 st.read_done(id, result);
                 shared.after_change(&mut st);
             }

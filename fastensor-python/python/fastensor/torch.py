@@ -31,6 +31,7 @@ from ._common import (
     unknown_dtype,
 )
 from ._engine import engine_or_default
+from ._offload import offload
 from ._sharded import _open_any, is_sharded, load_sharded, open_sharded, save_sharded
 from .errors import _invalid
 
@@ -43,6 +44,7 @@ __all__ = [
     "load_file",
     "load_into",
     "load_selected",
+    "offload",
     "safe_open",
     "save_file",
     "save_file_async",

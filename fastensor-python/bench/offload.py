@@ -1,0 +1,368 @@
+"""Activation offload on a real CPU training step: no offload, activation checkpointing
+(``torch.utils.checkpoint``), and ``fastensor.torch.offload`` at several budgets.
+
+    python bench/offload.py [--dir DIR] [--blocks 48] [--width 64] [--tokens 2048]
+                            [--min-bytes 262144]
+                            [--rounds 3] [--budgets 10,20,40] [--cap-div 8]
+                            [--sweep-widths 128,64,32,16,8] [--sweep-blocks 8]
+
+The model is a stack of pre-norm MLP blocks (LayerNorm, Linear d->4d, GELU, Linear 4d->d,
+residual), sized so its saved activations (about 40*d bytes a token a block) dominate
+memory. One training step is forward + loss + backward. Every configuration runs once per
+round after one warm-up step each, the rounds interleaved (the machine's speed swings
+between rounds); each figure is the median over rounds.
+
+Per configuration:
+- act held: peak bytes of activations held. No offload: every saved tensor (counted by a
+  pass-through saved_tensors_hook); checkpointing: the block inputs it keeps plus one
+  block's activations during its recompute (computed from those counts); offload: the
+  store's peak (``stats.peak_held_bytes``, its own accounting) plus the tensors left in
+  memory (below ``min_bytes``).
+- peak RSS: the process's peak resident memory during the step above its level before the
+  step (VmHWM, reset through /proc/self/clear_refs; free heap returned first with
+  malloc_trim, so each step faults its memory in as a fresh process would).
+- every configuration runs with glibc's mmap threshold fixed at min_bytes (what offload sets,
+  so that freed activations leave the process; see ``release_freed_memory``).
+- time (wall) and CPU time (the process's, every thread), and their ratios to no offload's
+  (median of the per-round ratios). On a machine shared with other work, wall time swings
+  with the others' load; CPU time shows the work offload adds, the stall the waiting.
+- stall: time backward waited in unpack; pack wait: time forward waited for the budget.
+
+Then the largest batch that fits a memory cap, the peak RSS growth of a no-offload step at
+tokens/cap_div: each configuration's peak RSS per token at the base batch predicts its
+largest batch (offload's budget scaled with the batch), and a step at that batch checks it
+(5% smaller while over the cap).
+
+Last, the stall sweep: the width shrinks at constant activation bytes (compute per byte
+falls with the width), at a budget of footprint/10.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import gc
+import os
+import statistics
+import sys
+import tempfile
+import time
+import weakref
+
+import torch
+from fastensor._offload import release_freed_memory
+from fastensor.torch import offload
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+MIB = 1 << 20
+_libc = ctypes.CDLL("libc.so.6")
+
+
+class Block(nn.Module):
+    """Pre-norm MLP block: x + W2 gelu(W1 ln(x))."""
+
+    def __init__(self, d: int):
+        super().__init__()
+        self.ln = nn.LayerNorm(d)
+        self.fc1 = nn.Linear(d, 4 * d)
+        self.fc2 = nn.Linear(4 * d, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.fc2(nn.functional.gelu(self.fc1(self.ln(x))))
+
+
+class Model(nn.Module):
+    def __init__(self, d: int, blocks: int, ckpt: bool = False):
+        super().__init__()
+        self.blocks = nn.ModuleList(Block(d) for _ in range(blocks))
+        self.ckpt = ckpt
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for b in self.blocks:
+            x = checkpoint(b, x, use_reentrant=False) if self.ckpt else b(x)
+        return x
+
+
+def rss_now() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def reset_peak() -> int:
+    """Returns free heap to the system, resets the peak RSS, and returns the RSS now."""
+    gc.collect()
+    _libc.malloc_trim(0)
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    return rss_now()
+
+
+def peak_rss() -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmHWM in /proc/self/status")
+
+
+def saved_bytes(model: nn.Module, x: torch.Tensor) -> int:
+    """Peak bytes of saved tensors held (unique storages), through a pass-through hook."""
+    live: dict[int, int] = {}
+    peak = [0]
+
+    class Tag:
+        __slots__ = ("t", "__weakref__")
+
+    def pack(t: torch.Tensor) -> Tag:
+        s = t.untyped_storage()
+        key = s.data_ptr()
+        if key not in live:
+            live[key] = s.nbytes()
+            peak[0] = max(peak[0], sum(live.values()))
+        tag = Tag()
+        tag.t = t
+        weakref.finalize(tag, live.pop, key, None)
+        return tag
+
+    def unpack(tag: Tag) -> torch.Tensor:
+        return tag.t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+        loss = model(x).square().mean()
+    loss.backward()
+    return peak[0]
+
+
+def param_storage_bytes(model: nn.Module) -> int:
+    return sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+def one_step(model: nn.Module, x: torch.Tensor, off: dict | None) -> dict:
+    """One training step; its time, peak RSS growth, and offload figures."""
+    base = reset_peak()
+    t0, c0 = time.perf_counter(), time.process_time()
+    if off is None:
+        loss = model(x).square().mean()
+        stats = None
+    else:
+        with offload(**off) as stats:
+            loss = model(x).square().mean()
+    loss.backward()
+    del loss
+    dt, cpu = time.perf_counter() - t0, time.process_time() - c0
+    peak = peak_rss() - base
+    out = {"time": dt, "cpu": cpu, "rss": peak}
+    if stats is not None:
+        gc.collect()
+        d = stats.as_dict()
+        out.update(
+            held=d["peak_held_bytes"] + d["bytes_kept"],
+            stall=d["unpack_stall_s"],
+            wait=d["pack_wait_s"],
+            written=d["bytes_written"],
+            wgbps=stats.write_gbps,
+            rgbps=stats.read_gbps,
+        )
+    return out
+
+
+def fmt_bytes(n: float) -> str:
+    return f"{n / MIB:8.1f}"
+
+
+def make_model(d: int, blocks: int) -> Model:
+    torch.manual_seed(0)
+    m = Model(d, blocks)
+    for p in m.parameters():  # grads exist from here on: not counted in a step's growth
+        p.grad = torch.zeros_like(p)
+    return m
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--dir", default=None, help="swap directory (default: a temp dir)")
+    ap.add_argument("--blocks", type=int, default=48)
+    ap.add_argument("--width", type=int, default=64)
+    ap.add_argument("--tokens", type=int, default=2048, help="tokens a step (batch x seq)")
+    ap.add_argument("--min-bytes", type=int, default=256 << 10, help="offload's min_bytes")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--budgets", default="10,20,40", help="offload budgets: footprint/N")
+    ap.add_argument("--cap-div", type=int, default=8, help="cap: no offload at tokens/N")
+    ap.add_argument("--sweep-widths", default="128,64,32,16,8")
+    ap.add_argument("--sweep-blocks", type=int, default=8)
+    args = ap.parse_args()
+    # The malloc setting offload makes (freed blocks of 1 MiB or more go back to the system),
+    # made first for every configuration alike.
+    released = release_freed_memory(args.min_bytes)
+    tmp = tempfile.TemporaryDirectory(dir=args.dir or os.environ.get("FASTENSOR_OFFLOAD_DIR"))
+    sdir = tmp.name
+    torch.manual_seed(0)
+    d, L, T = args.width, args.blocks, args.tokens
+    model = make_model(d, L)
+    ckpt_model = make_model(d, L)
+    ckpt_model.load_state_dict(model.state_dict())
+    ckpt_model.ckpt = True
+    x = torch.randn(T, d)
+    footprint = saved_bytes(model, x)
+    block_bytes = footprint // L
+    # Checkpointing holds each block's input, and one block's activations in its recompute.
+    ckpt_held = L * T * d * x.element_size() + block_bytes
+    print(
+        f"# fastensor offload benchmark: {L} MLP blocks, width {d}, {T} tokens; torch "
+        f"{torch.__version__}, {torch.get_num_threads()} threads; swap dir {sdir}; "
+        f"malloc mmap threshold {args.min_bytes} B: {released}"
+    )
+    print(
+        f"# saved activations {footprint / MIB:.1f} MiB ({block_bytes / MIB:.2f} MiB a block), "
+        f"parameters {param_storage_bytes(model) / MIB:.1f} MiB"
+    )
+    configs: list[tuple[str, Model, dict | None]] = [
+        ("no offload", model, None),
+        ("checkpoint", ckpt_model, None),
+    ]
+    divs = [int(v) for v in args.budgets.split(",") if v]
+    for div in divs:
+        budget = max(footprint // div, 2 * MIB)
+        configs.append(
+            (
+                f"offload F/{div}",
+                model,
+                {"dir": sdir, "budget_bytes": budget, "min_bytes": args.min_bytes},
+            )
+        )
+    results: dict[str, list[dict]] = {name: [] for name, _, _ in configs}
+    for _name, m, off in configs:  # warm-up: first-touch costs, the engine's first choices
+        one_step(m, x, off)
+    for _ in range(args.rounds):
+        for name, m, off in configs:
+            results[name].append(one_step(m, x, off))
+
+    def med(name: str, key: str) -> float:
+        return statistics.median(r[key] for r in results[name])
+
+    def slowdown(name: str, key: str = "time") -> float:
+        pairs = zip(results[name], results["no offload"], strict=True)
+        return statistics.median(r[key] / b[key] for r, b in pairs)
+
+    print()
+    print(
+        "| configuration | budget MiB | act held MiB | footprint/held | peak RSS MiB "
+        "| time s | slowdown | CPU s | CPU ratio | stall s | pack wait s | write GB/s "
+        "| read GB/s |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for name, _, off in configs:
+        if off is None:
+            held = footprint if name == "no offload" else ckpt_held
+            budget, extra = "-", "| - | - | - | - |"
+        else:
+            held = med(name, "held")
+            budget = f"{off['budget_bytes'] / MIB:.1f}"
+            extra = (
+                f"| {med(name, 'stall'):.3f} | {med(name, 'wait'):.3f} "
+                f"| {med(name, 'wgbps'):.2f} | {med(name, 'rgbps'):.2f} |"
+            )
+        print(
+            f"| {name} | {budget} | {held / MIB:.1f} | {footprint / held:.1f}x "
+            f"| {med(name, 'rss') / MIB:.1f} | {med(name, 'time'):.3f} "
+            f"| {slowdown(name):.3f}x | {med(name, 'cpu'):.3f} | {slowdown(name, 'cpu'):.3f}x "
+            f"{extra}"
+        )
+    print()
+    print(
+        "# rounds (wall s / CPU s): "
+        + "; ".join(
+            f"{name}: " + ", ".join(f"{r['time']:.2f}/{r['cpu']:.2f}" for r in results[name])
+            for name, _, _ in configs
+        )
+    )
+
+    # Largest batch within a memory cap: the no-offload step's peak RSS growth at
+    # tokens/cap_div. Each configuration's peak RSS per token at the base batch predicts its
+    # largest batch (offload's budget scaled with the batch); a step at that batch checks it,
+    # stepping down 5% while over the cap.
+    cap_tokens = T // args.cap_div
+    xc = torch.randn(cap_tokens, d)
+    one_step(model, xc, None)
+    cap = statistics.median(one_step(model, xc, None)["rss"] for _ in range(2))
+    del xc
+    big = f"offload F/{max(divs)}"
+    print()
+    print(
+        f"## largest batch within a cap of {cap / MIB:.1f} MiB of peak RSS growth "
+        f"(no offload's at {cap_tokens} tokens)"
+    )
+    print(
+        "| configuration | RSS per 1k tokens MiB (at base batch) | predicted max tokens "
+        "| checked max tokens | its peak RSS MiB | its time s | vs no offload |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for name, m in (("no offload", model), ("checkpoint", ckpt_model), (big, model)):
+        per_tok = med(name, "rss") / T
+        n = max(1, int(cap / per_tok))
+        if name == "no offload":
+            n = cap_tokens
+        checked = "-"
+        for _ in range(8):
+            kw = None
+            if name == big:
+                kw = {
+                    "dir": sdir,
+                    "budget_bytes": max(footprint * n // T // max(divs), 2 * MIB),
+                    "min_bytes": args.min_bytes,
+                }
+            xb = torch.randn(n, d)
+            r = one_step(m, xb, kw)
+            del xb
+            if r["rss"] <= cap * 1.0 or name == "no offload":
+                checked = n
+                break
+            n = int(n * 0.95)
+        if checked == "-":
+            print(f"| {name} | {per_tok * 1024 / MIB:.2f} | - | none within 8 tries | - | - | - |")
+            continue
+        print(
+            f"| {name} | {per_tok * 1024 / MIB:.2f} | {int(cap / per_tok)} | {checked} "
+            f"| {r['rss'] / MIB:.1f} | {r['time']:.2f} | {checked / cap_tokens:.1f}x |"
+        )
+
+    # The stall as compute shrinks: narrower blocks at the same activation bytes.
+    widths = [int(w) for w in args.sweep_widths.split(",") if w]
+    Ls = args.sweep_blocks
+    print()
+    print(
+        f"## stall as compute per byte shrinks ({Ls} blocks, budget F/10, "
+        f"{footprint * Ls // L / MIB:.0f} MiB of activations each)"
+    )
+    print(
+        "| width | tokens | no offload s | offload s | slowdown | CPU ratio | stall s "
+        "| pack wait s |"
+    )
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for w in widths:
+        tokens = max(1, T * d // w)
+        m = make_model(w, Ls)
+        xs = torch.randn(tokens, w)
+        fp = saved_bytes(m, xs)
+        kw = {"dir": sdir, "budget_bytes": max(fp // 10, 2 * MIB), "min_bytes": args.min_bytes}
+        one_step(m, xs, None)
+        one_step(m, xs, kw)
+        rs = [(one_step(m, xs, None), one_step(m, xs, kw)) for _ in range(2)]
+        tn = statistics.median(a["time"] for a, _ in rs)
+        to = statistics.median(b["time"] for _, b in rs)
+        sl = statistics.median(b["time"] / a["time"] for a, b in rs)
+        sc = statistics.median(b["cpu"] / a["cpu"] for a, b in rs)
+        st = statistics.median(b["stall"] for _, b in rs)
+        wt = statistics.median(b["wait"] for _, b in rs)
+        print(
+            f"| {w} | {tokens} | {tn:.3f} | {to:.3f} | {sl:.3f}x | {sc:.3f}x "
+            f"| {st:.3f} | {wt:.3f} |"
+        )
+        del m, xs
+    tmp.cleanup()
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()

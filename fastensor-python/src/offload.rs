@@ -1,0 +1,361 @@
+//! `fastensor._native.OffloadStore`: the Rust [`OffloadStore`] for `fastensor.torch.offload`.
+//!
+//! Who owns what:
+//! - `put` writes a tensor's memory in place: the store keeps a reference to the Python
+//!   object that owns the memory (a torch tensor) until the background write has finished,
+//!   then drops it, so torch frees the memory (the reference is dropped without the GIL and
+//!   released the next time this module enters the interpreter, at the latest when the next
+//!   `put` or `get` returns).
+//! - `get` returns a DLPack capsule over a page-aligned buffer the store read the bytes into
+//!   (prefetched, or read on demand); `torch.from_dlpack` makes it a tensor that owns the
+//!   buffer and frees it through the capsule's deleter. No byte is copied on either side.
+
+use crate::engine::PyEngine;
+use crate::errors::IntoPy;
+use fastensor::offload::{ForeignBytes, Handle, OffloadConfig, OffloadStore, Payload};
+use fastensor::HostBuffer;
+use pyo3::exceptions::PyValueError;
+use pyo3::ffi;
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+use std::ffi::{c_void, CStr};
+use std::path::PathBuf;
+use std::sync::{Mutex, RwLock};
+
+/// A tensor's memory, lent to the store by the Python object that owns it.
+struct TensorBytes {
+    /// Keeps the memory alive; dropped (without the GIL, deferred by pyo3) once written.
+    _owner: Py<PyAny>,
+    ptr: *const u8,
+    len: usize,
+}
+
+// SAFETY: the memory is only read, from any thread, while `_owner` keeps it alive; `Py` is
+// `Send + Sync` and may be dropped on any thread (pyo3 defers the decref).
+unsafe impl Send for TensorBytes {}
+// SAFETY: as above: shared access only reads.
+unsafe impl Sync for TensorBytes {}
+
+impl ForeignBytes for TensorBytes {
+    fn bytes(&self) -> &[u8] {
+        // SAFETY: `put`'s caller passed the address and length of memory owned by `_owner`,
+        // which this value keeps alive; the Python wrapper writes none of it while it is
+        // offloaded (autograd refuses saved tensors modified in place).
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+}
+
+/// One tensor in a store; dropping it (or `release()`) frees its memory and file space.
+#[pyclass(name = "OffloadHandle", module = "fastensor._native", frozen)]
+pub struct PyHandle {
+    handle: Mutex<Option<Handle>>,
+    nbytes: u64,
+}
+
+impl PyHandle {
+    fn with<T>(&self, f: impl FnOnce(&Handle) -> T) -> PyResult<T> {
+        let guard = self.handle.lock().unwrap_or_else(|p| p.into_inner());
+        match guard.as_ref() {
+            Some(h) => Ok(f(h)),
+            None => Err(PyValueError::new_err("the offloaded tensor was released")),
+        }
+    }
+}
+
+#[pymethods]
+impl PyHandle {
+    /// The tensor's length in bytes.
+    #[getter]
+    fn nbytes(&self) -> u64 {
+        self.nbytes
+    }
+
+    /// Frees the tensor's memory and file space now (a later `get` fails).
+    fn release(&self) {
+        let h = self.handle.lock().unwrap_or_else(|p| p.into_inner()).take();
+        drop(h);
+    }
+}
+
+/// An offload store: one swap file in `dir`, a memory budget, background writes, and
+/// prefetch in backward (last in, first out) order.
+#[pyclass(name = "OffloadStore", module = "fastensor._native", frozen)]
+pub struct PyOffloadStore {
+    /// `None` once closed.
+    store: RwLock<Option<OffloadStore>>,
+}
+
+impl PyOffloadStore {
+    /// Runs `f` on the open store.
+    fn with<T>(&self, f: impl FnOnce(&OffloadStore) -> PyResult<T>) -> PyResult<T> {
+        let guard = self.store.read().unwrap_or_else(|p| p.into_inner());
+        match guard.as_ref() {
+            Some(s) => f(s),
+            None => Err(PyValueError::new_err("the offload store is closed")),
+        }
+    }
+}
+
+#[pymethods]
+impl PyOffloadStore {
+    /// A store whose swap file is a new file in `dir`, opened through `engine`. Every tensor
+    /// put is written (the caller keeps small ones itself).
+    #[new]
+    #[pyo3(signature = (engine, dir, budget, prefetch_depth=4, io_threads=2))]
+    fn new(
+        py: Python<'_>,
+        engine: &PyEngine,
+        dir: PathBuf,
+        budget: u64,
+        prefetch_depth: usize,
+        io_threads: usize,
+    ) -> PyResult<Self> {
+        let config = OffloadConfig::new(dir, budget)
+            .prefetch_depth(prefetch_depth)
+            .small_threshold(0)
+            .io_threads(io_threads);
+        let store = py
+            .detach(|| OffloadStore::new(&engine.engine, config))
+            .py_err()?;
+        Ok(PyOffloadStore {
+            store: RwLock::new(Some(store)),
+        })
+    }
+
+    /// The swap file's path.
+    #[getter]
+    fn path(&self) -> PyResult<PathBuf> {
+        self.with(|s| Ok(s.path().to_path_buf()))
+    }
+
+    /// True once closed.
+    #[getter]
+    fn closed(&self) -> bool {
+        self.store
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_none()
+    }
+
+    /// Stops the I/O threads and removes the swap file (the handles left fail to `get`).
+    /// Closing twice does nothing.
+    fn close(&self, py: Python<'_>) {
+        let store = self.store.write().unwrap_or_else(|p| p.into_inner()).take();
+        py.detach(|| drop(store));
+    }
+
+    /// Offloads `nbytes` at `address`, memory owned by `owner` (kept until written). Waits
+    /// while the budget has no room (the GIL released).
+    fn put(
+        &self,
+        py: Python<'_>,
+        owner: Py<PyAny>,
+        address: usize,
+        nbytes: usize,
+        label: String,
+    ) -> PyResult<PyHandle> {
+        let bytes = TensorBytes {
+            _owner: owner,
+            ptr: address as *const u8,
+            len: nbytes,
+        };
+        let handle = self.with(|s| py.detach(|| s.put(Payload::foreign(bytes), label)).py_err())?;
+        Ok(PyHandle {
+            handle: Mutex::new(Some(handle)),
+            nbytes: nbytes as u64,
+        })
+    }
+
+    /// The tensor's bytes as a DLPack capsule (one-dimensional `uint8`, host memory) that
+    /// owns them; waits (the GIL released) when they are not back yet.
+    fn get(&self, py: Python<'_>, handle: &PyHandle) -> PyResult<Py<PyAny>> {
+        let buf = self.with(|s| handle.with(|h| py.detach(|| s.get(h)))?.py_err())?;
+        capsule(py, buf)
+    }
+
+    /// Starts reading these tensors back now, nearest first, as the budget allows.
+    fn prefetch(&self, handles: Vec<PyRef<'_, PyHandle>>) -> PyResult<()> {
+        let guards: Vec<_> = handles
+            .iter()
+            .map(|h| h.handle.lock().unwrap_or_else(|p| p.into_inner()))
+            .collect();
+        let live: Vec<&Handle> = guards.iter().filter_map(|g| g.as_ref()).collect();
+        self.with(|s| {
+            s.prefetch(&live);
+            Ok(())
+        })
+    }
+
+    /// Waits until every background write and read has finished.
+    fn flush(&self, py: Python<'_>) -> PyResult<()> {
+        self.with(|s| {
+            py.detach(|| s.flush());
+            Ok(())
+        })
+    }
+
+    /// The store's counters (bytes as int, times in seconds).
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let s = self.with(|s| Ok(s.stats()))?;
+        let d = PyDict::new(py);
+        for (k, v) in [
+            ("budget", s.budget),
+            ("held_bytes", s.held_bytes),
+            ("peak_held_bytes", s.peak_held_bytes),
+            ("file_capacity", s.file_capacity),
+            ("file_allocated", s.file_allocated),
+            ("puts", s.puts),
+            ("gets", s.gets),
+            ("gets_from_memory", s.gets_from_memory),
+            ("gets_waited", s.gets_waited),
+            ("gets_from_disk", s.gets_from_disk),
+            ("bytes_written", s.bytes_written),
+            ("bytes_read", s.bytes_read),
+            ("prefetches", s.prefetches),
+            ("evictions", s.evictions),
+            ("errors", s.errors),
+        ] {
+            d.set_item(k, v)?;
+        }
+        for (k, v) in [
+            ("put_wait_s", s.put_wait),
+            ("get_stall_s", s.get_stall),
+            ("write_time_s", s.write_time),
+            ("read_time_s", s.read_time),
+        ] {
+            d.set_item(k, v.as_secs_f64())?;
+        }
+        Ok(d)
+    }
+}
+
+/// Adds the offload classes to the module.
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<PyOffloadStore>()?;
+    m.add_class::<PyHandle>()
+}
+
+// The DLPack (v0.x, unversioned) structures torch.from_dlpack reads from a capsule.
+
+#[repr(C)]
+struct DlDevice {
+    device_type: i32,
+    device_id: i32,
+}
+
+#[repr(C)]
+struct DlDataType {
+    code: u8,
+    bits: u8,
+    lanes: u16,
+}
+
+#[repr(C)]
+struct DlTensor {
+    data: *mut c_void,
+    device: DlDevice,
+    ndim: i32,
+    dtype: DlDataType,
+    shape: *mut i64,
+    strides: *mut i64,
+    byte_offset: u64,
+}
+
+#[repr(C)]
+struct DlManagedTensor {
+    dl_tensor: DlTensor,
+    manager_ctx: *mut c_void,
+    deleter: Option<unsafe extern "C" fn(*mut DlManagedTensor)>,
+}
+
+/// A managed tensor with its shape and the buffer it owns (`tensor` first: a pointer to a
+/// `Managed` is a pointer to its `DlManagedTensor`).
+#[repr(C)]
+struct Managed {
+    tensor: DlManagedTensor,
+    shape: [i64; 1],
+    strides: [i64; 1],
+    buf: HostBuffer,
+}
+
+const DLTENSOR: &CStr = c"dltensor";
+const KDL_CPU: i32 = 1;
+const KDL_UINT: u8 = 1;
+
+/// The DLPack deleter: frees the `Managed` (and its buffer).
+///
+/// # Safety
+/// `p` must come from `capsule` and not be deleted before.
+unsafe extern "C" fn delete_managed(p: *mut DlManagedTensor) {
+    if !p.is_null() {
+        // SAFETY: the caller's contract: `p` is the `Box<Managed>` leaked by `capsule`.
+        drop(unsafe { Box::from_raw(p.cast::<Managed>()) });
+    }
+}
+
+/// The capsule destructor: frees the tensor when no consumer took it (a consumer renames the
+/// capsule `used_dltensor` and calls the deleter itself).
+///
+/// # Safety
+/// Called by Python with a capsule made by `capsule`.
+unsafe extern "C" fn capsule_destructor(cap: *mut ffi::PyObject) {
+    // SAFETY: `cap` is a live capsule; a capsule still named `dltensor` was never consumed
+    // and holds the pointer `capsule` gave it.
+    unsafe {
+        if ffi::PyCapsule_IsValid(cap, DLTENSOR.as_ptr()) == 1 {
+            let p = ffi::PyCapsule_GetPointer(cap, DLTENSOR.as_ptr()).cast::<DlManagedTensor>();
+            delete_managed(p);
+        }
+    }
+}
+
+/// `buf` as a DLPack capsule of a one-dimensional `uint8` host tensor that owns it.
+fn capsule(py: Python<'_>, mut buf: HostBuffer) -> PyResult<Py<PyAny>> {
+    let len = i64::try_from(buf.len()).map_err(|_| PyValueError::new_err("tensor too large"))?;
+    let data = buf.as_mut_ptr().cast::<c_void>();
+    let mut m = Box::new(Managed {
+        tensor: DlManagedTensor {
+            dl_tensor: DlTensor {
+                data,
+                device: DlDevice {
+                    device_type: KDL_CPU,
+                    device_id: 0,
+                },
+                ndim: 1,
+                dtype: DlDataType {
+                    code: KDL_UINT,
+                    bits: 8,
+                    lanes: 1,
+                },
+                shape: std::ptr::null_mut(),
+                strides: std::ptr::null_mut(),
+                byte_offset: 0,
+            },
+            manager_ctx: std::ptr::null_mut(),
+            deleter: Some(delete_managed),
+        },
+        shape: [len],
+        strides: [1],
+        buf,
+    });
+    // The box never moves: pointers into it stay valid until the deleter frees it.
+    m.tensor.dl_tensor.shape = m.shape.as_mut_ptr();
+    m.tensor.dl_tensor.strides = m.strides.as_mut_ptr();
+    let p = Box::into_raw(m);
+    // SAFETY: `p` is a valid `Managed` whose first field is the `DlManagedTensor`; the name
+    // is a static C string; on failure the box is freed below.
+    let cap = unsafe {
+        ffi::PyCapsule_New(
+            p.cast::<c_void>(),
+            DLTENSOR.as_ptr(),
+            Some(capsule_destructor),
+        )
+    };
+    if cap.is_null() {
+        // SAFETY: the capsule was not made, so `p` is still ours alone.
+        unsafe { delete_managed(p.cast::<DlManagedTensor>()) };
+        return Err(PyErr::fetch(py));
+    }
+    // SAFETY: `cap` is a new, owned reference.
+    Ok(unsafe { Bound::from_owned_ptr(py, cap) }.unbind())
+}
