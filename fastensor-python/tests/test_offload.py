@@ -26,7 +26,18 @@ MIB = 1 << 20
 
 
 def swap_files(directory) -> list[str]:
-    return sorted(n for n in os.listdir(directory) if n.endswith(".swap"))
+    """The swap files this process holds in ``directory`` (they have no name on disk: open
+    descriptors of unnamed files there), and any file left there by name."""
+    directory = os.path.realpath(directory)
+    held = set()  # one per file, however many descriptors its backends opened
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.endswith(" (deleted)") and os.path.dirname(target) == directory:
+            held.add(target)
+    return sorted(held) + sorted(os.listdir(directory))
 
 
 def grads_of(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -160,7 +171,7 @@ def test_same_tensor_saved_twice_is_written_once(tmp_path):
     rx = ref.exp()
     (rx * rx).sum().backward()
     assert torch.equal(a.grad, ref.grad)
-    assert stats.bytes_written == 2 * MIB
+    assert stats.bytes_written <= 2 * MIB  # one write at most (none if backward came first)
     assert stats.bytes_read <= 2 * MIB  # read back at most once (not at all if still there)
 
 
@@ -332,7 +343,7 @@ def test_larger_than_budget_and_bad_devices(tmp_path):
     assert swap_files(tmp_path) == []
 
 
-def test_swap_file_of_a_killed_process_is_removed(tmp_path):
+def test_a_killed_process_leaves_no_swap_file(tmp_path):
     code = textwrap.dedent(
         f"""
         import os, signal, torch
@@ -347,12 +358,11 @@ def test_swap_file_of_a_killed_process_is_removed(tmp_path):
     env = dict(os.environ, FASTENSOR_PROFILE="")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     assert p.returncode == -signal.SIGKILL, p.stderr
-    # The next block in that directory removes what the killed process left.
+    # The swap file had no name: the kill left nothing in the directory.
+    assert os.listdir(tmp_path) == []
     a = torch.randn(1024, 1024, requires_grad=True)
-    with offload(dir=tmp_path) as stats:
+    with offload(dir=tmp_path):
         a.exp().sum().backward()
-    mine = os.path.basename(stats.swap_path)
-    assert [n for n in swap_files(tmp_path) if n != mine] == []
     gc.collect()
     assert swap_files(tmp_path) == []
 
