@@ -24,9 +24,9 @@ Who owns what:
   memory is freed with the tensor) and copied back to their device on unpack.
 
 The swap file lives as long as the block runs or any graph built inside it still holds an
-offloaded tensor: it is removed when the last one is freed (after backward, or when a graph
-is dropped without one). Files left by a process that was killed are removed by the next
-``offload`` that uses the same directory.
+offloaded tensor, and its space is freed when the last one is (after backward, or when a
+graph is dropped without one). It has no name in the directory (``O_TMPFILE``, else
+unlinked once open), so no crash or kill can leave it behind.
 """
 
 from __future__ import annotations
@@ -51,9 +51,6 @@ from ._engine import engine_or_default
 from .errors import _invalid
 
 __all__ = ["OffloadStats", "offload", "release_freed_memory"]
-
-#: The swap files' names: ``fastensor-offload-<pid>-<n>.swap`` (see the Rust store).
-_SWAP_PREFIX = "fastensor-offload-"
 
 #: Prefetch depth standing for "as many tensors as the budget holds".
 _UNLIMITED = 1 << 20
@@ -89,32 +86,6 @@ def _fs_type(path: str) -> str | None:
         if inside and len(point) >= len(best):
             best, kind = point, fstype
     return kind
-
-
-def _remove_stale_swap_files(directory: str) -> int:
-    """Removes swap files in ``directory`` left by processes that no longer run."""
-    removed = 0
-    try:
-        names = os.listdir(directory)
-    except OSError:
-        return 0
-    for name in names:
-        if not (name.startswith(_SWAP_PREFIX) and name.endswith(".swap")):
-            continue
-        pid_text = name[len(_SWAP_PREFIX) :].split("-", 1)[0]
-        if not pid_text.isdigit() or int(pid_text) == os.getpid():
-            continue
-        try:
-            os.kill(int(pid_text), 0)
-            continue  # that process still runs
-        except ProcessLookupError:
-            pass
-        except PermissionError:
-            continue  # it runs, as another user
-        with contextlib.suppress(OSError):
-            os.remove(os.path.join(directory, name))
-            removed += 1
-    return removed
 
 
 def release_freed_memory(threshold: int = 1 << 20) -> bool:
@@ -400,8 +371,8 @@ class offload:  # noqa: N801 (a context manager named as a function, like torch.
     Parameters, views of them, other leaves that require grad and small tensors stay in
     memory (offloading them frees nothing). The same storage saved several times (views,
     the same tensor twice) is written once. Gradients are bit-identical to a run without
-    offload. Backward may run after the block; the swap file is removed once every graph
-    built inside the block is freed (after its backward, or when dropped).
+    offload. Backward may run after the block; the swap file's space is freed once every
+    graph built inside the block is freed (after its backward, or when dropped).
 
     Args:
         dir: directory of the swap file (an SSD); default ``$FASTENSOR_OFFLOAD_DIR``, else
@@ -461,7 +432,6 @@ class offload:  # noqa: N801 (a context manager named as a function, like torch.
                 "tensors still take RAM there (pass dir= or set FASTENSOR_OFFLOAD_DIR)",
                 stacklevel=2,
             )
-        _remove_stale_swap_files(self.dir)
         if self.release_memory:
             release_freed_memory(self.min_bytes)
         depth = _UNLIMITED if self.prefetch is None else self.prefetch
