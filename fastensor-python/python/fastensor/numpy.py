@@ -14,11 +14,14 @@ import numpy as np
 
 from . import _native
 from ._common import (
+    HUGE_PAGE,
+    IO_ALIGN,
     PathLike,
     SafeOpenBase,
     check_metadata,
     check_names,
     fspath,
+    huge_page_pad,
     pad_for,
     unknown_dtype,
 )
@@ -113,7 +116,11 @@ def _empty_for(entry, path: str) -> np.ndarray:
         return np.empty(shape, dtype=dt)
     if nbytes < 1 << 20:
         return np.empty(shape, dtype=dt)
-    raw = np.empty(nbytes + 4096, dtype=np.uint8)
+    if nbytes >= HUGE_PAGE and offset % dt.itemsize == 0:
+        raw = np.empty(nbytes + HUGE_PAGE + IO_ALIGN, dtype=np.uint8)
+        pad = huge_page_pad(offset, _address(raw), nbytes)
+        return raw[pad : pad + nbytes].view(dt).reshape(shape)
+    raw = np.empty(nbytes + IO_ALIGN, dtype=np.uint8)
     pad = pad_for(offset, _address(raw), nbytes, dt.itemsize)
     return raw[pad : pad + nbytes].view(dt).reshape(shape)
 

@@ -22,11 +22,14 @@ import torch
 
 from . import _native
 from ._common import (
+    HUGE_PAGE,
+    IO_ALIGN,
     PathLike,
     SafeOpenBase,
     check_metadata,
     check_names,
     fspath,
+    huge_page_pad,
     pad_for,
     unknown_dtype,
 )
@@ -213,7 +216,11 @@ def _empty_for(entry, path: str, device: torch.device) -> torch.Tensor:
     if nbytes == 0:
         return torch.empty(shape, dtype=dt, device=device)
     itemsize = torch.empty((), dtype=dt).element_size()
-    raw = torch.empty(nbytes + 4096, dtype=torch.uint8, device=device)
+    if device.type == "cpu" and nbytes >= HUGE_PAGE and offset % itemsize == 0:
+        raw = torch.empty(nbytes + HUGE_PAGE + IO_ALIGN, dtype=torch.uint8)
+        pad = huge_page_pad(offset, raw.data_ptr(), nbytes)
+        return raw[pad : pad + nbytes].view(dt).view(shape)
+    raw = torch.empty(nbytes + IO_ALIGN, dtype=torch.uint8, device=device)
     pad = pad_for(offset, raw.data_ptr(), nbytes, itemsize)
     if pad == 0:
         raw = (
