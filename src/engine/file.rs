@@ -17,8 +17,10 @@ use std::sync::{Arc, Mutex, OnceLock, RwLock};
 
 mod account;
 mod batch;
+mod identity;
 
 use account::Done;
+use identity::{not_regular, replaced, FileId};
 
 type Handle = Arc<dyn BackendFile>;
 
@@ -752,58 +754,6 @@ impl EngineFile {
     pub fn write_at<'a>(&self, offset: u64, src: impl Into<MemRef<'a>>) -> Result<()> {
         BackendFile::write_at(self, offset, src.into())
     }
-}
-
-/// The identity of a file on the local file systems: its device and inode, and what it is
-/// when it is not a regular file or a directory.
-#[derive(Debug, Clone, Copy)]
-struct FileId {
-    dev: u64,
-    ino: u64,
-    special: Option<&'static str>,
-}
-
-impl FileId {
-    /// The file at `path` (following symbolic links); `None` when there is none.
-    fn of(path: &Path) -> Option<FileId> {
-        use std::os::unix::fs::MetadataExt;
-        let meta = std::fs::metadata(path).ok()?;
-        Some(FileId {
-            dev: meta.dev(),
-            ino: meta.ino(),
-            special: special_kind(&meta.file_type()),
-        })
-    }
-
-    fn same_file(&self, other: &FileId) -> bool {
-        (self.dev, self.ino) == (other.dev, other.ino)
-    }
-
-    /// True when `meta` describes this file.
-    fn is(&self, meta: &std::fs::Metadata) -> bool {
-        use std::os::unix::fs::MetadataExt;
-        (self.dev, self.ino) == (meta.dev(), meta.ino())
-    }
-}
-
-/// What a file that is neither a regular file nor a directory is (`None` for those two).
-fn special_kind(ft: &std::fs::FileType) -> Option<&'static str> {
-    (!ft.is_file() && !ft.is_dir()).then(|| crate::atomic::describe(ft))
-}
-
-fn not_regular(kind: &str) -> Error {
-    Error::new(
-        ErrorKind::InvalidInput,
-        format!("not a regular file ({kind})"),
-    )
-}
-
-fn replaced(path: &Path, when: &str) -> Error {
-    Error::new(
-        ErrorKind::Other,
-        format!("the file was replaced (renamed over) {when}: open it again"),
-    )
-    .with_path(path)
 }
 
 /// The file system and device of `path` (its directory when the file does not exist yet);
