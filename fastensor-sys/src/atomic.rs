@@ -222,26 +222,9 @@ pub fn open_regular(path: &Path) -> Result<File> {
     Ok(file)
 }
 
-/// What a file type is, in words ("a FIFO", "a directory", ...).
+/// What a file type is, in words ("a FIFO", "a directory", ...): [`crate::file_kind`].
 pub fn describe(ft: &std::fs::FileType) -> &'static str {
-    use std::os::unix::fs::FileTypeExt;
-    if ft.is_file() {
-        "a regular file"
-    } else if ft.is_dir() {
-        "a directory"
-    } else if ft.is_fifo() {
-        "a FIFO"
-    } else if ft.is_char_device() {
-        "a character device"
-    } else if ft.is_block_device() {
-        "a block device"
-    } else if ft.is_socket() {
-        "a socket"
-    } else if ft.is_symlink() {
-        "a symbolic link"
-    } else {
-        "a special file"
-    }
+    crate::file_kind(ft)
 }
 
 /// The file a save to `path` replaces, symbolic links followed, and its metadata when it

@@ -88,7 +88,7 @@ pub fn open_file(path: &Path, mode: OpenMode, direct: bool, backend: &str) -> Re
     Ok(file)
 }
 
-/// What a file that is not a regular file is, in words ("a FIFO", "a character device").
+/// What a file type is, in words ("a FIFO", "a character device", "a directory").
 pub fn file_kind(ft: &std::fs::FileType) -> &'static str {
     use std::os::unix::fs::FileTypeExt;
     if ft.is_file() {
@@ -103,6 +103,8 @@ pub fn file_kind(ft: &std::fs::FileType) -> &'static str {
         "a block device"
     } else if ft.is_socket() {
         "a socket"
+    } else if ft.is_symlink() {
+        "a symbolic link"
     } else {
         "a special file"
     }
