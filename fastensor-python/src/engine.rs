@@ -3,10 +3,10 @@
 //! released), so other Python threads keep running.
 
 use crate::errors::IntoPy;
-use crate::memory::{desc_of, mem_mut, mem_ref, SaveSpec, TargetSpec};
+use crate::memory::{self, desc_of, mem_ref, SaveSpec, TargetSpec};
 use crate::snapshot::{SaveHandle, Snapshot, StagingPool};
 use fastensor::checkpoint::{self, CheckpointFile, TensorView};
-use fastensor::{Engine, Error, ErrorKind, Result};
+use fastensor::{Engine, Result};
 use pyo3::prelude::*;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -213,42 +213,13 @@ impl PyCheckpointFile {
 
     /// Fills each target `(name, address, nbytes, device)` with that tensor's bytes.
     fn read_into(&self, py: Python<'_>, targets: Vec<TargetSpec>) -> PyResult<()> {
-        check_disjoint(&targets)
-            .map_err(|e| e.with_path(self.file.path()))
-            .py_err()?;
         py.detach(|| {
-            let mut dsts = Vec::with_capacity(targets.len());
-            for (name, addr, nbytes, device) in &targets {
-                // SAFETY: the Python wrapper allocated or holds each destination tensor
-                // until this call returns and hands out none of them meanwhile; the
-                // targets were checked not to overlap.
-                let dst = unsafe { mem_mut(*addr, *nbytes, *device)? };
-                dsts.push((name.as_str(), dst));
-            }
+            // SAFETY: the Python wrapper allocated or holds each destination tensor until
+            // this call returns and hands out none of them meanwhile.
+            let dsts =
+                unsafe { memory::targets(&targets) }.map_err(|e| e.with_path(self.file.path()))?;
             self.file.read_into(dsts)
         })
         .py_err()
     }
-}
-
-/// Refuses destinations that overlap (two names filling the same memory).
-fn check_disjoint(targets: &[TargetSpec]) -> Result<()> {
-    let mut spans: Vec<(i64, usize, usize, &str)> = targets
-        .iter()
-        .filter(|t| t.2 > 0)
-        .map(|(n, a, len, d)| (*d, *a, *a + *len, n.as_str()))
-        .collect();
-    spans.sort_unstable();
-    for w in spans.windows(2) {
-        if w[0].0 == w[1].0 && w[1].1 < w[0].2 {
-            return Err(Error::new(
-                ErrorKind::InvalidInput,
-                format!(
-                    "tensors `{}` and `{}` share memory: both cannot be loaded into",
-                    w[0].3, w[1].3
-                ),
-            ));
-        }
-    }
-    Ok(())
 }

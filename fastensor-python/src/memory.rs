@@ -73,3 +73,47 @@ pub unsafe fn mem_mut<'a>(addr: usize, nbytes: usize, device: i64) -> Result<Mem
         Some(o) => MemMut::Device(unsafe { DeviceSliceMut::from_raw(addr as u64, nbytes, o) }),
     })
 }
+
+/// Refuses destinations that overlap: `(device, address, nbytes, what)` each, where `what`
+/// names the destination in the error. Empty destinations never overlap.
+pub fn check_disjoint<'n>(
+    spans: impl IntoIterator<Item = (i64, usize, usize, &'n str)>,
+) -> Result<()> {
+    let mut spans: Vec<(i64, usize, usize, &str)> = spans
+        .into_iter()
+        .filter(|s| s.2 > 0)
+        .map(|(d, a, len, what)| (d, a, a + len, what))
+        .collect();
+    spans.sort_unstable();
+    for w in spans.windows(2) {
+        if w[0].0 == w[1].0 && w[1].1 < w[0].2 {
+            return Err(Error::new(
+                ErrorKind::InvalidInput,
+                format!(
+                    "`{}` and `{}` share memory: both cannot be read into",
+                    w[0].3, w[1].3
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The destinations of target specs, checked not to overlap ([`check_disjoint`]).
+///
+/// # Safety
+/// Every spec must satisfy [`mem_mut`]'s contract for `'a`.
+pub unsafe fn targets<'a>(specs: &'a [TargetSpec]) -> Result<Vec<(&'a str, MemMut<'a>)>> {
+    check_disjoint(
+        specs
+            .iter()
+            .map(|(n, a, len, d)| (*d, *a, *len, n.as_str())),
+    )?;
+    specs
+        .iter()
+        .map(|(name, addr, nbytes, device)| {
+            // SAFETY: forwarded from this function's contract; the specs do not overlap.
+            Ok((name.as_str(), unsafe { mem_mut(*addr, *nbytes, *device)? }))
+        })
+        .collect()
+}

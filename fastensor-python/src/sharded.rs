@@ -4,29 +4,14 @@
 
 use crate::engine::PyEngine;
 use crate::errors::IntoPy;
-use crate::memory::{desc_of, mem_mut, mem_ref, SaveSpec, TargetSpec};
+use crate::memory::{self, desc_of, mem_mut, mem_ref, SaveSpec, TargetSpec};
 use fastensor::checkpoint::{self, ShardedFile, TensorView};
-use fastensor::{Error, ErrorKind, Result};
 use pyo3::prelude::*;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 /// One raw range to read: `(path, file_offset, address, nbytes, device)`.
 pub type RangeSpec = (PathBuf, u64, usize, usize, i64);
-
-/// Refuses destinations that overlap.
-fn check_disjoint(spans: &mut [(i64, usize, usize)]) -> Result<()> {
-    spans.sort_unstable();
-    for w in spans.windows(2) {
-        if w[0].0 == w[1].0 && w[1].1 < w[0].2 {
-            return Err(Error::new(
-                ErrorKind::InvalidInput,
-                "two destinations share memory: both cannot be read into",
-            ));
-        }
-    }
-    Ok(())
-}
 
 /// Saves tensors given as raw memory specs as a sharded checkpoint in `directory`: shards of
 /// at most `max_shard_bytes`, written concurrently and durably, then the index, atomically.
@@ -77,12 +62,12 @@ pub fn open_sharded(py: Python<'_>, engine: &PyEngine, path: PathBuf) -> PyResul
 /// the given memory, as one job: every file's requests in flight together.
 #[pyfunction]
 pub fn read_ranges(py: Python<'_>, engine: &PyEngine, ranges: Vec<RangeSpec>) -> PyResult<()> {
-    let mut spans: Vec<(i64, usize, usize)> = ranges
-        .iter()
-        .filter(|r| r.3 > 0)
-        .map(|r| (r.4, r.2, r.2 + r.3))
-        .collect();
-    check_disjoint(&mut spans).py_err()?;
+    memory::check_disjoint(
+        ranges
+            .iter()
+            .map(|r| (r.4, r.2, r.3, r.0.to_str().unwrap_or("a range"))),
+    )
+    .py_err()?;
     py.detach(|| {
         let mut reqs = Vec::with_capacity(ranges.len());
         for (path, offset, addr, nbytes, device) in &ranges {
@@ -159,23 +144,11 @@ impl PyShardedFile {
 
     /// Fills each target `(name, address, nbytes, device)` with that tensor's bytes.
     fn read_into(&self, py: Python<'_>, targets: Vec<TargetSpec>) -> PyResult<()> {
-        let mut spans: Vec<(i64, usize, usize)> = targets
-            .iter()
-            .filter(|t| t.2 > 0)
-            .map(|t| (t.3, t.1, t.1 + t.2))
-            .collect();
-        check_disjoint(&mut spans)
-            .map_err(|e| e.with_path(&self.file.index().path))
-            .py_err()?;
         py.detach(|| {
-            let mut dsts = Vec::with_capacity(targets.len());
-            for (name, addr, nbytes, device) in &targets {
-                // SAFETY: the Python wrapper allocated or holds each destination tensor
-                // until this call returns and hands out none of them meanwhile; the targets
-                // were checked not to overlap.
-                let dst = unsafe { mem_mut(*addr, *nbytes, *device)? };
-                dsts.push((name.as_str(), dst));
-            }
+            // SAFETY: the Python wrapper allocated or holds each destination tensor until
+            // this call returns and hands out none of them meanwhile.
+            let dsts = unsafe { memory::targets(&targets) }
+                .map_err(|e| e.with_path(&self.file.index().path))?;
             self.file.read_into(dsts)
         })
         .py_err()

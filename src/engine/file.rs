@@ -512,11 +512,33 @@ impl EngineFile {
         engine.as_deref().map_or(Ok(None), index)
     }
 
+    /// Picks a backend for `ctx` (see `pick_path`) and opens its handle; a backend that
+    /// refuses the file is set aside and another picked.
+    fn pick(
+        &self,
+        ctx: &TransferContext,
+        stay: Option<usize>,
+        pinned: Option<usize>,
+        last_err: &mut Option<Error>,
+    ) -> Result<(usize, bool, Handle)> {
+        loop {
+            let (path, exploring) = self.pick_path(ctx, stay, pinned, last_err)?;
+            match self.handle(path) {
+                Ok(h) => return Ok((path, exploring, h)),
+                Err(e) if refusal(e.kind()) => {
+                    self.refuse(self.engine.candidates[path].name());
+                    *last_err = Some(e);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
     /// The backend of a transfer in `ctx` (index among the engine's candidates) and whether
     /// the transfer is an exploration's measurement: `pinned` when set, else the selector's
     /// answer (continuing a stream last read through `stay`). An error when none can do it
     /// (`last_err`: why the previous backend failed).
-    fn pick(
+    fn pick_path(
         &self,
         ctx: &TransferContext,
         stay: Option<usize>,
@@ -582,17 +604,9 @@ impl EngineFile {
         let pinned = self.pinned_index()?;
         let mut last_err: Option<Error> = None;
         loop {
-            let (path, exploring) = self.pick(&ctx, stream_previous, pinned, &mut last_err)?;
+            let (path, exploring, handle) =
+                self.pick(&ctx, stream_previous, pinned, &mut last_err)?;
             let chosen = &self.engine.candidates[path];
-            let handle = match self.handle(path) {
-                Ok(h) => h,
-                Err(e) if refusal(e.kind()) => {
-                    self.refuse(chosen.name());
-                    last_err = Some(e);
-                    continue;
-                }
-                Err(e) => return Err(e),
-            };
             let clock = &*self.engine.clock;
             // A stream's reads are measured in runs, whose CPU time a share of their small
             // reads gives (see `Run::cpu`).

@@ -127,17 +127,8 @@ impl EngineFile {
         let mut last_err: Option<Error> = None;
         let mut done = 0;
         while done < count {
-            let (path, exploring) = self.pick(&ctx, None, pinned, &mut last_err)?;
+            let (path, exploring, handle) = self.pick(&ctx, None, pinned, &mut last_err)?;
             let chosen = &self.engine.candidates[path];
-            let handle = match self.handle(path) {
-                Ok(h) => h,
-                Err(e) if refusal(e.kind()) => {
-                    self.refuse(chosen.name());
-                    last_err = Some(e);
-                    continue;
-                }
-                Err(e) => return Err(e),
-            };
             let end = if exploring {
                 (done + EXPLORE_PIECE).min(count)
             } else {
