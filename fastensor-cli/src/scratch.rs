@@ -32,7 +32,14 @@ fn live() -> std::sync::MutexGuard<'static, Vec<PathBuf>> {
 
 fn remove(path: &Path) {
     if path.is_dir() {
-        let _ = std::fs::remove_dir_all(path);
+        // Another thread may still create a file in the directory while it is emptied
+        // (its last `rmdir` then fails, not empty): again until the directory is gone, after
+        // which no file can be created in it.
+        for _ in 0..100 {
+            if std::fs::remove_dir_all(path).is_ok() || !path.exists() {
+                break;
+            }
+        }
     } else {
         let _ = std::fs::remove_file(path);
     }
