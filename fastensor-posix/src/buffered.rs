@@ -5,7 +5,7 @@ use crate::sys;
 use fastensor_core::write_end;
 use fastensor_core::{
     unsupported_memory, Availability, Backend, BackendFile, Capabilities, Error, MemMut, MemRef,
-    OpenMode, Result,
+    OpenMode, ReadRequest, Result,
 };
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -62,6 +62,21 @@ impl BackendFile for PosixFile {
             return Err(unsupported_memory(POSIX, dst.kind(), &self.path));
         };
         sys::pread_full(&self.file, buf, offset).map_err(|e| self.err(e, "read failed", offset))
+    }
+
+    /// Asks for every request's bytes up front (see [`sys::will_need`]), then reads them one
+    /// after another: the device serves the batch's cold reads together.
+    fn read_batch(&self, requests: &mut [ReadRequest<'_>]) -> Result<()> {
+        if requests.len() > 1 {
+            sys::will_need(
+                &self.file,
+                requests.iter().map(|r| (r.offset, r.dst.len() as u64)),
+            );
+        }
+        for req in requests.iter_mut() {
+            req.done = self.read_at(req.offset, req.dst.reborrow())?;
+        }
+        Ok(())
     }
 
     fn write_at(&self, offset: u64, src: MemRef<'_>) -> Result<()> {

@@ -11,7 +11,7 @@
 use crate::sys;
 use fastensor_core::{
     unsupported_memory, Availability, Backend, BackendFile, Capabilities, Error, ErrorKind, MemMut,
-    MemRef, OpenMode, Result,
+    MemRef, OpenMode, ReadRequest, Result,
 };
 use memmap2::{Advice, Mmap};
 use parking_lot::RwLock;
@@ -158,6 +158,22 @@ impl BackendFile for MmapFile {
         }
         let n = (buf.len() as u64).min(map_len - offset) as usize;
         Ok(self.copy_out(offset, &mut buf[..n]).unwrap_or(0))
+    }
+
+    /// Asks for every request's bytes up front (see [`sys::will_need`]), then copies them out:
+    /// the device serves the batch's cold pages together, and no page fault reads a whole
+    /// readahead window around a small random read.
+    fn read_batch(&self, requests: &mut [ReadRequest<'_>]) -> Result<()> {
+        if requests.len() > 1 {
+            sys::will_need(
+                &self.file,
+                requests.iter().map(|r| (r.offset, r.dst.len() as u64)),
+            );
+        }
+        for req in requests.iter_mut() {
+            req.done = self.read_at(req.offset, req.dst.reborrow())?;
+        }
+        Ok(())
     }
 
     fn write_at(&self, offset: u64, _src: MemRef<'_>) -> Result<()> {

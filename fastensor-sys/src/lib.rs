@@ -155,6 +155,34 @@ pub fn evict_page_cache(file: &File) -> std::io::Result<()> {
     Ok(())
 }
 
+/// Asks the kernel to start reading every range `(offset, len)` of `file` into the page cache
+/// (`POSIX_FADV_WILLNEED`) and returns without waiting, so that the reads of a batch through
+/// the page cache reach the device together instead of one after another (and a mapping's
+/// page faults find their pages instead of each reading a whole readahead window around
+/// itself). Ranges that continue the one before are asked for as one. Advice only: a
+/// failure is ignored (the reads that follow still read the bytes).
+pub fn will_need(file: &File, ranges: impl IntoIterator<Item = (u64, u64)>) {
+    let advise = |(offset, len): (u64, u64)| {
+        if let Some(len) = std::num::NonZeroU64::new(len) {
+            let _ = rustix::fs::fadvise(file, offset, Some(len), rustix::fs::Advice::WillNeed);
+        }
+    };
+    let mut pending: Option<(u64, u64)> = None;
+    for (offset, len) in ranges {
+        match &mut pending {
+            Some((start, l)) if *start + *l == offset => *l += len,
+            _ => {
+                if let Some(p) = pending.replace((offset, len)) {
+                    advise(p);
+                }
+            }
+        }
+    }
+    if let Some(p) = pending {
+        advise(p);
+    }
+}
+
 /// Drops the page cache of the file at `path`.
 pub fn evict_path(path: &Path) -> Result<()> {
     let file = File::open(path).map_err(|e| Error::io(e, "cannot open").with_path(path))?;
@@ -444,6 +472,31 @@ pub fn set_file_len(file: &File, len: u64, backend: &str, path: &Path) -> Result
 mod tests {
     use super::*;
     use std::io::Write;
+
+    #[test]
+    fn will_need_brings_exactly_the_ranges_asked_for_into_the_page_cache() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        std::fs::write(&path, vec![5u8; 4 << 20]).unwrap();
+        let f = File::open(&path).unwrap();
+        evict_page_cache(&f).unwrap();
+        let Some((0, _)) = cached_pages(&f, 0, 4 << 20) else {
+            return; // this file system keeps its pages (tmpfs) or cannot tell
+        };
+        let page = page_size();
+        // Two neighbours (asked for as one range) and one far away.
+        will_need(&f, [(0, page), (page, page), (3 << 20, page)]);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while cached_pages(&f, 0, 2 * page) != Some((2, 2))
+            || cached_pages(&f, 3 << 20, page) != Some((1, 1))
+        {
+            assert!(std::time::Instant::now() < deadline, "the ranges never arrived");
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        // Nothing was read around them.
+        let (between, _) = cached_pages(&f, 2 * page, (2 << 20) - 2 * page).unwrap();
+        assert_eq!(between, 0);
+    }
 
     #[test]
     fn flush_range_writes_back_a_buffered_range() {
