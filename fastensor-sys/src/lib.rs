@@ -183,6 +183,25 @@ pub fn will_need(file: &File, ranges: impl IntoIterator<Item = (u64, u64)>) {
     }
 }
 
+/// The readahead window, in bytes, of the device whose number is `device` (`major:minor`,
+/// as [`file_location`] gives it): the `read_ahead_kb` of its backing device (the disk, for a
+/// partition). `None` where sysfs does not tell (no sysfs, a file system with no backing
+/// device such as tmpfs).
+pub fn read_ahead_bytes(device: &str) -> Option<u64> {
+    if device.is_empty() || device.contains('/') {
+        return None;
+    }
+    [
+        format!("/sys/class/bdi/{device}/read_ahead_kb"),
+        format!("/sys/dev/block/{device}/queue/read_ahead_kb"),
+        format!("/sys/dev/block/{device}/../queue/read_ahead_kb"),
+    ]
+    .iter()
+    .find_map(|p| std::fs::read_to_string(p).ok()?.trim().parse::<u64>().ok())
+    .map(|kb| kb.saturating_mul(1024))
+    .filter(|&bytes| bytes > 0)
+}
+
 /// Drops the page cache of the file at `path`.
 pub fn evict_path(path: &Path) -> Result<()> {
     let file = File::open(path).map_err(|e| Error::io(e, "cannot open").with_path(path))?;
@@ -490,12 +509,29 @@ mod tests {
         while cached_pages(&f, 0, 2 * page) != Some((2, 2))
             || cached_pages(&f, 3 << 20, page) != Some((1, 1))
         {
-            assert!(std::time::Instant::now() < deadline, "the ranges never arrived");
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the ranges never arrived"
+            );
             std::thread::sleep(std::time::Duration::from_millis(5));
         }
         // Nothing was read around them.
         let (between, _) = cached_pages(&f, 2 * page, (2 << 20) - 2 * page).unwrap();
         assert_eq!(between, 0);
+    }
+
+    #[test]
+    fn read_ahead_bytes_is_the_devices_read_ahead_kb() {
+        let dir = tempfile::tempdir().unwrap();
+        let device = file_location(dir.path()).device;
+        let sysfs = format!("/sys/class/bdi/{device}/read_ahead_kb");
+        if let Ok(kb) = std::fs::read_to_string(sysfs) {
+            let kb: u64 = kb.trim().parse().unwrap();
+            assert_eq!(read_ahead_bytes(&device), (kb > 0).then_some(kb * 1024));
+        }
+        assert_eq!(read_ahead_bytes(""), None);
+        assert_eq!(read_ahead_bytes("../../etc"), None);
+        assert_eq!(read_ahead_bytes("4095:1048575"), None);
     }
 
     #[test]

@@ -24,17 +24,10 @@ use identity::{not_regular, replaced, FileId};
 
 type Handle = Arc<dyn BackendFile>;
 
-/// An exploring transfer of this many bytes or more that is the first through its backend on
-/// the file, and not a read from the page cache, is offered to the selector as a warm-up
-/// read is: recorded only when it shows the backend far behind the leader (see
-/// `Selector::record_if_far`). A first transfer pays the handle's set-up, so it is no fair
-/// sample: on this machine a first read cost 10-140 µs more than the next one, and a file's
-/// first mapping once 4.5 ms more (4 KiB) and 13 ms more (8 MiB, cached; hence reads from
-/// the page cache are left out). Reading from the device or writing a MiB or more costs
-/// milliseconds, and a transfer that costs 4 times the leader's does not owe that to its
-/// set-up. Left unmeasured, a first transfer made a cold 8 MiB exploration read through each
-/// page-cache path twice at about 20 ms each, where a direct read took 2.5-3 ms.
-const FIRST_FAR_FROM: usize = 1 << 20;
+/// The readahead window assumed where the device's cannot be read (no sysfs, no backing
+/// device): the largest `read_ahead_kb` commonly set (some virtual disks'). A run longer than
+/// the true window only measures less often; a shorter one would miss its waits.
+const FALLBACK_WINDOW: u64 = 8 << 20;
 
 /// A file whose `read_at` / `write_at` choose a backend per transfer, time it (wall and CPU)
 /// and tell the selector. Backend handles are opened lazily and kept; all backends reach the
@@ -118,6 +111,7 @@ impl EngineFile {
             return Err(not_regular(kind).with_path(path));
         }
         let location = Arc::new(location_of(path));
+        let window = fastensor_sys::read_ahead_bytes(&location.device).unwrap_or(FALLBACK_WINDOW);
         let handles = vec![None; engine.candidates.len()];
         let mut file = EngineFile {
             engine,
@@ -130,7 +124,7 @@ impl EngineFile {
             purpose: RwLock::new(Purpose::General),
             probe_fd: OnceLock::new(),
             identity: None,
-            stream: Mutex::new(ReadStream::NONE),
+            stream: Mutex::new(ReadStream::new(window)),
             read_ranges: Mutex::new(FileReads::default()),
             used: AtomicU64::new(0),
             decisions: Mutex::new(Decisions::default()),
@@ -388,7 +382,7 @@ impl EngineFile {
         let ended = {
             let mut runs = self.write_run.lock().unwrap_or_else(|p| p.into_inner());
             if alone {
-                [runs.take(), Some(Run::start(measured, path, false))]
+                [runs.take(), Some(Run::start(measured, path, None))]
             } else {
                 runs.add(measured, path)
             }
@@ -610,8 +604,7 @@ impl EngineFile {
             let clock = &*self.engine.clock;
             // A stream's reads are measured in runs, whose CPU time a share of their small
             // reads gives (see `Run::cpu`).
-            let sampled =
-                exploring && (stream_previous.is_none() || bytes >= super::CPU_EVERY_READ_FROM);
+            let sampled = exploring && (stream_previous.is_none() || bytes as u64 >= super::LARGE);
             let start = if self.engine.reads_cpu(sampled) {
                 Some(clock.now())
             } else {

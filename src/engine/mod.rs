@@ -205,9 +205,14 @@ pub(crate) fn test_write(bytes: u64, in_flight: u32) -> TransferContext {
 /// One exploiting transfer in this many reads the process CPU clock.
 pub(crate) const CPU_SAMPLE_EVERY: u64 = 16;
 
-/// An exploring read continuing a stream reads the process CPU clock when it moves at least
-/// this many bytes (the clock then costs under 1% of it), else one in [`CPU_SAMPLE_EVERY`].
-pub(crate) const CPU_EVERY_READ_FROM: usize = 1 << 20;
+/// A transfer of this many bytes or more is large: its own time dwarfs the fixed costs of
+/// one transfer (a reading of the CPU clock, a page-cache probe, a handle's set-up, one
+/// readahead wait). An exploring read continuing a stream reads the CPU clock when it is
+/// large, else one in [`CPU_SAMPLE_EVERY`]; an exploring first transfer through a backend
+/// that is large (and not from the page cache) is offered as a warm-up read (see
+/// `file/account.rs`); a stream re-probes the page cache every `LARGE` bytes; and a warm-up
+/// run of small reads is judged without its slowest (see `Run::far_test_wall`).
+pub(crate) const LARGE: u64 = 1 << 20;
 
 impl Inner {
     pub(crate) fn selector(&self) -> std::sync::MutexGuard<'_, Selector> {

@@ -41,7 +41,7 @@ impl WriteRun {
             }
         }
         let ended = self.run.take();
-        let run = Run::start(measured, path, false);
+        let run = Run::start(measured, path, None);
         if run.full() {
             [ended, Some(run)]
         } else {

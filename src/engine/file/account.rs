@@ -1,7 +1,7 @@
 //! Accounting for a transfer that succeeded: its use, its bytes read, its measurement.
 
+use super::EngineFile;
 use super::Measured;
-use super::{EngineFile, FIRST_FAR_FROM};
 use fastensor_core::{CacheState, Direction, TransferContext};
 use std::time::Duration;
 
@@ -46,7 +46,7 @@ impl EngineFile {
         let first_far = (first
             && exploring
             && n == wanted
-            && wanted >= FIRST_FAR_FROM
+            && wanted as u64 >= crate::engine::LARGE
             && !(direction == Direction::Read && ctx.cache == CacheState::Cached))
             .then(|| ctx.clone());
         if direction == Direction::Read {
