@@ -1,24 +1,10 @@
-//! Sharded checkpoints in the Hugging Face layout: `model-00001-of-00003.safetensors`, ...
-//! next to `model.safetensors.index.json` (`metadata.total_size` and a `weight_map` from
-//! tensor name to shard file), and ranged reads across many files as one job.
-//!
-//! * [`save_sharded`] splits the tensors (in order) into shards of at most
-//!   `max_shard_bytes` (a tensor larger than that gets a shard of its own), writes the shards
-//!   concurrently, each durably and atomically as [`save`](super::save) does, and writes the
-//!   index last, atomically ([`crate::atomic::write`]). An index already
-//!   in the directory is removed first, so a crash leaves either no index or one whose every
-//!   shard is whole and of the same save.
-//! * [`open_sharded`] validates the index and every shard's header; its
-//!   [`read_into`](ShardedFile::read_into) fills caller buffers with requests of all files
-//!   in flight together. [`load_sharded`], [`load_selected_sharded`] and
-//!   [`load_into_sharded`] are built on it.
-//! * [`read_ranges`] reads raw byte ranges of any files into caller buffers, in one job
-//!   (the `torch.distributed.checkpoint` reader's path).
+//! Reading sharded checkpoints: every shard's requests in flight together.
 
-use super::header::{Header, HeaderEntry};
-use super::load::read_header;
-use super::save::TensorView;
-use super::{save_with_metadata, Arena, FileOpener, IO_THREADS};
+use super::index::{corrupt, read_index, ShardedIndex};
+use crate::checkpoint::header::{Header, HeaderEntry};
+use crate::checkpoint::load::read_header;
+use crate::checkpoint::save::TensorView;
+use crate::checkpoint::{Arena, FileOpener, IO_THREADS};
 use crate::core::align::align_down;
 use crate::core::parallel;
 use crate::{BackendFile, Error, ErrorKind, HostBuffer, MemMut, OpenMode, Result, TensorDesc};
@@ -26,12 +12,6 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
-
-/// The index file's name in a sharded checkpoint's directory.
-pub const INDEX_NAME: &str = "model.safetensors.index.json";
-
-/// Shards written at once by [`save_sharded`] (each already split into parallel requests).
-const SHARD_JOBS: usize = 2;
 
 /// Alignment of file offsets and memory for zero-copy direct reads.
 const ALIGN: u64 = 4096;
@@ -49,152 +29,8 @@ const JOIN_GAP: u64 = 64 << 10;
 /// Largest staged read.
 const STAGE_MAX: u64 = 16 << 20;
 
-/// Longest index file accepted.
-const MAX_INDEX_LEN: u64 = 256 << 20;
-
-/// The name of shard `i` (0-based) of `n`: `model-0000{i+1}-of-0000{n}.safetensors`.
-pub fn shard_name(i: usize, n: usize) -> String {
-    format!("model-{:05}-of-{:05}.safetensors", i + 1, n)
-}
-
-/// A parsed `*.safetensors.index.json`.
-#[derive(Debug, Clone, PartialEq)]
-pub struct ShardedIndex {
-    /// The index file.
-    pub path: PathBuf,
-    /// `metadata.total_size`, when given.
-    pub total_size: Option<u64>,
-    /// Tensor name -> shard file name (relative to the index's directory).
-    pub weight_map: BTreeMap<String, String>,
-}
-
-impl ShardedIndex {
-    /// The directory the shards live in.
-    pub fn dir(&self) -> &Path {
-        match self.path.parent() {
-            Some(p) if !p.as_os_str().is_empty() => p,
-            _ => Path::new("."),
-        }
-    }
-
-    /// The shard file names, in sorted order, each once.
-    pub fn shard_names(&self) -> Vec<&str> {
-        let set: std::collections::BTreeSet<&str> =
-            self.weight_map.values().map(String::as_str).collect();
-        set.into_iter().collect()
-    }
-}
-
-/// True when `path` names a sharded checkpoint: a directory, or a file ending in
-/// `.index.json`.
-pub fn is_sharded(path: &Path) -> bool {
-    path.is_dir()
-        || path
-            .file_name()
-            .and_then(|n| n.to_str())
-            .is_some_and(|n| n.ends_with(".index.json"))
-}
-
-/// The index file of a sharded checkpoint given as its directory (which holds
-/// [`INDEX_NAME`], or exactly one `*.safetensors.index.json`) or as the index itself.
-pub fn resolve_index(path: &Path) -> Result<PathBuf> {
-    if !path.is_dir() {
-        return Ok(path.to_path_buf());
-    }
-    let default = path.join(INDEX_NAME);
-    if default.is_file() {
-        return Ok(default);
-    }
-    let mut found = Vec::new();
-    let dir = std::fs::read_dir(path)
-        .map_err(|e| Error::io(e, "cannot list the directory").with_path(path))?;
-    for entry in dir.flatten() {
-        let name = entry.file_name();
-        if name
-            .to_str()
-            .is_some_and(|n| n.ends_with(".safetensors.index.json") && !n.starts_with('.'))
-        {
-            found.push(entry.path());
-        }
-    }
-    match found.len() {
-        1 => Ok(found.pop().expect("one index")),
-        0 => Err(Error::new(
-            ErrorKind::NotFound,
-            format!("no {INDEX_NAME} (nor any *.safetensors.index.json) in the directory"),
-        )
-        .with_path(path)),
-        n => Err(Error::new(
-            ErrorKind::InvalidInput,
-            format!("{n} *.safetensors.index.json files in the directory: name the one to use"),
-        )
-        .with_path(path)),
-    }
-}
-
-fn corrupt(msg: impl Into<String>, path: &Path) -> Error {
-    Error::new(ErrorKind::Corrupt, msg).with_path(path)
-}
-
-/// Reads and validates the index of the sharded checkpoint at `path` (a directory or an
-/// index file). Shard names must be plain file names in the index's directory.
-pub fn read_index(path: &Path) -> Result<ShardedIndex> {
-    let index_path = resolve_index(path)?;
-    let p = index_path.as_path();
-    let meta =
-        std::fs::metadata(p).map_err(|e| Error::io(e, "cannot open the index").with_path(p))?;
-    if meta.len() > MAX_INDEX_LEN {
-        return Err(corrupt(
-            format!(
-                "the index is {} bytes, over the limit of {MAX_INDEX_LEN}",
-                meta.len()
-            ),
-            p,
-        ));
-    }
-    let bytes = std::fs::read(p).map_err(|e| Error::io(e, "cannot read the index").with_path(p))?;
-    let json: serde_json::Value = serde_json::from_slice(&bytes)
-        .map_err(|e| corrupt(format!("the index is not valid JSON: {e}"), p))?;
-    let obj = json
-        .as_object()
-        .ok_or_else(|| corrupt("the index is not a JSON object", p))?;
-    let total_size = match obj.get("metadata").and_then(|m| m.get("total_size")) {
-        None | Some(serde_json::Value::Null) => None,
-        Some(v) => Some(
-            v.as_u64()
-                .or_else(|| v.as_f64().filter(|f| *f >= 0.0).map(|f| f as u64))
-                .ok_or_else(|| corrupt("metadata.total_size is not a byte count", p))?,
-        ),
-    };
-    let map = obj
-        .get("weight_map")
-        .and_then(|m| m.as_object())
-        .ok_or_else(|| corrupt("the index has no weight_map object", p))?;
-    let mut weight_map = BTreeMap::new();
-    for (name, file) in map {
-        let file = file
-            .as_str()
-            .ok_or_else(|| corrupt(format!("weight_map[`{name}`] is not a file name"), p))?;
-        let plain = Path::new(file).file_name().and_then(|f| f.to_str()) == Some(file);
-        if !plain || file == ".." || file == "." {
-            return Err(corrupt(
-                format!(
-                    "weight_map[`{name}`] = `{file}` is not a file name in the index's directory"
-                ),
-                p,
-            ));
-        }
-        weight_map.insert(name.clone(), file.to_string());
-    }
-    Ok(ShardedIndex {
-        path: index_path,
-        total_size,
-        weight_map,
-    })
-}
-
 /// One open shard.
-struct Shard {
+pub(super) struct Shard {
     path: PathBuf,
     file: Box<dyn BackendFile>,
     header: Header,
@@ -204,7 +40,7 @@ struct Shard {
 /// of its tensors into caller buffers across all shards at once.
 pub struct ShardedFile {
     index: ShardedIndex,
-    shards: Vec<Shard>,
+    pub(super) shards: Vec<Shard>,
     /// Tensor name -> (shard, entry), for every name of the weight map.
     by_name: HashMap<String, (usize, usize)>,
 }
@@ -410,7 +246,7 @@ fn read_requests(files: &[(&dyn BackendFile, &Path)], mut reqs: Vec<Request<'_>>
             let (file, path) = files[f];
             let mut dst = dst;
             if let MemMut::Host(d) = &mut dst {
-                super::arena::fault_in(d);
+                crate::checkpoint::arena::fault_in(d);
             }
             let got = file.read_at(r.start, dst)?;
             if (got as u64) < r.end - r.start {
@@ -562,7 +398,10 @@ where
     load_chosen(file, |name| wanted.contains(name))
 }
 
-fn load_chosen(file: ShardedFile, keep: impl Fn(&str) -> bool) -> Result<ShardedCheckpoint> {
+pub(super) fn load_chosen(
+    file: ShardedFile,
+    keep: impl Fn(&str) -> bool,
+) -> Result<ShardedCheckpoint> {
     let chosen: Vec<(usize, HeaderEntry, Range<u64>)> = file
         .entries()
         .into_iter()
@@ -630,188 +469,4 @@ pub fn load_into_sharded<O: FileOpener + ?Sized>(
     let file = open_sharded(opener, path)?;
     file.read_into(targets)?;
     Ok(file.index)
-}
-
-/// Splits tensors of `sizes` bytes, in order, into groups of at most `max` bytes (a tensor
-/// larger than `max` alone), as `transformers`' `save_pretrained` does.
-pub fn plan_shards(sizes: &[u64], max: u64) -> Vec<Range<usize>> {
-    let mut out = Vec::new();
-    let (mut start, mut bytes) = (0usize, 0u64);
-    for (i, &s) in sizes.iter().enumerate() {
-        if i > start && bytes + s > max {
-            out.push(start..i);
-            start = i;
-            bytes = 0;
-        }
-        bytes += s;
-    }
-    if start < sizes.len() || out.is_empty() {
-        out.push(start..sizes.len());
-    }
-    out
-}
-
-/// Saves `tensors` as a sharded checkpoint in `dir`; see [`save_sharded_with_metadata`].
-pub fn save_sharded<O: FileOpener + ?Sized>(
-    opener: &O,
-    dir: &Path,
-    tensors: &[TensorView<'_>],
-    max_shard_bytes: u64,
-) -> Result<ShardedIndex> {
-    save_sharded_with_metadata(opener, dir, tensors, max_shard_bytes, &BTreeMap::new())
-}
-
-/// Saves `tensors` (in this order) in `dir` (created if needed) as shards of at most
-/// `max_shard_bytes` of data each, every shard carrying `metadata` as its `__metadata__`,
-/// and the index [`INDEX_NAME`] last; see the [module](self) for what a crash leaves.
-/// Shards of an earlier save that the new index does not name are removed after it is
-/// written. A duplicate name across shards is [`ErrorKind::InvalidInput`].
-pub fn save_sharded_with_metadata<O: FileOpener + ?Sized>(
-    opener: &O,
-    dir: &Path,
-    tensors: &[TensorView<'_>],
-    max_shard_bytes: u64,
-    metadata: &BTreeMap<String, String>,
-) -> Result<ShardedIndex> {
-    if max_shard_bytes == 0 {
-        return Err(
-            Error::new(ErrorKind::InvalidInput, "max_shard_bytes must be positive").with_path(dir),
-        );
-    }
-    let sizes: Vec<u64> = tensors.iter().map(|t| t.data.len() as u64).collect();
-    let groups: Vec<&[TensorView<'_>]> = plan_shards(&sizes, max_shard_bytes)
-        .into_iter()
-        .map(|r| &tensors[r])
-        .collect();
-    write_shards(opener, dir, &groups, metadata)
-}
-
-/// Writes `groups` as the shards of a checkpoint in `dir`, then the index.
-fn write_shards<O: FileOpener + ?Sized>(
-    opener: &O,
-    dir: &Path,
-    groups: &[&[TensorView<'_>]],
-    metadata: &BTreeMap<String, String>,
-) -> Result<ShardedIndex> {
-    let mut seen = HashSet::new();
-    for t in groups.iter().flat_map(|g| g.iter()) {
-        if !seen.insert(t.desc.name.as_str()) {
-            return Err(Error::new(
-                ErrorKind::InvalidInput,
-                format!("tensor `{}` is given twice", t.desc.name),
-            )
-            .with_path(dir));
-        }
-    }
-    std::fs::create_dir_all(dir)
-        .map_err(|e| Error::io(e, "cannot create the checkpoint directory").with_path(dir))?;
-    let index_path = dir.join(INDEX_NAME);
-    // The old index goes first: from here until the new one is in place, no index names a
-    // shard that is being replaced.
-    match std::fs::remove_file(&index_path) {
-        Ok(()) => sync_dir(dir)?,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(Error::io(e, "cannot remove the old index").with_path(&index_path)),
-    }
-    let n = groups.len();
-    let jobs: Vec<(usize, &[TensorView<'_>])> = groups.iter().copied().enumerate().collect();
-    parallel::for_each(jobs, SHARD_JOBS, |(i, g)| {
-        save_with_metadata(opener, &dir.join(shard_name(i, n)), g, metadata)
-    })?;
-    let mut weight_map = BTreeMap::new();
-    let mut total = 0u64;
-    for (i, g) in groups.iter().enumerate() {
-        for t in g.iter() {
-            weight_map.insert(t.desc.name.clone(), shard_name(i, n));
-            total += t.data.len() as u64;
-        }
-    }
-    let json = serde_json::json!({
-        "metadata": { "total_size": total },
-        "weight_map": weight_map,
-    });
-    let text = serde_json::to_string_pretty(&json).expect("an index always serializes");
-    crate::atomic::write(&index_path, text.as_bytes())?;
-    // Shards of an earlier save that the new index does not name.
-    let keep: HashSet<String> = (0..n).map(|i| shard_name(i, n)).collect();
-    if let Ok(list) = std::fs::read_dir(dir) {
-        for entry in list.flatten() {
-            let name = entry.file_name().to_string_lossy().into_owned();
-            if is_shard_name(&name) && !keep.contains(&name) {
-                let _ = std::fs::remove_file(entry.path());
-            }
-        }
-    }
-    Ok(ShardedIndex {
-        path: index_path,
-        total_size: Some(total),
-        weight_map,
-    })
-}
-
-/// True for names of the form `model-NNNNN-of-NNNNN.safetensors`.
-fn is_shard_name(name: &str) -> bool {
-    let Some(rest) = name.strip_prefix("model-") else {
-        return false;
-    };
-    let Some(rest) = rest.strip_suffix(".safetensors") else {
-        return false;
-    };
-    let b = rest.as_bytes();
-    b.len() == 14
-        && b[..5].iter().all(u8::is_ascii_digit)
-        && &b[5..9] == b"-of-"
-        && b[9..].iter().all(u8::is_ascii_digit)
-}
-
-fn sync_dir(dir: &Path) -> Result<()> {
-    std::fs::File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(|e| Error::io(e, "cannot sync the directory").with_path(dir))
-}
-
-/// Copies the sharded checkpoint at `src` to the directory `dst` through the fast path,
-/// keeping its split into shards and the first shard's metadata. Returns the data bytes.
-pub fn copy_sharded<O: FileOpener + ?Sized>(opener: &O, src: &Path, dst: &Path) -> Result<u64> {
-    let file = open_sharded(opener, src)?;
-    let shard_count = file.shards.len();
-    let mut shard_of = HashMap::new();
-    for (s, e, _) in file.entries() {
-        shard_of.insert(e.desc.name.clone(), s);
-    }
-    let ckpt = load_chosen(file, |_| true)?;
-    let views = ckpt.views();
-    let mut groups: Vec<Vec<TensorView<'_>>> = (0..shard_count).map(|_| Vec::new()).collect();
-    for v in views {
-        groups[shard_of[&v.desc.name]].push(v);
-    }
-    groups.retain(|g| !g.is_empty());
-    let slices: Vec<&[TensorView<'_>]> = groups.iter().map(Vec::as_slice).collect();
-    write_shards(opener, dst, &slices, ckpt.metadata())?;
-    Ok(ckpt.data_bytes())
-}
-
-/// Reads and validates the index of the sharded checkpoint at `path` and every shard's
-/// header (small reads through the page cache; no backend needed), for listings.
-pub fn inspect_sharded(path: &Path) -> Result<(ShardedIndex, Vec<(PathBuf, Header)>)> {
-    let index = read_index(path)?;
-    let mut shards = Vec::new();
-    for name in index.shard_names() {
-        let p = index.dir().join(name);
-        let header = super::inspect(&p)?;
-        shards.push((p, header));
-    }
-    for (name, file) in &index.weight_map {
-        let (_, h) = shards
-            .iter()
-            .find(|(p, _)| p.file_name().and_then(|f| f.to_str()) == Some(file.as_str()))
-            .expect("every shard of the weight map was read");
-        if h.get(name).is_none() {
-            return Err(corrupt(
-                format!("the index puts tensor `{name}` in {file}, which lacks it"),
-                &index.path,
-            ));
-        }
-    }
-    Ok((index, shards))
 }

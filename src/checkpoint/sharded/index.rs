@@ -1,0 +1,152 @@
+//! The index of a sharded checkpoint: its name, where it is, and reading it.
+
+use crate::{Error, ErrorKind, Result};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+/// The index file's name in a sharded checkpoint's directory.
+pub const INDEX_NAME: &str = "model.safetensors.index.json";
+
+/// Longest index file accepted.
+const MAX_INDEX_LEN: u64 = 256 << 20;
+
+/// The name of shard `i` (0-based) of `n`: `model-0000{i+1}-of-0000{n}.safetensors`.
+pub fn shard_name(i: usize, n: usize) -> String {
+    format!("model-{:05}-of-{:05}.safetensors", i + 1, n)
+}
+
+/// A parsed `*.safetensors.index.json`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ShardedIndex {
+    /// The index file.
+    pub path: PathBuf,
+    /// `metadata.total_size`, when given.
+    pub total_size: Option<u64>,
+    /// Tensor name -> shard file name (relative to the index's directory).
+    pub weight_map: BTreeMap<String, String>,
+}
+
+impl ShardedIndex {
+    /// The directory the shards live in.
+    pub fn dir(&self) -> &Path {
+        match self.path.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p,
+            _ => Path::new("."),
+        }
+    }
+
+    /// The shard file names, in sorted order, each once.
+    pub fn shard_names(&self) -> Vec<&str> {
+        let set: std::collections::BTreeSet<&str> =
+            self.weight_map.values().map(String::as_str).collect();
+        set.into_iter().collect()
+    }
+}
+
+/// True when `path` names a sharded checkpoint: a directory, or a file ending in
+/// `.index.json`.
+pub fn is_sharded(path: &Path) -> bool {
+    path.is_dir()
+        || path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .is_some_and(|n| n.ends_with(".index.json"))
+}
+
+/// The index file of a sharded checkpoint given as its directory (which holds
+/// [`INDEX_NAME`], or exactly one `*.safetensors.index.json`) or as the index itself.
+pub fn resolve_index(path: &Path) -> Result<PathBuf> {
+    if !path.is_dir() {
+        return Ok(path.to_path_buf());
+    }
+    let default = path.join(INDEX_NAME);
+    if default.is_file() {
+        return Ok(default);
+    }
+    let mut found = Vec::new();
+    let dir = std::fs::read_dir(path)
+        .map_err(|e| Error::io(e, "cannot list the directory").with_path(path))?;
+    for entry in dir.flatten() {
+        let name = entry.file_name();
+        if name
+            .to_str()
+            .is_some_and(|n| n.ends_with(".safetensors.index.json") && !n.starts_with('.'))
+        {
+            found.push(entry.path());
+        }
+    }
+    match found.len() {
+        1 => Ok(found.pop().expect("one index")),
+        0 => Err(Error::new(
+            ErrorKind::NotFound,
+            format!("no {INDEX_NAME} (nor any *.safetensors.index.json) in the directory"),
+        )
+        .with_path(path)),
+        n => Err(Error::new(
+            ErrorKind::InvalidInput,
+            format!("{n} *.safetensors.index.json files in the directory: name the one to use"),
+        )
+        .with_path(path)),
+    }
+}
+
+pub(super) fn corrupt(msg: impl Into<String>, path: &Path) -> Error {
+    Error::new(ErrorKind::Corrupt, msg).with_path(path)
+}
+
+/// Reads and validates the index of the sharded checkpoint at `path` (a directory or an
+/// index file). Shard names must be plain file names in the index's directory.
+pub fn read_index(path: &Path) -> Result<ShardedIndex> {
+    let index_path = resolve_index(path)?;
+    let p = index_path.as_path();
+    let meta =
+        std::fs::metadata(p).map_err(|e| Error::io(e, "cannot open the index").with_path(p))?;
+    if meta.len() > MAX_INDEX_LEN {
+        return Err(corrupt(
+            format!(
+                "the index is {} bytes, over the limit of {MAX_INDEX_LEN}",
+                meta.len()
+            ),
+            p,
+        ));
+    }
+    let bytes = std::fs::read(p).map_err(|e| Error::io(e, "cannot read the index").with_path(p))?;
+    let json: serde_json::Value = serde_json::from_slice(&bytes)
+        .map_err(|e| corrupt(format!("the index is not valid JSON: {e}"), p))?;
+    let obj = json
+        .as_object()
+        .ok_or_else(|| corrupt("the index is not a JSON object", p))?;
+    let total_size = match obj.get("metadata").and_then(|m| m.get("total_size")) {
+        None | Some(serde_json::Value::Null) => None,
+        Some(v) => Some(
+            v.as_u64()
+                .or_else(|| v.as_f64().filter(|f| *f >= 0.0).map(|f| f as u64))
+                .ok_or_else(|| corrupt("metadata.total_size is not a byte count", p))?,
+        ),
+    };
+    let map = obj
+        .get("weight_map")
+        .and_then(|m| m.as_object())
+        .ok_or_else(|| corrupt("the index has no weight_map object", p))?;
+    let mut weight_map = BTreeMap::new();
+    for (name, file) in map {
+        let file = file
+            .as_str()
+            .ok_or_else(|| corrupt(format!("weight_map[`{name}`] is not a file name"), p))?;
+        let plain = Path::new(file).file_name().and_then(|f| f.to_str()) == Some(file);
+        if !plain || file == ".." || file == "." {
+            return Err(corrupt(
+                format!(
+                    "weight_map[`{name}`] = `{file}` is not a file name in the index's directory"
+                ),
+                p,
+            ));
+        }
+        weight_map.insert(name.clone(), file.to_string());
+    }
+    Ok(ShardedIndex {
+        path: index_path,
+        total_size,
+        weight_map,
+    })
+}

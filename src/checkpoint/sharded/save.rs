@@ -1,0 +1,199 @@
+//! Writing sharded checkpoints: shards concurrently, the index last.
+
+use super::index::{corrupt, read_index, shard_name, ShardedIndex, INDEX_NAME};
+use super::read::{load_chosen, open_sharded};
+use crate::checkpoint::header::Header;
+use crate::checkpoint::save::TensorView;
+use crate::checkpoint::{save_with_metadata, FileOpener};
+use crate::core::parallel;
+use crate::{Error, ErrorKind, Result};
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+
+/// Shards written at once by [`save_sharded`] (each already split into parallel requests).
+const SHARD_JOBS: usize = 2;
+
+/// Splits tensors of `sizes` bytes, in order, into groups of at most `max` bytes (a tensor
+/// larger than `max` alone), as `transformers`' `save_pretrained` does.
+pub fn plan_shards(sizes: &[u64], max: u64) -> Vec<Range<usize>> {
+    let mut out = Vec::new();
+    let (mut start, mut bytes) = (0usize, 0u64);
+    for (i, &s) in sizes.iter().enumerate() {
+        if i > start && bytes + s > max {
+            out.push(start..i);
+            start = i;
+            bytes = 0;
+        }
+        bytes += s;
+    }
+    if start < sizes.len() || out.is_empty() {
+        out.push(start..sizes.len());
+    }
+    out
+}
+
+/// Saves `tensors` as a sharded checkpoint in `dir`; see [`save_sharded_with_metadata`].
+pub fn save_sharded<O: FileOpener + ?Sized>(
+    opener: &O,
+    dir: &Path,
+    tensors: &[TensorView<'_>],
+    max_shard_bytes: u64,
+) -> Result<ShardedIndex> {
+    save_sharded_with_metadata(opener, dir, tensors, max_shard_bytes, &BTreeMap::new())
+}
+
+/// Saves `tensors` (in this order) in `dir` (created if needed) as shards of at most
+/// `max_shard_bytes` of data each, every shard carrying `metadata` as its `__metadata__`,
+/// and the index [`INDEX_NAME`] last; see the [module](self) for what a crash leaves.
+/// Shards of an earlier save that the new index does not name are removed after it is
+/// written. A duplicate name across shards is [`ErrorKind::InvalidInput`].
+pub fn save_sharded_with_metadata<O: FileOpener + ?Sized>(
+    opener: &O,
+    dir: &Path,
+    tensors: &[TensorView<'_>],
+    max_shard_bytes: u64,
+    metadata: &BTreeMap<String, String>,
+) -> Result<ShardedIndex> {
+    if max_shard_bytes == 0 {
+        return Err(
+            Error::new(ErrorKind::InvalidInput, "max_shard_bytes must be positive").with_path(dir),
+        );
+    }
+    let sizes: Vec<u64> = tensors.iter().map(|t| t.data.len() as u64).collect();
+    let groups: Vec<&[TensorView<'_>]> = plan_shards(&sizes, max_shard_bytes)
+        .into_iter()
+        .map(|r| &tensors[r])
+        .collect();
+    write_shards(opener, dir, &groups, metadata)
+}
+
+/// Writes `groups` as the shards of a checkpoint in `dir`, then the index.
+fn write_shards<O: FileOpener + ?Sized>(
+    opener: &O,
+    dir: &Path,
+    groups: &[&[TensorView<'_>]],
+    metadata: &BTreeMap<String, String>,
+) -> Result<ShardedIndex> {
+    let mut seen = HashSet::new();
+    for t in groups.iter().flat_map(|g| g.iter()) {
+        if !seen.insert(t.desc.name.as_str()) {
+            return Err(Error::new(
+                ErrorKind::InvalidInput,
+                format!("tensor `{}` is given twice", t.desc.name),
+            )
+            .with_path(dir));
+        }
+    }
+    std::fs::create_dir_all(dir)
+        .map_err(|e| Error::io(e, "cannot create the checkpoint directory").with_path(dir))?;
+    let index_path = dir.join(INDEX_NAME);
+    // The old index goes first: from here until the new one is in place, no index names a
+    // shard that is being replaced.
+    match std::fs::remove_file(&index_path) {
+        Ok(()) => sync_dir(dir)?,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(Error::io(e, "cannot remove the old index").with_path(&index_path)),
+    }
+    let n = groups.len();
+    let jobs: Vec<(usize, &[TensorView<'_>])> = groups.iter().copied().enumerate().collect();
+    parallel::for_each(jobs, SHARD_JOBS, |(i, g)| {
+        save_with_metadata(opener, &dir.join(shard_name(i, n)), g, metadata)
+    })?;
+    let mut weight_map = BTreeMap::new();
+    let mut total = 0u64;
+    for (i, g) in groups.iter().enumerate() {
+        for t in g.iter() {
+            weight_map.insert(t.desc.name.clone(), shard_name(i, n));
+            total += t.data.len() as u64;
+        }
+    }
+    let json = serde_json::json!({
+        "metadata": { "total_size": total },
+        "weight_map": weight_map,
+    });
+    let text = serde_json::to_string_pretty(&json).expect("an index always serializes");
+    crate::atomic::write(&index_path, text.as_bytes())?;
+    // Shards of an earlier save that the new index does not name.
+    let keep: HashSet<String> = (0..n).map(|i| shard_name(i, n)).collect();
+    if let Ok(list) = std::fs::read_dir(dir) {
+        for entry in list.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if is_shard_name(&name) && !keep.contains(&name) {
+                let _ = std::fs::remove_file(entry.path());
+            }
+        }
+    }
+    Ok(ShardedIndex {
+        path: index_path,
+        total_size: Some(total),
+        weight_map,
+    })
+}
+
+/// True for names of the form `model-NNNNN-of-NNNNN.safetensors`.
+fn is_shard_name(name: &str) -> bool {
+    let Some(rest) = name.strip_prefix("model-") else {
+        return false;
+    };
+    let Some(rest) = rest.strip_suffix(".safetensors") else {
+        return false;
+    };
+    let b = rest.as_bytes();
+    b.len() == 14
+        && b[..5].iter().all(u8::is_ascii_digit)
+        && &b[5..9] == b"-of-"
+        && b[9..].iter().all(u8::is_ascii_digit)
+}
+
+fn sync_dir(dir: &Path) -> Result<()> {
+    std::fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| Error::io(e, "cannot sync the directory").with_path(dir))
+}
+
+/// Copies the sharded checkpoint at `src` to the directory `dst` through the fast path,
+/// keeping its split into shards and the first shard's metadata. Returns the data bytes.
+pub fn copy_sharded<O: FileOpener + ?Sized>(opener: &O, src: &Path, dst: &Path) -> Result<u64> {
+    let file = open_sharded(opener, src)?;
+    let shard_count = file.shards.len();
+    let mut shard_of = HashMap::new();
+    for (s, e, _) in file.entries() {
+        shard_of.insert(e.desc.name.clone(), s);
+    }
+    let ckpt = load_chosen(file, |_| true)?;
+    let views = ckpt.views();
+    let mut groups: Vec<Vec<TensorView<'_>>> = (0..shard_count).map(|_| Vec::new()).collect();
+    for v in views {
+        groups[shard_of[&v.desc.name]].push(v);
+    }
+    groups.retain(|g| !g.is_empty());
+    let slices: Vec<&[TensorView<'_>]> = groups.iter().map(Vec::as_slice).collect();
+    write_shards(opener, dst, &slices, ckpt.metadata())?;
+    Ok(ckpt.data_bytes())
+}
+
+/// Reads and validates the index of the sharded checkpoint at `path` and every shard's
+/// header (small reads through the page cache; no backend needed), for listings.
+pub fn inspect_sharded(path: &Path) -> Result<(ShardedIndex, Vec<(PathBuf, Header)>)> {
+    let index = read_index(path)?;
+    let mut shards = Vec::new();
+    for name in index.shard_names() {
+        let p = index.dir().join(name);
+        let header = crate::checkpoint::inspect(&p)?;
+        shards.push((p, header));
+    }
+    for (name, file) in &index.weight_map {
+        let (_, h) = shards
+            .iter()
+            .find(|(p, _)| p.file_name().and_then(|f| f.to_str()) == Some(file.as_str()))
+            .expect("every shard of the weight map was read");
+        if h.get(name).is_none() {
+            return Err(corrupt(
+                format!("the index puts tensor `{name}` in {file}, which lacks it"),
+                &index.path,
+            ));
+        }
+    }
+    Ok((index, shards))
+}
