@@ -14,7 +14,7 @@
 //! Files written by other tools (unaligned data sections) load too.
 //!
 //! Every transfer goes through a [`FileOpener`]: the [`Engine`](crate::Engine) (which picks
-//! the backend per transfer; its implementation lives in `src/engine`) or any [`Backend`].
+//! the backend per transfer; its implementation lives in `src/engine`) or any [`Backend`](crate::Backend).
 
 mod arena;
 mod header;

@@ -64,7 +64,7 @@ pub struct EngineFile {
 
 impl Drop for EngineFile {
     /// Records the stream reads and the writes measured but not yet recorded, and counts
-    /// the bytes read once (see [`FileReads`]).
+    /// the bytes read once (see `FileReads`).
     fn drop(&mut self) {
         let read_once = self
             .read_ranges

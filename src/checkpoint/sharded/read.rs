@@ -139,7 +139,7 @@ impl ShardedFile {
 
     /// Fills each `(name, destination)` pair with that tensor's bytes, with the requests of
     /// every shard in flight together; the rules of
-    /// [`CheckpointFile::read_into`](super::CheckpointFile::read_into) hold (lengths
+    /// [`CheckpointFile::read_into`](crate::checkpoint::CheckpointFile::read_into) hold (lengths
     /// checked first, a missing name is [`ErrorKind::NotFound`]).
     pub fn read_into(&self, targets: Vec<(&str, MemMut<'_>)>) -> Result<()> {
         let mut reqs = Vec::with_capacity(targets.len());

@@ -45,7 +45,7 @@ pub fn save_sharded<O: FileOpener + ?Sized>(
 
 /// Saves `tensors` (in this order) in `dir` (created if needed) as shards of at most
 /// `max_shard_bytes` of data each, every shard carrying `metadata` as its `__metadata__`,
-/// and the index [`INDEX_NAME`] last; see the [module](self) for what a crash leaves.
+/// and the index [`INDEX_NAME`] last; see the [module](super) for what a crash leaves.
 /// Shards of an earlier save that the new index does not name are removed after it is
 /// written. A duplicate name across shards is [`ErrorKind::InvalidInput`].
 pub fn save_sharded_with_metadata<O: FileOpener + ?Sized>(
