@@ -44,7 +44,7 @@
 //!   reading in a VM, as much as a cached 4 KiB read) only while exploring, when the
 //!   objective weighs CPU, and on one exploiting transfer in 16.
 //! * A file keeps the selector's last answers and asks again only when the selector's
-//!   [`Epochs`](fastensor_select::Epochs) say an answer may have changed: a choice stands
+//!   [`fastensor_select::Epochs`] say an answer may have changed: a choice stands
 //!   until some context's choice changes, an exploration's answer until anything is
 //!   recorded (a stream's reads are recorded once per run). Asking costs a lock, a context
 //!   key and a scan of the candidates, a few hundred nanoseconds per transfer.
