@@ -490,7 +490,10 @@ mod tests {
         while cached_pages(&f, 0, 2 * page) != Some((2, 2))
             || cached_pages(&f, 3 << 20, page) != Some((1, 1))
         {
-            assert!(std::time::Instant::now() < deadline, "the ranges never arrived");
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the ranges never arrived"
+            );
             std::thread::sleep(std::time::Duration::from_millis(5));
         }
         // Nothing was read around them.
