@@ -6,7 +6,8 @@
 //! ```toml
 //! # Only the POSIX backends: no io_uring, no CUDA code in the binary.
 //! fastensor = { version = "0.1", default-features = false, features = ["posix"] }
-//! # ... plus dynamic plugins listed in FASTENSOR_PLUGINS:
+//! # ... plus dynamic plugins listed in FASTENSOR_PLUGINS (`fastensor::plugin`, which is
+//! # the fastensor-plugin crate with its libloading-based `load` feature):
 //! fastensor = { version = "0.1", default-features = false, features = ["posix", "plugins"] }
 //! ```
 //!
@@ -24,6 +25,7 @@ fn main() -> fastensor::Result<()> {
     let registry: Registry = fastensor::registry();
     #[cfg(feature = "plugins")]
     let registry = {
+        use fastensor::plugin::RegistryExt;
         let mut registry = registry;
         for result in registry.load_env_plugins() {
             if let Err(e) = result {

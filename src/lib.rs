@@ -22,6 +22,12 @@ pub use engine::{Engine, EngineBuilder, EngineFile, Report};
 pub use fastensor_select as select;
 pub use fastensor_select::{Dictionary, Objective, SelectorConfig};
 
+/// Dynamic plugins (the `plugins` feature): load backends from shared libraries with
+/// [`plugin::RegistryExt`] (`registry.load_plugin(path)`, `registry.load_env_plugins()` for
+/// `FASTENSOR_PLUGINS`), or [`plugin::DynamicBackend::load`].
+#[cfg(feature = "plugins")]
+pub use fastensor_plugin as plugin;
+
 #[cfg(feature = "gds")]
 pub use fastensor_gds as gds;
 #[cfg(feature = "posix")]

@@ -24,6 +24,7 @@ fn compiled_in_plugin_is_listed_with_its_origin() {
 
 #[cfg(feature = "plugins")]
 mod dynamic {
+    use fastensor::plugin::{RegistryExt, PLUGINS_ENV};
     use fastensor::{Engine, HostBuffer, OpenMode, Origin};
     use std::path::PathBuf;
 
@@ -48,10 +49,10 @@ mod dynamic {
         let plugin = example_plugin();
         let list = std::env::join_paths([plugin.clone()]).unwrap();
         // The only test of this binary that touches the variable.
-        std::env::set_var(fastensor::core::plugin::PLUGINS_ENV, list);
+        std::env::set_var(PLUGINS_ENV, list);
         let mut registry = fastensor::registry();
         let results = registry.load_env_plugins();
-        std::env::remove_var(fastensor::core::plugin::PLUGINS_ENV);
+        std::env::remove_var(PLUGINS_ENV);
         assert_eq!(results.len(), 1);
         assert_eq!(results[0].as_ref().unwrap(), "example-stdfs");
         let entry = registry.entry("example-stdfs").unwrap();

@@ -10,6 +10,7 @@ pub fn run() -> fastensor::Result<()> {
     let registry = fastensor::registry();
     #[cfg(feature = "plugins")]
     let registry = {
+        use fastensor::plugin::RegistryExt;
         let mut registry = registry;
         for result in registry.load_env_plugins() {
             if let Err(e) = result {

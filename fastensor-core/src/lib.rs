@@ -11,7 +11,6 @@ mod error;
 pub mod knobs;
 mod memory;
 pub mod parallel;
-pub mod plugin;
 mod registry;
 mod tensor;
 

@@ -1,5 +1,8 @@
 //! The set of backends an engine may use: those compiled in (registered with
-//! [`register_backend!`](crate::register_backend)), and those added explicitly.
+//! [`register_backend!`](crate::register_backend)), and those added explicitly
+//! ([`Registry::register`], [`Registry::insert`]). Dynamic plugins are loaded by the
+//! `fastensor-plugin` crate, which inserts the backends it makes here: this crate loads no
+//! shared library.
 
 use crate::{Backend, Error, ErrorKind, Result, SharedBackend};
 use std::collections::BTreeMap;
@@ -66,7 +69,7 @@ pub enum Origin {
     },
     /// Added with [`Registry::register`].
     Registered,
-    /// Loaded from a shared library.
+    /// Loaded from a shared library (by `fastensor-plugin`).
     DynamicPlugin {
         /// The library file.
         path: PathBuf,

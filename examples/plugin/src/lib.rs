@@ -3,7 +3,9 @@
 //!
 //! The backend, [`StdFsBackend`] (`example-stdfs`), moves bytes with the standard library's
 //! positional file I/O (`pread`/`pwrite` through `std::os::unix::fs::FileExt`). The one line
-//! that makes it a plugin is the [`fastensor_core::export_plugin!`] at the bottom of this file.
+//! that makes it a plugin is the [`fastensor_plugin::export_plugin!`] at the bottom of this file (the
+//! plugin depends on `fastensor-core` for the traits and on `fastensor-plugin`, without its
+//! `load` feature, for the macro).
 //!
 //! Build it and point fastensor at it:
 //!
@@ -155,4 +157,4 @@ impl BackendFile for StdFsFile {
 }
 
 // The plugin's entry point: one backend per load.
-fastensor_core::export_plugin!(StdFsBackend);
+fastensor_plugin::export_plugin!(StdFsBackend);

@@ -4,8 +4,8 @@
 //! The libraries are found next to this test's executable (`target/<profile>/deps`), where
 //! cargo puts the `cdylib` of this crate and of its dev-dependency `fastensor-bad-abi-plugin`.
 
-use fastensor_core::plugin::{DynamicBackend, PLUGINS_ENV};
 use fastensor_core::{Backend, BackendFileExt, ErrorKind, MemoryKind, OpenMode, Origin, Registry};
+use fastensor_plugin::{DynamicBackend, RegistryExt, PLUGINS_ENV};
 use std::path::{Path, PathBuf};
 
 /// The shared library `lib<name>.so` built by cargo for this workspace.

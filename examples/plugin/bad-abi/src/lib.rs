@@ -2,24 +2,20 @@
 //! ABI version 999. Hosts must refuse it after reading the header alone.
 #![deny(missing_docs)]
 
+use fastensor_plugin::PluginHeader;
+
 /// The ABI version this fixture claims.
 pub const BAD_VERSION: u32 = 999;
 
-/// A header of a plugin table: version, then size.
-#[repr(C)]
-#[derive(Debug)]
-pub struct Header {
-    abi_version: u32,
-    struct_size: u32,
-}
-
-static HEADER: Header = Header {
+/// The real header layout of a plugin table (version, then size), with a version no host
+/// speaks, and no table after it.
+static HEADER: PluginHeader = PluginHeader {
     abi_version: BAD_VERSION,
-    struct_size: 8,
+    struct_size: std::mem::size_of::<PluginHeader>() as u32,
 };
 
 /// The plugin entry point, returning a table of an unknown version.
 #[no_mangle]
-pub extern "C" fn fastensor_plugin() -> *const Header {
+pub extern "C" fn fastensor_plugin() -> *const PluginHeader {
     &HEADER
 }

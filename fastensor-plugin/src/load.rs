@@ -1,20 +1,18 @@
-//! The host side of the ABI: loading plugin libraries with `libloading`.
+//! The host side of the ABI: loading plugin libraries with `libloading`, and the backend and
+//! file types that forward [`Backend`] and [`BackendFile`] calls to a plugin's table.
 
-use super::{
-    mode_code, ErrorCode, FfiCapabilities, PluginHeader, PluginV1, Status, ABI_VERSION,
+use crate::abi::{
+    mode_code, EntryFn, ErrorCode, FfiCapabilities, PluginHeader, PluginV1, Status, ABI_VERSION,
     ENTRY_SYMBOL, STATUS_OK,
 };
-use crate::{
+use fastensor_core::{
     unsupported_memory, Availability, Backend, BackendFile, Capabilities, Error, ErrorKind, MemMut,
-    MemRef, OpenMode, Origin, Registry, Result,
+    MemRef, OpenMode, Result,
 };
 use std::ffi::c_void;
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-
-/// The environment variable listing plugin libraries to load, separated by colons.
-pub const PLUGINS_ENV: &str = "FASTENSOR_PLUGINS";
 
 /// A loaded plugin library. Dropping the last reference unloads it.
 struct Library {
@@ -121,8 +119,11 @@ impl DynamicBackend {
     ///
     /// # Trust
     /// Loading a library runs its code (initialisers, then the plugin's functions) in this
-    /// process: load only libraries you trust, built against a compatible `fastensor-core`.
-    /// A path without a `/` is searched for like `dlopen` does.
+    /// process: load only libraries you trust, built with `export_plugin!` of a
+    /// `fastensor-plugin` that speaks the same [`ABI_VERSION`]. The version and the table's
+    /// size are checked before anything else is read, but a library that lies about them, or
+    /// whose functions break the ABI's rules, is undefined behaviour. A path without a `/` is
+    /// searched for like `dlopen` does.
     pub fn load(path: impl AsRef<Path>) -> Result<DynamicBackend> {
         let path = path.as_ref();
         let has_dir = path.components().count() > 1;
@@ -154,7 +155,7 @@ impl DynamicBackend {
         let symbol = format!("{ENTRY_SYMBOL}\0");
         // SAFETY: the symbol, when present, is the plugin entry point whose type the ABI fixes
         // as `EntryFn`; the copied fn pointer is used only while `lib` stays loaded.
-        let entry: super::EntryFn = unsafe { lib.get::<super::EntryFn>(symbol.as_bytes()) }
+        let entry: EntryFn = unsafe { lib.get::<EntryFn>(symbol.as_bytes()) }
             .map(|s| *s)
             .map_err(|e| {
                 load_error(
@@ -186,7 +187,7 @@ impl DynamicBackend {
                 path,
                 format!(
                     "cannot load plugin: it was built for plugin ABI version {}, but this \
-                     fastensor speaks version {ABI_VERSION}; rebuild it against fastensor-core {}",
+                     fastensor speaks version {ABI_VERSION}; rebuild it against fastensor-plugin {}",
                     header.abi_version,
                     env!("CARGO_PKG_VERSION")
                 ),
@@ -429,42 +430,5 @@ impl BackendFile for DynamicFile {
         // SAFETY: the handle is live.
         let status = unsafe { (self.inst.lib.table.set_len)(self.ptr, len) };
         self.check(status, None)
-    }
-}
-
-impl Registry {
-    /// Loads the plugin library at `path` and adds its backend with
-    /// [`Origin::DynamicPlugin`]; returns the backend's name.
-    ///
-    /// Fails, naming the file, when the file is missing ([`ErrorKind::NotFound`]), is not a
-    /// shared library or exports no plugin ([`ErrorKind::InvalidInput`]), was built for another
-    /// ABI version ([`ErrorKind::Unsupported`]), or when its backend's name is already taken
-    /// ([`ErrorKind::AlreadyExists`]). The library stays loaded while the backend or any file
-    /// it opened lives. Loading runs the library's code: load only files you trust.
-    pub fn load_plugin(&mut self, path: impl AsRef<Path>) -> Result<String> {
-        let path = path.as_ref();
-        let backend = DynamicBackend::load(path)?;
-        let name = backend.name().to_string();
-        self.insert(
-            Arc::new(backend),
-            Origin::DynamicPlugin {
-                path: path.to_path_buf(),
-            },
-        )
-        .map_err(|e| e.with_path(path))?;
-        Ok(name)
-    }
-
-    /// Loads every library listed in [`PLUGINS_ENV`] (`FASTENSOR_PLUGINS`: paths separated by
-    /// colons, the platform's path-list separator; empty entries are skipped). Returns one result per path, in order: the backend's
-    /// name, or why that library was not loaded. One bad library does not stop the others.
-    pub fn load_env_plugins(&mut self) -> Vec<Result<String>> {
-        match std::env::var_os(PLUGINS_ENV) {
-            Some(list) => std::env::split_paths(&list)
-                .filter(|p| !p.as_os_str().is_empty())
-                .map(|p| self.load_plugin(&p))
-                .collect(),
-            None => Vec::new(),
-        }
     }
 }

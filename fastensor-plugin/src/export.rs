@@ -2,13 +2,19 @@
 //!
 //! Public only for the macro; plugin authors use the macro, never these items directly.
 
-use super::{mode_of_code, ErrorCode, FfiCapabilities, PluginV1, Status, ABI_VERSION, STATUS_OK};
-use crate::{Availability, Backend, BackendFile, Error, ErrorKind, Result, SharedBackend};
+use crate::abi::{
+    mode_of_code, ErrorCode, FfiCapabilities, PluginV1, Status, ABI_VERSION, STATUS_OK,
+};
+use fastensor_core::{Availability, Backend, BackendFile, Error, ErrorKind, Result};
 use std::cell::RefCell;
 use std::ffi::c_void;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::PathBuf;
 use std::sync::Arc;
+
+/// The backend type the macro's constructor returns (re-exported so that the expansion
+/// names only this crate).
+pub use fastensor_core::SharedBackend;
 
 /// Makes the backend a plugin exports; implemented by [`export_plugin!`](crate::export_plugin).
 pub trait Constructor {
@@ -380,7 +386,7 @@ unsafe extern "C" fn last_error(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{Capabilities, OpenMode};
+    use fastensor_core::{Capabilities, OpenMode};
     use std::path::Path;
 
     /// A backend whose `open` panics and whose probe says no.

@@ -1,92 +1,9 @@
-//! Backends from outside this workspace: the versioned C ABI of dynamic plugins.
-//!
-//! There are two ways to add a backend that fastensor does not ship:
-//!
-//! * **Compiled in**: a crate implements [`Backend`](crate::Backend) and registers it with
-//!   [`register_backend!`](crate::register_backend). Once the crate is linked into the
-//!   program, [`Registry::compiled_in`](crate::Registry::compiled_in) lists it with
-//!   [`Origin::CompiledInPlugin`](crate::Origin::CompiledInPlugin).
-//! * **Dynamic**: a `cdylib` crate turns its backend into a plugin with
-//!   [`export_plugin!`](crate::export_plugin), and a program loads the library at run time
-//!   with `Registry::load_plugin` or from the `FASTENSOR_PLUGINS` variable (colon-separated
-//!   paths) with `Registry::load_env_plugins` (both need the `plugins` cargo feature of
-//!   `fastensor-core`, which pulls in `libloading`). The backend is listed with
-//!   [`Origin::DynamicPlugin`](crate::Origin::DynamicPlugin).
-//!
-//! # The ABI (version [`ABI_VERSION`])
-//!
-//! A plugin library exports one symbol, [`ENTRY_SYMBOL`] (`fastensor_plugin`), an
-//! `extern "C" fn() -> *const PluginV1`. The returned table lives as long as the library; its
-//! first two fields, `abi_version` and `struct_size` (the [`PluginHeader`]), never change
-//! place, so a host can refuse a plugin built for another version before it reads anything
-//! else. Every other field is an `extern "C"` function:
-//!
-//! * `create` makes one backend instance (an opaque pointer), `destroy` frees it;
-//! * `name`, `probe` and `capabilities` describe the instance;
-//! * `open` makes an opaque file handle; `read_at`, `write_at`, `sync`, `len` and `set_len`
-//!   act on it; `close` frees it;
-//! * `last_error` copies the message, [error kind code](ErrorCode) and OS error code of the
-//!   last call that failed on the calling thread.
-//!
-//! Every function but `destroy`, `close` and `last_error` returns a status: `0` for success,
-//! otherwise an [`ErrorCode`]; the details are then fetched with `last_error` on the same
-//! thread, before any other call. Memory is freed on the side that allocated it: the plugin
-//! frees its instances and handles in `destroy` and `close`, strings it hands out stay owned
-//! by it (the host copies them at once), and the host passes its own buffers for data and
-//! messages. Only host memory crosses the boundary: the host refuses device memory with
-//! [`ErrorKind::Unsupported`] before calling the plugin. No
-//! panic crosses it either: every exported function runs under `catch_unwind` and turns a
-//! panic into an error. Instances and handles must be usable from several threads at once,
-//! as the [`Backend`](crate::Backend) and [`BackendFile`](crate::BackendFile) traits require.
-//!
-//! The host keeps the library loaded while any backend or file handle from it lives.
+//! The ABI's types: the entry point, the function table of version 1, and the wire forms of
+//! statuses, error kinds, open modes and capabilities. See the [crate documentation](crate)
+//! for the rules every function follows.
 
-use crate::{Capabilities, Error, ErrorKind, OpenMode};
+use fastensor_core::{Capabilities, Error, ErrorKind, OpenMode};
 use std::ffi::c_void;
-
-#[doc(hidden)]
-pub mod export;
-#[cfg(feature = "plugins")]
-mod load;
-
-#[cfg(feature = "plugins")]
-pub use load::{DynamicBackend, PLUGINS_ENV};
-
-/// Turns a [`Backend`](crate::Backend) into a dynamic plugin: exports the
-/// [`ENTRY_SYMBOL`] function of the plugin ABI from a `cdylib` crate.
-///
-/// The argument is an expression that makes one backend value; it is evaluated each time a
-/// host loads the plugin (once per `Registry::load_plugin`). Use it once per library, at the
-/// crate root:
-///
-/// ```ignore
-/// // Cargo.toml: [lib] crate-type = ["cdylib", "rlib"]
-/// fastensor_core::export_plugin!(MyBackend::default());
-/// ```
-///
-/// Every exported function catches panics, and errors keep their [`ErrorKind`] across the
-/// boundary.
-#[macro_export]
-macro_rules! export_plugin {
-    ($create:expr) => {
-        #[doc(hidden)]
-        struct __FastensorPluginConstructor;
-
-        impl $crate::plugin::export::Constructor for __FastensorPluginConstructor {
-            fn construct() -> $crate::SharedBackend {
-                $crate::plugin::export::shared($create)
-            }
-        }
-
-        /// The fastensor plugin entry point: returns this library's function table.
-        #[no_mangle]
-        pub extern "C" fn fastensor_plugin() -> *const $crate::plugin::PluginV1 {
-            static TABLE: $crate::plugin::PluginV1 =
-                $crate::plugin::export::table::<__FastensorPluginConstructor>();
-            &TABLE
-        }
-    };
-}
 
 /// The ABI version this build of fastensor speaks. A plugin with another version is refused
 /// with [`ErrorKind::Unsupported`].
@@ -153,7 +70,9 @@ pub enum ErrorCode {
 }
 
 impl ErrorCode {
-    /// The code of an error kind.
+    /// The code of an error kind. `ErrorKind` is `#[non_exhaustive]`: a kind added to
+    /// `fastensor-core` without a code here crosses the boundary as [`ErrorCode::Other`]
+    /// (give it a new code, keeping the old ones, when adding it).
     pub fn from_kind(kind: ErrorKind) -> Self {
         match kind {
             ErrorKind::NotFound => ErrorCode::NotFound,
@@ -170,6 +89,7 @@ impl ErrorCode {
             ErrorKind::Device => ErrorCode::Device,
             ErrorKind::Io => ErrorCode::Io,
             ErrorKind::Other => ErrorCode::Other,
+            _ => ErrorCode::Other,
         }
     }
 
@@ -202,13 +122,13 @@ impl ErrorCode {
 
 /// [`OpenMode`] on the wire.
 pub mod open_mode {
-    /// [`OpenMode::Read`](crate::OpenMode::Read).
+    /// [`OpenMode::Read`](fastensor_core::OpenMode::Read).
     pub const READ: u32 = 0;
-    /// [`OpenMode::ReadWrite`](crate::OpenMode::ReadWrite).
+    /// [`OpenMode::ReadWrite`](fastensor_core::OpenMode::ReadWrite).
     pub const READ_WRITE: u32 = 1;
-    /// [`OpenMode::Create`](crate::OpenMode::Create).
+    /// [`OpenMode::Create`](fastensor_core::OpenMode::Create).
     pub const CREATE: u32 = 2;
-    /// [`OpenMode::Truncate`](crate::OpenMode::Truncate).
+    /// [`OpenMode::Truncate`](fastensor_core::OpenMode::Truncate).
     pub const TRUNCATE: u32 = 3;
 }
 
@@ -306,7 +226,7 @@ impl From<&FfiCapabilities> for Capabilities {
 /// The function table of ABI version 1, returned by the [`ENTRY_SYMBOL`] function.
 ///
 /// Pointers named `backend` are instances made by `create`; pointers named `file` are handles
-/// made by `open`. See the [module documentation](self) for the rules every function follows.
+/// made by `open`. See the [crate documentation](crate) for the rules every function follows.
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct PluginV1 {
