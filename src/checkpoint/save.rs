@@ -11,7 +11,7 @@ use crate::{BackendFile, Error, ErrorKind, HostBuffer, MemRef, OpenMode, Result,
 use std::collections::BTreeMap;
 use std::ops::Range;
 use std::path::Path;
-use std::sync::Mutex;
+use std::sync::mpsc;
 
 /// Bytes of the data section written by one job (a multiple of [`DATA_ALIGN`]).
 const WINDOW: u64 = 16 << 20;
@@ -401,7 +401,10 @@ fn jobs<'a>(data_start: u64, tensors: &dyn Tensors<'a>, offsets: &[Range<u64>]) 
     jobs
 }
 
-/// Writes the data section of `tensors`, laid out at `offsets`, from `data_start`.
+/// Writes the data section of `tensors`, laid out at `offsets`, from `data_start`: the jobs
+/// go out in file order, one at a time (see [`SAVE_JOBS_IN_FLIGHT`]), while a second thread
+/// copies the next staged job's pieces into a spare buffer, so that a save of memory that
+/// cannot be written in place costs its writes, not its writes plus its copies.
 fn write_data(
     file: &dyn BackendFile,
     data_start: u64,
@@ -409,27 +412,88 @@ fn write_data(
     offsets: &[Range<u64>],
 ) -> Result<()> {
     let jobs = jobs(data_start, tensors, offsets);
-    let pool: Mutex<Vec<HostBuffer>> = Mutex::new(Vec::new());
-    parallel::for_each(jobs, SAVE_JOBS_IN_FLIGHT, |job| match job {
-        Job::Direct { offset, src } => file.write_at(offset, src),
-        Job::Staged {
-            offset,
-            len,
-            pieces,
-        } => {
-            let taken = pool.lock().unwrap_or_else(|p| p.into_inner()).pop();
-            let mut buf = match taken {
-                Some(b) => b,
-                None => HostBuffer::new(WINDOW as usize)?,
-            };
-            let mut at = 0;
-            for p in pieces {
-                buf[at..at + p.len()].copy_from_slice(p);
-                at += p.len();
+    if !jobs.iter().any(|j| matches!(j, Job::Staged { .. })) {
+        return parallel::for_each(jobs, SAVE_JOBS_IN_FLIGHT, |job| match job {
+            Job::Direct { offset, src } => file.write_at(offset, src),
+            Job::Staged { .. } => unreachable!("no staged job"),
+        });
+    }
+    let (ready_tx, ready_rx) = mpsc::sync_channel::<Result<Ready<'_>>>(1);
+    let (spare_tx, spare_rx) = mpsc::channel::<HostBuffer>();
+    std::thread::scope(|scope| {
+        scope.spawn(move || stage(jobs, &ready_tx, &spare_rx));
+        // Owns the receiving end and the spare buffers' sender, so that an early return
+        // (a failed write) stops the copier before the scope waits for it.
+        let write = move || -> Result<()> {
+            for ready in ready_rx {
+                match ready? {
+                    Ready::Direct { offset, src } => file.write_at(offset, src)?,
+                    Ready::Staged { offset, len, buf } => {
+                        file.write_at(offset, MemRef::Host(&buf[..len]))?;
+                        let _ = spare_tx.send(buf);
+                    }
+                }
             }
-            let res = file.write_at(offset, MemRef::Host(&buf[..len]));
-            pool.lock().unwrap_or_else(|p| p.into_inner()).push(buf);
-            res
-        }
+            Ok(())
+        };
+        write()
     })
+}
+
+/// A job ready to be written: staged ones copied into their buffer.
+enum Ready<'a> {
+    /// Written straight from the caller's memory.
+    Direct { offset: u64, src: MemRef<'a> },
+    /// `buf[..len]` goes to `offset`.
+    Staged {
+        offset: u64,
+        len: usize,
+        buf: HostBuffer,
+    },
+}
+
+/// Staging buffers of a save: one being written, one being filled.
+const STAGING_BUFFERS: usize = 2;
+
+/// The copier of [`write_data`]: hands the jobs on in order, staged ones copied into a
+/// buffer (new ones up to [`STAGING_BUFFERS`], then those the writer gives back). Stops when
+/// the writer stops listening.
+fn stage<'a>(
+    jobs: Vec<Job<'a>>,
+    ready: &mpsc::SyncSender<Result<Ready<'a>>>,
+    spare: &mpsc::Receiver<HostBuffer>,
+) {
+    let mut made = 0;
+    for job in jobs {
+        let next = match job {
+            Job::Direct { offset, src } => Ok(Ready::Direct { offset, src }),
+            Job::Staged {
+                offset,
+                len,
+                pieces,
+            } => {
+                let buf = if made < STAGING_BUFFERS {
+                    made += 1;
+                    HostBuffer::new(WINDOW as usize)
+                } else {
+                    match spare.recv() {
+                        Ok(buf) => Ok(buf),
+                        Err(_) => return,
+                    }
+                };
+                buf.map(|mut buf| {
+                    let mut at = 0;
+                    for p in pieces {
+                        buf[at..at + p.len()].copy_from_slice(p);
+                        at += p.len();
+                    }
+                    Ready::Staged { offset, len, buf }
+                })
+            }
+        };
+        let failed = next.is_err();
+        if ready.send(next).is_err() || failed {
+            return;
+        }
+    }
 }
