@@ -8,11 +8,13 @@
 //!   `put` or `get` returns).
 //! - `get` returns a DLPack capsule over a page-aligned buffer the store read the bytes into
 //!   (prefetched, or read on demand); `torch.from_dlpack` makes it a tensor that owns the
-//!   buffer and frees it through the capsule's deleter. No byte is copied on either side.
+//!   buffer; the capsule's deleter gives it back to the store's [`Recycler`] (later reads of
+//!   the same length reuse memory already faulted in) or frees it. No byte is copied on
+//!   either side.
 
 use crate::engine::PyEngine;
 use crate::errors::IntoPy;
-use fastensor::offload::{ForeignBytes, Handle, OffloadConfig, OffloadStore, Payload};
+use fastensor::offload::{ForeignBytes, Handle, OffloadConfig, OffloadStore, Payload, Recycler};
 use fastensor::HostBuffer;
 use pyo3::exceptions::PyValueError;
 use pyo3::ffi;
@@ -169,8 +171,11 @@ impl PyOffloadStore {
     /// The tensor's bytes as a DLPack capsule (one-dimensional `uint8`, host memory) that
     /// owns them; waits (the GIL released) when they are not back yet.
     fn get(&self, py: Python<'_>, handle: &PyHandle) -> PyResult<Py<PyAny>> {
-        let buf = self.with(|s| handle.with(|h| py.detach(|| s.get(h)))?.py_err())?;
-        capsule(py, buf)
+        let (buf, recycler) = self.with(|s| {
+            let buf = handle.with(|h| py.detach(|| s.get(h)))?.py_err()?;
+            Ok((buf, s.recycler()))
+        })?;
+        capsule(py, buf, Some(recycler))
     }
 
     /// Starts reading these tensors back now, nearest first, as the budget allows.
@@ -276,20 +281,26 @@ struct Managed {
     shape: [i64; 1],
     strides: [i64; 1],
     buf: HostBuffer,
+    /// Where the buffer goes when the tensor is deleted (`None`: freed).
+    recycler: Option<Recycler>,
 }
 
 const DLTENSOR: &CStr = c"dltensor";
 const KDL_CPU: i32 = 1;
 const KDL_UINT: u8 = 1;
 
-/// The DLPack deleter: frees the `Managed` (and its buffer).
+/// The DLPack deleter: frees the `Managed`, giving its buffer back to its recycler.
 ///
 /// # Safety
 /// `p` must come from `capsule` and not be deleted before.
 unsafe extern "C" fn delete_managed(p: *mut DlManagedTensor) {
     if !p.is_null() {
         // SAFETY: the caller's contract: `p` is the `Box<Managed>` leaked by `capsule`.
-        drop(unsafe { Box::from_raw(p.cast::<Managed>()) });
+        let m = unsafe { Box::from_raw(p.cast::<Managed>()) };
+        let Managed { buf, recycler, .. } = *m;
+        if let Some(r) = recycler {
+            r.give(buf);
+        }
     }
 }
 
@@ -309,8 +320,13 @@ unsafe extern "C" fn capsule_destructor(cap: *mut ffi::PyObject) {
     }
 }
 
-/// `buf` as a DLPack capsule of a one-dimensional `uint8` host tensor that owns it.
-fn capsule(py: Python<'_>, mut buf: HostBuffer) -> PyResult<Py<PyAny>> {
+/// `buf` as a DLPack capsule of a one-dimensional `uint8` host tensor that owns it (given to
+/// `recycler`, if any, when the tensor is deleted).
+fn capsule(
+    py: Python<'_>,
+    mut buf: HostBuffer,
+    recycler: Option<Recycler>,
+) -> PyResult<Py<PyAny>> {
     let len = i64::try_from(buf.len()).map_err(|_| PyValueError::new_err("tensor too large"))?;
     let data = buf.as_mut_ptr().cast::<c_void>();
     let mut m = Box::new(Managed {
@@ -337,6 +353,7 @@ fn capsule(py: Python<'_>, mut buf: HostBuffer) -> PyResult<Py<PyAny>> {
         shape: [len],
         strides: [1],
         buf,
+        recycler,
     });
     // The box never moves: pointers into it stay valid until the deleter frees it.
     m.tensor.dl_tensor.shape = m.shape.as_mut_ptr();

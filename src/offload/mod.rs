@@ -38,6 +38,7 @@
 
 mod allocator;
 mod payload;
+mod recycle;
 mod schedule;
 mod state;
 mod store;
@@ -45,6 +46,7 @@ mod worker;
 
 pub use allocator::{round_up, Extent, ExtentAllocator, EXTENT_ALIGN};
 pub use payload::{ForeignBytes, Payload};
+pub use recycle::Recycler;
 pub use schedule::Schedule;
 pub use store::{Handle, OffloadStore};
 

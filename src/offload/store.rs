@@ -3,7 +3,7 @@
 use super::allocator::round_up;
 use super::payload::Payload;
 use super::state::{Data, Entry, Failure, Job, State};
-use super::{worker, OffloadConfig, OffloadStats};
+use super::{worker, OffloadConfig, OffloadStats, Recycler};
 use crate::{Engine, EngineFile};
 use fastensor_core::{Error, ErrorKind, HostBuffer, OpenMode, Purpose, Result};
 use std::fmt;
@@ -27,6 +27,8 @@ pub(crate) struct Shared {
     pub(crate) work: Condvar,
     /// Something finished or was freed (`put` and `get` wait on it).
     changed: Condvar,
+    /// Buffers that reads back go into (see [`OffloadStore::recycler`]).
+    pub(crate) recycler: Recycler,
 }
 
 impl Shared {
@@ -157,10 +159,11 @@ impl OffloadStore {
                 file,
                 path,
                 swap,
-                config,
+                config: config.clone(),
                 state: Mutex::new(State::default()),
                 work: Condvar::new(),
                 changed: Condvar::new(),
+                recycler: Recycler::new(config.budget),
             }),
             threads: Vec::new(),
         };
@@ -182,6 +185,13 @@ impl OffloadStore {
     /// has no name in its directory).
     pub fn path(&self) -> &Path {
         &self.shared.path
+    }
+
+    /// Where the buffers [`OffloadStore::get`] returns can be given back once their bytes
+    /// are no longer needed: later reads of the same length then reuse them (memory already
+    /// faulted in) instead of allocating, up to the budget's worth of spare buffers.
+    pub fn recycler(&self) -> Recycler {
+        self.shared.recycler.clone()
     }
 
     /// The settings.

@@ -66,7 +66,7 @@ fn run(shared: &Shared) {
 pub(crate) fn read(shared: &Shared, offset: u64, len: u64) -> Result<HostBuffer> {
     let n = usize::try_from(len)
         .map_err(|_| Error::new(ErrorKind::InvalidInput, "tensor too large for memory"))?;
-    let mut buf = HostBuffer::new(n)?;
+    let mut buf = shared.recycler.take(n)?;
     let got = shared.file.read_at(offset, &mut buf)?;
     if got != n {
         return Err(Error::new(
