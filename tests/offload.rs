@@ -127,6 +127,15 @@ fn real_disk_round_trip_leaves_no_name_for_the_swap_file() {
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
     drop(store);
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+    // Nothing went through the page cache, where it would hold the memory offload frees.
+    for u in engine.report().usage {
+        assert!(
+            !["posix", "mmap"].contains(&u.name.as_str()),
+            "{} moved {} bytes",
+            u.name,
+            u.bytes
+        );
+    }
 }
 
 #[test]

@@ -193,6 +193,28 @@ impl EngineFile {
             .clear();
     }
 
+    /// Keeps this file's transfers off the page cache: the backends that read or write
+    /// through it are set aside, where at least one backend left can both read and write
+    /// host memory. For a file whose bytes are written once and read back once (an offload
+    /// swap file): a cached copy would hold the very memory the file exists to free, and
+    /// cost a copy each way. Returns whether any backend was set aside.
+    pub(crate) fn bypass_page_cache(&self) -> bool {
+        let direct = |c: &super::Candidate| c.caps.bypasses_page_cache;
+        let both = |c: &super::Candidate| {
+            c.fits(Direction::Read, MemoryKind::Host) && c.fits(Direction::Write, MemoryKind::Host)
+        };
+        let candidates = &self.engine.candidates;
+        if !candidates.iter().any(|c| direct(c) && both(c)) {
+            return false;
+        }
+        let mut any = false;
+        for c in candidates.iter().filter(|c| !direct(c)) {
+            self.refuse(c.name());
+            any = true;
+        }
+        any
+    }
+
     fn refused(&self) -> std::sync::MutexGuard<'_, BTreeSet<String>> {
         self.refused.lock().unwrap_or_else(|p| p.into_inner())
     }

@@ -69,7 +69,9 @@ pub struct OffloadConfig {
     pub io_threads: usize,
     /// Bytes preallocated in the swap file at creation (it grows when needed).
     pub initial_capacity: u64,
-    /// Use this backend for the swap file instead of letting the engine choose.
+    /// Use this backend for the swap file instead of letting the engine choose. Without
+    /// it the engine chooses among the backends that bypass the page cache (where there is
+    /// one): a cached copy of the swap file would hold the memory offload frees.
     pub pin: Option<String>,
 }
 

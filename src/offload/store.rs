@@ -170,8 +170,13 @@ impl OffloadStore {
         // From here on, Drop stops the threads whatever fails.
         let s = &store.shared;
         s.file.set_purpose(Purpose::Offload);
-        if let Some(b) = &s.config.pin {
-            s.file.pin(Some(b))?;
+        // Written once and read back once: a page-cache copy would hold the memory offload
+        // frees (and cost a copy each way, with the page cache's faults).
+        match &s.config.pin {
+            Some(b) => s.file.pin(Some(b))?,
+            None => {
+                s.file.bypass_page_cache();
+            }
         }
         if s.config.initial_capacity > 0 {
             let mut st = s.lock();
