@@ -2,7 +2,7 @@
 (``torch.utils.checkpoint``), and ``fastensor.torch.offload`` at several budgets.
 
     python bench/offload.py [--dir DIR] [--blocks 48] [--width 64] [--tokens 2048]
-                            [--min-bytes 262144]
+                            [--min-bytes 262144] [--threads N]
                             [--rounds 3] [--budgets 10,20,40] [--cap-div 8]
                             [--sweep-widths 128,64,32,16,8] [--sweep-blocks 8]
 
@@ -181,6 +181,12 @@ def make_model(d: int, blocks: int) -> Model:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch's compute threads (default: torch's own, one per core)",
+    )
     ap.add_argument("--dir", default=None, help="swap directory (default: a temp dir)")
     ap.add_argument("--blocks", type=int, default=48)
     ap.add_argument("--width", type=int, default=64)
@@ -192,6 +198,8 @@ def main() -> None:
     ap.add_argument("--sweep-widths", default="128,64,32,16,8")
     ap.add_argument("--sweep-blocks", type=int, default=8)
     args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     # The malloc setting offload makes (freed blocks of 1 MiB or more go back to the system),
     # made first for every configuration alike.
     released = release_freed_memory(args.min_bytes)
