@@ -330,11 +330,7 @@ unsafe extern "C" fn capsule_destructor(cap: *mut ffi::PyObject) {
 
 /// `buf` as a DLPack capsule of a one-dimensional `uint8` host tensor that owns it (given to
 /// `recycler`, if any, when the tensor is deleted).
-fn capsule(
-    py: Python<'_>,
-    mut buf: HostBuffer,
-    recycler: Option<Recycler>,
-) -> PyResult<Py<PyAny>> {
+fn capsule(py: Python<'_>, mut buf: HostBuffer, recycler: Option<Recycler>) -> PyResult<Py<PyAny>> {
     let len = i64::try_from(buf.len()).map_err(|_| PyValueError::new_err("tensor too large"))?;
     let data = buf.as_mut_ptr().cast::<c_void>();
     let mut m = Box::new(Managed {
