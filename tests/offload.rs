@@ -326,3 +326,49 @@ fn foreign_memory_is_written_in_place_and_given_back_once_written() {
     assert_eq!((s.bytes_written, s.bytes_read), (300_000, 300_000));
     assert!(s.write_time > std::time::Duration::ZERO);
 }
+
+/// A backend that bypasses the page cache but opens no file (as `O_DIRECT` on a file system
+/// without it).
+struct NoDirect;
+
+impl fastensor::Backend for NoDirect {
+    fn name(&self) -> &str {
+        "no-direct"
+    }
+    fn capabilities(&self) -> fastensor::Capabilities {
+        fastensor::Capabilities {
+            bypasses_page_cache: true,
+            ..Default::default()
+        }
+    }
+    fn probe(&self) -> fastensor::core::Availability {
+        fastensor::core::Availability::Available
+    }
+    fn open(
+        &self,
+        path: &std::path::Path,
+        _mode: fastensor::OpenMode,
+    ) -> fastensor::Result<Box<dyn fastensor::BackendFile>> {
+        Err(
+            fastensor::Error::new(ErrorKind::Unsupported, "no O_DIRECT here (test)")
+                .with_path(path),
+        )
+    }
+}
+
+#[test]
+fn a_store_keeps_page_cache_backends_where_no_direct_one_opens_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = Engine::builder()
+        .registry(Registry::new())
+        .backend(Arc::new(NoDirect))
+        .backend(Arc::new(MemoryBackend::new()))
+        .build()
+        .unwrap();
+    let store = OffloadStore::new(&engine, OffloadConfig::new(dir.path(), 4 << 20)).unwrap();
+    let len = 2 << 20; // above the small threshold: written to the swap file
+    let h = store.put(tensor(7, len), "a").unwrap();
+    store.flush();
+    assert!(store.get(&h).unwrap()[..] == tensor(7, len)[..]);
+    assert!(store.stats().bytes_written >= len as u64);
+}

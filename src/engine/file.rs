@@ -195,16 +195,20 @@ impl EngineFile {
 
     /// Keeps this file's transfers off the page cache: the backends that read or write
     /// through it are set aside, where at least one backend left can both read and write
-    /// host memory. For a file whose bytes are written once and read back once (an offload
-    /// swap file): a cached copy would hold the very memory the file exists to free, and
-    /// cost a copy each way. Returns whether any backend was set aside.
+    /// host memory and opens this file (a file system without `O_DIRECT` keeps them all).
+    /// For a file whose bytes are written once and read back once (an offload swap file): a
+    /// cached copy would hold the very memory the file exists to free, and cost a copy each
+    /// way. Returns whether any backend was set aside.
     pub(crate) fn bypass_page_cache(&self) -> bool {
         let direct = |c: &super::Candidate| c.caps.bypasses_page_cache;
         let both = |c: &super::Candidate| {
             c.fits(Direction::Read, MemoryKind::Host) && c.fits(Direction::Write, MemoryKind::Host)
         };
         let candidates = &self.engine.candidates;
-        if !candidates.iter().any(|c| direct(c) && both(c)) {
+        let usable = (0..candidates.len())
+            .filter(|&i| direct(&candidates[i]) && both(&candidates[i]))
+            .any(|i| self.handle(i).is_ok());
+        if !usable {
             return false;
         }
         let mut any = false;
