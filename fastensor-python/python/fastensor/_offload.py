@@ -17,16 +17,20 @@ Who owns what:
   waits (with the GIL released) while the budget is full.
 - On unpack, the bytes come back in a page-aligned buffer the store read them into (ahead
   of time when prefetched); ``torch.from_dlpack`` turns it into a tensor that owns the
-  buffer, freed with that tensor. The saved tensor is rebuilt as a view of it with its
+  buffer. When that tensor is freed the buffer goes back to the store, which reuses it for
+  a later read of the same length (memory already faulted in; at most ``budget_bytes`` of
+  spare buffers are kept). The saved tensor is rebuilt as a view of it with its
   dtype, shape, strides and storage offset, so views of one storage share one write and
   one read.
 - CUDA tensors are copied to pinned host memory first (the copy is offloaded; the device
   memory is freed with the tensor) and copied back to their device on unpack.
 
-The swap file lives as long as the block runs or any graph built inside it still holds an
-offloaded tensor, and its space is freed when the last one is (after backward, or when a
-graph is dropped without one). It has no name in the directory (``O_TMPFILE``, else
-unlinked once open), so no crash or kill can leave it behind.
+The swap file is read and written around the page cache (where a backend that does so can
+open it): a cached copy would hold the very memory offload frees. It lives as long as the
+block runs or any graph built inside it still holds an offloaded tensor, and its space is
+freed when the last one is (after backward, or when a graph is dropped without one). It has
+no name in the directory (``O_TMPFILE``, else unlinked once open), so no crash or kill can
+leave it behind.
 """
 
 from __future__ import annotations
