@@ -137,6 +137,22 @@ def test_a_new_save_removes_the_old_data_files(tmp_path):
     assert torch.equal(back["w"], torch.full((4,), 2.0))
 
 
+def test_a_save_without_rank_coordination_is_refused_and_writes_nothing(tmp_path):
+    dcp.save({"w": torch.ones(4)}, storage_writer=Writer(tmp_path))
+    before = sorted(os.listdir(tmp_path))
+    with pytest.raises(ValueError, match="use_collectives"):
+        dcp.save(
+            {"w": torch.zeros(4)},
+            storage_writer=Writer(tmp_path),
+            no_dist=True,
+            use_collectives=False,
+        )
+    assert sorted(os.listdir(tmp_path)) == before
+    back = {"w": torch.zeros(4)}
+    dcp.load(back, storage_reader=Reader(tmp_path))
+    assert torch.equal(back["w"], torch.ones(4))
+
+
 def test_reader_names_a_filesystemwriter_checkpoint(tmp_path):
     dcp.save({"w": torch.ones(4)}, storage_writer=dcp.FileSystemWriter(str(tmp_path)))
     with pytest.raises(FileNotFoundError, match="FileSystemReader"):

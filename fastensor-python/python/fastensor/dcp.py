@@ -142,7 +142,15 @@ class Writer(StorageWriter, BlockingAsyncStager):
         self.save_id = uuid.uuid4().hex
 
     def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
-        """Learns this rank's role."""
+        """Learns this rank's role. Refuses a save without rank coordination
+        (``use_collectives=False``): every rank would then write the checkpoint's metadata
+        alone, naming only its own items, and remove the other ranks' data files."""
+        if kwargs.get("use_collectives", True) is False:
+            raise ValueError(
+                f"fastensor.dcp.Writer({self.path!r}): dcp.save(use_collectives=False) is not "
+                "supported: the checkpoint's metadata is written once, by the coordinator, "
+                "from every rank's results; save with use_collectives=True (the default)"
+            )
         self.is_coordinator = is_coordinator
         self.rank = kwargs.get("rank")
 
