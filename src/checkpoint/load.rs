@@ -52,6 +52,27 @@ pub struct Checkpoint {
 }
 
 impl Checkpoint {
+    /// A checkpoint of `entries` (descriptor and range of `arena`) read from `path`; a name
+    /// given twice is [`ErrorKind::Corrupt`].
+    pub(crate) fn from_parts(
+        path: &Path,
+        arena: Arena,
+        mut entries: Vec<(TensorDesc, Range<usize>)>,
+        metadata: BTreeMap<String, String>,
+    ) -> Result<Checkpoint> {
+        entries.shrink_to_fit();
+        let by_name = validate::by_name(&entries, |(d, _)| &d.name).map_err(|name| {
+            Error::new(ErrorKind::Corrupt, format!("tensor `{name}` appears twice")).with_path(path)
+        })?;
+        Ok(Checkpoint {
+            path: path.to_path_buf(),
+            arena,
+            entries,
+            by_name,
+            metadata,
+        })
+    }
+
     /// The tensor called `name`: its descriptor and bytes (a view into the arena).
     pub fn tensor(&self, name: &str) -> Option<(&TensorDesc, &[u8])> {
         lookup(&self.by_name, name, |i| &self.entries[i].0.name).map(|i| {
@@ -320,16 +341,7 @@ fn read_spans(
         let start = (arena_off + r.start - from) as usize;
         entries.push((e.desc, start..start + (r.end - r.start) as usize));
     }
-    entries.shrink_to_fit();
-    let by_name = validate::by_name(&entries, |(d, _)| &d.name)
-        .map_err(|name| Error::new(ErrorKind::Corrupt, format!("tensor `{name}` appears twice")))?;
-    Ok(Checkpoint {
-        path: path.to_path_buf(),
-        arena,
-        entries,
-        by_name,
-        metadata,
-    })
+    Checkpoint::from_parts(path, arena, entries, metadata)
 }
 
 /// Loads tensors straight into the caller's buffers: each `(name, destination)` pair is

@@ -3,11 +3,10 @@
 use super::index::{corrupt, read_index, ShardedIndex};
 use crate::checkpoint::header::{Header, HeaderEntry};
 use crate::checkpoint::load::read_header;
-use crate::checkpoint::save::TensorView;
-use crate::checkpoint::{Arena, FileOpener, IO_THREADS};
+use crate::checkpoint::{Arena, Checkpoint, FileOpener, IO_THREADS};
 use crate::core::align::align_down;
 use crate::core::parallel;
-use crate::{BackendFile, Error, ErrorKind, HostBuffer, MemMut, OpenMode, Result, TensorDesc};
+use crate::{BackendFile, Error, ErrorKind, HostBuffer, MemMut, OpenMode, Result};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::ops::Range;
 use std::path::{Path, PathBuf};
@@ -308,58 +307,23 @@ pub fn read_ranges<O: FileOpener + ?Sized>(
 #[derive(Debug)]
 pub struct ShardedCheckpoint {
     index: ShardedIndex,
-    arena: Arena,
-    entries: Vec<(TensorDesc, Range<usize>)>,
-    by_name: HashMap<String, usize>,
-    metadata: BTreeMap<String, String>,
+    tensors: Checkpoint,
 }
 
 impl ShardedCheckpoint {
-    /// The tensor called `name`: its descriptor and bytes.
-    pub fn tensor(&self, name: &str) -> Option<(&TensorDesc, &[u8])> {
-        self.by_name.get(name).map(|&i| {
-            let (d, r) = &self.entries[i];
-            (d, &self.arena[r.clone()])
-        })
-    }
-
-    /// Every loaded tensor, shard by shard in file order.
-    pub fn iter(&self) -> impl Iterator<Item = (&TensorDesc, &[u8])> + '_ {
-        self.entries
-            .iter()
-            .map(|(d, r)| (d, &self.arena[r.clone()]))
-    }
-
-    /// The loaded tensors as views, ready to save again.
-    pub fn views(&self) -> Vec<TensorView<'_>> {
-        self.iter()
-            .map(|(d, b)| TensorView::new(d.clone(), b))
-            .collect()
-    }
-
-    /// Number of loaded tensors.
-    pub fn len(&self) -> usize {
-        self.entries.len()
-    }
-
-    /// True when no tensor was loaded.
-    pub fn is_empty(&self) -> bool {
-        self.entries.is_empty()
-    }
-
-    /// The first shard's `__metadata__`.
-    pub fn metadata(&self) -> &BTreeMap<String, String> {
-        &self.metadata
-    }
-
     /// The index the checkpoint came from.
     pub fn index(&self) -> &ShardedIndex {
         &self.index
     }
+}
 
-    /// Total bytes of the loaded tensors.
-    pub fn data_bytes(&self) -> u64 {
-        self.entries.iter().map(|(_, r)| r.len() as u64).sum()
+/// The loaded tensors, as a single file's [`Checkpoint`] holds them (its path is the index,
+/// its metadata the first shard's).
+impl std::ops::Deref for ShardedCheckpoint {
+    type Target = Checkpoint;
+
+    fn deref(&self) -> &Checkpoint {
+        &self.tensors
     }
 }
 
@@ -442,20 +406,18 @@ pub(super) fn load_chosen(
         }
         file.read_into(targets)?;
     }
-    let mut entries = Vec::with_capacity(chosen.len());
-    let mut by_name = HashMap::with_capacity(chosen.len());
-    for ((_, e, r), &place) in chosen.iter().zip(&places) {
-        by_name.insert(e.desc.name.clone(), entries.len());
-        let start = place as usize;
-        entries.push((e.desc.clone(), start..start + (r.end - r.start) as usize));
-    }
-    let metadata = file.metadata();
+    let entries = chosen
+        .iter()
+        .zip(&places)
+        .map(|((_, e, r), &place)| {
+            let start = place as usize;
+            (e.desc.clone(), start..start + (r.end - r.start) as usize)
+        })
+        .collect();
+    let tensors = Checkpoint::from_parts(&file.index.path, arena, entries, file.metadata())?;
     Ok(ShardedCheckpoint {
         index: file.index,
-        arena,
-        entries,
-        by_name,
-        metadata,
+        tensors,
     })
 }
 
