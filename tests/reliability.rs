@@ -279,32 +279,6 @@ fn a_profile_save_on_a_full_disk_keeps_the_old_file_and_says_so() {
     assert_eq!(names_in(fs.0.path()), ["profile.toml"]);
 }
 
-/// A legal safetensors file whose JSON header is about `mb` MB of one-byte tensors with
-/// 64-dimension shapes; returns the header's length.
-fn hostile_header(path: &Path, mb: f64) -> u64 {
-    use std::io::Write;
-    let shape = vec!["1"; 64].join(",");
-    let mut json = String::from("{");
-    let mut n = 0u64;
-    while json.len() < (mb * 1e6) as usize {
-        if n > 0 {
-            json.push(',');
-        }
-        json.push_str(&format!(
-            "\"t{n}\":{{\"dtype\":\"U8\",\"shape\":[{shape}],\"data_offsets\":[{n},{}]}}",
-            n + 1
-        ));
-        n += 1;
-    }
-    json.push('}');
-    let mut f = std::io::BufWriter::new(std::fs::File::create(path).unwrap());
-    f.write_all(&(json.len() as u64).to_le_bytes()).unwrap();
-    f.write_all(json.as_bytes()).unwrap();
-    f.write_all(&vec![1u8; n as usize]).unwrap();
-    f.flush().unwrap();
-    json.len() as u64
-}
-
 /// Peak RSS of this process so far (`VmHWM`), in MB.
 fn peak_rss_mb() -> f64 {
     let status = std::fs::read_to_string("/proc/self/status").unwrap();
@@ -331,7 +305,7 @@ fn a_load_of_a_hostile_header_stays_within_4x_its_size() {
     }
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("hostile.safetensors");
-    let header_mb = hostile_header(&path, 12.0) as f64 / 1e6;
+    let header_mb = fastensor_testkit::data::hostile_header(&path, 12.0, 64) as f64 / 1e6;
     let out = Command::new(std::env::current_exe().unwrap())
         .args([
             "--exact",

@@ -1,39 +1,11 @@
 //! Peak memory of `ckpt inspect` and `ckpt copy` on hostile but legal headers: at most 4 times
 //! the header's length plus a constant, measured as the child process's peak RSS.
 
-use std::io::Write;
-use std::path::Path;
+use fastensor_testkit::data::hostile_header;
 use std::process::Command;
 
 /// The constant of the bound: the process itself, the copy's staging buffers.
 const CONSTANT_MB: f64 = 40.0;
-
-/// A legal safetensors file whose JSON header is about `mb` MB: tensors of one byte each,
-/// of `rank` dimensions of 1 (`[1,1,...]`), named `t0`, `t1`, ...
-fn hostile(path: &Path, mb: f64, rank: usize) -> u64 {
-    let target = (mb * 1e6) as usize;
-    let shape = vec!["1"; rank].join(",");
-    let mut json = String::with_capacity(target + 256);
-    json.push('{');
-    let mut n = 0u64;
-    while json.len() < target {
-        if n > 0 {
-            json.push(',');
-        }
-        json.push_str(&format!(
-            "\"t{n}\":{{\"dtype\":\"U8\",\"shape\":[{shape}],\"data_offsets\":[{n},{}]}}",
-            n + 1
-        ));
-        n += 1;
-    }
-    json.push('}');
-    let mut f = std::io::BufWriter::new(std::fs::File::create(path).unwrap());
-    f.write_all(&(json.len() as u64).to_le_bytes()).unwrap();
-    f.write_all(json.as_bytes()).unwrap();
-    f.write_all(&vec![7u8; n as usize]).unwrap();
-    f.flush().unwrap();
-    json.len() as u64
-}
 
 /// Runs `fastensor args...`; returns its exit status's success and its peak RSS in MB.
 fn peak_rss_mb(args: &[&std::ffi::OsStr]) -> (bool, f64) {
@@ -63,7 +35,7 @@ fn inspect_and_copy_of_a_hostile_header_stay_within_4x_its_size() {
     for (rank, label) in [(64, "64-dim shapes"), (1, "tiny tensors")] {
         let src = dir.path().join(format!("h{rank}.safetensors"));
         let dst = dir.path().join(format!("c{rank}.safetensors"));
-        let header = hostile(&src, 12.0, rank);
+        let header = hostile_header(&src, 12.0, rank);
         let header_mb = header as f64 / 1e6;
         let bound = 4.0 * header_mb + CONSTANT_MB;
         let (ok, inspect) = peak_rss_mb(&["ckpt".as_ref(), "inspect".as_ref(), src.as_os_str()]);
@@ -92,7 +64,7 @@ fn inspect_and_copy_of_a_hostile_header_stay_within_4x_its_size() {
 fn a_shape_of_more_than_64_dimensions_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let src = dir.path().join("deep.safetensors");
-    hostile(&src, 0.001, 65);
+    hostile_header(&src, 0.001, 65);
     let out = Command::new(env!("CARGO_BIN_EXE_fastensor"))
         .args(["ckpt", "inspect"])
         .arg(&src)

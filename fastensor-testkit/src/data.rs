@@ -37,6 +37,35 @@ pub fn first_difference(a: &[u8], b: &[u8]) -> Option<usize> {
     )
 }
 
+/// Writes a legal safetensors file at `path` whose JSON header is about `mb` MB: one-byte
+/// `U8` tensors `t0`, `t1`, ... of `rank` dimensions of 1 (`[1,1,...]`), the kind of header
+/// a hostile file uses to make a reader spend memory. Returns the header's length.
+pub fn hostile_header(path: &std::path::Path, mb: f64, rank: usize) -> u64 {
+    use std::io::Write;
+    let target = (mb * 1e6) as usize;
+    let shape = vec!["1"; rank].join(",");
+    let mut json = String::with_capacity(target + 256);
+    json.push('{');
+    let mut n = 0u64;
+    while json.len() < target {
+        if n > 0 {
+            json.push(',');
+        }
+        json.push_str(&format!(
+            "\"t{n}\":{{\"dtype\":\"U8\",\"shape\":[{shape}],\"data_offsets\":[{n},{}]}}",
+            n + 1
+        ));
+        n += 1;
+    }
+    json.push('}');
+    let mut f = std::io::BufWriter::new(std::fs::File::create(path).unwrap());
+    f.write_all(&(json.len() as u64).to_le_bytes()).unwrap();
+    f.write_all(json.as_bytes()).unwrap();
+    f.write_all(&vec![7u8; n as usize]).unwrap();
+    f.flush().unwrap();
+    json.len() as u64
+}
+
 #[cfg(test)]
 mod tests {
     #[test]
