@@ -64,19 +64,9 @@ impl BackendFile for PosixFile {
         sys::pread_full(&self.file, buf, offset).map_err(|e| self.err(e, "read failed", offset))
     }
 
-    /// Asks for every request's bytes up front (see [`sys::will_need`]), then reads them one
-    /// after another: the device serves the batch's cold reads together.
+    /// See `read_batch_through_cache`: the batch's ranges are asked for up front.
     fn read_batch(&self, requests: &mut [ReadRequest<'_>]) -> Result<()> {
-        if requests.len() > 1 {
-            sys::will_need(
-                &self.file,
-                requests.iter().map(|r| (r.offset, r.dst.len() as u64)),
-            );
-        }
-        for req in requests.iter_mut() {
-            req.done = self.read_at(req.offset, req.dst.reborrow())?;
-        }
-        Ok(())
+        crate::read_batch_through_cache(self, &self.file, requests)
     }
 
     fn write_at(&self, offset: u64, src: MemRef<'_>) -> Result<()> {

@@ -24,6 +24,24 @@ fastensor_core::register_backend!(POSIX, || Arc::new(PosixBackend));
 fastensor_core::register_backend!(POSIX_DIRECT, || Arc::new(DirectBackend::default()));
 fastensor_core::register_backend!(MMAP, || Arc::new(MmapBackend));
 
+/// The `read_batch` of the backends that read through the page cache: asks for every
+/// request's bytes up front ([`sys::will_need`]), so the device serves the batch's cold
+/// reads together (and no mapping's page fault reads a readahead window around a small
+/// random read), then reads each request with `read_at`.
+fn read_batch_through_cache(
+    file: &dyn fastensor_core::BackendFile,
+    fd: &std::fs::File,
+    requests: &mut [fastensor_core::ReadRequest<'_>],
+) -> fastensor_core::Result<()> {
+    if requests.len() > 1 {
+        sys::will_need(fd, requests.iter().map(|r| (r.offset, r.dst.len() as u64)));
+    }
+    for req in requests.iter_mut() {
+        req.done = file.read_at(req.offset, req.dst.reborrow())?;
+    }
+    Ok(())
+}
+
 /// Makes sure this crate is linked, so its registrations are seen. The `fastensor` facade
 /// calls it; programs that use this crate directly may too.
 #[inline(never)]

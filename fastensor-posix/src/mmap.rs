@@ -160,20 +160,9 @@ impl BackendFile for MmapFile {
         Ok(self.copy_out(offset, &mut buf[..n]).unwrap_or(0))
     }
 
-    /// Asks for every request's bytes up front (see [`sys::will_need`]), then copies them out:
-    /// the device serves the batch's cold pages together, and no page fault reads a whole
-    /// readahead window around a small random read.
+    /// See `read_batch_through_cache`: the batch's ranges are asked for up front.
     fn read_batch(&self, requests: &mut [ReadRequest<'_>]) -> Result<()> {
-        if requests.len() > 1 {
-            sys::will_need(
-                &self.file,
-                requests.iter().map(|r| (r.offset, r.dst.len() as u64)),
-            );
-        }
-        for req in requests.iter_mut() {
-            req.done = self.read_at(req.offset, req.dst.reborrow())?;
-        }
-        Ok(())
+        crate::read_batch_through_cache(self, &self.file, requests)
     }
 
     fn write_at(&self, offset: u64, _src: MemRef<'_>) -> Result<()> {
