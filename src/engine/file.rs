@@ -24,11 +24,6 @@ use identity::{not_regular, replaced, FileId};
 
 type Handle = Arc<dyn BackendFile>;
 
-/// The readahead window assumed where the device's cannot be read (no sysfs, no backing
-/// device): the largest `read_ahead_kb` commonly set (some virtual disks'). A run longer than
-/// the true window only measures less often; a shorter one would miss its waits.
-const FALLBACK_WINDOW: u64 = 8 << 20;
-
 /// A file whose `read_at` / `write_at` choose a backend per transfer, time it (wall and CPU)
 /// and tell the selector. Backend handles are opened lazily and kept; all backends reach the
 /// same file through the kernel, so bytes written through one are read back through any
@@ -111,7 +106,7 @@ impl EngineFile {
             return Err(not_regular(kind).with_path(path));
         }
         let location = Arc::new(location_of(path));
-        let window = fastensor_sys::read_ahead_bytes(&location.device).unwrap_or(FALLBACK_WINDOW);
+        let window = engine.read_ahead_window(&location.device);
         let handles = vec![None; engine.candidates.len()];
         let mut file = EngineFile {
             engine,

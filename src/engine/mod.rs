@@ -175,6 +175,24 @@ pub(crate) struct Inner {
     /// Choices answered from a file's kept answers, and how many of them explorations
     /// (added to the selector's counters in [`Inner::stats`]).
     reused: [AtomicU64; 2],
+    /// The readahead window of each device seen (`major:minor` -> bytes), read from sysfs
+    /// once per device rather than at every file open.
+    windows: Mutex<BTreeMap<String, u64>>,
+}
+
+/// The readahead window assumed where the device's cannot be read (no sysfs, no backing
+/// device): the largest `read_ahead_kb` commonly set (some virtual disks'). A run longer than
+/// the true window only measures less often; a shorter one would miss its waits.
+const FALLBACK_WINDOW: u64 = 8 << 20;
+
+impl Inner {
+    /// The readahead window of the device `device` (see [`Inner::windows`]).
+    pub(crate) fn read_ahead_window(&self, device: &str) -> u64 {
+        let mut windows = self.windows.lock().unwrap_or_else(|p| p.into_inner());
+        *windows
+            .entry(device.to_string())
+            .or_insert_with(|| fastensor_sys::read_ahead_bytes(device).unwrap_or(FALLBACK_WINDOW))
+    }
 }
 
 /// The context of a plain host read of `bytes` in `cache` state (for the engine's tests).
@@ -640,6 +658,7 @@ impl EngineBuilder {
             reads: reread::ReadCounts::default(),
             epochs: Default::default(),
             reused: Default::default(),
+            windows: Mutex::new(BTreeMap::new()),
             selector: Mutex::new(selector),
             clock: self.clock.unwrap_or_else(|| Arc::new(SystemClock::new())),
             pinned: RwLock::new(None),
