@@ -6,7 +6,6 @@
 use super::header::{self, DATA_ALIGN};
 use super::{validate, FileOpener};
 use crate::atomic::AtomicFile;
-use crate::core::parallel;
 use crate::{BackendFile, Error, ErrorKind, HostBuffer, MemRef, OpenMode, Result, TensorDesc};
 use std::collections::BTreeMap;
 use std::ops::Range;
@@ -15,13 +14,6 @@ use std::sync::mpsc;
 
 /// Bytes of the data section written by one job (a multiple of [`DATA_ALIGN`]).
 const WINDOW: u64 = 16 << 20;
-
-/// Jobs written at once. One: the jobs go out in file order, each already split into parallel
-/// requests by the backend (`posix-direct`: 4 x 4 MiB). Measured on a virtio ext4 disk under
-/// sustained writes (1.35 GiB saves, 6 rounds, order rotated), one job at a time saved in a
-/// median 2.435 s against 2.681 s for four jobs at once: out-of-order windows cost more than
-/// the extra requests in flight win.
-const SAVE_JOBS_IN_FLIGHT: usize = 1;
 
 /// A piece of an aligned buffer at least this long is written in place, not staged.
 const DIRECT_MIN: u64 = 256 << 10;
@@ -402,7 +394,8 @@ fn jobs<'a>(data_start: u64, tensors: &dyn Tensors<'a>, offsets: &[Range<u64>]) 
 }
 
 /// Writes the data section of `tensors`, laid out at `offsets`, from `data_start`: the jobs
-/// go out in file order, one at a time (see [`SAVE_JOBS_IN_FLIGHT`]), while a second thread
+/// go out in file order, one at a time (each already split into parallel requests by the
+/// backend; four jobs at once measured slower, `docs/lab/performance.md`), while a second thread
 /// copies the next staged job's pieces into a spare buffer, so that a save of memory that
 /// cannot be written in place costs its writes, not its writes plus its copies.
 fn write_data(
@@ -413,10 +406,13 @@ fn write_data(
 ) -> Result<()> {
     let jobs = jobs(data_start, tensors, offsets);
     if !jobs.iter().any(|j| matches!(j, Job::Staged { .. })) {
-        return parallel::for_each(jobs, SAVE_JOBS_IN_FLIGHT, |job| match job {
-            Job::Direct { offset, src } => file.write_at(offset, src),
-            Job::Staged { .. } => unreachable!("no staged job"),
-        });
+        // Nothing to copy: no second thread.
+        for job in jobs {
+            if let Job::Direct { offset, src } = job {
+                file.write_at(offset, src)?;
+            }
+        }
+        return Ok(());
     }
     let (ready_tx, ready_rx) = mpsc::sync_channel::<Result<Ready<'_>>>(1);
     let (spare_tx, spare_rx) = mpsc::channel::<HostBuffer>();
