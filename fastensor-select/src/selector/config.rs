@@ -66,6 +66,11 @@ pub(crate) const SEVERE_DRIFT_COUNT: usize = 2;
 /// leader's: a switch of path is not free (a page-cache stream re-ramps its readahead).
 pub(crate) const SWITCH_MARGIN: f64 = 1.05;
 
+/// Under the time objective, candidates whose medians lie within this factor of the lowest
+/// are tied on time (the band within which the choice would not switch, [`SWITCH_MARGIN`]),
+/// and the one that costs the least CPU leads (see `KeyState::leader`).
+pub(crate) const CPU_TIE: f64 = SWITCH_MARGIN;
+
 /// Transfers of the choice before the first re-look at the dropped candidates; each later
 /// one waits twice as long, so looking stays a vanishing share of a long-lived context.
 pub(crate) const RELOOK_AFTER: u32 = 64;
