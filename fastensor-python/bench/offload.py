@@ -30,8 +30,9 @@ Per configuration:
 
 Then the largest batch that fits a memory cap, the peak RSS growth of a no-offload step at
 tokens/cap_div: each configuration's peak RSS per token at the base batch predicts its
-largest batch (offload's budget scaled with the batch), and a step at that batch checks it
-(5% smaller while over the cap).
+largest batch (offload's budget scaled with the batch); steps check it, bisecting between the
+cap's batch and the prediction while over the cap (at most 8 steps): the largest batch found
+within the cap is reported.
 
 Last, the stall sweep: the width shrinks at constant activation bytes (compute per byte
 falls with the width), at a budget of footprint/10.
@@ -56,6 +57,8 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 MIB = 1 << 20
+#: Steps the largest-batch search may take per configuration.
+SEARCH_STEPS = 8
 _libc = ctypes.CDLL("libc.so.6")
 
 
@@ -288,8 +291,8 @@ def main() -> None:
 
     # Largest batch within a memory cap: the no-offload step's peak RSS growth at
     # tokens/cap_div. Each configuration's peak RSS per token at the base batch predicts its
-    # largest batch (offload's budget scaled with the batch); a step at that batch checks it,
-    # stepping down 5% while over the cap.
+    # largest batch (offload's budget scaled with the batch); steps check it, bisecting
+    # between the cap's batch and the prediction while over the cap.
     cap_tokens = T // args.cap_div
     xc = torch.randn(cap_tokens, d)
     one_step(model, xc, None)
@@ -306,33 +309,50 @@ def main() -> None:
         "| checked max tokens | its peak RSS MiB | its time s | vs no offload |"
     )
     print("|---|---:|---:|---:|---:|---:|---:|")
+
+    def fits(name: str, m: Model, n: int) -> dict | None:
+        """A step at ``n`` tokens; its figures when its peak RSS growth is within the cap."""
+        kw = None
+        if name == big:
+            kw = {
+                "dir": sdir,
+                "budget_bytes": max(footprint * n // T // max(divs), 2 * MIB),
+                "min_bytes": args.min_bytes,
+            }
+        xb = torch.randn(n, d)
+        r = one_step(m, xb, kw)
+        del xb
+        return r if r["rss"] <= cap else None
+
     for name, m in (("no offload", model), ("checkpoint", ckpt_model), (big, model)):
         per_tok = med(name, "rss") / T
-        n = max(1, int(cap / per_tok))
+        predicted = max(1, int(cap / per_tok))
         if name == "no offload":
-            n = cap_tokens
-        checked = "-"
-        for _ in range(8):
-            kw = None
-            if name == big:
-                kw = {
-                    "dir": sdir,
-                    "budget_bytes": max(footprint * n // T // max(divs), 2 * MIB),
-                    "min_bytes": args.min_bytes,
-                }
-            xb = torch.randn(n, d)
-            r = one_step(m, xb, kw)
-            del xb
-            if r["rss"] <= cap * 1.0 or name == "no offload":
-                checked = n
-                break
-            n = int(n * 0.95)
-        if checked == "-":
-            print(f"| {name} | {per_tok * 1024 / MIB:.2f} | - | none within 8 tries | - | - | - |")
+            r = fits(name, m, cap_tokens) or one_step(m, torch.randn(cap_tokens, d), None)
+            best, best_r = cap_tokens, r
+        else:
+            # Bisection between the cap's own batch (fits: no offload's) and the prediction,
+            # one step per probe, SEARCH_STEPS probes (the prediction itself first).
+            best, best_r = None, None
+            lo, hi = cap_tokens, predicted
+            probe = predicted
+            for _ in range(SEARCH_STEPS):
+                r = fits(name, m, probe)
+                if r is not None:
+                    best, best_r, lo = probe, r, probe
+                    if probe == hi:
+                        break
+                else:
+                    hi = probe - 1
+                if hi <= lo:
+                    break
+                probe = (lo + hi + 1) // 2
+        if best is None:
+            print(f"| {name} | {per_tok * 1024 / MIB:.2f} | {predicted} | none found | - | - | - |")
             continue
         print(
-            f"| {name} | {per_tok * 1024 / MIB:.2f} | {int(cap / per_tok)} | {checked} "
-            f"| {r['rss'] / MIB:.1f} | {r['time']:.2f} | {checked / cap_tokens:.1f}x |"
+            f"| {name} | {per_tok * 1024 / MIB:.2f} | {predicted} | {best} "
+            f"| {best_r['rss'] / MIB:.1f} | {best_r['time']:.2f} | {best / cap_tokens:.1f}x |"
         )
 
     # The stall as compute shrinks: narrower blocks at the same activation bytes.
