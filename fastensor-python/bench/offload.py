@@ -4,7 +4,8 @@
     python bench/offload.py [--dir DIR] [--blocks 48] [--width 64] [--tokens 2048]
                             [--min-bytes 262144] [--threads N]
                             [--rounds 3] [--budgets 10,20,40] [--cap-div 8]
-                            [--sweep-widths 128,64,32,16,8] [--sweep-blocks 8]
+                            [--sweep-widths 1024,512,...,8] [--sweep-blocks 8]
+                            [--sweep-rounds 3]
 
 The model is a stack of pre-norm MLP blocks (LayerNorm, Linear d->4d, GELU, Linear 4d->d,
 residual), sized so its saved activations (about 40*d bytes a token a block) dominate
@@ -35,7 +36,12 @@ cap's batch and the prediction while over the cap (at most 8 steps): the largest
 within the cap is reported.
 
 Last, the stall sweep: the width shrinks at constant activation bytes (compute per byte
-falls with the width), at a budget of footprint/10.
+falls with the width), at a budget of a tenth of the activations; per width, a block's
+compute time (no offload's step over the blocks) against its I/O time (its offloaded bytes
+at the write and the read rate the store measured), the slowdown, and the waits.
+
+``compute/I/O`` in the first table is the same ratio for the whole step: no offload's step
+time over the offloaded bytes' write and read time.
 """
 
 from __future__ import annotations
@@ -198,7 +204,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--budgets", default="10,20,40", help="offload budgets: footprint/N")
     ap.add_argument("--cap-div", type=int, default=8, help="cap: no offload at tokens/N")
-    ap.add_argument("--sweep-widths", default="128,64,32,16,8")
+    ap.add_argument("--sweep-widths", default="1024,512,256,128,64,32,16,8")
+    ap.add_argument("--sweep-rounds", type=int, default=3)
     ap.add_argument("--sweep-blocks", type=int, default=8)
     args = ap.parse_args()
     if args.threads:
@@ -259,18 +266,21 @@ def main() -> None:
     print()
     print(
         "| configuration | budget MiB | act held MiB | footprint/held | peak RSS MiB "
-        "| time s | slowdown | CPU s | CPU ratio | stall s | pack wait s | write GB/s "
+        "| time s | slowdown | CPU s | CPU ratio | compute/I/O | stall s | pack wait s "
+        "| write GB/s "
         "| read GB/s |"
     )
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for name, _, off in configs:
         if off is None:
             held = footprint if name == "no offload" else ckpt_held
-            budget, extra = "-", "| - | - | - | - |"
+            budget, extra = "-", "| - | - | - | - | - |"
         else:
             held = med(name, "held")
             budget = f"{off['budget_bytes'] / MIB:.1f}"
+            io = med(name, "written") / 1e9 * (1 / med(name, "wgbps") + 1 / med(name, "rgbps"))
             extra = (
+                f"| {med('no offload', 'time') / io:.2f} "
                 f"| {med(name, 'stall'):.3f} | {med(name, 'wait'):.3f} "
                 f"| {med(name, 'wgbps'):.2f} | {med(name, 'rgbps'):.2f} |"
             )
@@ -358,36 +368,46 @@ def main() -> None:
             f"| {best_r['rss'] / MIB:.1f} | {best_r['time']:.2f} | {best / cap_tokens:.1f}x |"
         )
 
-    # The stall as compute shrinks: narrower blocks at the same activation bytes.
+    # The stall as compute shrinks: wider blocks do more compute per byte saved (a block's
+    # matmuls grow with width squared a token, its activations with the width), so at
+    # constant activation bytes the width sets compute against I/O.
     widths = [int(w) for w in args.sweep_widths.split(",") if w]
     Ls = args.sweep_blocks
     print()
     print(
-        f"## stall as compute per byte shrinks ({Ls} blocks, budget F/10, "
-        f"{footprint * Ls // L / MIB:.0f} MiB of activations each)"
+        f"## stall as compute per byte shrinks ({Ls} blocks, budget = activations/10, "
+        f"{args.sweep_rounds} interleaved rounds; compute/block = no offload's step time / "
+        "blocks, I/O/block = a block's offloaded bytes at the store's write and read rates)"
     )
     print(
-        "| width | tokens | no offload s | offload s | slowdown | CPU ratio | stall s "
-        "| pack wait s |"
+        "| width | tokens | act MiB | compute/block ms | I/O/block ms | compute/I/O "
+        "| no offload s | offload s | slowdown | CPU ratio | stall s | pack wait s |"
     )
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for w in widths:
         tokens = max(1, T * d // w)
         m = make_model(w, Ls)
         xs = torch.randn(tokens, w)
-        fp = saved_bytes(m, xs)
-        kw = {"dir": sdir, "budget_bytes": max(fp // 10, 2 * MIB), "min_bytes": args.min_bytes}
+        act = saved_bytes(m, xs) - param_storage_bytes(m)
+        kw = {"dir": sdir, "budget_bytes": max(act // 10, 2 * MIB), "min_bytes": args.min_bytes}
         one_step(m, xs, None)
         one_step(m, xs, kw)
-        rs = [(one_step(m, xs, None), one_step(m, xs, kw)) for _ in range(2)]
+        rs = [(one_step(m, xs, None), one_step(m, xs, kw)) for _ in range(args.sweep_rounds)]
         tn = statistics.median(a["time"] for a, _ in rs)
         to = statistics.median(b["time"] for _, b in rs)
         sl = statistics.median(b["time"] / a["time"] for a, b in rs)
         sc = statistics.median(b["cpu"] / a["cpu"] for a, b in rs)
         st = statistics.median(b["stall"] for _, b in rs)
         wt = statistics.median(b["wait"] for _, b in rs)
+        io = statistics.median(
+            b["written"] / 1e9 * (1 / b["wgbps"] + 1 / b["rgbps"])
+            for _, b in rs
+            if b["wgbps"] and b["rgbps"]
+        )
+        compute_ms, io_ms = tn / Ls * 1e3, io / Ls * 1e3
         print(
-            f"| {w} | {tokens} | {tn:.3f} | {to:.3f} | {sl:.3f}x | {sc:.3f}x "
+            f"| {w} | {tokens} | {act / MIB:.1f} | {compute_ms:.1f} | {io_ms:.1f} "
+            f"| {compute_ms / io_ms:.2f} | {tn:.3f} | {to:.3f} | {sl:.3f}x | {sc:.3f}x "
             f"| {st:.3f} | {wt:.3f} |"
         )
         del m, xs
