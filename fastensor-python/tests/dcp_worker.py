@@ -10,6 +10,9 @@ and ``MASTER_PORT`` set.
   checkpoint must hold the state at the call). Rank 0 keeps the full reference values.
 * ``load2`` (2 ranks), ``load1`` (1 rank): load both checkpoints resharded (DTensors on 2
   ranks, some on another dim; plain tensors on 1) and compare them bit for bit.
+* ``local`` (2 ranks): a coordinated save, then saves without rank coordination
+  (``use_collectives=False``) of states that differ by rank, into the same directory; each
+  rank loads back its own state, bit-exact, and the coordinated checkpoint is gone.
 """
 
 from __future__ import annotations
@@ -201,6 +204,33 @@ def scenario_load(d: Path, rank: int, world: int) -> None:
         print(f"rank {rank}: {name} loaded on {world} ranks, bit-exact")
 
 
+def scenario_local(d: Path, rank: int, world: int) -> None:
+    mesh = init_device_mesh("cpu", (world,))
+    model, opt = make_model(0)
+    train_step(model, opt, 1)
+    sd = make_state(model, opt, mesh, PLACEMENT_SAVE, fill=True)
+    dcp.save(sd, storage_writer=Writer(d / "local"))
+    dist.barrier()
+    # Each rank alone: its own training state, different from the other rank's.
+    train_step(model, opt, 10 + rank)
+    sd = make_state(model, opt, mesh, PLACEMENT_SAVE, fill=True)
+    sd["plain"]["mine"] = torch.full((3,), float(rank))
+    dcp.save(sd, storage_writer=Writer(d / "local"), use_collectives=False)
+    want = to_full({k: v for k, v in sd.items() if k != "sharded"})
+    want_local = {k: v.to_local().clone() for k, v in sd["sharded"].items()}
+    dist.barrier()
+    names = sorted(os.listdir(d / "local"))
+    assert METADATA_NAME not in names, names
+    assert f"{METADATA_NAME}.rank{rank}" in names, names
+    assert sum(n.endswith(".safetensors") for n in names) == world, names
+    back = make_state(*make_model(5), mesh, PLACEMENT_SAVE, fill=False)
+    back["plain"]["mine"] = torch.zeros(3)
+    dcp.load(back, storage_reader=Reader(d / "local"))
+    assert_same(to_full({k: v for k, v in back.items() if k != "sharded"}), want)
+    assert_same({k: v.to_local() for k, v in back["sharded"].items()}, want_local)
+    print(f"rank {rank}: its own state back, bit-exact")
+
+
 def run(scenario: str, directory: Path, rank: int, world: int) -> None:
     """Runs ``scenario`` as rank ``rank`` of ``world`` (``MASTER_ADDR``/``MASTER_PORT`` set)."""
     t0 = time.monotonic()
@@ -211,6 +241,8 @@ def run(scenario: str, directory: Path, rank: int, world: int) -> None:
             scenario_save(directory, rank, world)
         elif scenario in ("load2", "load1"):
             scenario_load(directory, rank, world)
+        elif scenario == "local":
+            scenario_local(directory, rank, world)
         else:
             raise SystemExit(f"unknown scenario {scenario}")
         dist.barrier()

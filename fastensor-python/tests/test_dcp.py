@@ -137,20 +137,29 @@ def test_a_new_save_removes_the_old_data_files(tmp_path):
     assert torch.equal(back["w"], torch.full((4,), 2.0))
 
 
-def test_a_save_without_rank_coordination_is_refused_and_writes_nothing(tmp_path):
+def test_a_save_without_rank_coordination_writes_its_own_metadata_and_loads(tmp_path):
     dcp.save({"w": torch.ones(4)}, storage_writer=Writer(tmp_path))
-    before = sorted(os.listdir(tmp_path))
-    with pytest.raises(ValueError, match="use_collectives"):
-        dcp.save(
-            {"w": torch.zeros(4)},
-            storage_writer=Writer(tmp_path),
-            no_dist=True,
-            use_collectives=False,
-        )
-    assert sorted(os.listdir(tmp_path)) == before
+    old_files = set(os.listdir(tmp_path))
+    dcp.save(
+        {"w": torch.full((4,), 2.0)},
+        storage_writer=Writer(tmp_path),
+        no_dist=True,
+        use_collectives=False,
+    )
+    names = set(os.listdir(tmp_path))
+    # Its own metadata; the coordinated save's metadata (which would be loaded instead)
+    # and data file are gone.
+    assert f"{METADATA_NAME}.rank0" in names
+    assert METADATA_NAME not in names
+    assert not (old_files & names)
     back = {"w": torch.zeros(4)}
+    dcp.load(back, storage_reader=Reader(tmp_path), no_dist=True)
+    assert torch.equal(back["w"], torch.full((4,), 2.0))
+    # A coordinated save afterwards supersedes the rank's own metadata.
+    dcp.save({"w": torch.full((4,), 3.0)}, storage_writer=Writer(tmp_path))
+    assert not any(n.startswith(f"{METADATA_NAME}.rank") for n in os.listdir(tmp_path))
     dcp.load(back, storage_reader=Reader(tmp_path))
-    assert torch.equal(back["w"], torch.ones(4))
+    assert torch.equal(back["w"], torch.full((4,), 3.0))
 
 
 def test_reader_names_a_filesystemwriter_checkpoint(tmp_path):
@@ -196,3 +205,7 @@ def test_load_resharded_on_2_ranks(saved_on_4):
 def test_load_resharded_on_1_rank(saved_on_4):
     out = run_world("load1", 1, saved_on_4, timeout=120)
     assert "bit-exact" in out[0]
+
+
+def test_saves_without_rank_coordination_load_back_rank_by_rank(tmp_path):
+    run_world("local", 2, tmp_path, timeout=120)

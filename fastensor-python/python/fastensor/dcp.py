@@ -22,6 +22,13 @@ Layout of a checkpoint directory:
   in the directory stays the one that loads (its data files are never overwritten: each
   save's files carry the save's id). Data files that the new metadata does not name (left by
   earlier or failed saves) are removed after it is written.
+* ``.fastensor_metadata.rank{N}``: rank ``N``'s own metadata, written instead by a save without
+  rank coordination (``dcp.save(..., use_collectives=False)``), where every rank plans and
+  finishes alone. Such a checkpoint loads rank by rank: ``dcp.load`` falls back to each
+  rank's own metadata when the directory holds no global one (torch's behaviour), so each
+  rank gets back what it saved. A rank's save removes the global metadata (which would
+  otherwise be loaded instead) and its own earlier data files, and no other rank's; a
+  coordinated save removes every rank's metadata it supersedes.
 
 Reads are ranged: each read item reads only the bytes of the slice it needs (rows of the
 saved chunk), straight into the destination tensor where that tensor is a contiguous CPU
@@ -74,6 +81,15 @@ METADATA_NAME = ".fastensor_metadata"
 
 _DATA_FILE = re.compile(r"__\d+_[0-9a-f]{32}\.safetensors")
 
+#: A rank's own metadata file (a save without rank coordination).
+_RANK_METADATA = re.compile(re.escape(METADATA_NAME) + r"\.rank\d+")
+
+
+def _rank_metadata_name(rank: int) -> str:
+    """The name of rank ``rank``'s own metadata file."""
+    return f"{METADATA_NAME}.rank{rank}"
+
+
 #: Bytes of temporary buffers (slices that cannot be read in place) gathered before their
 #: reads go out; bounds the extra memory of a resharding load.
 _PENDING_MAX = 256 << 20
@@ -91,6 +107,15 @@ class StorageInfo:
 def _write_atomic(path: str, data: bytes) -> None:
     """Writes ``data`` to ``path`` durably and atomically (fastensor's atomic save)."""
     _native.write_atomic(path, data)
+
+
+def _sync_dir(path: str) -> None:
+    """Makes the entries of directory ``path`` (names added or removed) durable."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _raw_bytes(t: torch.Tensor) -> torch.Tensor:
@@ -130,6 +155,7 @@ class Writer(StorageWriter, BlockingAsyncStager):
         self.save_id = uuid.uuid4().hex
         self.rank: int | None = None
         self.is_coordinator = False
+        self.use_collectives = True
         self._cache_staged = cache_staged_state_dict
         self._staged: dict[str, Any] | None = None
 
@@ -142,25 +168,25 @@ class Writer(StorageWriter, BlockingAsyncStager):
         self.save_id = uuid.uuid4().hex
 
     def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
-        """Learns this rank's role. Refuses a save without rank coordination
-        (``use_collectives=False``): every rank would then write the checkpoint's metadata
-        alone, naming only its own items, and remove the other ranks' data files."""
-        if kwargs.get("use_collectives", True) is False:
-            raise ValueError(
-                f"fastensor.dcp.Writer({self.path!r}): dcp.save(use_collectives=False) is not "
-                "supported: the checkpoint's metadata is written once, by the coordinator, "
-                "from every rank's results; save with use_collectives=True (the default)"
-            )
+        """Learns this rank's role, and whether the ranks coordinate (``use_collectives``):
+        without, every rank writes its own metadata (see the module's documentation)."""
         self.is_coordinator = is_coordinator
         self.rank = kwargs.get("rank")
+        self.use_collectives = kwargs.get("use_collectives", True) is not False
 
     def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
-        """Creates the directory; the plan is kept as is."""
+        """Creates the directory; without rank coordination, names this rank's data file
+        (each rank then plans alone)."""
         os.makedirs(self.path, exist_ok=True)
+        if not self.use_collectives:
+            plan = dataclasses.replace(plan, storage_data=f"__{self.rank or 0}_{self.save_id}")
         return plan
 
     def prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:
-        """Names each rank's data file after the rank and this save's id."""
+        """Names each rank's data file after the rank and this save's id (named already
+        without rank coordination)."""
+        if not self.use_collectives:
+            return plans
         return [
             dataclasses.replace(p, storage_data=f"__{i}_{self.save_id}")
             for i, p in enumerate(plans)
@@ -210,20 +236,43 @@ class Writer(StorageWriter, BlockingAsyncStager):
         return fut
 
     def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
-        """Writes the metadata (the coordinator, once every rank's data is durable),
-        atomically, then removes data files it does not name."""
+        """Writes the metadata (the coordinator, once every rank's data is durable; without
+        rank coordination, each rank its own), atomically, then removes what it supersedes:
+        data files it does not name (of every rank, or of this rank alone) and metadata
+        that would be loaded instead or names removed files."""
         storage: dict[MetadataIndex, StorageInfo] = {}
         for rank_results in results:
             for wr in rank_results:
                 storage[wr.index] = wr.storage_data
         metadata.storage_data = storage
         metadata.storage_meta = self.storage_meta()
-        _write_atomic(os.path.join(self.path, METADATA_NAME), pickle.dumps(metadata))
         named = {info.relative_path for info in storage.values()}
-        for f in os.listdir(self.path):
-            if _DATA_FILE.fullmatch(f) and f not in named:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(os.path.join(self.path, f))
+        if self.use_collectives:
+            _write_atomic(os.path.join(self.path, METADATA_NAME), pickle.dumps(metadata))
+            stale = [
+                f
+                for f in os.listdir(self.path)
+                if (_DATA_FILE.fullmatch(f) and f not in named) or _RANK_METADATA.fullmatch(f)
+            ]
+        else:
+            rank = self.rank or 0
+            own = os.path.join(self.path, _rank_metadata_name(rank))
+            _write_atomic(own, pickle.dumps(metadata))
+            # A global metadata file would be loaded instead of every rank's own; it goes
+            # before this rank's earlier data files, which it may name.
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(os.path.join(self.path, METADATA_NAME))
+            prefix = f"__{rank}_"
+            stale = [
+                f
+                for f in os.listdir(self.path)
+                if _DATA_FILE.fullmatch(f) and f.startswith(prefix) and f not in named
+            ]
+        for f in stale:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(os.path.join(self.path, f))
+        if not self.use_collectives:
+            _sync_dir(self.path)  # the global metadata's removal is durable too
 
     def storage_meta(self) -> StorageMeta | None:
         """The checkpoint's id (its directory) and this save's id."""
@@ -295,12 +344,16 @@ class Reader(StorageReader):
         self.load_id = uuid.uuid4().hex
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
-        """The checkpoint's metadata.
+        """The checkpoint's metadata: the global one, or with ``rank=N`` (what ``dcp.load``
+        asks for when there is no global one) rank ``N``'s own, written by a save without
+        rank coordination.
 
         Raises:
-            FileNotFoundError: the directory holds no checkpoint written by :class:`Writer`.
+            FileNotFoundError: the directory holds no such metadata written by :class:`Writer`.
         """
-        path = os.path.join(self.path, METADATA_NAME)
+        rank = kwargs.get("rank")
+        name = METADATA_NAME if rank is None else _rank_metadata_name(rank)
+        path = os.path.join(self.path, name)
         try:
             with open(path, "rb") as f:
                 metadata = pickle.load(f)
@@ -309,7 +362,7 @@ class Reader(StorageReader):
             if os.path.exists(os.path.join(self.path, ".metadata")):
                 hint = " (it holds a FileSystemWriter checkpoint: load it with FileSystemReader)"
             raise FileNotFoundError(
-                f"{self.path}: no fastensor DCP checkpoint ({METADATA_NAME} missing){hint}"
+                f"{self.path}: no fastensor DCP checkpoint ({name} missing){hint}"
             ) from None
         if getattr(metadata, "storage_meta", None) is None:
             metadata.storage_meta = StorageMeta()
