@@ -245,6 +245,9 @@ fn ratio_interval(ours: &[Phases], theirs: &[Phases], rng: &mut SplitMix) -> (f6
 fn main() -> fastensor::Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let dir = PathBuf::from(args.first().cloned().unwrap_or_else(|| ".".into()));
+    std::fs::create_dir_all(&dir).map_err(|e| {
+        fastensor::Error::io(e, "cannot create the benchmark directory").with_path(&dir)
+    })?;
     let quick = args.iter().any(|a| a == "--quick");
     let verbose = args.iter().any(|a| a == "--verbose");
     let rounds: usize = args
