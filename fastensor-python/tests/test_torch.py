@@ -302,9 +302,11 @@ def test_transfers_release_the_gil(tmp_path):
     save_file(t, path, engine=eng)
     ticks = 0
     stop = threading.Event()
+    started = threading.Event()
 
     def count():
         nonlocal ticks
+        started.set()
         while not stop.is_set():
             ticks += 1
 
@@ -312,12 +314,17 @@ def test_transfers_release_the_gil(tmp_path):
     dst = torch.empty_like(t["w"])
     th = threading.Thread(target=count)
     th.start()
+    started.wait()
     try:
         # Only the native read runs between the two readings: a call holding the GIL would
-        # let the counting thread run not once.
-        before = ticks
-        file.read_into([("w", dst.data_ptr(), dst.numel() * 4, -1)])
-        during = ticks - before
+        # let the counting thread run not once. A few tries: on a busy machine the counting
+        # thread may not get a core during one short read.
+        for _ in range(5):
+            before = ticks
+            file.read_into([("w", dst.data_ptr(), dst.numel() * 4, -1)])
+            during = ticks - before
+            if during > 0:
+                break
     finally:
         stop.set()
         th.join()
