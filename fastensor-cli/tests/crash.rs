@@ -44,6 +44,21 @@ fn names(dir: &Path) -> Vec<String> {
     v
 }
 
+/// Runs `fastensor ckpt copy src dst` to completion; fails the test if it fails.
+fn copy(src: &Path, dst: &Path) {
+    let st = fastensor()
+        .args(["ckpt", "copy"])
+        .arg(src)
+        .arg(dst)
+        .output()
+        .unwrap();
+    assert!(
+        st.status.success(),
+        "{}",
+        String::from_utf8_lossy(&st.stderr)
+    );
+}
+
 #[test]
 fn sigkill_during_copy_leaves_the_old_or_the_new_checkpoint_and_nothing_else() {
     let src_dir = tempfile::tempdir().unwrap();
@@ -53,17 +68,7 @@ fn sigkill_during_copy_leaves_the_old_or_the_new_checkpoint_and_nothing_else() {
     checkpoint(&src, 16, 1 << 20, 1);
     // The new checkpoint as a copy writes it, and the old one it replaces.
     let t0 = Instant::now();
-    let st = fastensor()
-        .args(["ckpt", "copy"])
-        .arg(&src)
-        .arg(&dst)
-        .output()
-        .unwrap();
-    assert!(
-        st.status.success(),
-        "{}",
-        String::from_utf8_lossy(&st.stderr)
-    );
+    copy(&src, &dst);
     let copy_time = t0.elapsed();
     let new = std::fs::read(&dst).unwrap();
     checkpoint(&dst, 4, 1 << 20, 2);
@@ -112,17 +117,7 @@ fn sigkill_during_copy_leaves_the_old_or_the_new_checkpoint_and_nothing_else() {
         }
     }
     // A save removes what killed saves of the same file left.
-    let st = fastensor()
-        .args(["ckpt", "copy"])
-        .arg(&src)
-        .arg(&dst)
-        .output()
-        .unwrap();
-    assert!(
-        st.status.success(),
-        "{}",
-        String::from_utf8_lossy(&st.stderr)
-    );
+    copy(&src, &dst);
     assert_eq!(
         names(dir.path()),
         ["dst.safetensors"],

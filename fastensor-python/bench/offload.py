@@ -306,7 +306,9 @@ def main() -> None:
     cap_tokens = T // args.cap_div
     xc = torch.randn(cap_tokens, d)
     one_step(model, xc, None)
-    cap = statistics.median(one_step(model, xc, None)["rss"] for _ in range(2))
+    cap_runs = sorted((one_step(model, xc, None) for _ in range(3)), key=lambda r: r["rss"])
+    cap_run = cap_runs[1]  # the median one: no offload's own row below
+    cap = cap_run["rss"]
     del xc
     big = f"offload F/{max(divs)}"
     print()
@@ -341,11 +343,11 @@ def main() -> None:
         per_tok = med(name, "rss") / T
         predicted = max(1, int(cap / per_tok))
         if name == "no offload":
-            r = fits(name, m, cap_tokens) or one_step(m, torch.randn(cap_tokens, d), None)
-            best, best_r = cap_tokens, r
+            best, best_r = cap_tokens, cap_run
         else:
             # Bisection between the cap's own batch (fits: no offload's) and the prediction,
-            # one step per probe, SEARCH_STEPS probes (the prediction itself first).
+            # SEARCH_STEPS probes (the prediction itself first), each a warm-up step and a
+            # measured one.
             best, best_r = None, None
             lo, hi = cap_tokens, predicted
             probe = predicted

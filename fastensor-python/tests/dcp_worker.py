@@ -152,11 +152,16 @@ def bump(sd) -> None:
                 v.add_(1)
 
 
-def scenario_save(d: Path, rank: int, world: int) -> None:
+def trained_state(world: int):
+    """The mesh, a model and its optimizer after one step, and their full state to save."""
     mesh = init_device_mesh("cpu", (world,))
     model, opt = make_model(0)
     train_step(model, opt, 1)
-    sd = make_state(model, opt, mesh, PLACEMENT_SAVE, fill=True)
+    return mesh, model, opt, make_state(model, opt, mesh, PLACEMENT_SAVE, fill=True)
+
+
+def scenario_save(d: Path, rank: int, world: int) -> None:
+    mesh, model, opt, sd = trained_state(world)
     dcp.save(sd, storage_writer=Writer(d / "ckpt"))
     ref = to_full(sd)
     if rank == 0:
@@ -205,10 +210,7 @@ def scenario_load(d: Path, rank: int, world: int) -> None:
 
 
 def scenario_local(d: Path, rank: int, world: int) -> None:
-    mesh = init_device_mesh("cpu", (world,))
-    model, opt = make_model(0)
-    train_step(model, opt, 1)
-    sd = make_state(model, opt, mesh, PLACEMENT_SAVE, fill=True)
+    mesh, model, opt, sd = trained_state(world)
     dcp.save(sd, storage_writer=Writer(d / "local"))
     dist.barrier()
     # Each rank alone: its own training state, different from the other rank's.

@@ -119,7 +119,7 @@ impl Estimate {
 }
 
 /// The median of sorted values (the mean of the two middle ones for an even count).
-fn median_sorted(sorted: &[f64]) -> f64 {
+pub(crate) fn median_sorted(sorted: &[f64]) -> f64 {
     let n = sorted.len();
     if n % 2 == 1 {
         sorted[n / 2]

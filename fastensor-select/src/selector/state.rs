@@ -183,9 +183,7 @@ impl KeyState {
     /// samples cannot tell those paths apart on time, and the one that takes less CPU leaves
     /// more of it to the transfers running beside it and to the application (a path's
     /// samples are taken among transfers through other paths, so they do not show how it
-    /// does when every transfer takes it: cold 4 MiB reads at depth 4 in two processes on
-    /// two cores measured `mmap` and `posix-direct` within 1% of each other on time, at 1.43
-    /// and 1.07 CPU ns/B; pinned, they read at 1.1-1.4 and 2.4-2.7 GB/s).
+    /// does when every transfer takes it; `docs/lab/selection.md`).
     pub(crate) fn leader(&self, objective: Objective) -> Option<(&str, Estimate)> {
         let survivors = || {
             self.candidates
@@ -259,8 +257,8 @@ impl KeyState {
     }
 }
 
-/// The median CPU cost per byte of `samples` (0 without any). A sample window holds at most
-/// `WINDOW` samples: sorted on the stack, no allocation.
+/// The median CPU cost per byte of the newest [`WINDOW`] of `samples` (0 without any),
+/// sorted on the stack: no allocation.
 fn cpu_median(samples: &Samples) -> f64 {
     let mut costs = [0.0f64; WINDOW];
     let mut n = 0;
@@ -270,9 +268,9 @@ fn cpu_median(samples: &Samples) -> f64 {
     }
     let costs = &mut costs[..n];
     costs.sort_unstable_by(f64::total_cmp);
-    match n {
-        0 => 0.0,
-        n if n % 2 == 1 => costs[n / 2],
-        n => (costs[n / 2 - 1] + costs[n / 2]) / 2.0,
+    if costs.is_empty() {
+        0.0
+    } else {
+        crate::estimate::median_sorted(costs)
     }
 }
