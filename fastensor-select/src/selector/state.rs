@@ -192,16 +192,27 @@ impl KeyState {
                 .filter(|(_, (_, c))| !c.is_dropped())
                 .filter_map(|(i, (n, c))| self.judged(i, c, objective).map(|e| (n.as_str(), c, e)))
         };
-        let (name, _, lead) = survivors().min_by(|a, b| a.2.median.total_cmp(&b.2.median))?;
-        if objective != Objective::Time {
-            return Some((name, lead));
+        // One pass for the lowest median and the next lowest: a second pass only on a tie.
+        let mut best: Option<(&str, Estimate)> = None;
+        let mut next = f64::INFINITY;
+        for (n, _, e) in survivors() {
+            match &best {
+                Some((_, b)) if e.median >= b.median => next = next.min(e.median),
+                _ => {
+                    if let Some((_, b)) = &best {
+                        next = next.min(b.median);
+                    }
+                    best = Some((n, e));
+                }
+            }
         }
+        let (name, lead) = best?;
         let bound = CPU_TIE * lead.median;
-        let tied = || survivors().filter(|s| s.2.median <= bound);
-        if tied().nth(1).is_none() {
+        if objective != Objective::Time || next > bound {
             return Some((name, lead));
         }
-        tied()
+        survivors()
+            .filter(|s| s.2.median <= bound)
             .map(|(n, c, e)| (n, e, cpu_median(&c.samples)))
             .min_by(|a, b| a.2.total_cmp(&b.2).then(a.1.median.total_cmp(&b.1.median)))
             .map(|(n, e, _)| (n, e))
