@@ -52,12 +52,17 @@ impl Default for DirectConfig {
 #[derive(Debug, Clone, Default)]
 pub struct DirectBackend {
     config: DirectConfig,
+    /// Bounce buffers shared by every file of the backend (and its clones).
+    bounce: Arc<BouncePool>,
 }
 
 impl DirectBackend {
     /// A backend with these settings.
     pub fn new(config: DirectConfig) -> Self {
-        DirectBackend { config }
+        DirectBackend {
+            config,
+            bounce: Arc::default(),
+        }
     }
 
     /// The settings.
@@ -132,7 +137,41 @@ impl Backend for DirectBackend {
             align,
             self.config.clone(),
             path.to_path_buf(),
+            self.bounce.clone(),
         )))
+    }
+}
+
+/// Page-aligned bounce buffers kept between transfers, and between files: fresh memory costs
+/// its page faults (and the zeroing of its pages) on first use, which a file opened for a
+/// short job (an offload swap file, one checkpoint shard) would otherwise pay every time.
+/// It keeps at most [`BouncePool::KEEP`] buffers, each at most [`BouncePool::KEEP_BYTES`].
+#[derive(Debug, Default)]
+struct BouncePool {
+    buffers: Mutex<Vec<HostBuffer>>,
+}
+
+impl BouncePool {
+    /// The most buffers kept: one per thread of a transfer at the default settings, for two
+    /// transfers at once.
+    const KEEP: usize = 8;
+    /// Larger buffers (a knob's large chunk, a large partial read) are freed after use.
+    const KEEP_BYTES: usize = 16 << 20;
+
+    /// A kept buffer of at least `len` bytes whose address is a multiple of `align`, if any.
+    fn take(&self, len: usize, align: usize) -> Option<HostBuffer> {
+        let mut pool = self.buffers.lock();
+        let i = pool
+            .iter()
+            .position(|b| b.len() >= len && is_aligned(b.as_ptr() as u64, align as u64))?;
+        Some(pool.swap_remove(i))
+    }
+
+    fn give(&self, buf: HostBuffer) {
+        let mut pool = self.buffers.lock();
+        if pool.len() < Self::KEEP && buf.len() <= Self::KEEP_BYTES {
+            pool.push(buf);
+        }
     }
 }
 
@@ -146,7 +185,7 @@ pub(crate) struct DirectFile {
     threads: usize,
     preallocate: bool,
     path: PathBuf,
-    bounce: Mutex<Vec<HostBuffer>>,
+    bounce: Arc<BouncePool>,
 }
 
 impl DirectFile {
@@ -156,6 +195,7 @@ impl DirectFile {
         align: DirectAlignment,
         config: DirectConfig,
         path: PathBuf,
+        bounce: Arc<BouncePool>,
     ) -> Self {
         // Split at (kernel) page boundaries at least, even where the device accepts 512-byte
         // direct I/O: a buffered head or tail and a direct write must never share a page, or
@@ -173,7 +213,7 @@ impl DirectFile {
             threads: config.threads.max(1),
             preallocate: config.preallocate,
             path,
-            bounce: Mutex::new(Vec::new()),
+            bounce,
         }
     }
 
@@ -194,20 +234,15 @@ impl DirectFile {
 
     /// Takes a bounce buffer of at least `len` bytes from the pool, or makes one.
     fn take_bounce(&self, len: usize) -> Result<HostBuffer> {
-        {
-            let mut pool = self.bounce.lock();
-            if let Some(i) = pool.iter().position(|b| b.len() >= len) {
-                return Ok(pool.swap_remove(i));
-            }
+        let align = self.buffer_alignment();
+        match self.bounce.take(len, align) {
+            Some(buf) => Ok(buf),
+            None => HostBuffer::with_alignment(len.max(self.chunk), align),
         }
-        HostBuffer::with_alignment(len.max(self.chunk), self.buffer_alignment())
     }
 
     fn give_bounce(&self, buf: HostBuffer) {
-        let mut pool = self.bounce.lock();
-        if pool.len() < self.threads {
-            pool.push(buf);
-        }
+        self.bounce.give(buf);
     }
 
     /// Reads the bytes `[offset, offset + dst.len())`, all inside one aligned block, through a
@@ -396,5 +431,37 @@ impl BackendFile for DirectFile {
 
     fn set_len(&self, len: u64) -> Result<()> {
         sys::set_file_len(&self.direct, len, POSIX_DIRECT, &self.path)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_file_opened_later_reuses_the_bounce_buffers_of_one_closed_before() {
+        let dir = tempfile::tempdir().unwrap();
+        let backend = DirectBackend::new(DirectConfig {
+            chunk_size: 1 << 20,
+            threads: 1,
+            preallocate: false,
+        });
+        // One byte past a page: the source is unaligned, so the write bounces.
+        let data: Vec<u8> = (0..(2 << 20) + 1).map(|i| (i % 251) as u8).collect();
+        let src = &data[1..];
+        let mut kept = Vec::new();
+        for name in ["a", "b"] {
+            let path = dir.path().join(name);
+            let file = backend.open(&path, OpenMode::Truncate).unwrap();
+            file.write_at(0, MemRef::Host(src)).unwrap();
+            let mut back = vec![0u8; src.len()];
+            assert_eq!(file.read_at(0, MemMut::Host(&mut back)).unwrap(), src.len());
+            assert_eq!(back, src);
+            drop(file);
+            let pool = backend.bounce.buffers.lock();
+            kept.push(pool.iter().map(|b| b.as_ptr() as usize).collect::<Vec<_>>());
+        }
+        assert!(!kept[0].is_empty(), "the first file's writes went through bounce buffers");
+        assert_eq!(kept[0], kept[1], "the second file made new bounce buffers");
     }
 }
