@@ -3,7 +3,7 @@
 
     python bench/offload.py [--dir DIR] [--blocks 48] [--width 64] [--tokens 2048]
                             [--min-bytes 262144] [--threads N]
-                            [--rounds 3] [--budgets 10,20,40] [--cap-div 8]
+                            [--rounds 5] [--budgets 10,20,40] [--cap-div 8]
                             [--sweep-widths 1024,512,...,8] [--sweep-blocks 8]
                             [--sweep-rounds 3]
 
@@ -21,7 +21,8 @@ Per configuration:
   memory (below ``min_bytes``).
 - peak RSS: the process's peak resident memory during the step above its level before the
   step (VmHWM, reset through /proc/self/clear_refs; free heap returned first with
-  malloc_trim, so each step faults its memory in as a fresh process would).
+  malloc_trim, so each step faults its memory in as a fresh process would). What stays
+  between steps (printed below the table) is not in it.
 - every configuration runs with glibc's mmap threshold fixed at min_bytes (what offload sets,
   so that freed activations leave the process; see ``release_freed_memory``).
 - time (wall) and CPU time (the process's, every thread), and their ratios to no offload's
@@ -201,7 +202,7 @@ def main() -> None:
     ap.add_argument("--width", type=int, default=64)
     ap.add_argument("--tokens", type=int, default=2048, help="tokens a step (batch x seq)")
     ap.add_argument("--min-bytes", type=int, default=256 << 10, help="offload's min_bytes")
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--budgets", default="10,20,40", help="offload budgets: footprint/N")
     ap.add_argument("--cap-div", type=int, default=8, help="cap: no offload at tokens/N")
     ap.add_argument("--sweep-widths", default="1024,512,256,128,64,32,16,8")
@@ -250,11 +251,13 @@ def main() -> None:
             )
         )
     results: dict[str, list[dict]] = {name: [] for name, _, _ in configs}
+    rss_before = reset_peak()
     for _name, m, off in configs:  # warm-up: first-touch costs, the engine's first choices
         one_step(m, x, off)
     for _ in range(args.rounds):
         for name, m, off in configs:
             results[name].append(one_step(m, x, off))
+    rss_after = reset_peak()
 
     def med(name: str, key: str) -> float:
         return statistics.median(r[key] for r in results[name])
@@ -291,6 +294,11 @@ def main() -> None:
             f"{extra}"
         )
     print()
+    print(
+        f"# resident memory between steps: {rss_before / MIB:.1f} MiB before the first step, "
+        f"{rss_after / MIB:.1f} MiB after the rounds (what stays: the I/O paths' bounce "
+        "buffers and rings, library caches; not in a step's growth)"
+    )
     print(
         "# rounds (wall s / CPU s): "
         + "; ".join(
@@ -382,10 +390,10 @@ def main() -> None:
         "blocks, I/O/block = a block's offloaded bytes at the store's write and read rates)"
     )
     print(
-        "| width | tokens | act MiB | compute/block ms | I/O/block ms | compute/I/O "
+        "| width | tokens | act MiB | act/held | compute/block ms | I/O/block ms | compute/I/O "
         "| no offload s | offload s | slowdown | CPU ratio | stall s | pack wait s |"
     )
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for w in widths:
         tokens = max(1, T * d // w)
         m = make_model(w, Ls)
@@ -401,6 +409,7 @@ def main() -> None:
         sc = statistics.median(b["cpu"] / a["cpu"] for a, b in rs)
         st = statistics.median(b["stall"] for _, b in rs)
         wt = statistics.median(b["wait"] for _, b in rs)
+        held = statistics.median(b["held"] for _, b in rs)
         io = statistics.median(
             b["written"] / 1e9 * (1 / b["wgbps"] + 1 / b["rgbps"])
             for _, b in rs
@@ -408,7 +417,8 @@ def main() -> None:
         )
         compute_ms, io_ms = tn / Ls * 1e3, io / Ls * 1e3
         print(
-            f"| {w} | {tokens} | {act / MIB:.1f} | {compute_ms:.1f} | {io_ms:.1f} "
+            f"| {w} | {tokens} | {act / MIB:.1f} | {act / held:.1f}x "
+            f"| {compute_ms:.1f} | {io_ms:.1f} "
             f"| {compute_ms / io_ms:.2f} | {tn:.3f} | {to:.3f} | {sl:.3f}x | {sc:.3f}x "
             f"| {st:.3f} | {wt:.3f} |"
         )
