@@ -5,7 +5,7 @@
                             [--min-bytes 262144] [--threads N]
                             [--rounds 5] [--budgets 10,20,40] [--cap-div 8]
                             [--sweep-widths 1024,512,...,8] [--sweep-blocks 8]
-                            [--sweep-rounds 3]
+                            [--sweep-rounds 5]
 
 The model is a stack of pre-norm MLP blocks (LayerNorm, Linear d->4d, GELU, Linear 4d->d,
 residual), sized so its saved activations (about 40*d bytes a token a block) dominate
@@ -206,7 +206,7 @@ def main() -> None:
     ap.add_argument("--budgets", default="10,20,40", help="offload budgets: footprint/N")
     ap.add_argument("--cap-div", type=int, default=8, help="cap: no offload at tokens/N")
     ap.add_argument("--sweep-widths", default="1024,512,256,128,64,32,16,8")
-    ap.add_argument("--sweep-rounds", type=int, default=3)
+    ap.add_argument("--sweep-rounds", type=int, default=5)
     ap.add_argument("--sweep-blocks", type=int, default=8)
     args = ap.parse_args()
     if args.threads:
