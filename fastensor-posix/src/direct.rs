@@ -461,7 +461,10 @@ mod tests {
             let pool = backend.bounce.buffers.lock();
             kept.push(pool.iter().map(|b| b.as_ptr() as usize).collect::<Vec<_>>());
         }
-        assert!(!kept[0].is_empty(), "the first file's writes went through bounce buffers");
+        assert!(
+            !kept[0].is_empty(),
+            "the first file's writes went through bounce buffers"
+        );
         assert_eq!(kept[0], kept[1], "the second file made new bounce buffers");
     }
 }
