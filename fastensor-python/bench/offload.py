@@ -252,7 +252,7 @@ def main() -> None:
         )
     results: dict[str, list[dict]] = {name: [] for name, _, _ in configs}
     # Warm-up: first-touch costs, the engine's first choices. What the offload steps leave
-    # resident (the I/O paths' pooled buffers and rings) is measured across their warm-ups.
+    # resident (the I/O paths' pooled buffers among it) is measured across their warm-ups.
     for _name, m, off in configs:
         if off is None:
             one_step(m, x, off)
@@ -302,8 +302,8 @@ def main() -> None:
     print()
     print(
         f"# resident between steps: {rss_before / MIB:.1f} MiB before the first offload step, "
-        f"{rss_after / MIB:.1f} MiB after the rounds (what offload keeps: the I/O paths' pooled "
-        "bounce buffers and rings; not in a step's growth)"
+        f"{rss_after / MIB:.1f} MiB after the rounds (what the offload steps left, the I/O "
+        "paths' pooled buffers among it; not in a step's growth)"
     )
     print(
         "# rounds (wall s / CPU s): "
