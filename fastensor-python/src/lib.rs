@@ -9,6 +9,7 @@ mod memory;
 mod offload;
 mod sharded;
 mod snapshot;
+mod torch_alloc;
 
 use fastensor::Availability;
 use pyo3::prelude::*;
@@ -57,6 +58,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(default_profile_path, m)?)?;
     m.add_function(wrap_pyfunction!(write_atomic, m)?)?;
     sharded::register(m)?;
+    torch_alloc::register(m)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

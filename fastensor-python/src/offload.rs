@@ -177,13 +177,16 @@ impl PyOffloadStore {
     }
 
     /// The tensor's bytes as a DLPack capsule (one-dimensional `uint8`, host memory) that
-    /// owns them; waits (the GIL released) when they are not back yet.
-    fn get(&self, py: Python<'_>, handle: &PyHandle) -> PyResult<Py<PyAny>> {
+    /// owns them; waits (the GIL released) when they are not back yet. `length` shortens the
+    /// tensor to the bytes that matter (a `put` may have written a padded length).
+    #[pyo3(signature = (handle, length=None))]
+    fn get(&self, py: Python<'_>, handle: &PyHandle, length: Option<usize>) -> PyResult<Py<PyAny>> {
         let (buf, recycler) = self.with(|s| {
             let buf = handle.with(|h| py.detach(|| s.get(h)))?.py_err()?;
             Ok((buf, s.recycler()))
         })?;
-        capsule(py, buf, Some(recycler))
+        let length = length.unwrap_or(buf.len()).min(buf.len());
+        capsule(py, buf, length, Some(recycler))
     }
 
     /// Starts reading these tensors back now, nearest first, as the budget allows.
@@ -328,10 +331,16 @@ unsafe extern "C" fn capsule_destructor(cap: *mut ffi::PyObject) {
     }
 }
 
-/// `buf` as a DLPack capsule of a one-dimensional `uint8` host tensor that owns it (given to
-/// `recycler`, if any, when the tensor is deleted).
-fn capsule(py: Python<'_>, mut buf: HostBuffer, recycler: Option<Recycler>) -> PyResult<Py<PyAny>> {
-    let len = i64::try_from(buf.len()).map_err(|_| PyValueError::new_err("tensor too large"))?;
+/// `buf` as a DLPack capsule of a one-dimensional `uint8` host tensor of its first `length`
+/// bytes that owns it (given to `recycler`, if any, when the tensor is deleted).
+fn capsule(
+    py: Python<'_>,
+    mut buf: HostBuffer,
+    length: usize,
+    recycler: Option<Recycler>,
+) -> PyResult<Py<PyAny>> {
+    let len = i64::try_from(length.min(buf.len()))
+        .map_err(|_| PyValueError::new_err("tensor too large"))?;
     let data = buf.as_mut_ptr().cast::<c_void>();
     let mut m = Box::new(Managed {
         tensor: DlManagedTensor {

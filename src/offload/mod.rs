@@ -38,6 +38,7 @@
 
 mod allocator;
 mod payload;
+mod pool;
 mod recycle;
 mod schedule;
 mod state;
@@ -46,6 +47,7 @@ mod worker;
 
 pub use allocator::{round_up, Extent, ExtentAllocator, EXTENT_ALIGN};
 pub use payload::{ForeignBytes, Payload};
+pub use pool::{BlockPool, PoolStats};
 pub use recycle::Recycler;
 pub use schedule::Schedule;
 pub use store::{Handle, OffloadStore};

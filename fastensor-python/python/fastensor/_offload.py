@@ -13,15 +13,17 @@ Who owns what:
 
 - A saved tensor's storage is written in place: the store keeps a reference to the storage
   until its background write has finished, then drops it, so torch frees the memory unless
-  something else still uses it. Bytes being written count against ``budget_bytes``; a pack
-  waits (with the GIL released) while the budget is full.
+  something else still uses it (with the caching allocator, back to its pool, where the next
+  activation takes it). Bytes being written count against ``budget_bytes``; a pack waits
+  (with the GIL released) while the budget is full. A storage in a block of the caching
+  allocator is written to its page-rounded length (the block's own bytes), so direct I/O
+  takes it without copying a partial page.
 - On unpack, the bytes come back in a page-aligned buffer the store read them into (ahead
   of time when prefetched); ``torch.from_dlpack`` turns it into a tensor that owns the
   buffer. When that tensor is freed the buffer goes back to the store, which reuses it for
   a later read of the same length (memory already faulted in; at most ``budget_bytes`` of
-  spare buffers are kept). The saved tensor is rebuilt as a view of it with its
-  dtype, shape, strides and storage offset, so views of one storage share one write and
-  one read.
+  spare buffers are kept). The saved tensor is rebuilt as a view of it with its dtype,
+  shape, strides and storage offset, so views of one storage share one write and one read.
 - CUDA tensors are copied to pinned host memory first (the copy is offloaded; the device
   memory is freed with the tensor) and copied back to their device on unpack.
 
@@ -51,6 +53,8 @@ import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from . import _native
+from ._allocator import _disable as _allocator_disable
+from ._allocator import _enable as _allocator_enable
 from ._engine import engine_or_default
 from .errors import _invalid
 
@@ -68,6 +72,10 @@ _mmap_threshold: int | None = None
 
 _live_sessions: weakref.WeakSet[_Session] = weakref.WeakSet()
 _live_lock = threading.Lock()
+
+
+def _round_page(n: int) -> int:
+    return -(-n // 4096) * 4096
 
 
 def _default_dir() -> str:
@@ -196,6 +204,10 @@ class OffloadStats:
         "gets_from_memory", "Reads back answered from memory (prefetched or still there)."
     )
     swap_path = _field("swap_path", "The swap file's path.")
+    caching_allocator = _field(
+        "caching_allocator",
+        "Whether torch's large CPU allocations came from fastensor's caching allocator.",
+    )
 
     @property
     def write_gbps(self) -> float:
@@ -226,10 +238,12 @@ class _Session:
     """One store and the bookkeeping of the tensors packed into it. It lives while its
     block runs or any record is alive, and closes the store when it dies."""
 
-    def __init__(self, store: Any, min_bytes: int, depth: int):
+    def __init__(self, store: Any, min_bytes: int, depth: int, allocator: tuple):
         self.store = store
         self.min_bytes = min_bytes
         self.depth = depth
+        #: The caching allocator's token while this session uses it, and why not otherwise.
+        self.allocator_token, self.allocator_reason = allocator
         self.by_key: dict[tuple, weakref.ref[_Record]] = {}
         self.counts = dict.fromkeys(
             (
@@ -255,6 +269,8 @@ class _Session:
         out: dict[str, Any] = dict(self.counts)
         out["unpack_stall_s"] = self.unpack_stall_s
         out["swap_path"] = self.swap_path
+        out["caching_allocator"] = self.allocator_token is not None
+        out["caching_allocator_reason"] = self.allocator_reason
         if not self.store.closed:
             n = self.store.stats()
             self._native = n
@@ -275,6 +291,8 @@ class _Session:
             return
         final = self.figures()
         self.store.close()  # cancels what is still queued: nothing is held after it
+        token, self.allocator_token = self.allocator_token, None
+        _allocator_disable(token)
         final["held_bytes"] = 0
         self.stats._final = final
         with _live_lock:
@@ -339,8 +357,14 @@ class _Session:
             address = owner.data_ptr()
         else:
             owner, address = storage, storage.data_ptr()
+        # A block of the caching allocator may be read to its page-rounded end: the write
+        # then goes straight from the tensor (direct I/O), with no copy of a partial page.
+        length = nbytes
+        block = _native.torch_allocator_block(address)
+        if block is not None and _round_page(nbytes) <= block:
+            length = _round_page(nbytes)
         label = f"saved{next(self.labels)}"
-        handle = self.store.put(owner, address, nbytes, label)
+        handle = self.store.put(owner, address, length, label)
         self.counts["tensors_offloaded"] += 1
         self.counts["bytes_offloaded"] += nbytes
         return _Record(self, handle, source, dev, nbytes)
@@ -354,7 +378,7 @@ class _Session:
         storage = rec.restored
         if storage is None:
             t0 = time.perf_counter()
-            flat = torch.from_dlpack(self.store.get(rec.handle))
+            flat = torch.from_dlpack(self.store.get(rec.handle, rec.nbytes))
             if rec.device.type == "cuda":
                 flat = flat.to(rec.device)
             self.unpack_stall_s += time.perf_counter() - t0
@@ -388,9 +412,16 @@ class offload:  # noqa: N801 (a context manager named as a function, like torch.
         prefetch: how many tensors to read back ahead of backward; ``None`` (default): as
             many as the budget holds; ``0``: none (each unpack reads its own).
         io_threads: background I/O threads (default 2).
-        release_memory: make glibc give freed blocks of ``min_bytes`` or more back to the
-            system (see :func:`release_freed_memory`; process-wide), so that the memory of
-            offloaded tensors is really freed. Default True.
+        caching_allocator: serve torch's CPU allocations of ``min_bytes`` or more from
+            fastensor's pool of reusable blocks while the block's graphs live (see
+            :class:`fastensor.torch.caching_allocator`): the memory each offloaded tensor
+            frees serves the next activation, already faulted in, and is written to disk
+            without a copy. Default True; where it cannot be used (see
+            ``stats.as_dict()["caching_allocator_reason"]``), ``release_memory`` applies.
+        release_memory: without the caching allocator, make glibc give freed blocks of
+            ``min_bytes`` or more back to the system (see :func:`release_freed_memory`;
+            process-wide), so that the memory of offloaded tensors is really freed. Default
+            True.
         engine: the fastensor engine to use (default: the module's engine).
 
     Yields:
@@ -410,6 +441,7 @@ class offload:  # noqa: N801 (a context manager named as a function, like torch.
         prefetch: int | None = None,
         *,
         io_threads: int = 2,
+        caching_allocator: bool = True,
         release_memory: bool = True,
         engine: _native.Engine | None = None,
     ):
@@ -422,6 +454,7 @@ class offload:  # noqa: N801 (a context manager named as a function, like torch.
         self.min_bytes = max(1, int(min_bytes))
         self.prefetch = prefetch
         self.io_threads = io_threads
+        self.caching_allocator = caching_allocator
         self.release_memory = release_memory
         self.engine = engine
         self._session: _Session | None = None
@@ -436,17 +469,24 @@ class offload:  # noqa: N801 (a context manager named as a function, like torch.
                 "tensors still take RAM there (pass dir= or set FASTENSOR_OFFLOAD_DIR)",
                 stacklevel=2,
             )
-        if self.release_memory:
+        allocator: tuple = (None, "not asked for (caching_allocator=False)")
+        if self.caching_allocator:
+            allocator = _allocator_enable(self.min_bytes)
+        if allocator[0] is None and self.release_memory:
             release_freed_memory(self.min_bytes)
         depth = _UNLIMITED if self.prefetch is None else self.prefetch
-        store = _native.OffloadStore(
-            engine_or_default(self.engine),
-            self.dir,
-            self.budget_bytes,
-            prefetch_depth=depth,
-            io_threads=self.io_threads,
-        )
-        session = _Session(store, self.min_bytes, depth)
+        try:
+            store = _native.OffloadStore(
+                engine_or_default(self.engine),
+                self.dir,
+                self.budget_bytes,
+                prefetch_depth=depth,
+                io_threads=self.io_threads,
+            )
+        except BaseException:
+            _allocator_disable(allocator[0])
+            raise
+        session = _Session(store, self.min_bytes, depth, allocator)
         self._hooks = torch.autograd.graph.saved_tensors_hooks(session.pack, session.unpack)
         self._hooks.__enter__()
         self._session = session

@@ -21,6 +21,7 @@ from typing import NamedTuple
 import torch
 
 from . import _native
+from ._allocator import allocator_stats, caching_allocator, empty_cache
 from ._common import (
     HUGE_PAGE,
     IO_ALIGN,
@@ -40,6 +41,9 @@ from .errors import _invalid
 
 __all__ = [
     "LoadResult",
+    "allocator_stats",
+    "caching_allocator",
+    "empty_cache",
     "is_sharded",
     "load_sharded",
     "open_sharded",
