@@ -101,9 +101,10 @@ impl PyOffloadStore {
 #[pymethods]
 impl PyOffloadStore {
     /// A store whose swap file is a new file in `dir`, opened through `engine`. Every tensor
-    /// put is written (the caller keeps small ones itself).
+    /// put is written (the caller keeps small ones itself). `initial_capacity` bytes are
+    /// reserved in the swap file at once: growing it later waits for the writes in flight.
     #[new]
-    #[pyo3(signature = (engine, dir, budget, prefetch_depth=4, io_threads=2))]
+    #[pyo3(signature = (engine, dir, budget, prefetch_depth=4, io_threads=2, initial_capacity=0))]
     fn new(
         py: Python<'_>,
         engine: &PyEngine,
@@ -111,11 +112,13 @@ impl PyOffloadStore {
         budget: u64,
         prefetch_depth: usize,
         io_threads: usize,
+        initial_capacity: u64,
     ) -> PyResult<Self> {
         let config = OffloadConfig::new(dir, budget)
             .prefetch_depth(prefetch_depth)
             .small_threshold(0)
-            .io_threads(io_threads);
+            .io_threads(io_threads)
+            .initial_capacity(initial_capacity);
         let store = py
             .detach(|| OffloadStore::new(&engine.engine, config))
             .py_err()?;

@@ -48,10 +48,12 @@ impl Shared {
         self.changed.notify_all();
     }
 
-    /// Grows the swap file to at least `needed` bytes (by half again at least).
+    /// Grows the swap file to at least `needed` bytes (doubling it at least). Changing a
+    /// file's size waits for the direct writes in flight on it (the file system's rule), so
+    /// growth is rare: doubling, or [`OffloadConfig::initial_capacity`] reserved at once.
     fn grow(&self, st: &mut State, needed: u64) -> Result<()> {
         let cap = st.alloc.capacity();
-        let new = round_up(needed.max(cap + cap / 2));
+        let new = round_up(needed.max(cap * 2));
         fastensor_core::BackendFile::set_len(&self.file, new)?;
         // Best effort: reserve the blocks so later writes do not allocate.
         let flags = rustix::fs::FallocateFlags::KEEP_SIZE;

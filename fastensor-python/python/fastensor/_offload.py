@@ -70,6 +70,10 @@ _MMAP_THRESHOLD_MAX = 32 << 20
 #: The mmap threshold this module set (None: malloc left alone so far).
 _mmap_threshold: int | None = None
 
+#: The swap file size the last block in each directory needed: the next block's store
+#: reserves it at once (growing a swap file while writes are in flight waits for them).
+_capacity_hints: dict[str, int] = {}
+
 _live_sessions: weakref.WeakSet[_Session] = weakref.WeakSet()
 _live_lock = threading.Lock()
 
@@ -238,8 +242,9 @@ class _Session:
     """One store and the bookkeeping of the tensors packed into it. It lives while its
     block runs or any record is alive, and closes the store when it dies."""
 
-    def __init__(self, store: Any, min_bytes: int, depth: int, allocator: tuple):
+    def __init__(self, store: Any, min_bytes: int, depth: int, allocator: tuple, hint_key: str):
         self.store = store
+        self.hint_key = hint_key
         self.min_bytes = min_bytes
         self.depth = depth
         #: The caching allocator's token while this session uses it, and why not otherwise.
@@ -290,6 +295,9 @@ class _Session:
         if self.store.closed:
             return
         final = self.figures()
+        capacity = getattr(self, "_native", {}).get("file_capacity", 0)
+        if capacity:
+            _capacity_hints[self.hint_key] = capacity
         self.store.close()  # cancels what is still queued: nothing is held after it
         token, self.allocator_token = self.allocator_token, None
         _allocator_disable(token)
@@ -475,6 +483,7 @@ class offload:  # noqa: N801 (a context manager named as a function, like torch.
         if allocator[0] is None and self.release_memory:
             release_freed_memory(self.min_bytes)
         depth = _UNLIMITED if self.prefetch is None else self.prefetch
+        hint_key = os.path.realpath(self.dir)
         try:
             store = _native.OffloadStore(
                 engine_or_default(self.engine),
@@ -482,11 +491,12 @@ class offload:  # noqa: N801 (a context manager named as a function, like torch.
                 self.budget_bytes,
                 prefetch_depth=depth,
                 io_threads=self.io_threads,
+                initial_capacity=_capacity_hints.get(hint_key, 0),
             )
         except BaseException:
             _allocator_disable(allocator[0])
             raise
-        session = _Session(store, self.min_bytes, depth, allocator)
+        session = _Session(store, self.min_bytes, depth, allocator, hint_key)
         self._hooks = torch.autograd.graph.saved_tensors_hooks(session.pack, session.unpack)
         self._hooks.__enter__()
         self._session = session
