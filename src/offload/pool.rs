@@ -37,7 +37,8 @@ pub struct PoolStats {
     pub released_bytes: u64,
 }
 
-/// Idle blocks kept for reuse, best fit by length. Not synchronised: its owner locks it.
+/// Idle blocks kept for reuse, best fit by length (the last returned first among equals).
+/// Not synchronised: its owner locks it.
 ///
 /// The memory a pool holds, handed out plus idle, stays within half again the most it ever
 /// had handed out at once (its peak): when a request finds no idle block that fits,
@@ -66,11 +67,18 @@ impl BlockPool {
     pub fn take(&mut self, len: usize) -> Result<HostBuffer> {
         let want = round_up(len.max(1) as u64) as usize;
         let most = want + want / FIT_SLACK_DIVISOR;
+        // The smallest length that fits; of those, the block returned last (still warm in
+        // the caches).
         let fit = self
             .idle
             .range((want, 0)..=(most, u64::MAX))
             .next()
-            .map(|(&k, _)| k);
+            .and_then(|(&(len, _), _)| {
+                self.idle
+                    .range((len, 0)..=(len, u64::MAX))
+                    .next_back()
+                    .map(|(&k, _)| k)
+            });
         if let Some(key) = fit {
             let buf = self.idle.remove(&key).expect("found above");
             self.returned.remove(&key.1);
@@ -227,8 +235,11 @@ mod tests {
         // bound (three pages and a half).
         let big = pool.take(2 * P).unwrap();
         assert_eq!(pool.stats().released_blocks, 1);
+        // The two kept come back the last returned first.
         let kept = [pool.take(P).unwrap(), pool.take(P).unwrap()];
-        assert_eq!(kept.iter().map(|b| b.as_ptr()).collect::<Vec<_>>(), newer);
+        let mut got: Vec<_> = kept.iter().map(|b| b.as_ptr()).collect();
+        got.reverse();
+        assert_eq!(got, newer);
         assert_eq!(pool.stats().misses, 4);
         drop(big);
     }
