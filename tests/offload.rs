@@ -372,3 +372,99 @@ fn a_store_keeps_page_cache_backends_where_no_direct_one_opens_the_file() {
     assert!(store.get(&h).unwrap()[..] == tensor(7, len)[..]);
     assert!(store.stats().bytes_written >= len as u64);
 }
+
+/// An engine whose only backend sleeps `call_ms` per transfer: writes stay queued behind it.
+fn slow_engine(call_ms: u64) -> Engine {
+    use fastensor_testkit::throttled::{Cost, Costs, Throttled, Timing};
+    let slow = Throttled::new(
+        "slow",
+        Arc::new(MemoryBackend::new()),
+        Costs::uniform(Cost::new(call_ms * 1_000_000, 0.0)),
+        Timing::Sleep,
+    );
+    Engine::builder()
+        .registry(Registry::new())
+        .backend(Arc::new(slow))
+        .pin("slow")
+        .build()
+        .unwrap()
+}
+
+#[test]
+fn a_discarded_tensor_is_not_written_if_its_write_had_not_started() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = OffloadConfig::new(dir.path(), 1 << 20)
+        .small_threshold(0)
+        .io_threads(1);
+    let store = OffloadStore::new(&slow_engine(100), config).unwrap();
+    let first = store.put(tensor(1, 8192), "first").unwrap();
+    let second = store.put(tensor(2, 8192), "second").unwrap();
+    // The single I/O thread sleeps in the first write; the second waits in the queue.
+    store.discard(&second);
+    assert_eq!(
+        store.stats().held_bytes,
+        8192,
+        "only the first is still held"
+    );
+    store.flush();
+    let s = store.stats();
+    // The first, expected next, stays in memory once written.
+    assert_eq!((s.bytes_written, s.held_bytes), (8192, 8192), "{s:?}");
+    let err = store.get(&second).unwrap_err();
+    assert!(err.to_string().contains("second"), "{err}");
+    assert!(store.get(&first).unwrap()[..] == tensor(1, 8192)[..]);
+    assert_eq!(store.stats().gets_from_memory, 1);
+    drop(second);
+    assert_eq!(store.stats().file_allocated, 8192);
+}
+
+#[test]
+fn expect_backward_prefetches_the_last_tensors_before_any_get() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = OffloadConfig::new(dir.path(), 1 << 20)
+        .small_threshold(0)
+        .prefetch_depth(3);
+    let store = OffloadStore::new(&memory_engine(), config).unwrap();
+    let hs: Vec<_> = (0..8u64)
+        .map(|i| store.put(tensor(i, 8192), format!("l{i}")).unwrap())
+        .collect();
+    store.flush();
+    assert_eq!(
+        store.stats().prefetches,
+        0,
+        "nothing is read back while puts go on"
+    );
+    store.expect_backward();
+    store.flush();
+    let s = store.stats();
+    assert_eq!((s.prefetches, s.held_bytes), (3, 3 * 8192), "{s:?}");
+    for i in (0..8).rev() {
+        assert!(store.get(&hs[i]).unwrap()[..] == tensor(i as u64, 8192)[..]);
+    }
+    let s = store.stats();
+    assert_eq!(s.gets_from_disk, 0, "every get was prefetched: {s:?}");
+}
+
+#[test]
+fn discarding_moves_the_prefetch_past_the_tensor() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = OffloadConfig::new(dir.path(), 1 << 20)
+        .small_threshold(0)
+        .prefetch_depth(2);
+    let store = OffloadStore::new(&memory_engine(), config).unwrap();
+    let hs: Vec<_> = (0..6u64)
+        .map(|i| store.put(tensor(i, 8192), format!("l{i}")).unwrap())
+        .collect();
+    store.flush();
+    // The caller had the last two in memory: the prefetch goes on with the ones before.
+    store.discard(&hs[5]);
+    store.discard(&hs[4]);
+    store.flush();
+    // The read of the fifth may have started before it was discarded: it is dropped once
+    // done, and the two before it are held.
+    let s = store.stats();
+    assert_eq!(s.held_bytes, 2 * 8192, "{s:?}");
+    assert!(store.get(&hs[3]).unwrap()[..] == tensor(3, 8192)[..]);
+    assert!(store.get(&hs[2]).unwrap()[..] == tensor(2, 8192)[..]);
+    assert_eq!(store.stats().gets_from_disk, 0);
+}

@@ -192,6 +192,23 @@ impl PyOffloadStore {
         capsule(py, buf, length, Some(recycler))
     }
 
+    /// The puts are over: prefetching starts now, in backward order, from the last tensor.
+    fn expect_backward(&self) -> PyResult<()> {
+        self.with(|s| {
+            s.expect_backward();
+            Ok(())
+        })
+    }
+
+    /// The caller has this tensor's bytes in memory and will not `get` it: a write of it not
+    /// yet started is cancelled, and the prefetch moves past it.
+    fn discard(&self, handle: &PyHandle) -> PyResult<()> {
+        self.with(|s| {
+            let _ = handle.with(|h| s.discard(h));
+            Ok(())
+        })
+    }
+
     /// Starts reading these tensors back now, nearest first, as the budget allows.
     fn prefetch(&self, handles: Vec<PyRef<'_, PyHandle>>) -> PyResult<()> {
         let guards: Vec<_> = handles

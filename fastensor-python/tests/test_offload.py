@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
@@ -107,7 +108,10 @@ def test_transformer_gradients_bit_identical(tmp_path, prefetch):
     assert torch.equal(loss_ref, loss_off)
     assert_same_grads(ref, off)
     assert stats.tensors_offloaded >= 12
-    assert stats.bytes_written == stats.bytes_offloaded > 8 * MIB
+    # Everything is written but what was still waiting for its write when backward took it
+    # from its own memory (at most the budget's worth, pending when the forward pass ended).
+    assert stats.bytes_offloaded > 8 * MIB
+    assert stats.bytes_offloaded - budget <= stats.bytes_written <= stats.bytes_offloaded
     # each storage read back at most once (not at all when backward came before its write
     # ended: then it is answered from memory)
     assert 0 < stats.bytes_read <= stats.bytes_written
@@ -265,7 +269,8 @@ def test_graph_freed_without_backward_releases_everything(tmp_path):
     del loss
     gc.collect()
     assert swap_files(tmp_path) == []
-    assert stats.held_bytes == 0 and stats.bytes_read == 0
+    # Only the read-ahead that starts when the block ends (at most the budget) was read.
+    assert stats.held_bytes == 0 and stats.bytes_read <= 2 * MIB
 
 
 def test_exception_inside_the_block(tmp_path):
@@ -397,3 +402,34 @@ def test_cuda_tensors_staged_through_pinned_memory(tmp_path):
     loss.backward()
     assert stats.tensors_offloaded > 0
     assert_same_grads(ref, off)
+
+
+def test_a_saved_tensor_still_in_memory_comes_back_without_a_read(tmp_path):
+    x = torch.randn(512, 1024, requires_grad=True)
+    with offload(dir=tmp_path, budget_bytes=8 * MIB, min_bytes=64 << 10) as stats:
+        y = x.exp()  # exp saves its output, which the caller keeps
+        loss = y.sum()
+    loss.backward()
+    assert stats.tensors_offloaded == 1
+    assert stats.restored_in_place == 1
+    assert torch.equal(x.grad, y.detach())
+    del y, loss
+    gc.collect()
+    assert swap_files(tmp_path) == []
+
+
+def test_a_saved_tensor_changed_in_place_since_comes_back_as_packed(tmp_path):
+    x = torch.randn(512, 1024, requires_grad=True)
+    with offload(dir=tmp_path, budget_bytes=8 * MIB, min_bytes=64 << 10) as stats:
+        y = x.exp()
+        loss = y.sum()
+    expected = y.detach().clone()
+    deadline = time.monotonic() + 30
+    while stats.bytes_written < stats.bytes_offloaded and time.monotonic() < deadline:
+        time.sleep(0.01)  # once written, the packed bytes are on disk
+    with torch.no_grad():
+        y.add_(1.0)  # without offload autograd would refuse this; offload reads the packed bytes
+    loss.backward()
+    assert stats.restored_in_place == 0
+    assert stats.bytes_read >= y.numel() * 4
+    assert torch.equal(x.grad, expected)

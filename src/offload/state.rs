@@ -91,6 +91,8 @@ pub(crate) struct Entry {
     pub(crate) taken: bool,
     /// The handle was dropped while a transfer ran; the transfer's end frees it.
     pub(crate) dropped: bool,
+    /// The caller took its bytes elsewhere (`OffloadStore::discard`): no `get` is answered.
+    pub(crate) discarded: bool,
 }
 
 /// Work for an I/O thread.
@@ -246,6 +248,38 @@ impl State {
         self.remove(id);
     }
 
+    /// The caller needs `id` no more from the store (see `OffloadStore::discard`).
+    pub(crate) fn discard(&mut self, id: u64) {
+        let Some(e) = self.entries.get_mut(&id) else {
+            return;
+        };
+        e.taken = true;
+        e.discarded = true;
+        let before = self.jobs.len();
+        self.jobs
+            .retain(|j| !matches!(j, Job::Write { id: w, .. } if *w == id));
+        let cancelled_write = self.jobs.len() < before;
+        match &e.data {
+            Data::Writing(_) if cancelled_write => {
+                // Never written: nothing on disk to read, and its memory leaves the budget.
+                e.data = Data::OnDisk;
+                self.held -= e.len;
+            }
+            Data::Queued => {
+                self.jobs
+                    .retain(|j| !matches!(j, Job::Read { id: r, .. } if *r == id));
+                e.data = Data::OnDisk;
+                self.held -= e.len;
+            }
+            Data::Loaded(_) => {
+                e.data = Data::OnDisk;
+                self.held -= e.len;
+            }
+            _ => {}
+        }
+        self.schedule.taken(id);
+    }
+
     /// Cancels a queued prefetch of `id` (its `get` reads it directly instead).
     pub(crate) fn cancel_queued(&mut self, id: u64) {
         self.jobs.retain(|j| j.id() != id);
@@ -300,9 +334,15 @@ impl State {
             .get_mut(&id)
             .expect("read tensors stay until done");
         match result {
-            Ok(buf) if !e.dropped => {
+            Ok(buf) if !e.dropped && !e.discarded => {
                 self.stats.bytes_read += e.len;
                 e.data = Data::Loaded(buf);
+            }
+            Ok(_) if e.discarded && !e.dropped => {
+                // Read before the caller discarded it: not needed any more.
+                self.stats.bytes_read += e.len;
+                e.data = Data::OnDisk;
+                self.held -= e.len;
             }
             Ok(_) => {}
             Err(err) => {

@@ -251,6 +251,7 @@ impl OffloadStore {
             data: Data::OnDisk,
             taken: false,
             dropped: false,
+            discarded: false,
         };
         if small {
             st.stats.small_bytes += len;
@@ -307,6 +308,12 @@ impl OffloadStore {
         let mut stall = Duration::ZERO;
         loop {
             let e = st.entries.get_mut(&id).expect("a live handle has an entry");
+            if e.discarded {
+                return Err(Error::new(
+                    ErrorKind::InvalidInput,
+                    format!("tensor `{}` was discarded", handle.label),
+                ));
+            }
             let from_memory = match &mut e.data {
                 Data::Failed(f) => return Err(f.error()),
                 Data::Small(b) => Some(b.clone()),
@@ -401,6 +408,30 @@ impl OffloadStore {
         let mut st = self.shared.lock();
         st.schedule.clear_hint();
         self.shared.after_change(&mut st);
+    }
+
+    /// The puts are over and the gets begin with the last tensor put: in backward order
+    /// (without a hint), prefetching starts now, as the budget allows, instead of at the
+    /// first `get`.
+    pub fn expect_backward(&self) {
+        let mut st = self.shared.lock();
+        let next = st.next_id;
+        st.schedule.taken(next);
+        self.shared.after_change(&mut st);
+    }
+
+    /// The caller has the tensor's bytes from elsewhere (its own memory, still alive) and
+    /// will not `get` it: a write of it not yet started is cancelled (its memory leaves the
+    /// budget), and the schedule moves past it as a `get` would. Its file space stays until
+    /// the handle is dropped.
+    pub fn discard(&self, handle: &Handle) {
+        let s = &self.shared;
+        if !Arc::ptr_eq(&handle.shared, s) {
+            return;
+        }
+        let mut st = s.lock();
+        st.discard(handle.id);
+        s.after_change(&mut st);
     }
 
     /// Waits until every background write and read has finished.

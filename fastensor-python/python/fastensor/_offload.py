@@ -144,17 +144,45 @@ atexit.register(_close_all_at_exit)
 class _Record:
     """One offloaded storage: its handle in the store, and its bytes once restored."""
 
-    __slots__ = ("session", "handle", "source", "device", "nbytes", "restored", "__weakref__")
+    __slots__ = (
+        "session",
+        "handle",
+        "source",
+        "original",
+        "saved",
+        "version",
+        "device",
+        "nbytes",
+        "restored",
+        "__weakref__",
+    )
 
     def __init__(self, session: _Session, handle: Any, source: StorageWeakRef, device, nbytes):
         self.session = session
         self.handle = handle
         #: The original storage, weakly: a dead one means its address may be reused.
         self.source = source
+        #: The original storage's Python object (CPU), weakly: alive while its write is still
+        #: pending or something else holds it; unpack then takes it as it is.
+        self.original: weakref.ref | None = None
+        #: The saved tensor (weakly) and its version when packed: a tensor changed in place
+        #: since then comes back from disk, as packed.
+        self.saved: weakref.ref | None = None
+        self.version = 0
         self.device = device
         self.nbytes = nbytes
         #: The storage read back (kept while a saved tensor still refers to this record).
         self.restored: torch.UntypedStorage | None = None
+
+    def in_memory(self) -> torch.UntypedStorage | None:
+        """The original storage when it is still alive and unchanged since packed."""
+        original = self.original() if self.original is not None else None
+        if original is None:
+            return None
+        saved = self.saved() if self.saved is not None else None
+        if saved is not None and saved._version != self.version:
+            return None
+        return original
 
 
 # A packed saved tensor: its record, dtype, size, stride and storage offset.
@@ -197,6 +225,10 @@ class OffloadStats:
     bytes_written = _field("bytes_written", "Bytes written to the swap file.")
     bytes_read = _field("bytes_read", "Bytes read back from the swap file.")
     unpacks = _field("unpacks", "Saved tensors unpacked (each view counted).")
+    restored_in_place = _field(
+        "restored_in_place",
+        "Offloaded storages backward took from their original memory, still alive (no read).",
+    )
     unpack_stall_s = _field(
         "unpack_stall_s", "Time unpack waited for bytes to come back (wall, in backward)."
     )
@@ -258,6 +290,7 @@ class _Session:
                 "tensors_kept",
                 "bytes_kept",
                 "unpacks",
+                "restored_in_place",
             ),
             0,
         )
@@ -344,6 +377,10 @@ class _Session:
         rec = ref() if ref is not None else None
         if rec is None or rec.source.expired():
             rec = self._offload(storage, dev, nbytes)
+            if dev.type == "cpu":
+                rec.original = weakref.ref(storage)
+                rec.saved = weakref.ref(t)
+                rec.version = t._version
             by_key = self.by_key
 
             def forget(r: weakref.ref, key: tuple = key) -> None:
@@ -384,6 +421,13 @@ class _Session:
         rec, dtype, size, stride, offset = p
         self.counts["unpacks"] += 1
         storage = rec.restored
+        if storage is None:
+            storage = rec.in_memory()
+            if storage is not None:
+                # Still in memory (its write pending, or held elsewhere): no read at all.
+                self.store.discard(rec.handle)
+                self.counts["restored_in_place"] += 1
+                rec.restored = storage
         if storage is None:
             t0 = time.perf_counter()
             flat = torch.from_dlpack(self.store.get(rec.handle, rec.nbytes))
@@ -507,5 +551,9 @@ class offload:  # noqa: N801 (a context manager named as a function, like torch.
         hooks, self._hooks = self._hooks, None
         if hooks is not None:
             hooks.__exit__(*exc)
+        if session is not None and not session.store.closed:
+            # The forward pass is over: read back, in backward order, what backward needs
+            # first, while the caller computes its loss and starts backward.
+            session.store.expect_backward()
         # From here, the session lives as long as the graphs that hold its records.
         del session
