@@ -1,111 +1,108 @@
-"""Activation offload on a real CPU training step: no offload, activation checkpointing
+"""Activation offload on a real CPU training loop: no offload, activation checkpointing
 (``torch.utils.checkpoint``), and ``fastensor.torch.offload`` at several budgets.
 
     python bench/offload.py [--dir DIR] [--blocks 48] [--width 64] [--tokens 2048]
-                            [--min-bytes 262144] [--threads N]
-                            [--rounds 5] [--budgets 10,20,40] [--cap-div 8]
-                            [--sweep-widths 1024,512,...,8] [--sweep-blocks 8]
-                            [--sweep-rounds 5]
+                            [--min-bytes 262144] [--threads N] [--rounds 5] [--steps 4]
+                            [--budgets 10,20,40] [--cap-div 8]
+                            [--sweep-widths 1024,512,...,16] [--sweep-blocks 8]
+                            [--sweep-rounds 5] [--no-largest] [--no-sweep] [--json FILE]
 
 The model is a stack of pre-norm MLP blocks (LayerNorm, Linear d->4d, GELU, Linear 4d->d,
 residual), sized so its saved activations (about 40*d bytes a token a block) dominate
-memory. One training step is forward + loss + backward. Every configuration runs once per
-round after one warm-up step each, the rounds interleaved (the machine's speed swings
-between rounds); each figure is the median over rounds.
+memory. A training step is forward + loss + backward, and steps run back to back as in a
+training loop.
+
+Every configuration runs in a process of its own, started once and kept for the whole run
+(what offload and its caching allocator change is process-wide: glibc's and libc10's
+allocation), with torch's defaults except what the configuration itself does: "no offload"
+is a plain PyTorch process. Rounds are interleaved (each process in turn runs ``--steps``
+steps; the order reverses every round, the machine's speed swings between rounds); a
+round's figure is its median step, a ratio the median of the per-round ratios to no
+offload.
 
 Per configuration:
 - act held: peak bytes of activations held. No offload: every saved tensor (counted by a
   pass-through saved_tensors_hook); checkpointing: the block inputs it keeps plus one
-  block's activations during its recompute (computed from those counts); offload: the
-  store's peak (``stats.peak_held_bytes``, its own accounting) plus the tensors left in
-  memory (below ``min_bytes``).
-- peak RSS: the process's peak resident memory during the step above its level before the
-  step (VmHWM, reset through /proc/self/clear_refs; free heap returned first with
-  malloc_trim, so each step faults its memory in as a fresh process would). What stays
-  between steps (printed below the table) is not in it.
-- every configuration runs with glibc's mmap threshold fixed at min_bytes (what offload sets,
-  so that freed activations leave the process; see ``release_freed_memory``).
-- time (wall) and CPU time (the process's, every thread), and their ratios to no offload's
-  (median of the per-round ratios). On a machine shared with other work, wall time swings
-  with the others' load; CPU time shows the work offload adds, the stall the waiting.
-- stall: time backward waited in unpack; pack wait: time forward waited for the budget.
+  block's activations during its recompute; offload: the store's peak (its own accounting)
+  plus the tensors left in memory (below ``min_bytes``).
+- peak RSS: the process's peak resident memory above its level with the model and input
+  made and a one-token step run (which loads the code paths the configuration uses), every
+  step after included: what a training process at this batch needs, caches and pools
+  included.
+- time (wall) and CPU time (the process's, every thread) a step.
+- compute/I/O: no offload's step time over the offloaded bytes' write and read time at the
+  per-transfer rates the store measured; stall: time backward waited in unpack; pack wait:
+  time forward waited for the budget; in place: offloaded tensors backward took from their
+  own memory (still alive: no read).
 
-Then the largest batch that fits a memory cap, the peak RSS growth of a no-offload step at
-tokens/cap_div: each configuration's peak RSS per token at the base batch predicts its
-largest batch (offload's budget scaled with the batch); steps check it, bisecting between the
-cap's batch and the prediction while over the cap (at most 8 steps): the largest batch found
-within the cap is reported.
+Then the largest batch within a memory cap (no offload's peak RSS growth at
+tokens/cap_div): each configuration's peak RSS per token at the base batch predicts its
+largest batch (offload's budget scaled with the batch); fresh processes check it,
+bisecting between the cap's batch and the prediction while over the cap.
 
 Last, the stall sweep: the width shrinks at constant activation bytes (compute per byte
 falls with the width), at a budget of a tenth of the activations; per width, a block's
-compute time (no offload's step over the blocks) against its I/O time (its offloaded bytes
-at the write and the read rate the store measured), the slowdown, and the waits.
-
-``compute/I/O`` in the first table is the same ratio for the whole step: no offload's step
-time over the offloaded bytes' write and read time.
+compute time (no offload's step over the blocks) against its I/O time, the slowdown and
+the waits.
 """
 
 from __future__ import annotations
 
 import argparse
-import ctypes
 import gc
+import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
 import weakref
 
-import torch
-from fastensor._offload import release_freed_memory
-from fastensor.torch import offload
-from torch import nn
-from torch.utils.checkpoint import checkpoint
-
 MIB = 1 << 20
 #: Steps the largest-batch search may take per configuration.
 SEARCH_STEPS = 8
-_libc = ctypes.CDLL("libc.so.6")
+#: Steps a worker runs before it is measured (first-touch costs, the engine's first picks).
+WARM_UP_STEPS = 2
 
 
-class Block(nn.Module):
-    """Pre-norm MLP block: x + W2 gelu(W1 ln(x))."""
-
-    def __init__(self, d: int):
-        super().__init__()
-        self.ln = nn.LayerNorm(d)
-        self.fc1 = nn.Linear(d, 4 * d)
-        self.fc2 = nn.Linear(4 * d, d)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.fc2(nn.functional.gelu(self.fc1(self.ln(x))))
+# ---------------------------------------------------------------- the worker process
 
 
-class Model(nn.Module):
-    def __init__(self, d: int, blocks: int, ckpt: bool = False):
-        super().__init__()
-        self.blocks = nn.ModuleList(Block(d) for _ in range(blocks))
-        self.ckpt = ckpt
+def _model_classes():
+    import torch
+    from torch import nn
+    from torch.utils.checkpoint import checkpoint
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for b in self.blocks:
-            x = checkpoint(b, x, use_reentrant=False) if self.ckpt else b(x)
-        return x
+    class Block(nn.Module):
+        """Pre-norm MLP block: x + W2 gelu(W1 ln(x))."""
+
+        def __init__(self, d: int):
+            super().__init__()
+            self.ln = nn.LayerNorm(d)
+            self.fc1 = nn.Linear(d, 4 * d)
+            self.fc2 = nn.Linear(4 * d, d)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x + self.fc2(nn.functional.gelu(self.fc1(self.ln(x))))
+
+    class Model(nn.Module):
+        def __init__(self, d: int, blocks: int, ckpt: bool = False):
+            super().__init__()
+            self.blocks = nn.ModuleList(Block(d) for _ in range(blocks))
+            self.ckpt = ckpt
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            for b in self.blocks:
+                x = checkpoint(b, x, use_reentrant=False) if self.ckpt else b(x)
+            return x
+
+    return Model
 
 
 def rss_now() -> int:
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
-def reset_peak() -> int:
-    """Returns free heap to the system, resets the peak RSS, and returns the RSS now."""
-    gc.collect()
-    _libc.malloc_trim(0)
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")
-    return rss_now()
 
 
 def peak_rss() -> int:
@@ -116,8 +113,10 @@ def peak_rss() -> int:
     raise RuntimeError("no VmHWM in /proc/self/status")
 
 
-def saved_bytes(model: nn.Module, x: torch.Tensor) -> int:
+def saved_bytes(model, x) -> int:
     """Peak bytes of saved tensors held (unique storages), through a pass-through hook."""
+    import torch
+
     live: dict[int, int] = {}
     peak = [0]
 
@@ -144,293 +143,444 @@ def saved_bytes(model: nn.Module, x: torch.Tensor) -> int:
     return peak[0]
 
 
-def param_storage_bytes(model: nn.Module) -> int:
-    return sum(p.numel() * p.element_size() for p in model.parameters())
+class Worker:
+    """One configuration's training loop, in its own process."""
 
+    def __init__(self, spec: dict):
+        import torch
 
-def one_step(model: nn.Module, x: torch.Tensor, off: dict | None) -> dict:
-    """One training step; its time, peak RSS growth, and offload figures."""
-    base = reset_peak()
-    t0, c0 = time.perf_counter(), time.process_time()
-    if off is None:
-        loss = model(x).square().mean()
-        stats = None
-    else:
-        with offload(**off) as stats:
-            loss = model(x).square().mean()
-    loss.backward()
-    del loss
-    dt, cpu = time.perf_counter() - t0, time.process_time() - c0
-    peak = peak_rss() - base
-    out = {"time": dt, "cpu": cpu, "rss": peak}
-    if stats is not None:
+        if spec.get("threads"):
+            torch.set_num_threads(spec["threads"])
+        self.torch = torch
+        self.spec = spec
+        model_cls = _model_classes()
+        torch.manual_seed(0)
+        d, blocks, tokens = spec["width"], spec["blocks"], spec["tokens"]
+        self.model = model_cls(d, blocks, ckpt=spec["kind"] == "checkpoint")
+        for p in self.model.parameters():  # gradients exist from the start
+            p.grad = torch.zeros_like(p)
+        self.x = torch.randn(tokens, d)
+        self.params = sum(p.numel() * p.element_size() for p in self.model.parameters())
+        self.allocator = None
+        if spec["kind"] == "alloc":
+            from fastensor.torch import caching_allocator
+
+            self.allocator = caching_allocator(spec["min_bytes"]).__enter__()
+        # A one-token step first loads the code each configuration uses lazily (modules
+        # that checkpointing and offload import, the engine): the memory measured from here
+        # is the training step's.
+        full, self.x = self.x, self.x[:1].clone()
+        self.step()
+        self.x = full
         gc.collect()
-        d = stats.as_dict()
-        out.update(
-            held=d["peak_held_bytes"] + d["bytes_kept"],
-            stall=d["unpack_stall_s"],
-            wait=d["pack_wait_s"],
-            written=d["bytes_written"],
-            wgbps=stats.write_gbps,
-            rgbps=stats.read_gbps,
+        self.rss_base = rss_now()
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # VmHWM from here
+        self.footprint = None
+        if spec.get("footprint"):
+            self.footprint = saved_bytes(self.model, self.x)
+        for _ in range(WARM_UP_STEPS):
+            self.step()
+
+    def step(self) -> dict:
+        spec = self.spec
+        t0, c0 = time.perf_counter(), time.process_time()
+        if spec["kind"] == "offload":
+            from fastensor.torch import offload
+
+            kw = {
+                "dir": spec["dir"],
+                "budget_bytes": spec["budget"],
+                "min_bytes": spec["min_bytes"],
+                "caching_allocator": spec.get("caching_allocator", True),
+            }
+            if spec.get("io_threads"):
+                kw["io_threads"] = spec["io_threads"]
+            if "prefetch" in spec:
+                kw["prefetch"] = spec["prefetch"]
+            with offload(**kw) as stats:
+                loss = self.model(self.x).square().mean()
+        else:
+            stats = None
+            loss = self.model(self.x).square().mean()
+        loss.backward()
+        del loss
+        out = {"time": time.perf_counter() - t0, "cpu": time.process_time() - c0}
+        if stats is not None:
+            d = stats.as_dict()
+            out.update(
+                held=d["peak_held_bytes"] + d["bytes_kept"],
+                stall=d["unpack_stall_s"],
+                wait=d["pack_wait_s"],
+                offloaded=d["bytes_offloaded"],
+                written=d["bytes_written"],
+                wgbps=stats.write_gbps,
+                rgbps=stats.read_gbps,
+                in_place=d["restored_in_place"],
+                tensors=d["tensors_offloaded"],
+                allocator=d["caching_allocator"],
+            )
+        return out
+
+    def serve(self) -> None:
+        reply({"ready": True, "footprint": self.footprint, "params": self.params})
+        for line in sys.stdin:
+            cmd = json.loads(line)
+            if cmd.get("quit"):
+                return
+            steps = [self.step() for _ in range(cmd["steps"])]
+            reply({"steps": steps, "peak_rss": peak_rss() - self.rss_base})
+
+
+def reply(obj: dict) -> None:
+    sys.stdout.write(json.dumps(obj) + "\n")
+    sys.stdout.flush()
+
+
+def worker_main() -> None:
+    spec = json.loads(sys.stdin.readline())
+    Worker(spec).serve()
+
+
+# ---------------------------------------------------------------- the orchestrator
+
+
+class Proc:
+    """A worker process running one configuration."""
+
+    def __init__(self, spec: dict):
+        self.spec = spec
+        self.p = subprocess.Popen(
+            [sys.executable, os.path.abspath(__file__), "--worker"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            bufsize=1,
         )
+        self.send(spec)
+        self.ready = self.recv()
+
+    def send(self, obj: dict) -> None:
+        assert self.p.stdin is not None
+        self.p.stdin.write(json.dumps(obj) + "\n")
+        self.p.stdin.flush()
+
+    def recv(self) -> dict:
+        assert self.p.stdout is not None
+        line = self.p.stdout.readline()
+        if not line:
+            raise RuntimeError(f"worker {self.spec['name']} died (exit {self.p.wait()})")
+        return json.loads(line)
+
+    def run(self, steps: int) -> dict:
+        self.send({"steps": steps})
+        return self.recv()
+
+    def close(self) -> None:
+        if self.p.poll() is None:
+            self.send({"quit": True})
+            self.p.wait(60)
+
+
+def med(xs) -> float:
+    return statistics.median(xs)
+
+
+def round_figures(result: dict) -> dict:
+    """A round's figures: the median step (time, CPU and offload's figures)."""
+    steps = result["steps"]
+    out = {k: med(s[k] for s in steps) for k in steps[0] if k != "allocator"}
+    out["peak_rss"] = result["peak_rss"]
+    out["allocator"] = steps[-1].get("allocator")
     return out
 
 
-def fmt_bytes(n: float) -> str:
-    return f"{n / MIB:8.1f}"
+def interleaved(procs: dict[str, Proc], rounds: int, steps: int) -> dict[str, list[dict]]:
+    """Each process runs ``steps`` steps in turn, ``rounds`` times (order reversed every
+    other round); per process, its rounds' figures."""
+    names = list(procs)
+    out: dict[str, list[dict]] = {n: [] for n in names}
+    for r in range(rounds):
+        for name in names if r % 2 == 0 else reversed(names):
+            out[name].append(round_figures(procs[name].run(steps)))
+    return out
 
 
-def make_model(d: int, blocks: int) -> Model:
-    torch.manual_seed(0)
-    m = Model(d, blocks)
-    for p in m.parameters():  # grads exist from here on: not counted in a step's growth
-        p.grad = torch.zeros_like(p)
-    return m
+def ratio(rs: list[dict], base: list[dict], key: str = "time") -> float:
+    return med(r[key] / b[key] for r, b in zip(rs, base, strict=True))
+
+
+def io_time(rs: list[dict]) -> float:
+    """The offloaded bytes' write and read time at the store's per-transfer rates."""
+    return med(
+        r["written"] / 1e9 * (1 / r["wgbps"] + 1 / r["rgbps"])
+        for r in rs
+        if r["wgbps"] and r["rgbps"]
+    )
 
 
 def main() -> None:
+    if "--worker" in sys.argv:
+        worker_main()
+        return
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument(
-        "--threads",
-        type=int,
-        default=None,
-        help="torch's compute threads (default: torch's own, one per core)",
-    )
+    ap.add_argument("--threads", type=int, default=None, help="torch's compute threads")
     ap.add_argument("--dir", default=None, help="swap directory (default: a temp dir)")
     ap.add_argument("--blocks", type=int, default=48)
     ap.add_argument("--width", type=int, default=64)
     ap.add_argument("--tokens", type=int, default=2048, help="tokens a step (batch x seq)")
     ap.add_argument("--min-bytes", type=int, default=256 << 10, help="offload's min_bytes")
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--steps", type=int, default=4, help="steps a configuration runs a round")
     ap.add_argument("--budgets", default="10,20,40", help="offload budgets: footprint/N")
     ap.add_argument("--cap-div", type=int, default=8, help="cap: no offload at tokens/N")
-    ap.add_argument("--sweep-widths", default="1024,512,256,128,64,32,16,8")
+    ap.add_argument("--sweep-widths", default="1024,512,256,128,64,32,16")
     ap.add_argument("--sweep-rounds", type=int, default=5)
     ap.add_argument("--sweep-blocks", type=int, default=8)
+    ap.add_argument("--no-largest", action="store_true", help="skip the largest-batch search")
+    ap.add_argument("--no-sweep", action="store_true", help="skip the stall sweep")
+    ap.add_argument("--json", default=None, help="also write every figure to this file")
     args = ap.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    # The malloc setting offload makes (freed blocks of 1 MiB or more go back to the system),
-    # made first for every configuration alike.
-    released = release_freed_memory(args.min_bytes)
+
+    import torch
+
     tmp = tempfile.TemporaryDirectory(dir=args.dir or os.environ.get("FASTENSOR_OFFLOAD_DIR"))
     sdir = tmp.name
-    torch.manual_seed(0)
     d, L, T = args.width, args.blocks, args.tokens
-    model = make_model(d, L)
-    ckpt_model = make_model(d, L)
-    ckpt_model.load_state_dict(model.state_dict())
-    ckpt_model.ckpt = True
-    x = torch.randn(T, d)
-    footprint = saved_bytes(model, x)
+    common = {"width": d, "blocks": L, "min_bytes": args.min_bytes, "threads": args.threads}
+    threads = args.threads or torch.get_num_threads()
+    report: dict = {"args": vars(args), "torch": torch.__version__, "threads": threads}
+
+    base = Proc({**common, "name": "no offload", "kind": "none", "tokens": T, "footprint": 1})
+    footprint = base.ready["footprint"]
     block_bytes = footprint // L
-    # Checkpointing holds each block's input, and one block's activations in its recompute.
-    ckpt_held = L * T * d * x.element_size() + block_bytes
+    ckpt_held = L * T * d * 4 + block_bytes
     print(
         f"# fastensor offload benchmark: {L} MLP blocks, width {d}, {T} tokens; torch "
-        f"{torch.__version__}, {torch.get_num_threads()} threads; swap dir {sdir}; "
-        f"malloc mmap threshold {args.min_bytes} B: {released}"
+        f"{torch.__version__}, {threads} threads; swap dir {sdir}"
     )
     print(
         f"# saved activations {footprint / MIB:.1f} MiB ({block_bytes / MIB:.2f} MiB a block), "
-        f"parameters {param_storage_bytes(model) / MIB:.1f} MiB"
+        f"parameters {base.ready['params'] / MIB:.1f} MiB; {args.rounds} interleaved rounds "
+        f"of {args.steps} steps after {WARM_UP_STEPS} warm-up steps, one process a "
+        "configuration"
     )
-    configs: list[tuple[str, Model, dict | None]] = [
-        ("no offload", model, None),
-        ("checkpoint", ckpt_model, None),
-    ]
     divs = [int(v) for v in args.budgets.split(",") if v]
+    specs = [
+        {**common, "name": "no offload + caching allocator", "kind": "alloc", "tokens": T},
+        {**common, "name": "checkpointing", "kind": "checkpoint", "tokens": T},
+    ]
     for div in divs:
-        budget = max(footprint // div, 2 * MIB)
-        configs.append(
-            (
-                f"offload F/{div}",
-                model,
-                {"dir": sdir, "budget_bytes": budget, "min_bytes": args.min_bytes},
-            )
+        specs.append(
+            {
+                **common,
+                "name": f"offload F/{div}",
+                "kind": "offload",
+                "tokens": T,
+                "dir": sdir,
+                "budget": max(footprint // div, 2 * MIB),
+            }
         )
-    results: dict[str, list[dict]] = {name: [] for name, _, _ in configs}
-    # Warm-up: first-touch costs, the engine's first choices. What the offload steps leave
-    # resident (the I/O paths' pooled buffers among it) is measured across their warm-ups.
-    for _name, m, off in configs:
-        if off is None:
-            one_step(m, x, off)
-    rss_before = reset_peak()
-    for _name, m, off in configs:
-        if off is not None:
-            one_step(m, x, off)
-    for _ in range(args.rounds):
-        for name, m, off in configs:
-            results[name].append(one_step(m, x, off))
-    rss_after = reset_peak()
-
-    def med(name: str, key: str) -> float:
-        return statistics.median(r[key] for r in results[name])
-
-    def slowdown(name: str, key: str = "time") -> float:
-        pairs = zip(results[name], results["no offload"], strict=True)
-        return statistics.median(r[key] / b[key] for r, b in pairs)
+    big = f"offload F/{max(divs)}"
+    specs.append(
+        {
+            **next(s for s in specs if s["name"] == big),
+            "name": f"{big}, no caching allocator",
+            "caching_allocator": False,
+        }
+    )
+    procs = {"no offload": base}
+    for spec in specs:
+        procs[spec["name"]] = Proc(spec)
+    results = interleaved(procs, args.rounds, args.steps)
+    for p in procs.values():
+        p.close()
+    nb = results["no offload"]
 
     print()
     print(
         "| configuration | budget MiB | act held MiB | footprint/held | peak RSS MiB "
-        "| time s | slowdown | CPU s | CPU ratio | compute/I/O | stall s | pack wait s "
-        "| write GB/s "
-        "| read GB/s |"
+        "| step s | slowdown | CPU s | CPU ratio | compute/I/O | stall s | pack wait s "
+        "| write GB/s | read GB/s | in place |"
     )
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for name, _, off in configs:
-        if off is None:
-            held = footprint if name == "no offload" else ckpt_held
-            budget, extra = "-", "| - | - | - | - | - |"
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    rows = []
+    for name, rs in results.items():
+        spec = procs[name].spec
+        if spec["kind"] != "offload":
+            held = ckpt_held if spec["kind"] == "checkpoint" else footprint
+            budget, extra = "-", "| - | - | - | - | - | - |"
         else:
-            held = med(name, "held")
-            budget = f"{off['budget_bytes'] / MIB:.1f}"
-            io = med(name, "written") / 1e9 * (1 / med(name, "wgbps") + 1 / med(name, "rgbps"))
+            held = med(r["held"] for r in rs)
+            budget = f"{spec['budget'] / MIB:.1f}"
             extra = (
-                f"| {med('no offload', 'time') / io:.2f} "
-                f"| {med(name, 'stall'):.3f} | {med(name, 'wait'):.3f} "
-                f"| {med(name, 'wgbps'):.2f} | {med(name, 'rgbps'):.2f} |"
+                f"| {med(r['time'] for r in nb) / io_time(rs):.2f} "
+                f"| {med(r['stall'] for r in rs):.3f} | {med(r['wait'] for r in rs):.3f} "
+                f"| {med(r['wgbps'] for r in rs):.2f} | {med(r['rgbps'] for r in rs):.2f} "
+                f"| {med(r['in_place'] for r in rs):.0f}/{med(r['tensors'] for r in rs):.0f} |"
             )
+        row = {
+            "name": name,
+            "held": held,
+            "peak_rss": med(r["peak_rss"] for r in rs),
+            "time": med(r["time"] for r in rs),
+            "slowdown": ratio(rs, nb),
+            "cpu": med(r["cpu"] for r in rs),
+            "cpu_ratio": ratio(rs, nb, "cpu"),
+        }
+        rows.append(row)
         print(
             f"| {name} | {budget} | {held / MIB:.1f} | {footprint / held:.1f}x "
-            f"| {med(name, 'rss') / MIB:.1f} | {med(name, 'time'):.3f} "
-            f"| {slowdown(name):.3f}x | {med(name, 'cpu'):.3f} | {slowdown(name, 'cpu'):.3f}x "
-            f"{extra}"
+            f"| {row['peak_rss'] / MIB:.1f} | {row['time']:.3f} | {row['slowdown']:.3f}x "
+            f"| {row['cpu']:.3f} | {row['cpu_ratio']:.3f}x {extra}"
         )
-    print()
+    report["main"] = {"rows": rows, "rounds": results}
     print(
-        f"# resident between steps: {rss_before / MIB:.1f} MiB before the first offload step, "
-        f"{rss_after / MIB:.1f} MiB after the rounds (what the offload steps left, the I/O "
-        "paths' pooled buffers among it; not in a step's growth)"
-    )
-    print(
-        "# rounds (wall s / CPU s): "
+        "# rounds (step s): "
         + "; ".join(
-            f"{name}: " + ", ".join(f"{r['time']:.2f}/{r['cpu']:.2f}" for r in results[name])
-            for name, _, _ in configs
+            f"{name}: " + ", ".join(f"{r['time']:.3f}" for r in rs) for name, rs in results.items()
         )
     )
 
-    # Largest batch within a memory cap: the no-offload step's peak RSS growth at
-    # tokens/cap_div. Each configuration's peak RSS per token at the base batch predicts its
-    # largest batch (offload's budget scaled with the batch); steps check it, bisecting
-    # between the cap's batch and the prediction while over the cap.
+    if not args.no_largest:
+        report["largest"] = largest_batch(args, common, sdir, footprint, results, divs)
+    if not args.no_sweep:
+        report["sweep"] = sweep(args, common, sdir)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=1)
+    tmp.cleanup()
+
+
+def largest_batch(args, common, sdir, footprint, results, divs) -> list[dict]:
+    """The largest batch within no offload's peak RSS growth at tokens/cap_div."""
+    T = args.tokens
     cap_tokens = T // args.cap_div
-    xc = torch.randn(cap_tokens, d)
-    one_step(model, xc, None)
-    cap_runs = sorted((one_step(model, xc, None) for _ in range(3)), key=lambda r: r["rss"])
-    cap_run = cap_runs[1]  # the median one: no offload's own row below
-    cap = cap_run["rss"]
-    del xc
+
+    def probe(kind: str, n: int, budget_div: int | None = None) -> dict:
+        spec = {**common, "name": kind, "kind": kind, "tokens": n}
+        if budget_div:
+            spec.update(dir=sdir, budget=max(footprint * n // T // budget_div, 2 * MIB))
+        p = Proc(spec)
+        try:
+            r = round_figures(p.run(2))
+        finally:
+            p.close()
+        return r
+
+    cap_run = probe("none", cap_tokens)
+    cap = cap_run["peak_rss"]
     big = f"offload F/{max(divs)}"
     print()
     print(
         f"## largest batch within a cap of {cap / MIB:.1f} MiB of peak RSS growth "
-        f"(no offload's at {cap_tokens} tokens)"
+        f"(no offload's at {cap_tokens} tokens; a fresh process a probe)"
     )
     print(
         "| configuration | RSS per 1k tokens MiB (at base batch) | predicted max tokens "
-        "| checked max tokens | its peak RSS MiB | its time s | vs no offload |"
+        "| checked max tokens | its peak RSS MiB | its step s | vs no offload |"
     )
     print("|---|---:|---:|---:|---:|---:|---:|")
-
-    def fits(name: str, m: Model, n: int) -> dict | None:
-        """A step at ``n`` tokens after a warm-up step at that shape (a first step at a new
-        shape allocates more: library caches, buffers of other lengths); its figures when its
-        peak RSS growth is within the cap."""
-        kw = None
-        if name == big:
-            kw = {
-                "dir": sdir,
-                "budget_bytes": max(footprint * n // T // max(divs), 2 * MIB),
-                "min_bytes": args.min_bytes,
-            }
-        xb = torch.randn(n, d)
-        one_step(m, xb, kw)  # warm-up at this shape, as every configuration gets above
-        r = one_step(m, xb, kw)
-        del xb
-        return r if r["rss"] <= cap else None
-
-    for name, m in (("no offload", model), ("checkpoint", ckpt_model), (big, model)):
-        per_tok = med(name, "rss") / T
+    out = []
+    for name, kind, div in (
+        ("no offload", "none", None),
+        ("checkpointing", "checkpoint", None),
+        (big, "offload", max(divs)),
+    ):
+        per_tok = med(r["peak_rss"] for r in results[name]) / T
         predicted = max(1, int(cap / per_tok))
-        if name == "no offload":
+        if kind == "none":
             best, best_r = cap_tokens, cap_run
         else:
-            # Bisection between the cap's own batch (fits: no offload's) and the prediction,
-            # SEARCH_STEPS probes (the prediction itself first), each a warm-up step and a
-            # measured one.
             best, best_r = None, None
-            lo, hi = cap_tokens, predicted
-            probe = predicted
+            lo, hi, n = cap_tokens, predicted, predicted
             for _ in range(SEARCH_STEPS):
-                r = fits(name, m, probe)
-                if r is not None:
-                    best, best_r, lo = probe, r, probe
-                    if probe == hi:
+                r = probe(kind, n, div)
+                if r["peak_rss"] <= cap:
+                    best, best_r, lo = n, r, n
+                    if n == hi:
                         break
                 else:
-                    hi = probe - 1
+                    hi = n - 1
                 if hi <= lo:
                     break
-                probe = (lo + hi + 1) // 2
+                n = (lo + hi + 1) // 2
+        row = {"name": name, "per_1k": per_tok * 1024, "predicted": predicted, "tokens": best}
+        out.append(row)
         if best is None:
             print(f"| {name} | {per_tok * 1024 / MIB:.2f} | {predicted} | none found | - | - | - |")
             continue
+        row.update(peak_rss=best_r["peak_rss"], time=best_r["time"])
         print(
             f"| {name} | {per_tok * 1024 / MIB:.2f} | {predicted} | {best} "
-            f"| {best_r['rss'] / MIB:.1f} | {best_r['time']:.2f} | {best / cap_tokens:.1f}x |"
+            f"| {best_r['peak_rss'] / MIB:.1f} | {best_r['time']:.2f} | {best / cap_tokens:.1f}x |"
         )
+    return out
 
-    # The stall as compute shrinks: wider blocks do more compute per byte saved (a block's
-    # matmuls grow with width squared a token, its activations with the width), so at
-    # constant activation bytes the width sets compute against I/O.
+
+def sweep(args, common, sdir) -> list[dict]:
+    """Slowdown and stall as compute per byte shrinks, at constant activation bytes."""
     widths = [int(w) for w in args.sweep_widths.split(",") if w]
     Ls = args.sweep_blocks
+    T, d = args.tokens, args.width
     print()
     print(
         f"## stall as compute per byte shrinks ({Ls} blocks, budget = activations/10, "
-        f"{args.sweep_rounds} interleaved rounds; compute/block = no offload's step time / "
-        "blocks, I/O/block = a block's offloaded bytes at the store's write and read rates)"
+        f"{args.sweep_rounds} interleaved rounds of {args.steps} steps; compute/block = no "
+        "offload's step time / blocks, I/O/block = a block's offloaded bytes at the store's "
+        "write and read rates)"
     )
     print(
         "| width | tokens | act MiB | act/held | compute/block ms | I/O/block ms | compute/I/O "
         "| no offload s | offload s | slowdown | CPU ratio | stall s | pack wait s |"
     )
     print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    out = []
     for w in widths:
         tokens = max(1, T * d // w)
-        m = make_model(w, Ls)
-        xs = torch.randn(tokens, w)
-        act = saved_bytes(m, xs) - param_storage_bytes(m)
-        kw = {"dir": sdir, "budget_bytes": max(act // 10, 2 * MIB), "min_bytes": args.min_bytes}
-        one_step(m, xs, None)
-        one_step(m, xs, kw)
-        rs = [(one_step(m, xs, None), one_step(m, xs, kw)) for _ in range(args.sweep_rounds)]
-        tn = statistics.median(a["time"] for a, _ in rs)
-        to = statistics.median(b["time"] for _, b in rs)
-        sl = statistics.median(b["time"] / a["time"] for a, b in rs)
-        sc = statistics.median(b["cpu"] / a["cpu"] for a, b in rs)
-        st = statistics.median(b["stall"] for _, b in rs)
-        wt = statistics.median(b["wait"] for _, b in rs)
-        held = statistics.median(b["held"] for _, b in rs)
-        io = statistics.median(
-            b["written"] / 1e9 * (1 / b["wgbps"] + 1 / b["rgbps"])
-            for _, b in rs
-            if b["wgbps"] and b["rgbps"]
+        sweep_common = {**common, "width": w, "blocks": Ls, "tokens": tokens}
+        none = Proc({**sweep_common, "name": "none", "kind": "none", "footprint": 1})
+        act = none.ready["footprint"] - none.ready["params"]
+        off = Proc(
+            {
+                **sweep_common,
+                "name": "offload",
+                "kind": "offload",
+                "dir": sdir,
+                "budget": max(act // 10, 2 * MIB),
+            }
         )
+        res = interleaved({"none": none, "off": off}, args.sweep_rounds, args.steps)
+        none.close()
+        off.close()
+        a, b = res["none"], res["off"]
+        tn = med(r["time"] for r in a)
+        io = io_time(b)
+        held = med(r["held"] for r in b)
         compute_ms, io_ms = tn / Ls * 1e3, io / Ls * 1e3
+        row = {
+            "width": w,
+            "tokens": tokens,
+            "act": act,
+            "held": held,
+            "compute_ms": compute_ms,
+            "io_ms": io_ms,
+            "none": tn,
+            "off": med(r["time"] for r in b),
+            "slowdown": ratio(b, a),
+            "cpu_ratio": ratio(b, a, "cpu"),
+            "stall": med(r["stall"] for r in b),
+            "wait": med(r["wait"] for r in b),
+        }
+        out.append(row)
         print(
             f"| {w} | {tokens} | {act / MIB:.1f} | {act / held:.1f}x "
-            f"| {compute_ms:.1f} | {io_ms:.1f} "
-            f"| {compute_ms / io_ms:.2f} | {tn:.3f} | {to:.3f} | {sl:.3f}x | {sc:.3f}x "
-            f"| {st:.3f} | {wt:.3f} |"
+            f"| {compute_ms:.1f} | {io_ms:.1f} | {compute_ms / io_ms:.2f} "
+            f"| {tn:.3f} | {row['off']:.3f} | {row['slowdown']:.3f}x | {row['cpu_ratio']:.3f}x "
+            f"| {row['stall']:.3f} | {row['wait']:.3f} |"
         )
-        del m, xs
-    tmp.cleanup()
-    sys.stdout.flush()
+        sys.stdout.flush()
+    return out
 
 
 if __name__ == "__main__":

@@ -150,7 +150,11 @@ unsafe extern "C" fn pool_posix_memalign(
     align: usize,
     size: usize,
 ) -> c_int {
-    if size >= MIN_BYTES.load(Ordering::Relaxed) && align <= PAGE && !out.is_null() {
+    if size >= MIN_BYTES.load(Ordering::Relaxed)
+        && align.is_power_of_two()
+        && align <= PAGE
+        && !out.is_null()
+    {
         let block = STATE.with(|s| match s.pool().take(size) {
             Ok(mut buf) => {
                 let p = buf.as_mut_ptr();

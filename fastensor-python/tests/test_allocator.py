@@ -171,3 +171,42 @@ def test_offload_without_the_pool_falls_back(tmp_path):
     assert not stats.caching_allocator
     assert "caching_allocator=False" in stats.as_dict()["caching_allocator_reason"]
     assert torch.allclose(x.grad, 2 * (2 * x.detach()).exp())
+
+
+def test_common_tensor_operations_on_pool_memory(tmp_path):
+    import io
+
+    import numpy as np
+
+    live_before = allocator_stats()["live_bytes"]
+    with caching_allocator(min_bytes=64 << 10):
+        a = torch.randn(256, 512)
+        assert _in_pool(a)
+        # numpy shares the pool block; the tensor keeps it alive.
+        n = a.numpy()
+        n[0, 0] = 7.0
+        assert a[0, 0] == 7.0
+        del n
+        # torch.save / torch.load round trip (the loaded storages come from the pool too).
+        buf = io.BytesIO()
+        torch.save({"a": a, "b": a[1:].clone()}, buf)
+        buf.seek(0)
+        back = torch.load(buf)
+        assert torch.equal(back["a"], a) and torch.equal(back["b"], a[1:])
+        path = tmp_path / "t.pt"
+        torch.save(a, path)
+        assert torch.equal(torch.load(path, mmap=True), a)
+        # Resizing a pool-backed tensor moves it to a new block and frees the old one.
+        c = a.clone()
+        c.resize_(512, 512)
+        assert torch.equal(c[:256], a)
+        s = a.clone().untyped_storage()
+        s.resize_(s.nbytes() * 2)
+        # Kernels of every kind on pool memory.
+        assert torch.allclose((a @ a.T).diagonal(), (a * a).sum(1), rtol=1e-4, atol=1e-3)
+        assert torch.equal(torch.cat([a, a]).view(2, 256, 512)[1], a)
+        assert torch.equal(a.sort(dim=1).values, torch.from_numpy(np.sort(a.numpy(), axis=1)))
+        f = torch.fft.rfft(a)
+        assert f.shape == (256, 257)
+        del a, back, c, s, f
+    assert allocator_stats()["live_bytes"] == live_before, "every block came back"
