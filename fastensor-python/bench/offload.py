@@ -4,7 +4,7 @@
     python bench/offload.py [--dir DIR] [--blocks 48] [--width 64] [--tokens 2048]
                             [--min-bytes 262144] [--threads N] [--rounds 5] [--steps 4]
                             [--budgets 10,20,40] [--cap-div 8]
-                            [--sweep-widths 1024,512,...,16] [--sweep-blocks 8]
+                            [--sweep-widths 1024,512,...,16] [--sweep-blocks 24]
                             [--sweep-rounds 5] [--no-largest] [--no-sweep] [--json FILE]
 
 The model is a stack of pre-norm MLP blocks (LayerNorm, Linear d->4d, GELU, Linear 4d->d,
@@ -41,9 +41,10 @@ largest batch (offload's budget scaled with the batch); fresh processes check it
 bisecting between the cap's batch and the prediction while over the cap.
 
 Last, the stall sweep: the width shrinks at constant activation bytes (compute per byte
-falls with the width), at a budget of a tenth of the activations; per width, a block's
-compute time (no offload's step over the blocks) against its I/O time, the slowdown and
-the waits.
+falls with the width), at a budget of a tenth of the activations (which spans 2.4 of the 24
+blocks: a block's writes overlap the next blocks' compute); per width, a block's compute
+time (no offload's step over the blocks) against its I/O time, the slowdown and the waits,
+and checkpointing's slowdown beside it.
 """
 
 from __future__ import annotations
@@ -336,7 +337,9 @@ def main() -> None:
     ap.add_argument("--cap-div", type=int, default=8, help="cap: no offload at tokens/N")
     ap.add_argument("--sweep-widths", default="1024,512,256,128,64,32,16")
     ap.add_argument("--sweep-rounds", type=int, default=5)
-    ap.add_argument("--sweep-blocks", type=int, default=8)
+    # A budget of a tenth of the activations spans 2.4 blocks at 24 (below one block at 8:
+    # a block's writes could not overlap the next block's compute, which the sweep is about).
+    ap.add_argument("--sweep-blocks", type=int, default=24)
     ap.add_argument("--no-largest", action="store_true", help="skip the largest-batch search")
     ap.add_argument("--no-sweep", action="store_true", help="skip the stall sweep")
     ap.add_argument("--json", default=None, help="also write every figure to this file")
@@ -525,16 +528,17 @@ def sweep(args, common, sdir) -> list[dict]:
     T, d = args.tokens, args.width
     print()
     print(
-        f"## stall as compute per byte shrinks ({Ls} blocks, budget = activations/10, "
+        f"## stall as compute per byte shrinks ({Ls} blocks, offload's budget = activations/10, "
         f"{args.sweep_rounds} interleaved rounds of {args.steps} steps; compute/block = no "
         "offload's step time / blocks, I/O/block = a block's offloaded bytes at the store's "
         "write and read rates)"
     )
     print(
         "| width | tokens | act MiB | act/held | compute/block ms | I/O/block ms | compute/I/O "
-        "| no offload s | offload s | slowdown | CPU ratio | stall s | pack wait s |"
+        "| no offload s | offload s | slowdown | CPU ratio | stall s | pack wait s "
+        "| checkpointing s | its slowdown |"
     )
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     out = []
     for w in widths:
         tokens = max(1, T * d // w)
@@ -550,10 +554,12 @@ def sweep(args, common, sdir) -> list[dict]:
                 "budget": max(act // 10, 2 * MIB),
             }
         )
-        res = interleaved({"none": none, "off": off}, args.sweep_rounds, args.steps)
-        none.close()
-        off.close()
-        a, b = res["none"], res["off"]
+        ckpt = Proc({**sweep_common, "name": "checkpointing", "kind": "checkpoint"})
+        procs = {"none": none, "off": off, "ckpt": ckpt}
+        res = interleaved(procs, args.sweep_rounds, args.steps)
+        for p in procs.values():
+            p.close()
+        a, b, c = res["none"], res["off"], res["ckpt"]
         tn = med(r["time"] for r in a)
         io = io_time(b)
         held = med(r["held"] for r in b)
@@ -571,13 +577,16 @@ def sweep(args, common, sdir) -> list[dict]:
             "cpu_ratio": ratio(b, a, "cpu"),
             "stall": med(r["stall"] for r in b),
             "wait": med(r["wait"] for r in b),
+            "checkpointing": med(r["time"] for r in c),
+            "checkpointing_slowdown": ratio(c, a),
         }
         out.append(row)
         print(
             f"| {w} | {tokens} | {act / MIB:.1f} | {act / held:.1f}x "
             f"| {compute_ms:.1f} | {io_ms:.1f} | {compute_ms / io_ms:.2f} "
             f"| {tn:.3f} | {row['off']:.3f} | {row['slowdown']:.3f}x | {row['cpu_ratio']:.3f}x "
-            f"| {row['stall']:.3f} | {row['wait']:.3f} |"
+            f"| {row['stall']:.3f} | {row['wait']:.3f} "
+            f"| {row['checkpointing']:.3f} | {row['checkpointing_slowdown']:.3f}x |"
         )
         sys.stdout.flush()
     return out
