@@ -13,10 +13,10 @@
 //! glibc unchanged; no other library's calls are affected.
 //!
 //! Who owns what: the pool owns every block; torch owns a block from the `posix_memalign`
-//! that returned it to the `free` that gives it back. The pool keeps idle blocks up to the
-//! most it had handed out at once (see [`BlockPool`]); `trim` releases them. Once installed
-//! the redirection stays for the life of the process (memory handed out must come back
-//! through it); disabled, it only recognises its own blocks on `free`.
+//! that returned it to the `free` that gives it back. The pool keeps at most half again the
+//! most it had handed out at once (see [`BlockPool`]); `trim` releases its idle blocks. Once
+//! installed the redirection stays for the life of the process (memory handed out must come
+//! back through it); disabled, it only recognises its own blocks on `free`.
 
 use fastensor::offload::{BlockPool, PoolStats};
 use fastensor::HostBuffer;
