@@ -396,7 +396,7 @@ fn a_discarded_tensor_is_not_written_if_its_write_had_not_started() {
     let config = OffloadConfig::new(dir.path(), 1 << 20)
         .small_threshold(0)
         .io_threads(1);
-    let store = OffloadStore::new(&slow_engine(100), config).unwrap();
+    let store = OffloadStore::new(&slow_engine(300), config).unwrap();
     let first = store.put(tensor(1, 8192), "first").unwrap();
     let second = store.put(tensor(2, 8192), "second").unwrap();
     // The single I/O thread sleeps in the first write; the second waits in the queue.
@@ -439,6 +439,7 @@ fn expect_backward_prefetches_the_last_tensors_before_any_get() {
     let s = store.stats();
     assert_eq!((s.prefetches, s.held_bytes), (3, 3 * 8192), "{s:?}");
     for i in (0..8).rev() {
+        store.flush(); // the reads the last get started are done: no race with this one
         assert!(store.get(&hs[i]).unwrap()[..] == tensor(i as u64, 8192)[..]);
     }
     let s = store.stats();
