@@ -152,7 +152,6 @@ class Worker:
 
         if spec.get("threads"):
             torch.set_num_threads(spec["threads"])
-        self.torch = torch
         self.spec = spec
         model_cls = _model_classes()
         torch.manual_seed(0)

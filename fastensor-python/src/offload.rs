@@ -188,7 +188,7 @@ impl PyOffloadStore {
             let buf = handle.with(|h| py.detach(|| s.get(h)))?.py_err()?;
             Ok((buf, s.recycler()))
         })?;
-        let length = length.unwrap_or(buf.len()).min(buf.len());
+        let length = length.unwrap_or(buf.len());
         capsule(py, buf, length, Some(recycler))
     }
 
@@ -352,7 +352,7 @@ unsafe extern "C" fn capsule_destructor(cap: *mut ffi::PyObject) {
 }
 
 /// `buf` as a DLPack capsule of a one-dimensional `uint8` host tensor of its first `length`
-/// bytes that owns it (given to `recycler`, if any, when the tensor is deleted).
+/// bytes (at most all of it) that owns it (given to `recycler`, if any, when the tensor is deleted).
 fn capsule(
     py: Python<'_>,
     mut buf: HostBuffer,

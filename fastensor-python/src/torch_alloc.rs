@@ -177,19 +177,24 @@ unsafe extern "C" fn pool_posix_memalign(
     unsafe { libc::posix_memalign(out, align, size) }
 }
 
-/// Takes back the block at `p`, if it is one of the pool's; its length then.
-fn take_back(p: *mut c_void) -> Option<HostBuffer> {
-    if p.is_null() || (p as usize) % PAGE != 0 || !HANDED_OUT.load(Ordering::Acquire) {
-        return None;
-    }
-    STATE.with(|s| s.held().remove(&(p as usize)))
+/// Whether `p` may be one of the pool's blocks (the lock need not be taken otherwise).
+fn maybe_ours(p: *mut c_void) -> bool {
+    !p.is_null() && (p as usize) % PAGE == 0 && HANDED_OUT.load(Ordering::Acquire)
 }
 
 /// `free` for `libc10.so`: the pool's blocks go back to it, everything else to glibc.
 unsafe extern "C" fn pool_free(p: *mut c_void) {
-    if let Some(buf) = take_back(p) {
-        STATE.with(|s| s.pool().give(buf));
-        return;
+    if maybe_ours(p) {
+        let ours = STATE.with(|s| match s.held().remove(&(p as usize)) {
+            Some(buf) => {
+                s.pool().give(buf);
+                true
+            }
+            None => false,
+        });
+        if ours {
+            return;
+        }
     }
     // SAFETY: not one of the pool's blocks: memory glibc handed out, as the caller meant.
     unsafe { libc::free(p) }
@@ -198,20 +203,25 @@ unsafe extern "C" fn pool_free(p: *mut c_void) {
 /// `realloc` for `libc10.so`: a pool block moves to glibc memory (torch does not resize
 /// tensor memory this way; this only keeps such a call correct).
 unsafe extern "C" fn pool_realloc(p: *mut c_void, size: usize) -> *mut c_void {
-    let Some(buf) = take_back(p) else {
+    let len = if maybe_ours(p) {
+        STATE.with(|s| s.held().get(&(p as usize)).map(|b| b.len()))
+    } else {
+        None
+    };
+    let Some(len) = len else {
         // SAFETY: not one of the pool's blocks: glibc's, as the caller meant.
         return unsafe { libc::realloc(p, size) };
     };
-    // SAFETY: malloc has no preconditions; the copy stays within both allocations.
+    // SAFETY: malloc has no preconditions.
     let new = unsafe { libc::malloc(size.max(1)) };
     if new.is_null() {
-        // realloc's contract on failure: the old block stays the caller's.
-        STATE.with(|s| s.held().insert(p as usize, buf));
-        return std::ptr::null_mut();
+        return new; // realloc's contract on failure: the old block stays the caller's
     }
-    // SAFETY: `new` holds `size` bytes and `buf` its length; the ranges do not overlap.
-    unsafe { std::ptr::copy_nonoverlapping(buf.as_ptr(), new.cast::<u8>(), size.min(buf.len())) };
-    STATE.with(|s| s.pool().give(buf));
+    // SAFETY: `new` holds `size` bytes and the block at `p`, which torch still holds (it is
+    // the caller's until given back below), `len`; the ranges do not overlap.
+    unsafe { std::ptr::copy_nonoverlapping(p.cast::<u8>(), new.cast::<u8>(), size.min(len)) };
+    // SAFETY: `p` is one of the pool's blocks (found above), given back once.
+    unsafe { pool_free(p) };
     new
 }
 

@@ -286,7 +286,7 @@ unsafe fn write_slot(
     value: usize,
     read_only: bool,
 ) -> std::result::Result<usize, std::io::Error> {
-    let page = page_size();
+    let page = crate::page_size() as usize;
     let start = slot & !(page - 1);
     let rw = libc::PROT_READ | libc::PROT_WRITE;
     // SAFETY: `start` is the page holding the slot, mapped (the object is loaded); making it
@@ -307,16 +307,6 @@ unsafe fn write_slot(
         }
     }
     Ok(previous)
-}
-
-fn page_size() -> usize {
-    // SAFETY: sysconf has no preconditions.
-    let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-    if p > 0 {
-        p as usize
-    } else {
-        4096
-    }
 }
 
 /// Puts back what [`redirect`] wrote: each slot gets its previous address again.

@@ -255,32 +255,19 @@ impl State {
         };
         e.taken = true;
         e.discarded = true;
-        let before = self.jobs.len();
-        self.jobs
-            .retain(|j| !matches!(j, Job::Write { id: w, .. } if *w == id));
-        let cancelled_write = self.jobs.len() < before;
-        match &e.data {
-            Data::Writing(_) if cancelled_write => {
-                // Never written: nothing on disk to read, and its memory leaves the budget.
-                e.data = Data::OnDisk;
-                self.held -= e.len;
-            }
-            Data::Queued => {
-                self.jobs
-                    .retain(|j| !matches!(j, Job::Read { id: r, .. } if *r == id));
-                e.data = Data::OnDisk;
-                self.held -= e.len;
-            }
-            Data::Loaded(_) => {
-                e.data = Data::OnDisk;
-                self.held -= e.len;
-            }
-            _ => {}
+        let loaded = matches!(e.data, Data::Loaded(_));
+        if loaded {
+            e.data = Data::OnDisk;
+            self.held -= e.len;
+        } else if self.jobs.iter().any(|j| j.id() == id) {
+            // A write not yet started (never on disk: nothing to read) or a queued read.
+            self.cancel_queued(id);
         }
         self.schedule.taken(id);
     }
 
-    /// Cancels a queued prefetch of `id` (its `get` reads it directly instead).
+    /// Cancels the queued transfer of `id` (a prefetch its `get` reads itself instead, or a
+    /// write of a tensor discarded before it started): its memory leaves the budget.
     pub(crate) fn cancel_queued(&mut self, id: u64) {
         self.jobs.retain(|j| j.id() != id);
         let e = self.entries.get_mut(&id).expect("caller checked");

@@ -55,6 +55,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from . import _native
 from ._allocator import _disable as _allocator_disable
 from ._allocator import _enable as _allocator_enable
+from ._common import IO_ALIGN
 from ._engine import engine_or_default
 from .errors import _invalid
 
@@ -79,7 +80,7 @@ _live_lock = threading.Lock()
 
 
 def _round_page(n: int) -> int:
-    return -(-n // 4096) * 4096
+    return -(-n // IO_ALIGN) * IO_ALIGN
 
 
 def _default_dir() -> str:
@@ -113,9 +114,10 @@ def release_freed_memory(threshold: int = 1 << 20) -> bool:
     pass at 64-77% of what it was without offload (24 MLP blocks, 245 MiB of activations,
     a 12 MiB budget), against 1-4% with a fixed threshold. Fixing the threshold (``mallopt``, as
     ``MALLOC_MMAP_THRESHOLD_`` does) maps such blocks on their own and unmaps them on
-    free. :func:`offload` calls this with its ``min_bytes`` unless told not to; it affects
-    the whole process, and each large allocation then faults in fresh pages. Returns
-    whether the threshold is set (False off glibc).
+    free. :func:`offload` calls this with its ``min_bytes`` where its caching allocator is
+    not in use (unless told not to); it affects the whole process, and each large
+    allocation then faults in fresh pages. Returns whether the threshold is set (False off
+    glibc).
     """
     global _mmap_threshold
     threshold = max(1, min(int(threshold), _MMAP_THRESHOLD_MAX))
