@@ -7,7 +7,6 @@
 #![forbid(unsafe_code)]
 
 pub use fastensor_sys::atomic;
-pub use fastensor_sys::imports;
 pub mod checkpoint;
 pub mod engine;
 pub mod offload;

@@ -3,10 +3,10 @@
 //! released), so other Python threads keep running.
 
 use crate::errors::IntoPy;
-use crate::memory::{self, desc_of, mem_ref, SaveSpec, TargetSpec};
+use crate::memory::{self, Access, Lender, Region};
 use crate::snapshot::{SaveHandle, Snapshot, StagingPool};
 use fastensor::checkpoint::{self, CheckpointFile, TensorView};
-use fastensor::{Engine, Result};
+use fastensor::{DType, Engine, Error, ErrorKind, MemMut, Result, TensorDesc};
 use pyo3::prelude::*;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -20,20 +20,85 @@ pub struct PyEngine {
     staging: Arc<StagingPool>,
 }
 
-/// The tensors of a save spec list as views of the callers' memory.
-///
-/// # Safety
-/// Every spec must satisfy [`mem_ref`]'s contract for `'a`.
-unsafe fn views<'a>(specs: &[SaveSpec]) -> Result<Vec<TensorView<'a>>> {
+/// One tensor to save: `(name, dtype, shape, object)`, the object a contiguous tensor,
+/// array or buffer whose memory holds exactly the tensor's bytes.
+pub type SaveSpec<'py> = (String, String, Vec<u64>, Bound<'py, PyAny>);
+
+/// One destination to fill: `(name, object, byte_offset, nbytes)`: tensor `name`'s bytes go
+/// to `nbytes` bytes of the object's memory from `byte_offset` (checked to fit, and to be
+/// the tensor's length by the read).
+pub type TargetSpec<'py> = (String, Bound<'py, PyAny>, usize, usize);
+
+/// The tensors of save specs: each described, its object lent (read-only) by `lender`.
+pub fn save_tensors(
+    specs: &[SaveSpec<'_>],
+    lender: &mut Lender,
+) -> Result<Vec<(TensorDesc, Region)>> {
     specs
         .iter()
-        .map(|s| {
-            let desc = desc_of(s)?;
-            // SAFETY: forwarded from this function's contract.
-            let data = unsafe { mem_ref(s.3, s.4, s.5)? };
-            Ok(TensorView { desc, data })
+        .map(|(name, dtype, shape, obj)| {
+            let dtype: DType = dtype.parse()?;
+            let desc = TensorDesc::new(name.clone(), dtype, shape.clone());
+            let want = desc.byte_len()?;
+            let region = lender.region(obj, &format!("tensor `{name}`"))?;
+            if want != region.len() as u64 {
+                return Err(Error::new(
+                    ErrorKind::InvalidInput,
+                    format!(
+                        "tensor `{name}`: {dtype} × {shape:?} is {want} bytes, its memory {}",
+                        region.len()
+                    ),
+                ));
+            }
+            Ok((desc, region))
         })
         .collect()
+}
+
+/// Views of lent tensors, for a save.
+///
+/// # Safety
+/// Every region must come from a `Lender` alive for `'a`.
+pub unsafe fn views<'a>(tensors: &[(TensorDesc, Region)]) -> Vec<TensorView<'a>> {
+    tensors
+        .iter()
+        .map(|(desc, region)| TensorView {
+            desc: desc.clone(),
+            // SAFETY: forwarded from this function's contract.
+            data: unsafe { region.as_ref() },
+        })
+        .collect()
+}
+
+/// Lent destinations as memory to write.
+///
+/// # Safety
+/// Every region must come from a writable `Lender` alive for `'a`, checked by
+/// [`target_regions`].
+pub unsafe fn destinations<'a>(dsts: &'a [(String, Region)]) -> Vec<(&'a str, MemMut<'a>)> {
+    dsts.iter()
+        .map(|(n, r)| {
+            // SAFETY: forwarded from this function's contract.
+            (n.as_str(), unsafe { r.as_mut() })
+        })
+        .collect()
+}
+
+/// The destinations of target specs, lent writable and checked to fit, not to overlap and
+/// to be mapped writable.
+pub fn target_regions(
+    targets: &[TargetSpec<'_>],
+    lender: &mut Lender,
+) -> Result<Vec<(String, Region)>> {
+    let mut out = Vec::with_capacity(targets.len());
+    for (name, obj, offset, nbytes) in targets {
+        let what = format!("destination of `{name}`");
+        let region = lender.region(obj, &what)?.range(*offset, *nbytes, &what)?;
+        out.push((name.clone(), region));
+    }
+    memory::check_disjoint(out.iter().map(|(n, r)| (*r, n.as_str())))?;
+    lender.check_writable()?;
+    Ok(out)
 }
 
 #[pymethods]
@@ -109,15 +174,18 @@ impl PyEngine {
         &self,
         py: Python<'_>,
         path: PathBuf,
-        specs: Vec<SaveSpec>,
+        specs: Vec<SaveSpec<'_>>,
         metadata: Option<BTreeMap<String, String>>,
     ) -> PyResult<()> {
         let metadata = metadata.unwrap_or_default();
+        let mut lender = Lender::new(Access::Read);
+        let tensors = save_tensors(&specs, &mut lender)
+            .map_err(|e| e.with_path(&path))
+            .py_err()?;
         py.detach(|| {
-            // SAFETY: the Python wrapper holds every tensor named in `specs` until this
-            // call returns, and the specs describe their live, unmoved memory.
-            let tensors = unsafe { views(&specs) }.map_err(|e| e.with_path(&path))?;
-            checkpoint::save_with_metadata(&self.engine, &path, &tensors, &metadata)
+            // SAFETY: `lender` keeps every tensor's memory lent until after this closure.
+            let views = unsafe { views(&tensors) };
+            checkpoint::save_with_metadata(&self.engine, &path, &views, &metadata)
         })
         .py_err()
     }
@@ -129,16 +197,20 @@ impl PyEngine {
         &self,
         py: Python<'_>,
         path: PathBuf,
-        specs: Vec<SaveSpec>,
+        specs: Vec<SaveSpec<'_>>,
         metadata: Option<BTreeMap<String, String>>,
     ) -> PyResult<SaveHandle> {
         let metadata = metadata.unwrap_or_default();
+        let mut lender = Lender::new(Access::Read);
+        let tensors = save_tensors(&specs, &mut lender)
+            .map_err(|e| e.with_path(&path))
+            .py_err()?;
         let snapshot = py
             .detach(|| {
-                // SAFETY: as in `save`: the tensors stay alive until this call returns,
-                // and `Snapshot::take` copies their bytes before it returns.
-                let tensors = unsafe { views(&specs) }.map_err(|e| e.with_path(&path))?;
-                Snapshot::take(&self.staging, &tensors)
+                // SAFETY: `lender` keeps every tensor's memory lent until after this
+                // closure, and `Snapshot::take` copies their bytes before it returns.
+                let views = unsafe { views(&tensors) };
+                Snapshot::take(&self.staging, &views)
             })
             .py_err()?;
         Ok(SaveHandle::spawn(
@@ -211,13 +283,16 @@ impl PyCheckpointFile {
         self.file.path().to_path_buf()
     }
 
-    /// Fills each target `(name, address, nbytes, device)` with that tensor's bytes.
-    fn read_into(&self, py: Python<'_>, targets: Vec<TargetSpec>) -> PyResult<()> {
+    /// Fills each target `(name, object, byte_offset, nbytes)` with that tensor's bytes.
+    fn read_into(&self, py: Python<'_>, targets: Vec<TargetSpec<'_>>) -> PyResult<()> {
+        let mut lender = Lender::new(Access::Write);
+        let dsts = target_regions(&targets, &mut lender)
+            .map_err(|e| e.with_path(self.file.path()))
+            .py_err()?;
         py.detach(|| {
-            // SAFETY: the Python wrapper allocated or holds each destination tensor until
-            // this call returns and hands out none of them meanwhile.
-            let dsts =
-                unsafe { memory::targets(&targets) }.map_err(|e| e.with_path(self.file.path()))?;
+            // SAFETY: `lender` keeps every destination lent (writable) until after this
+            // closure; they were checked to fit and not to overlap.
+            let dsts = unsafe { destinations(&dsts) };
             self.file.read_into(dsts)
         })
         .py_err()

@@ -1,10 +1,13 @@
-//! The native part of the `fastensor` Python package: the Rust engine and checkpoint calls,
-//! taking tensors as raw memory that the Python wrappers (`fastensor.torch`,
-//! `fastensor.numpy`) own and keep alive. Every byte moves in Rust, detached from the
+//! The native part of the `fastensor` Python package (private: `fastensor._native`): the
+//! Rust engine and checkpoint calls. Python passes the objects that own memory (tensors,
+//! arrays, buffers), never addresses: [`memory`] takes each object's memory from its own
+//! export and checks every range against it. Every byte moves in Rust, detached from the
 //! interpreter.
 
 mod engine;
 mod errors;
+mod forklock;
+mod got;
 mod memory;
 mod offload;
 mod sharded;
@@ -48,6 +51,18 @@ fn write_atomic(py: Python<'_>, path: std::path::PathBuf, data: Vec<u8>) -> PyRe
         .py_err()
 }
 
+/// The target paths of this process's background saves that have not finished.
+#[pyfunction]
+fn pending_saves() -> Vec<std::path::PathBuf> {
+    snapshot::pending_paths()
+}
+
+/// Blocks (the GIL released) until every background save started so far has finished.
+#[pyfunction]
+fn wait_pending_saves(py: Python<'_>) {
+    py.detach(snapshot::wait_all)
+}
+
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<engine::PyEngine>()?;
@@ -57,6 +72,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(backends, m)?)?;
     m.add_function(wrap_pyfunction!(default_profile_path, m)?)?;
     m.add_function(wrap_pyfunction!(write_atomic, m)?)?;
+    m.add_function(wrap_pyfunction!(pending_saves, m)?)?;
+    m.add_function(wrap_pyfunction!(wait_pending_saves, m)?)?;
     sharded::register(m)?;
     torch_alloc::register(m)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;

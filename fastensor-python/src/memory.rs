@@ -1,90 +1,487 @@
-//! Tensors handed over from Python as raw memory: a `(name, dtype, shape, address, nbytes,
-//! device)` tuple per tensor, built by `fastensor._memory` from a live torch tensor or numpy
-//! array. The Python caller keeps every such object alive (and its memory unmoved) for the
-//! whole call; `device` is -1 for host memory, else the CUDA ordinal.
+//! Memory lent by Python objects for one call.
+//!
+//! Python never passes an address. It passes the object that owns the memory: a torch
+//! tensor, a numpy array or anything else that exports DLPack (`__dlpack__`), or an object
+//! with the buffer protocol (`bytes`, `bytearray`, `memoryview`, `mmap`, arrays). [`lend`]
+//! takes the address, length and device from the object's own export, checks that the
+//! memory is contiguous (and writable when it is to be written), and returns a [`Lent`]
+//! that holds the export (and so the object) until it is dropped, after the transfer.
+//! Every range a call touches is checked against the lent length ([`Lent::range`]).
+//!
+//! Who owns what: the Python object owns its memory throughout; a [`Lent`] only keeps it
+//! alive and unmoved while Rust reads or writes it, with the GIL released. Writes go only
+//! to objects lent with [`Access::Write`], which refuses read-only exports (a read-only
+//! numpy array or `memoryview`, `bytes`) and host memory that is not mapped writable (a
+//! read-only `np.memmap`, or a tensor made from one).
 
 use fastensor::core::{DeviceSlice, DeviceSliceMut};
-use fastensor::{DType, Error, ErrorKind, MemMut, MemRef, Result, TensorDesc};
+use fastensor::{Error, ErrorKind, MemMut, MemRef, Result};
+use pyo3::exceptions::{PyBufferError, PyTypeError};
+use pyo3::ffi;
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyTuple};
+use std::collections::HashMap;
+use std::ffi::{c_void, CStr};
+use std::os::raw::c_int;
 
-/// One tensor to save: `(name, dtype, shape, address, nbytes, device)`.
-pub type SaveSpec = (String, String, Vec<u64>, usize, usize, i64);
-
-/// One destination to fill: `(name, address, nbytes, device)`.
-pub type TargetSpec = (String, usize, usize, i64);
-
-/// The descriptor of a save spec, checked against its byte count.
-pub fn desc_of(spec: &SaveSpec) -> Result<TensorDesc> {
-    let (name, dtype, shape, _, nbytes, _) = spec;
-    let dtype: DType = dtype.parse()?;
-    let desc = TensorDesc::new(name.clone(), dtype, shape.clone());
-    let want = desc.byte_len()?;
-    if want != *nbytes as u64 {
-        return Err(Error::new(
-            ErrorKind::InvalidInput,
-            format!("tensor `{name}`: {dtype} × {shape:?} is {want} bytes, its memory {nbytes}"),
-        ));
-    }
-    Ok(desc)
+/// How a call uses lent memory.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Access {
+    /// Only read (a save).
+    Read,
+    /// Written (a load into it).
+    Write,
 }
 
-fn ordinal(device: i64) -> Result<Option<u32>> {
-    match device {
-        -1 => Ok(None),
-        d => u32::try_from(d).map(Some).map_err(|_| {
-            Error::new(
+/// Where lent memory lives.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Place {
+    /// Host memory (also CUDA pinned host memory).
+    Host,
+    /// Device memory of the CUDA device with this ordinal.
+    Cuda(u32),
+}
+
+/// A lent object's memory: its address, length and place (plain data, `Send`).
+#[derive(Clone, Copy, Debug)]
+pub struct Region {
+    addr: usize,
+    len: usize,
+    place: Place,
+}
+
+impl Region {
+    /// The length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Where the memory lives.
+    pub fn place(&self) -> Place {
+        self.place
+    }
+
+    /// The memory's address (for bookkeeping only; never dereferenced from it).
+    pub fn addr(&self) -> usize {
+        self.addr
+    }
+
+    /// `len` bytes from `offset`, refused when they do not lie within the region. `what`
+    /// names the destination or tensor in the error.
+    pub fn range(&self, offset: usize, len: usize, what: &str) -> Result<Region> {
+        match offset.checked_add(len) {
+            Some(end) if end <= self.len => Ok(Region {
+                addr: self.addr + offset,
+                len,
+                place: self.place,
+            }),
+            _ => Err(Error::new(
                 ErrorKind::InvalidInput,
-                format!("no such device ordinal {d}"),
+                format!(
+                    "`{what}`: {len} bytes at offset {offset} do not fit in its memory of {} bytes",
+                    self.len
+                ),
+            )),
+        }
+    }
+
+    /// The region as memory to read.
+    ///
+    /// # Safety
+    /// The region must come from a [`Lent`] (or [`Region::range`] of one) that is alive for
+    /// `'a`, and nothing may write the memory meanwhile.
+    pub unsafe fn as_ref<'a>(&self) -> MemRef<'a> {
+        if self.len == 0 {
+            return MemRef::Host(&[]);
+        }
+        match self.place {
+            // SAFETY: the caller's contract: the export keeps this host memory valid.
+            Place::Host => MemRef::Host(unsafe {
+                std::slice::from_raw_parts(self.addr as *const u8, self.len)
+            }),
+            // SAFETY: the caller's contract: device memory of GPU `o`, valid for `'a`.
+            Place::Cuda(o) => {
+                MemRef::Device(unsafe { DeviceSlice::from_raw(self.addr as u64, self.len, o) })
+            }
+        }
+    }
+
+    /// The region as memory to write.
+    ///
+    /// # Safety
+    /// The region must come from a [`Lent`] lent with [`Access::Write`] that is alive for
+    /// `'a`; nobody else may read or write it meanwhile, and regions used together must not
+    /// overlap ([`check_disjoint`]).
+    pub unsafe fn as_mut<'a>(&self) -> MemMut<'a> {
+        if self.len == 0 {
+            return MemMut::Host(&mut []);
+        }
+        match self.place {
+            // SAFETY: the caller's contract: writable host memory, ours alone for `'a`.
+            Place::Host => MemMut::Host(unsafe {
+                std::slice::from_raw_parts_mut(self.addr as *mut u8, self.len)
+            }),
+            // SAFETY: the caller's contract: device memory of GPU `o`, ours alone for `'a`.
+            Place::Cuda(o) => {
+                MemMut::Device(unsafe { DeviceSliceMut::from_raw(self.addr as u64, self.len, o) })
+            }
+        }
+    }
+}
+
+/// What keeps a lent object's memory valid: the object and its export.
+enum Export {
+    /// A DLPack capsule not consumed: dropping it runs the producer's deleter.
+    DlPack { _capsule: Py<PyAny> },
+    /// A buffer-protocol view, released on drop.
+    Buffer(Box<ffi::Py_buffer>),
+}
+
+/// An object's memory, lent for one call: valid and unmoved until this is dropped.
+pub struct Lent {
+    region: Region,
+    _object: Py<PyAny>,
+    export: Export,
+}
+
+impl Lent {
+    /// The lent memory.
+    pub fn region(&self) -> Region {
+        self.region
+    }
+}
+
+impl Drop for Lent {
+    fn drop(&mut self) {
+        if let Export::Buffer(view) = &mut self.export {
+            Python::attach(|_| {
+                // SAFETY: the view was filled by a successful `PyObject_GetBuffer` and is
+                // released once, here, with the GIL held.
+                unsafe { ffi::PyBuffer_Release(&mut **view) }
+            });
+        }
+    }
+}
+
+// DLPack (https://dmlc.github.io/dlpack/latest/c_api.html), the parts read here.
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct DlDevice {
+    device_type: i32,
+    device_id: i32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct DlDataType {
+    code: u8,
+    bits: u8,
+    lanes: u16,
+}
+
+#[repr(C)]
+struct DlTensor {
+    data: *mut c_void,
+    device: DlDevice,
+    ndim: i32,
+    dtype: DlDataType,
+    shape: *const i64,
+    strides: *const i64,
+    byte_offset: u64,
+}
+
+#[repr(C)]
+struct DlManagedTensor {
+    dl_tensor: DlTensor,
+    manager_ctx: *mut c_void,
+    deleter: Option<unsafe extern "C" fn(*mut DlManagedTensor)>,
+}
+
+#[repr(C)]
+struct DlVersion {
+    major: u32,
+    minor: u32,
+}
+
+#[repr(C)]
+struct DlManagedTensorVersioned {
+    version: DlVersion,
+    manager_ctx: *mut c_void,
+    deleter: Option<unsafe extern "C" fn(*mut DlManagedTensorVersioned)>,
+    flags: u64,
+    dl_tensor: DlTensor,
+}
+
+const DLTENSOR: &CStr = c"dltensor";
+const DLTENSOR_VERSIONED: &CStr = c"dltensor_versioned";
+const DL_FLAG_READ_ONLY: u64 = 1;
+const KDL_CPU: i32 = 1;
+const KDL_CUDA: i32 = 2;
+const KDL_CUDA_HOST: i32 = 3;
+
+fn invalid(msg: String) -> Error {
+    Error::new(ErrorKind::InvalidInput, msg)
+}
+
+/// The byte length of a DLPack tensor whose memory is one contiguous, row-major block.
+///
+/// # Safety
+/// `t` must be a live `DLTensor` from a capsule that is still held (its `shape` and
+/// `strides` arrays valid for `ndim` entries).
+unsafe fn dl_contiguous_len(t: &DlTensor, what: &str) -> Result<usize> {
+    let ndim = usize::try_from(t.ndim).map_err(|_| invalid(format!("{what}: bad DLPack ndim")))?;
+    let shape: &[i64] = if ndim == 0 {
+        &[]
+    } else if t.shape.is_null() {
+        return Err(invalid(format!("{what}: DLPack export without a shape")));
+    } else {
+        // SAFETY: the caller's contract: `shape` holds `ndim` entries.
+        unsafe { std::slice::from_raw_parts(t.shape, ndim) }
+    };
+    let mut numel: u64 = 1;
+    for &d in shape {
+        let d = u64::try_from(d).map_err(|_| invalid(format!("{what}: negative dimension")))?;
+        numel = numel
+            .checked_mul(d)
+            .ok_or_else(|| invalid(format!("{what}: its size overflows")))?;
+    }
+    let bits = u64::from(t.dtype.bits) * u64::from(t.dtype.lanes);
+    if bits == 0 {
+        return Err(invalid(format!("{what}: a DLPack dtype of zero bits")));
+    }
+    if numel > 0 && !t.strides.is_null() && ndim > 0 {
+        // SAFETY: the caller's contract: `strides` holds `ndim` entries when not null.
+        let strides = unsafe { std::slice::from_raw_parts(t.strides, ndim) };
+        let mut expected: i64 = 1;
+        for (&d, &s) in shape.iter().zip(strides).rev() {
+            if d != 1 && s != expected {
+                return Err(invalid(format!(
+                    "{what}: not contiguous (shape {shape:?}, strides {strides:?}); make it \
+                     contiguous first"
+                )));
+            }
+            expected = expected.saturating_mul(d);
+        }
+    }
+    let bytes = numel
+        .checked_mul(bits)
+        .map(|b| b.div_ceil(8))
+        .ok_or_else(|| invalid(format!("{what}: its size overflows")))?;
+    usize::try_from(bytes).map_err(|_| invalid(format!("{what}: too large for this machine")))
+}
+
+/// The region of a DLPack tensor.
+///
+/// # Safety
+/// As [`dl_contiguous_len`].
+unsafe fn dl_region(t: &DlTensor, what: &str) -> Result<Region> {
+    // SAFETY: forwarded.
+    let len = unsafe { dl_contiguous_len(t, what)? };
+    let place = match t.device.device_type {
+        KDL_CPU | KDL_CUDA_HOST => Place::Host,
+        KDL_CUDA => Place::Cuda(
+            u32::try_from(t.device.device_id)
+                .map_err(|_| invalid(format!("{what}: bad CUDA device id")))?,
+        ),
+        other => {
+            return Err(Error::new(
+                ErrorKind::Unsupported,
+                format!("{what}: memory of DLPack device type {other} (only CPU and CUDA)"),
+            ))
+        }
+    };
+    let base = t.data as usize;
+    let offset =
+        usize::try_from(t.byte_offset).map_err(|_| invalid(format!("{what}: bad offset")))?;
+    let addr = base
+        .checked_add(offset)
+        .ok_or_else(|| invalid(format!("{what}: bad address")))?;
+    if len > 0 && base == 0 {
+        return Err(invalid(format!("{what}: DLPack export without data")));
+    }
+    if addr.checked_add(len).is_none() || len > isize::MAX as usize {
+        return Err(invalid(format!("{what}: its memory wraps around")));
+    }
+    Ok(Region { addr, len, place })
+}
+
+fn py_to_err(e: PyErr, what: &str) -> Error {
+    Error::new(
+        ErrorKind::InvalidInput,
+        format!("{what}: its memory cannot be lent: {e}"),
+    )
+}
+
+/// Lends `obj` through DLPack: `__dlpack__(max_version=(1, 0))` where the producer knows
+/// the versioned protocol (it can say "read-only"), else `__dlpack__()`.
+fn lend_dlpack(obj: &Bound<'_, PyAny>, access: Access, what: &str) -> Result<Lent> {
+    let py = obj.py();
+    let kwargs = PyDict::new(py);
+    kwargs
+        .set_item(
+            "max_version",
+            PyTuple::new(py, [1u32, 0u32]).map_err(|e| py_to_err(e, what))?,
+        )
+        .map_err(|e| py_to_err(e, what))?;
+    let dlpack = obj.getattr("__dlpack__").map_err(|e| py_to_err(e, what))?;
+    let capsule = match dlpack.call((), Some(&kwargs)) {
+        Ok(c) => c,
+        Err(e) if e.is_instance_of::<PyTypeError>(py) => {
+            dlpack.call0().map_err(|e| py_to_err(e, what))?
+        }
+        Err(e) if e.is_instance_of::<PyBufferError>(py) => {
+            return Err(invalid(format!("{what}: {e}")))
+        }
+        Err(e) => return Err(py_to_err(e, what)),
+    };
+    let cap = capsule.as_ptr();
+    // SAFETY: `cap` is a live object; `PyCapsule_IsValid` only reads it.
+    let (region, read_only) = unsafe {
+        if ffi::PyCapsule_IsValid(cap, DLTENSOR_VERSIONED.as_ptr()) == 1 {
+            let m = ffi::PyCapsule_GetPointer(cap, DLTENSOR_VERSIONED.as_ptr())
+                .cast::<DlManagedTensorVersioned>();
+            if m.is_null() || (*m).version.major != 1 {
+                return Err(invalid(format!("{what}: an unknown DLPack version")));
+            }
+            (
+                dl_region(&(*m).dl_tensor, what)?,
+                (*m).flags & DL_FLAG_READ_ONLY != 0,
             )
-        }),
+        } else if ffi::PyCapsule_IsValid(cap, DLTENSOR.as_ptr()) == 1 {
+            let m = ffi::PyCapsule_GetPointer(cap, DLTENSOR.as_ptr()).cast::<DlManagedTensor>();
+            if m.is_null() {
+                return Err(invalid(format!("{what}: an empty DLPack capsule")));
+            }
+            (dl_region(&(*m).dl_tensor, what)?, false)
+        } else {
+            ffi::PyErr_Clear();
+            return Err(invalid(format!(
+                "{what}: `__dlpack__` did not return a DLPack capsule"
+            )));
+        }
+    };
+    if access == Access::Write && read_only {
+        return Err(invalid(format!("{what}: its memory is read-only")));
     }
-}
-
-/// The memory of a save spec.
-///
-/// # Safety
-/// `addr..addr + nbytes` must be readable memory (host, or device memory of GPU `device`)
-/// that stays valid and unmoved for `'a`; the Python wrapper holds the owning tensors.
-pub unsafe fn mem_ref<'a>(addr: usize, nbytes: usize, device: i64) -> Result<MemRef<'a>> {
-    if nbytes == 0 {
-        return Ok(MemRef::Host(&[]));
-    }
-    Ok(match ordinal(device)? {
-        // SAFETY: the caller's contract: host memory readable for `'a`.
-        None => MemRef::Host(unsafe { std::slice::from_raw_parts(addr as *const u8, nbytes) }),
-        // SAFETY: the caller's contract: device memory of GPU `o`, valid for `'a`.
-        Some(o) => MemRef::Device(unsafe { DeviceSlice::from_raw(addr as u64, nbytes, o) }),
+    Ok(Lent {
+        region,
+        _object: obj.clone().unbind(),
+        export: Export::DlPack {
+            _capsule: capsule.unbind(),
+        },
     })
 }
 
-/// The memory of a target spec.
-///
-/// # Safety
-/// `addr..addr + nbytes` must be writable memory (host, or device memory of GPU `device`)
-/// that stays valid and unmoved for `'a` and that nobody else reads or writes meanwhile;
-/// distinct targets must not overlap.
-pub unsafe fn mem_mut<'a>(addr: usize, nbytes: usize, device: i64) -> Result<MemMut<'a>> {
-    if nbytes == 0 {
-        return Ok(MemMut::Host(&mut []));
+/// Lends `obj` through the buffer protocol (contiguous, writable when written).
+fn lend_buffer(obj: &Bound<'_, PyAny>, access: Access, what: &str) -> Result<Lent> {
+    let mut view: Box<ffi::Py_buffer> = Box::new(ffi::Py_buffer::new());
+    let flags: c_int = match access {
+        Access::Read => ffi::PyBUF_C_CONTIGUOUS,
+        Access::Write => ffi::PyBUF_C_CONTIGUOUS | ffi::PyBUF_WRITABLE,
+    };
+    // SAFETY: `obj` is a live object and `view` points to writable `Py_buffer` storage.
+    let rc = unsafe { ffi::PyObject_GetBuffer(obj.as_ptr(), &mut *view, flags) };
+    if rc != 0 {
+        let e = PyErr::fetch(obj.py());
+        let why = if access == Access::Write {
+            "a contiguous, writable buffer is needed"
+        } else {
+            "a contiguous buffer is needed"
+        };
+        return Err(invalid(format!("{what}: {why}: {e}")));
     }
-    Ok(match ordinal(device)? {
-        // SAFETY: the caller's contract: host memory writable and unshared for `'a`.
-        None => MemMut::Host(unsafe { std::slice::from_raw_parts_mut(addr as *mut u8, nbytes) }),
-        // SAFETY: the caller's contract: device memory of GPU `o`, unshared for `'a`.
-        Some(o) => MemMut::Device(unsafe { DeviceSliceMut::from_raw(addr as u64, nbytes, o) }),
+    let len = usize::try_from(view.len).unwrap_or(0);
+    let region = Region {
+        addr: view.buf as usize,
+        len,
+        place: Place::Host,
+    };
+    Ok(Lent {
+        region,
+        _object: obj.clone().unbind(),
+        export: Export::Buffer(view),
     })
 }
 
-/// Refuses destinations that overlap: `(device, address, nbytes, what)` each, where `what`
-/// names the destination in the error. Empty destinations never overlap.
-pub fn check_disjoint<'n>(
-    spans: impl IntoIterator<Item = (i64, usize, usize, &'n str)>,
-) -> Result<()> {
-    let mut spans: Vec<(i64, usize, usize, &str)> = spans
+/// Lends the memory of `obj` for one call (see the module's doc). `what` names it in errors.
+pub fn lend(obj: &Bound<'_, PyAny>, access: Access, what: &str) -> Result<Lent> {
+    let lent = if obj.hasattr("__dlpack__").unwrap_or(false) {
+        lend_dlpack(obj, access, what)?
+    } else {
+        // SAFETY: `obj` is a live object; the check only reads its type.
+        if unsafe { ffi::PyObject_CheckBuffer(obj.as_ptr()) } == 0 {
+            return Err(Error::new(
+                ErrorKind::InvalidInput,
+                format!(
+                    "{what}: a {} has no memory to lend (expected a tensor, an array or a \
+                     buffer)",
+                    obj.get_type()
+                        .name()
+                        .map(|n| n.to_string())
+                        .unwrap_or_else(|_| "?".into())
+                ),
+            ));
+        }
+        lend_buffer(obj, access, what)?
+    };
+    Ok(lent)
+}
+
+/// The objects of one call, each lent once however many ranges of it the call uses.
+pub struct Lender {
+    access: Access,
+    lent: Vec<Lent>,
+    by_object: HashMap<usize, usize>,
+}
+
+impl Lender {
+    /// An empty lender for memory used with `access`.
+    pub fn new(access: Access) -> Lender {
+        Lender {
+            access,
+            lent: Vec::new(),
+            by_object: HashMap::new(),
+        }
+    }
+
+    /// The region of `obj` (lent now, or earlier in this call).
+    pub fn region(&mut self, obj: &Bound<'_, PyAny>, what: &str) -> Result<Region> {
+        let key = obj.as_ptr() as usize;
+        if let Some(&i) = self.by_object.get(&key) {
+            return Ok(self.lent[i].region());
+        }
+        let lent = lend(obj, self.access, what)?;
+        let region = lent.region();
+        self.by_object.insert(key, self.lent.len());
+        self.lent.push(lent);
+        Ok(region)
+    }
+
+    /// Refuses host memory to be written that is not mapped writable (a read-only mapping
+    /// would make the write a segmentation fault).
+    pub fn check_writable(&self) -> Result<()> {
+        if self.access != Access::Write {
+            return Ok(());
+        }
+        let host: Vec<Region> = self
+            .lent
+            .iter()
+            .map(Lent::region)
+            .filter(|r| r.place == Place::Host && r.len > 0)
+            .collect();
+        fastensor_writable::check(&host)
+    }
+}
+
+/// Refuses destinations that overlap: `(region, what)` each. Empty ones never overlap.
+pub fn check_disjoint<'n>(spans: impl IntoIterator<Item = (Region, &'n str)>) -> Result<()> {
+    let mut spans: Vec<(Place, usize, usize, &str)> = spans
         .into_iter()
-        .filter(|s| s.2 > 0)
-        .map(|(d, a, len, what)| (d, a, a + len, what))
+        .filter(|(r, _)| r.len > 0)
+        .map(|(r, what)| (r.place, r.addr, r.addr + r.len, what))
         .collect();
-    spans.sort_unstable();
+    spans.sort_unstable_by_key(|s| (place_key(s.0), s.1));
     for w in spans.windows(2) {
         if w[0].0 == w[1].0 && w[1].1 < w[0].2 {
             return Err(Error::new(
@@ -99,21 +496,62 @@ pub fn check_disjoint<'n>(
     Ok(())
 }
 
-/// The destinations of target specs, checked not to overlap ([`check_disjoint`]).
-///
-/// # Safety
-/// Every spec must satisfy [`mem_mut`]'s contract for `'a`.
-pub unsafe fn targets<'a>(specs: &'a [TargetSpec]) -> Result<Vec<(&'a str, MemMut<'a>)>> {
-    check_disjoint(
-        specs
-            .iter()
-            .map(|(n, a, len, d)| (*d, *a, *len, n.as_str())),
-    )?;
-    specs
-        .iter()
-        .map(|(name, addr, nbytes, device)| {
-            // SAFETY: forwarded from this function's contract; the specs do not overlap.
-            Ok((name.as_str(), unsafe { mem_mut(*addr, *nbytes, *device)? }))
-        })
-        .collect()
+fn place_key(p: Place) -> i64 {
+    match p {
+        Place::Host => -1,
+        Place::Cuda(o) => i64::from(o),
+    }
+}
+
+/// Whether host memory is mapped writable, from `/proc/self/maps`.
+mod fastensor_writable {
+    use super::Region;
+    use fastensor::{Error, ErrorKind, Result};
+
+    /// Refuses any region not wholly inside writable mappings of this process.
+    pub fn check(regions: &[Region]) -> Result<()> {
+        if regions.is_empty() {
+            return Ok(());
+        }
+        let Ok(maps) = std::fs::read_to_string("/proc/self/maps") else {
+            return Ok(()); // no procfs: nothing to check against
+        };
+        let mut writable: Vec<(usize, usize)> = Vec::new();
+        for line in maps.lines() {
+            let mut parts = line.split_whitespace();
+            let (Some(range), Some(perms)) = (parts.next(), parts.next()) else {
+                continue;
+            };
+            if perms.as_bytes().get(1) != Some(&b'w') {
+                continue;
+            }
+            let Some((a, b)) = range.split_once('-') else {
+                continue;
+            };
+            if let (Ok(a), Ok(b)) = (usize::from_str_radix(a, 16), usize::from_str_radix(b, 16)) {
+                match writable.last_mut() {
+                    Some(last) if last.1 == a => last.1 = b,
+                    _ => writable.push((a, b)),
+                }
+            }
+        }
+        for r in regions {
+            let (start, end) = (r.addr(), r.addr() + r.len());
+            let i = writable.partition_point(|&(_, b)| b <= start);
+            let covered = writable
+                .get(i)
+                .is_some_and(|&(a, b)| a <= start && end <= b);
+            if !covered {
+                return Err(Error::new(
+                    ErrorKind::InvalidInput,
+                    format!(
+                        "a destination of {} bytes is not writable memory (a read-only \
+                         mapping, such as a read-only np.memmap or a tensor made from one)",
+                        r.len()
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
 }

@@ -14,6 +14,7 @@
 
 use crate::engine::PyEngine;
 use crate::errors::IntoPy;
+use crate::memory::{self, Access, Lent, Place};
 use fastensor::offload::{ForeignBytes, Handle, OffloadConfig, OffloadStore, Payload, Recycler};
 use fastensor::HostBuffer;
 use pyo3::exceptions::PyValueError;
@@ -26,23 +27,25 @@ use std::sync::{Mutex, RwLock};
 
 /// A tensor's memory, lent to the store by the Python object that owns it.
 struct TensorBytes {
-    /// Keeps the memory alive; dropped (without the GIL, deferred by pyo3) once written.
-    _owner: Py<PyAny>,
+    /// Keeps the memory alive and lent; dropped (without the GIL, deferred by pyo3) once
+    /// written.
+    _lent: Lent,
     ptr: *const u8,
     len: usize,
 }
 
-// SAFETY: the memory is only read, from any thread, while `_owner` keeps it alive; `Py` is
-// `Send + Sync` and may be dropped on any thread (pyo3 defers the decref).
+// SAFETY: the memory is only read, from any thread, while `_lent` keeps it alive and lent;
+// a `Lent` holds only Python references (dropped under the GIL, which pyo3 takes or
+// defers) and a buffer view released under the GIL.
 unsafe impl Send for TensorBytes {}
 // SAFETY: as above: shared access only reads.
 unsafe impl Sync for TensorBytes {}
 
 impl ForeignBytes for TensorBytes {
     fn bytes(&self) -> &[u8] {
-        // SAFETY: `put`'s caller passed the address and length of memory owned by `_owner`,
-        // which this value keeps alive; the Python wrapper writes none of it while it is
-        // offloaded (autograd refuses saved tensors modified in place).
+        // SAFETY: `ptr..ptr + len` lies within the host memory `_lent` keeps lent (checked
+        // by `put`); the Python wrapper writes none of it while it is offloaded (autograd
+        // refuses saved tensors modified in place).
         unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
     }
 }
@@ -157,20 +160,35 @@ impl PyOffloadStore {
         }
     }
 
-    /// Offloads `nbytes` at `address`, memory owned by `owner` (kept until written). Waits
-    /// while the budget has no room (the GIL released).
+    /// Offloads the memory of `owner` (a contiguous host tensor, array or buffer), kept
+    /// lent until written. With `whole_pages`, a block of the caching allocator is written
+    /// to its page-rounded end where the block holds it (a direct write with no copy of a
+    /// partial page). Waits while the budget has no room (the GIL released).
+    #[pyo3(signature = (owner, label, whole_pages=false))]
     fn put(
         &self,
         py: Python<'_>,
-        owner: Py<PyAny>,
-        address: usize,
-        nbytes: usize,
+        owner: &Bound<'_, PyAny>,
         label: String,
+        whole_pages: bool,
     ) -> PyResult<PyHandle> {
+        let lent = memory::lend(owner, Access::Read, "an offloaded tensor").py_err()?;
+        let region = lent.region();
+        if region.place() != Place::Host {
+            return Err(PyValueError::new_err(
+                "an offloaded tensor must be in host memory (copy it to the host first)",
+            ));
+        }
+        let nbytes = region.len();
+        let len = if whole_pages {
+            crate::torch_alloc::readable_len(region.addr(), nbytes)
+        } else {
+            nbytes
+        };
         let bytes = TensorBytes {
-            _owner: owner,
-            ptr: address as *const u8,
-            len: nbytes,
+            ptr: region.addr() as *const u8,
+            len,
+            _lent: lent,
         };
         let handle = self.with(|s| py.detach(|| s.put(Payload::foreign(bytes), label)).py_err())?;
         Ok(PyHandle {

@@ -2,16 +2,19 @@
 //! `fastensor.torch.save_sharded` / `load_sharded` and the `torch.distributed.checkpoint`
 //! storage layer (`fastensor.dcp`). Every transfer runs detached from the interpreter.
 
-use crate::engine::PyEngine;
+use crate::engine::{
+    destinations, save_tensors, target_regions, views, PyEngine, SaveSpec, TargetSpec,
+};
 use crate::errors::IntoPy;
-use crate::memory::{self, desc_of, mem_mut, mem_ref, SaveSpec, TargetSpec};
-use fastensor::checkpoint::{self, ShardedFile, TensorView};
+use crate::memory::{self, Access, Lender};
+use fastensor::checkpoint::{self, ShardedFile};
 use pyo3::prelude::*;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-/// One raw range to read: `(path, file_offset, address, nbytes, device)`.
-pub type RangeSpec = (PathBuf, u64, usize, usize, i64);
+/// One raw range to read: `(path, file_offset, object, byte_offset, nbytes)`: `nbytes` bytes
+/// of the file from `file_offset` go to the object's memory from `byte_offset`.
+pub type RangeSpec<'py> = (PathBuf, u64, Bound<'py, PyAny>, usize, usize);
 
 /// Saves tensors given as raw memory specs as a sharded checkpoint in `directory`: shards of
 /// at most `max_shard_bytes`, written concurrently and durably, then the index, atomically.
@@ -22,24 +25,22 @@ pub fn save_sharded(
     py: Python<'_>,
     engine: &PyEngine,
     directory: PathBuf,
-    specs: Vec<SaveSpec>,
+    specs: Vec<SaveSpec<'_>>,
     max_shard_bytes: u64,
     metadata: Option<BTreeMap<String, String>>,
 ) -> PyResult<BTreeMap<String, String>> {
     let metadata = metadata.unwrap_or_default();
+    let mut lender = Lender::new(Access::Read);
+    let tensors = save_tensors(&specs, &mut lender)
+        .map_err(|e| e.with_path(&directory))
+        .py_err()?;
     py.detach(|| {
-        let mut tensors = Vec::with_capacity(specs.len());
-        for s in &specs {
-            let desc = desc_of(s).map_err(|e| e.with_path(&directory))?;
-            // SAFETY: the Python wrapper holds every tensor named in `specs` until this call
-            // returns, and the specs describe their live, unmoved memory.
-            let data = unsafe { mem_ref(s.3, s.4, s.5)? };
-            tensors.push(TensorView { desc, data });
-        }
+        // SAFETY: `lender` keeps every tensor's memory lent until after this closure.
+        let views = unsafe { views(&tensors) };
         checkpoint::save_sharded_with_metadata(
             &engine.engine,
             &directory,
-            &tensors,
+            &views,
             max_shard_bytes,
             &metadata,
         )
@@ -58,24 +59,34 @@ pub fn open_sharded(py: Python<'_>, engine: &PyEngine, path: PathBuf) -> PyResul
     Ok(PyShardedFile { file })
 }
 
-/// Reads raw byte ranges `(path, file_offset, address, nbytes, device)` of any files into
-/// the given memory, as one job: every file's requests in flight together.
+/// Reads raw byte ranges `(path, file_offset, object, byte_offset, nbytes)` of any files
+/// into the objects' memory, as one job: every file's requests in flight together.
 #[pyfunction]
-pub fn read_ranges(py: Python<'_>, engine: &PyEngine, ranges: Vec<RangeSpec>) -> PyResult<()> {
-    memory::check_disjoint(
-        ranges
-            .iter()
-            .map(|r| (r.4, r.2, r.3, r.0.to_str().unwrap_or("a range"))),
-    )
-    .py_err()?;
+pub fn read_ranges(py: Python<'_>, engine: &PyEngine, ranges: Vec<RangeSpec<'_>>) -> PyResult<()> {
+    let mut lender = Lender::new(Access::Write);
+    let mut regions = Vec::with_capacity(ranges.len());
+    for (path, _, obj, at, nbytes) in &ranges {
+        let what = format!("destination of a range of {}", path.display());
+        let region = lender
+            .region(obj, &what)
+            .and_then(|r| r.range(*at, *nbytes, &what))
+            .map_err(|e| e.with_path(path))
+            .py_err()?;
+        regions.push(region);
+    }
+    memory::check_disjoint(regions.iter().map(|r| (*r, "a range"))).py_err()?;
+    lender.check_writable().py_err()?;
+    let files: Vec<(PathBuf, u64)> = ranges.iter().map(|r| (r.0.clone(), r.1)).collect();
     py.detach(|| {
-        let mut reqs = Vec::with_capacity(ranges.len());
-        for (path, offset, addr, nbytes, device) in &ranges {
-            // SAFETY: the Python caller allocated or holds each destination until this call
-            // returns and uses none of them meanwhile; they were checked not to overlap.
-            let dst = unsafe { mem_mut(*addr, *nbytes, *device)? };
-            reqs.push((path.as_path(), *offset, dst));
-        }
+        let reqs = files
+            .iter()
+            .zip(&regions)
+            .map(|((path, offset), region)| {
+                // SAFETY: `lender` keeps each destination lent (writable) until after this
+                // closure; they were checked to fit and not to overlap.
+                (path.as_path(), *offset, unsafe { region.as_mut() })
+            })
+            .collect();
         checkpoint::read_ranges(&engine.engine, reqs)
     })
     .py_err()
@@ -142,13 +153,16 @@ impl PyShardedFile {
         self.file.index().total_size
     }
 
-    /// Fills each target `(name, address, nbytes, device)` with that tensor's bytes.
-    fn read_into(&self, py: Python<'_>, targets: Vec<TargetSpec>) -> PyResult<()> {
+    /// Fills each target `(name, object, byte_offset, nbytes)` with that tensor's bytes.
+    fn read_into(&self, py: Python<'_>, targets: Vec<TargetSpec<'_>>) -> PyResult<()> {
+        let mut lender = Lender::new(Access::Write);
+        let dsts = target_regions(&targets, &mut lender)
+            .map_err(|e| e.with_path(&self.file.index().path))
+            .py_err()?;
         py.detach(|| {
-            // SAFETY: the Python wrapper allocated or holds each destination tensor until
-            // this call returns and hands out none of them meanwhile.
-            let dsts = unsafe { memory::targets(&targets) }
-                .map_err(|e| e.with_path(&self.file.index().path))?;
+            // SAFETY: `lender` keeps every destination lent (writable) until after this
+            // closure; they were checked to fit and not to overlap.
+            let dsts = unsafe { destinations(&dsts) };
             self.file.read_into(dsts)
         })
         .py_err()

@@ -4,6 +4,7 @@
 //! of one when the save ends, so the next snapshot reuses memory already faulted in.
 
 use crate::errors::to_py;
+use crate::forklock::ForkLock;
 use fastensor::checkpoint::{self, TensorView};
 use fastensor::core::parallel;
 use fastensor::{Engine, Error, HostBuffer, MemRef, Result, TensorDesc};
@@ -125,6 +126,56 @@ struct Outcome {
     finished: Condvar,
 }
 
+impl Outcome {
+    fn running(&self) -> bool {
+        matches!(
+            *self.state.lock().unwrap_or_else(|p| p.into_inner()),
+            State::Running
+        )
+    }
+
+    /// Blocks until the save has finished (successfully or not).
+    fn wait_finished(&self) {
+        let mut guard = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        while matches!(*guard, State::Running) {
+            guard = self.finished.wait(guard).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+}
+
+/// The background saves of this process still running, by target path: a new save to a
+/// path starts writing only once the one before it has finished, so saves to one path land
+/// in the order they were made. A fork child starts with none (the parent's saves are not
+/// its own: their threads do not exist there).
+static RUNNING: ForkLock<Vec<(PathBuf, Arc<Outcome>)>> = ForkLock::new(Vec::new(), Vec::new);
+
+/// Runs `f` on this process's running saves.
+fn with_running<T>(f: impl FnOnce(&mut Vec<(PathBuf, Arc<Outcome>)>) -> T) -> T {
+    RUNNING.with(|saves| {
+        saves.retain(|(_, o)| o.running());
+        f(saves)
+    })
+}
+
+/// The key of a target path: absolute, so two spellings of one path are one key.
+fn path_key(path: &std::path::Path) -> PathBuf {
+    std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf())
+}
+
+/// The paths of the background saves of this process that have not finished.
+pub fn pending_paths() -> Vec<PathBuf> {
+    with_running(|saves| saves.iter().map(|(p, _)| p.clone()).collect())
+}
+
+/// Blocks until every background save of this process started so far has finished.
+pub fn wait_all() {
+    let outcomes: Vec<Arc<Outcome>> =
+        with_running(|saves| saves.iter().map(|(_, o)| o.clone()).collect());
+    for o in outcomes {
+        o.wait_finished();
+    }
+}
+
 /// A save running in the background: `wait()` for its outcome, `done()` to poll.
 #[pyclass(name = "SaveHandle", module = "fastensor._native", frozen)]
 pub struct SaveHandle {
@@ -148,7 +199,20 @@ impl SaveHandle {
         });
         let done = outcome.clone();
         let target = path.clone();
+        let key = path_key(&path);
+        let before = with_running(|saves| {
+            let before = saves
+                .iter()
+                .rev()
+                .find(|(p, _)| *p == key)
+                .map(|(_, o)| o.clone());
+            saves.push((key, outcome.clone()));
+            before
+        });
         std::thread::spawn(move || {
+            if let Some(before) = before {
+                before.wait_finished(); // saves to one path land in order
+            }
             let result = checkpoint::save_section(
                 &engine,
                 &target,

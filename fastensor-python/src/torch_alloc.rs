@@ -1,23 +1,35 @@
-//! A caching allocator for torch's large CPU tensors.
+//! A caching allocator for torch's large CPU tensors, opt-in and undone when its last user
+//! leaves.
 //!
 //! torch allocates a CPU tensor's memory with `posix_memalign` and frees it with `free`,
 //! both called from `libc10.so`. Large blocks are then mappings of their own (glibc maps
 //! them, or returns them to the system when freed), so every training step faults its
 //! activations in again: on some virtual machines that costs 1-2 CPU seconds per GiB, more
 //! than the step's compute. Offload makes this worse, since it frees each activation as soon
-//! as it is written. Here, `libc10.so`'s calls to `posix_memalign`, `free` and `realloc` are
-//! redirected (its GOT entries, see [`fastensor::imports`]): while the allocator is enabled,
-//! requests of at least its threshold are served from a [`BlockPool`] of page-aligned
+//! as it is written. Here, while a user has the allocator enabled, `libc10.so`'s calls to
+//! `posix_memalign`, `free` and `realloc` are redirected (its GOT entries, see [`crate::got`]):
+//! requests of at least the users' threshold are served from a [`BlockPool`] of page-aligned
 //! blocks, and such blocks go back to the pool when torch frees them, to serve the next
 //! request of about the same size with memory already faulted in. Every other call goes to
 //! glibc unchanged; no other library's calls are affected.
 //!
 //! Who owns what: the pool owns every block; torch owns a block from the `posix_memalign`
 //! that returned it to the `free` that gives it back. The pool keeps at most half again the
-//! most it had handed out at once (see [`BlockPool`]); `trim` releases its idle blocks. Once
-//! installed the redirection stays for the life of the process (memory handed out must come
-//! back through it); disabled, it only recognises its own blocks on `free`.
+//! most it had handed out at once (see [`BlockPool`]); `trim` releases its idle blocks.
+//!
+//! The redirection's life ([`Hook`]): the first user (`torch_allocator_enable`: a
+//! `caching_allocator` block, an `offload(caching_allocator=True)` session) installs it;
+//! further users only count. It is removed (each GOT slot given back the address it held,
+//! its page its protection) once **no user is left and no block is out**: a block torch
+//! still holds will come back through `libc10.so`'s `free`, which must then still reach the
+//! pool (glibc's `free` on a pool block would corrupt its heap). So when the last user
+//! leaves while tensors still hold blocks, the redirection stays, serves nothing new (with
+//! no user every request goes to glibc), and the `free` that gives the last block back
+//! removes it. All of this happens under the one lock the hooks take, so a block is only
+//! handed out while a user is enabled (checked again under the lock), and removal only
+//! happens with none out: no pool block can ever reach glibc's `free`.
 
+use crate::got;
 use fastensor::offload::{BlockPool, PoolStats};
 use fastensor::HostBuffer;
 use pyo3::prelude::*;
@@ -26,22 +38,38 @@ use std::cell::UnsafeCell;
 use std::collections::HashMap;
 use std::ffi::{c_int, c_void};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::OnceLock;
 
 /// The library whose allocation calls are redirected.
 const LIBRARY: &str = "libc10.so";
+/// The symbols redirected, `free` and `realloc` first: no block is handed out before they
+/// recognise it.
+const SYMBOLS: [&str; 3] = ["free", "realloc", "posix_memalign"];
 /// Blocks are page-aligned: `posix_memalign` requests aligned to more go to glibc.
 const PAGE: usize = 4096;
 
-/// Requests of at least this many bytes come from the pool; `usize::MAX` while disabled.
+/// Requests of at least this many bytes come from the pool; `usize::MAX` while no user has
+/// it enabled. Written under the lock; read without it as a fast path, and again under it
+/// before a block is handed out.
 static MIN_BYTES: AtomicUsize = AtomicUsize::new(usize::MAX);
-/// True once a block was handed out (until then `free` need not look).
+/// True while a block may be out (until then `free` need not take the lock). Set under the
+/// lock before a block is handed out, cleared when the redirection is removed.
 static HANDED_OUT: AtomicBool = AtomicBool::new(false);
-/// The outcome of installing the redirection (once per process).
-static INSTALLED: OnceLock<Result<usize, String>> = OnceLock::new();
 static STATE: Lock<State> = Lock::new(State::new());
 
-/// The pool, the blocks torch holds (by address), and who has the allocator enabled.
+/// Whether `libc10.so`'s GOT entries point here.
+enum Hook {
+    /// The GOT holds what the dynamic linker put there (never installed, or restored).
+    Removed,
+    /// The slots written, to be restored.
+    Installed(Vec<got::Redirected>),
+    /// Restoring failed (an `mprotect` refused): the slots are left as they are and the
+    /// allocator is not enabled again in this process (no block is out: nothing depends on
+    /// the redirection any more).
+    Stuck,
+}
+
+/// The pool, the blocks torch holds (by address), who has the allocator enabled, and the
+/// redirection.
 struct State {
     pool: Option<BlockPool>,
     held: Option<HashMap<usize, HostBuffer>>,
@@ -50,6 +78,12 @@ struct State {
     next_token: u64,
     /// Requests the pool could not serve (no memory): sent to glibc instead.
     fallbacks: u64,
+    hook: Hook,
+    /// How many times the redirection was installed, and removed.
+    installs: u64,
+    removals: u64,
+    /// Why the last install or removal failed.
+    error: Option<String>,
 }
 
 impl State {
@@ -60,6 +94,10 @@ impl State {
             users: Vec::new(),
             next_token: 1,
             fallbacks: 0,
+            hook: Hook::Removed,
+            installs: 0,
+            removals: 0,
+            error: None,
         }
     }
 
@@ -81,6 +119,110 @@ impl State {
             .unwrap_or(usize::MAX);
         MIN_BYTES.store(min, Ordering::SeqCst);
     }
+
+    /// Installs the redirection unless it is installed. Returns why it cannot be.
+    fn install(&mut self) -> Result<(), String> {
+        match self.hook {
+            Hook::Installed(_) => return Ok(()),
+            Hook::Stuck => {
+                return Err(format!(
+                    "disabled in this process: {}",
+                    self.error.as_deref().unwrap_or("an earlier removal failed")
+                ))
+            }
+            Hook::Removed => {}
+        }
+        let result = redirect_library();
+        match result {
+            Ok(done) => {
+                self.hook = Hook::Installed(done);
+                self.installs += 1;
+                Ok(())
+            }
+            Err(why) => {
+                self.error = Some(why.clone());
+                Err(why)
+            }
+        }
+    }
+
+    /// Removes the redirection when nothing depends on it any more: no user, no block out.
+    fn remove_if_unused(&mut self) {
+        if !self.users.is_empty() || self.held.as_ref().is_some_and(|h| !h.is_empty()) {
+            return;
+        }
+        let Hook::Installed(done) = &self.hook else {
+            return;
+        };
+        // SAFETY: `libc10.so` is still loaded (Python never unloads it) and nothing depends
+        // on the redirection: no block is out (checked above, under the lock every hand-out
+        // takes) and, with no user, none will be handed out. A thread that read a slot just
+        // before may still enter a hook once more: the hooks stay (this module is never
+        // unloaded) and pass such calls to glibc.
+        match unsafe { got::restore(done) } {
+            Ok(foreign) => {
+                if !foreign.is_empty() {
+                    self.error = Some(format!(
+                        "{LIBRARY}'s slots of {foreign:?} were rewritten by someone else while \
+                         redirected; left as they were"
+                    ));
+                }
+                self.hook = Hook::Removed;
+                self.removals += 1;
+                HANDED_OUT.store(false, Ordering::SeqCst);
+            }
+            Err(e) => {
+                self.error = Some(format!("cannot restore {LIBRARY}'s GOT: {e}"));
+                self.hook = Hook::Stuck;
+            }
+        }
+    }
+}
+
+/// Each redirected symbol and the hook that replaces it, in [`SYMBOLS`]' order.
+fn hooks() -> [(&'static str, usize); 3] {
+    [
+        (SYMBOLS[0], pool_free as *const () as usize),
+        (SYMBOLS[1], pool_realloc as *const () as usize),
+        (SYMBOLS[2], pool_posix_memalign as *const () as usize),
+    ]
+}
+
+/// Redirects `libc10.so`'s allocation calls to the hooks below.
+fn redirect_library() -> Result<Vec<got::Redirected>, String> {
+    if got::find_loaded(LIBRARY).is_empty() {
+        return Err(format!("{LIBRARY} is not loaded (import torch first)"));
+    }
+    register_fork_handlers()?;
+    let redirect = hooks();
+    // SAFETY: each function has the signature and the semantics of the symbol it replaces,
+    // is reentrant across threads, and lives as long as the process (this module is never
+    // unloaded: Python does not unload extension modules); libc10 is never unloaded either.
+    // Installs and removals happen under the state lock, so they do not race.
+    let done = unsafe { got::redirect(LIBRARY, &redirect) }.map_err(|e| e.to_string())?;
+    if !done.iter().any(|r| r.slot().symbol() == "posix_memalign") {
+        // Nothing would be served from the pool: put the rest back.
+        // SAFETY: the slots were just written, and no block was handed out.
+        let _ = unsafe { got::restore(&done) };
+        return Err(format!("{LIBRARY} does not import posix_memalign"));
+    }
+    Ok(done)
+}
+
+/// Registers the fork handlers once per process.
+fn register_fork_handlers() -> Result<(), String> {
+    static REGISTERED: AtomicBool = AtomicBool::new(false);
+    if REGISTERED.load(Ordering::SeqCst) {
+        return Ok(());
+    }
+    // SAFETY: registered once (callers hold the state lock); the handlers only take and
+    // release the lock.
+    let rc = unsafe { libc::pthread_atfork(Some(before_fork), Some(after_fork), Some(after_fork)) };
+    if rc != 0 {
+        return Err(format!("pthread_atfork failed ({rc})"));
+    }
+    REGISTERED.store(true, Ordering::SeqCst);
+    Ok(())
 }
 
 /// A spin lock that a `fork` cannot leave held in the child: the allocation hooks run on
@@ -144,7 +286,8 @@ extern "C" fn after_fork() {
     STATE.release();
 }
 
-/// `posix_memalign` for `libc10.so`: large requests from the pool while enabled.
+/// `posix_memalign` for `libc10.so`: large requests from the pool while a user has it
+/// enabled.
 unsafe extern "C" fn pool_posix_memalign(
     out: *mut *mut c_void,
     align: usize,
@@ -155,19 +298,26 @@ unsafe extern "C" fn pool_posix_memalign(
         && align <= PAGE
         && !out.is_null()
     {
-        let block = STATE.with(|s| match s.pool().take(size) {
-            Ok(mut buf) => {
-                let p = buf.as_mut_ptr();
-                s.held().insert(p as usize, buf);
-                Some(p)
+        let block = STATE.with(|s| {
+            // Again under the lock: the last user may have left (and the redirection been
+            // removed) since the load above; a block handed out now would reach glibc.
+            if size < MIN_BYTES.load(Ordering::SeqCst) || !matches!(s.hook, Hook::Installed(_)) {
+                return None;
             }
-            Err(_) => {
-                s.fallbacks += 1;
-                None
+            match s.pool().take(size) {
+                Ok(mut buf) => {
+                    let p = buf.as_mut_ptr();
+                    s.held().insert(p as usize, buf);
+                    HANDED_OUT.store(true, Ordering::SeqCst);
+                    Some(p)
+                }
+                Err(_) => {
+                    s.fallbacks += 1;
+                    None
+                }
             }
         });
         if let Some(p) = block {
-            HANDED_OUT.store(true, Ordering::Release);
             // SAFETY: `out` is the caller's non-null result pointer.
             unsafe { *out = p.cast() };
             return 0;
@@ -182,12 +332,14 @@ fn maybe_ours(p: *mut c_void) -> bool {
     !p.is_null() && (p as usize) % PAGE == 0 && HANDED_OUT.load(Ordering::Acquire)
 }
 
-/// `free` for `libc10.so`: the pool's blocks go back to it, everything else to glibc.
+/// `free` for `libc10.so`: the pool's blocks go back to it, everything else to glibc. The
+/// block that was the last one out after the last user left removes the redirection.
 unsafe extern "C" fn pool_free(p: *mut c_void) {
     if maybe_ours(p) {
         let ours = STATE.with(|s| match s.held().remove(&(p as usize)) {
             Some(buf) => {
                 s.pool().give(buf);
+                s.remove_if_unused();
                 true
             }
             None => false,
@@ -225,63 +377,32 @@ unsafe extern "C" fn pool_realloc(p: *mut c_void, size: usize) -> *mut c_void {
     new
 }
 
-/// Redirects `libc10.so`'s allocation calls (once per process). Returns how many slots were
-/// redirected, or why it could not be done.
-fn install() -> Result<usize, String> {
-    INSTALLED
-        .get_or_init(|| {
-            if fastensor::imports::find_loaded(LIBRARY).is_empty() {
-                return Err(format!("{LIBRARY} is not loaded (import torch first)"));
-            }
-            // SAFETY: registered once; the handlers only take and release the lock.
-            let rc = unsafe {
-                libc::pthread_atfork(Some(before_fork), Some(after_fork), Some(after_fork))
-            };
-            if rc != 0 {
-                return Err(format!("pthread_atfork failed ({rc})"));
-            }
-            // `free` and `realloc` first: no block is handed out before they recognise it.
-            let redirect = [
-                ("free", pool_free as *const () as usize),
-                ("realloc", pool_realloc as *const () as usize),
-                ("posix_memalign", pool_posix_memalign as *const () as usize),
-            ];
-            // SAFETY: each function has the signature and the semantics of the symbol it
-            // replaces, is reentrant across threads, and lives as long as the process (this
-            // module is never unloaded: Python does not unload extension modules).
-            let done = unsafe { fastensor::imports::redirect(LIBRARY, &redirect) }
-                .map_err(|e| e.to_string())?;
-            if !done.iter().any(|r| r.symbol == "posix_memalign") {
-                // Nothing would be served from the pool; the rest is harmless.
-                return Err(format!("{LIBRARY} does not import posix_memalign"));
-            }
-            Ok(done.len())
-        })
-        .clone()
-}
-
 /// Installs the redirection if needed and serves requests of at least `min_bytes` from the
 /// pool until `disable(token)`. Returns the token, or raises `RuntimeError` with the reason
 /// the redirection is not possible here.
 #[pyfunction]
 fn torch_allocator_enable(min_bytes: usize) -> PyResult<u64> {
-    install().map_err(pyo3::exceptions::PyRuntimeError::new_err)?;
-    Ok(STATE.with(|s| {
-        let token = s.next_token;
-        s.next_token += 1;
-        s.users.push((token, min_bytes.max(1)));
-        s.publish();
-        token
-    }))
+    STATE
+        .with(|s| -> Result<u64, String> {
+            s.install()?;
+            let token = s.next_token;
+            s.next_token += 1;
+            s.users.push((token, min_bytes.max(1)));
+            s.publish();
+            Ok(token)
+        })
+        .map_err(pyo3::exceptions::PyRuntimeError::new_err)
 }
 
-/// Ends the use `token` stands for; the pool keeps serving while other uses remain. Unknown
-/// tokens are ignored.
+/// Ends the use `token` stands for; the pool keeps serving while other uses remain. The
+/// last one removes the redirection, at once when no block is out, else when the last
+/// block comes back. Unknown tokens are ignored.
 #[pyfunction]
 fn torch_allocator_disable(token: u64) {
     STATE.with(|s| {
         s.users.retain(|&(t, _)| t != token);
         s.publish();
+        s.remove_if_unused();
     });
 }
 
@@ -295,32 +416,39 @@ fn torch_allocator_trim(py: Python<'_>) -> u64 {
     bytes
 }
 
-/// Whether the redirection is installed (and why not), and the pool's counters.
+/// Whether the redirection is installed (and the last reason it could not be installed or
+/// removed), how often it was, and the pool's counters.
 #[pyfunction]
 fn torch_allocator_stats(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
-    let (stats, held, users, min, fallbacks): (PoolStats, usize, usize, usize, u64) =
+    let d = PyDict::new(py);
+    let (stats, held, users, min, fallbacks, slots, stuck, installs, removals, error) =
         STATE.with(|s| {
-            let stats = s.pool().stats();
+            let stats: PoolStats = s.pool().stats();
             let held = s.held().len();
+            let slots = match &s.hook {
+                Hook::Installed(done) => Some(done.len()),
+                _ => None,
+            };
             (
                 stats,
                 held,
                 s.users.len(),
                 MIN_BYTES.load(Ordering::Relaxed),
                 s.fallbacks,
+                slots,
+                matches!(s.hook, Hook::Stuck),
+                s.installs,
+                s.removals,
+                s.error.clone(),
             )
         });
-    let d = PyDict::new(py);
-    match INSTALLED.get() {
-        Some(Ok(n)) => {
-            d.set_item("installed", true)?;
-            d.set_item("redirected_slots", *n)?;
-        }
-        Some(Err(why)) => {
-            d.set_item("installed", false)?;
-            d.set_item("reason", why.clone())?;
-        }
-        None => d.set_item("installed", false)?,
+    d.set_item("installed", slots.is_some())?;
+    d.set_item("redirected_slots", slots.unwrap_or(0))?;
+    d.set_item("stuck", stuck)?;
+    d.set_item("installs", installs)?;
+    d.set_item("removals", removals)?;
+    if let Some(why) = error {
+        d.set_item("reason", why)?;
     }
     d.set_item("enabled", users > 0)?;
     d.set_item(
@@ -343,14 +471,60 @@ fn torch_allocator_stats(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     Ok(d)
 }
 
+/// `libc10.so`'s GOT slots of the redirected symbols as they are now: `(symbol, slot
+/// address, the address it holds, whether its page is read-only between writes)`. For the
+/// tests (the redirection is in place, or every slot holds what it held before); raises
+/// `RuntimeError` when `libc10.so` is not loaded.
+#[pyfunction]
+fn torch_allocator_slots() -> PyResult<Vec<(String, usize, usize, bool)>> {
+    let slots = got::slots(LIBRARY, &SYMBOLS)
+        .map_err(|e| pyo3::exceptions::PyRuntimeError::new_err(e.to_string()))?;
+    Ok(slots
+        .iter()
+        .map(|s| {
+            (
+                s.symbol().to_string(),
+                s.address(),
+                s.value(),
+                s.read_only(),
+            )
+        })
+        .collect())
+}
+
+/// The addresses of the hooks, by symbol (what a redirected slot holds).
+#[pyfunction]
+fn torch_allocator_hooks() -> Vec<(&'static str, usize)> {
+    hooks().to_vec()
+}
+
 /// The length of the pool block that starts at `address` while torch holds it (memory that
 /// may be read up to that length), or None.
-#[pyfunction]
-fn torch_allocator_block(address: usize) -> Option<usize> {
+fn block_len(address: usize) -> Option<usize> {
     if address % PAGE != 0 || !HANDED_OUT.load(Ordering::Acquire) {
         return None;
     }
     STATE.with(|s| s.held().get(&address).map(|b| b.len()))
+}
+
+/// The length of the pool block holding the memory of `tensor` (a host tensor, array or
+/// buffer) when that memory starts a block torch holds, else None.
+#[pyfunction]
+fn torch_allocator_block(tensor: &Bound<'_, PyAny>) -> PyResult<Option<usize>> {
+    use crate::errors::IntoPy;
+    let lent = crate::memory::lend(tensor, crate::memory::Access::Read, "tensor").py_err()?;
+    Ok(block_len(lent.region().addr()))
+}
+
+/// How many bytes from `address` may be read for memory of `nbytes` there: `nbytes`
+/// rounded up to whole pages where a pool block held by torch starts at `address` and
+/// spans them, else `nbytes`.
+pub fn readable_len(address: usize, nbytes: usize) -> usize {
+    let rounded = nbytes.div_ceil(PAGE) * PAGE;
+    match block_len(address) {
+        Some(block) if rounded <= block => rounded,
+        _ => nbytes,
+    }
 }
 
 /// Adds the allocator's functions to the module.
@@ -360,5 +534,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(torch_allocator_trim, m)?)?;
     m.add_function(wrap_pyfunction!(torch_allocator_stats, m)?)?;
     m.add_function(wrap_pyfunction!(torch_allocator_block, m)?)?;
+    m.add_function(wrap_pyfunction!(torch_allocator_slots, m)?)?;
+    m.add_function(wrap_pyfunction!(torch_allocator_hooks, m)?)?;
     Ok(())
 }

@@ -1,8 +1,10 @@
 """fastensor.torch.caching_allocator: torch's large CPU tensors served from a pool of reused
-blocks (libc10's allocation calls redirected), as a PyTorch user runs it."""
+blocks (libc10's allocation calls redirected while in use, put back when the last user has
+left and the last pool block is freed), as a PyTorch user runs it. Off unless asked for."""
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 import os
 import subprocess
@@ -19,7 +21,8 @@ MIB = 1 << 20
 def _in_pool(t: torch.Tensor) -> bool:
     from fastensor import _native
 
-    return _native.torch_allocator_block(t.untyped_storage().data_ptr()) is not None
+    whole = torch.empty(0, dtype=torch.uint8).set_(t.untyped_storage())
+    return _native.torch_allocator_block(whole) is not None
 
 
 def test_large_tensors_come_from_the_pool_and_their_memory_is_reused():
@@ -152,7 +155,9 @@ def test_offload_uses_the_pool_and_writes_pool_blocks_without_copies(tmp_path):
     ref = [p.grad.clone() for p in model.parameters()]
     for _ in range(2):
         model.zero_grad(set_to_none=True)
-        with offload(dir=tmp_path, budget_bytes=8 * MIB, min_bytes=256 << 10) as stats:
+        with offload(
+            dir=tmp_path, budget_bytes=8 * MIB, min_bytes=256 << 10, caching_allocator=True
+        ) as stats:
             loss = model(x).sum()
         loss.backward()
         for p, r in zip(model.parameters(), ref, strict=True):
@@ -163,14 +168,225 @@ def test_offload_uses_the_pool_and_writes_pool_blocks_without_copies(tmp_path):
     assert not allocator_stats()["enabled"]
 
 
-def test_offload_without_the_pool_falls_back(tmp_path):
+class _RecordingLibc:
+    """Stands for ``ctypes.CDLL(None)`` in ``fastensor._offload``: records ``mallopt``."""
+
+    def __init__(self, calls: list):
+        self.calls = calls
+
+    def __call__(self, name):
+        assert name is None
+        return self
+
+    def mallopt(self, param: int, value: int) -> int:
+        self.calls.append((param, value))
+        return 1
+
+
+def _slot_values() -> dict:
+    from fastensor import _native
+
+    return {(s, a): v for s, a, v, _ in _native.torch_allocator_slots()}
+
+
+def test_offload_by_default_leaves_the_allocator_and_malloc_alone(tmp_path, monkeypatch):
+    from fastensor import _offload
+
+    calls: list = []
+    monkeypatch.setattr(_offload.ctypes, "CDLL", _RecordingLibc(calls))
+    monkeypatch.setattr(_offload, "_mmap_threshold", None)
+    slots = _slot_values()
     x = torch.randn(1000, 512, requires_grad=True)
-    with offload(dir=tmp_path, budget_bytes=8 * MIB, caching_allocator=False) as stats:
+    with offload(dir=tmp_path, budget_bytes=8 * MIB) as stats:
+        assert _slot_values() == slots, "libc10's GOT untouched"
         y = (x * 2).exp().sum()
+        assert not _in_pool(x * 3)
     y.backward()
     assert not stats.caching_allocator
     assert "caching_allocator=False" in stats.as_dict()["caching_allocator_reason"]
     assert torch.allclose(x.grad, 2 * (2 * x.detach()).exp())
+    assert calls == [], "no mallopt behind the caller's back"
+    # Asked for explicitly, the mmap threshold is set (here: recorded, not applied).
+    with offload(dir=tmp_path, budget_bytes=8 * MIB, release_memory=True):
+        pass
+    assert calls == [(-3, MIB)]
+    assert _slot_values() == slots
+
+
+def _run_python(code: str) -> dict:
+    """Runs ``code`` in a fresh interpreter (a process whose allocator no test touched) and
+    returns the JSON it prints last."""
+    env = {k: v for k, v in os.environ.items() if k != "FASTENSOR_TORCH_ALLOCATOR"}
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+_SLOTS_PROBE = """
+import gc, json
+import torch
+from fastensor import _native
+from fastensor.torch import allocator_stats, caching_allocator, offload
+
+def perms(address):
+    with open("/proc/self/maps") as f:
+        for line in f:
+            span, mode = line.split()[:2]
+            lo, hi = (int(x, 16) for x in span.split("-"))
+            if lo <= address < hi:
+                return mode
+    return None
+
+def slots():
+    return [[s, a, v, ro, perms(a)] for s, a, v, ro in _native.torch_allocator_slots()]
+
+def in_pool(t):
+    whole = torch.empty(0, dtype=torch.uint8).set_(t.untyped_storage())
+    return _native.torch_allocator_block(whole) is not None
+
+def stats():
+    s = allocator_stats()
+    return {k: s[k] for k in ("installed", "enabled", "installs", "removals", "blocks_held")}
+
+out = {"hooks": dict(_native.torch_allocator_hooks()), "before": slots(), "start": stats()}
+"""
+
+
+def test_the_redirection_is_undone_when_the_last_user_leaves_and_the_last_block_is_freed():
+    code = _SLOTS_PROBE + (
+        "with caching_allocator(min_bytes=1 << 20) as ca:\n"
+        "    out['enabled'] = ca.enabled\n"
+        "    out['during'] = slots()\n"
+        "    kept = torch.full((1 << 20,), 2.0)\n"
+        "    out['kept_in_pool'] = in_pool(kept)\n"
+        "out['left'] = stats()\n"
+        "out['left_slots'] = slots()\n"
+        "fresh = torch.empty(1 << 20)\n"
+        "out['fresh_in_pool'] = in_pool(fresh)\n"
+        "del fresh\n"
+        "out['kept_sum'] = float(kept.sum())\n"
+        "del kept\n"
+        "gc.collect()\n"
+        "out['freed'] = stats()\n"
+        "out['after'] = slots()\n"
+        "with caching_allocator(min_bytes=1 << 20):\n"
+        "    out['again'] = stats()\n"
+        "    t = torch.empty(1 << 20)\n"
+        "    out['again_in_pool'] = in_pool(t)\n"
+        "    del t\n"
+        "out['end'] = stats()\n"
+        "out['end_slots'] = slots()\n"
+        "print(json.dumps(out))\n"
+    )
+    out = _run_python(code)
+    hooks, before = out["hooks"], out["before"]
+    names = {s[0] for s in before}
+    assert {"free", "posix_memalign"} <= names, before
+    assert out["start"] == {
+        "installed": False,
+        "enabled": False,
+        "installs": 0,
+        "removals": 0,
+        "blocks_held": 0,
+    }
+    assert out["enabled"]
+    # While in use: every slot calls the hook, its page as the dynamic linker left it (the
+    # RELRO one read-only again after the write).
+    for (sym, addr, _, ro, mode), (sym2, addr2, value, ro2, mode2) in zip(
+        before, out["during"], strict=True
+    ):
+        assert (sym, addr, ro) == (sym2, addr2, ro2)
+        assert value == hooks[sym]
+        assert mode2 == mode
+        if ro:
+            assert mode.startswith("r-"), (sym, mode)
+    # The last user left with a pool block still held: the redirection stays for its free,
+    # but no new request is served from the pool.
+    assert out["kept_in_pool"]
+    assert out["left"]["installed"] and not out["left"]["enabled"]
+    assert out["left"]["blocks_held"] == 1
+    assert [s[2] for s in out["left_slots"]] == [hooks[s[0]] for s in before]
+    assert not out["fresh_in_pool"]
+    assert out["kept_sum"] == 2.0 * (1 << 20)
+    # Its free (through the hook, no crash) removed the redirection: the original entries
+    # and page protection are back.
+    assert out["freed"] == {
+        "installed": False,
+        "enabled": False,
+        "installs": 1,
+        "removals": 1,
+        "blocks_held": 0,
+    }
+    assert out["after"] == before
+    # Enabled again, it is installed again, and removed at once when no block is out.
+    assert out["again"]["installed"] and out["again"]["installs"] == 2
+    assert out["again_in_pool"]
+    assert out["end"] == {
+        "installed": False,
+        "enabled": False,
+        "installs": 2,
+        "removals": 2,
+        "blocks_held": 0,
+    }
+    assert out["end_slots"] == before
+
+
+def test_an_offload_session_and_a_block_share_one_redirection_until_both_are_gone(tmp_path):
+    code = _SLOTS_PROBE + (
+        "from torch import nn\n"
+        "model = nn.Sequential(nn.Linear(64, 1024), nn.GELU(), nn.Linear(1024, 64))\n"
+        "x = torch.randn(1000, 64)\n"
+        "with caching_allocator(min_bytes=256 << 10):\n"
+        f"    with offload(dir={str(tmp_path)!r}, min_bytes=256 << 10, \n"
+        "                 caching_allocator=True) as st:\n"
+        "        loss = model(x).sum()\n"
+        "    out['inside'] = stats()\n"
+        "out['graph_alive'] = stats()\n"
+        "loss.backward()\n"
+        "del loss\n"
+        "gc.collect()\n"
+        "out['used_pool'] = st.caching_allocator\n"
+        "out['offloaded'] = st.tensors_offloaded\n"
+        "out['after_backward'] = stats()\n"
+        "model.zero_grad(set_to_none=True)\n"
+        "gc.collect()\n"
+        "out['end'] = stats()\n"
+        "out['after'] = slots()\n"
+        "print(json.dumps(out))\n"
+    )
+    out = _run_python(code)
+    assert out["used_pool"] and out["offloaded"] > 0
+    assert out["inside"]["enabled"] and out["inside"]["installs"] == 1
+    # The block has ended; the session still holds the pool enabled for its graph.
+    assert out["graph_alive"]["enabled"] and out["graph_alive"]["installed"]
+    assert not out["after_backward"]["enabled"]
+    assert out["end"]["installs"] == 1
+    assert out["end"] == {
+        "installed": False,
+        "enabled": False,
+        "installs": 1,
+        "removals": 1,
+        "blocks_held": 0,
+    }
+    assert out["after"] == out["before"]
+
+
+def test_without_libc10_enabling_is_refused_naming_it():
+    code = (
+        "import json, sys\n"
+        "from fastensor import _native\n"
+        "assert 'torch' not in sys.modules\n"
+        "try:\n"
+        "    _native.torch_allocator_enable(1 << 20)\n"
+        "    print(json.dumps({'error': None}))\n"
+        "except RuntimeError as e:\n"
+        "    s = _native.torch_allocator_stats()\n"
+        "    print(json.dumps({'error': str(e), 'installed': s['installed']}))\n"
+    )
+    out = _run_python(code)
+    assert "libc10.so" in out["error"] and not out["installed"]
 
 
 def test_common_tensor_operations_on_pool_memory(tmp_path):

@@ -5,7 +5,6 @@
 #![deny(missing_docs)]
 
 pub mod atomic;
-pub mod imports;
 
 use fastensor_core::align::DirectAlignment;
 use fastensor_core::{Error, ErrorKind, FileLocation, OpenMode, Result};

@@ -1,4 +1,4 @@
-"""A caching allocator for torch's large CPU tensors: :class:`caching_allocator`.
+"""A caching allocator for torch's large CPU tensors: :class:`caching_allocator`, opt-in.
 
 torch gets a CPU tensor's memory from glibc. Blocks of a MiB or more are then mappings of
 their own, or glibc hands freed ones back to the system, so every training step faults its
@@ -7,17 +7,26 @@ often more than the step's compute). Activation offload makes it worse: it frees
 activation as soon as it is written. Inside ``with caching_allocator():`` torch's requests
 of at least ``min_bytes`` come from a pool of page-aligned blocks instead, and blocks torch
 frees go back to it for the next request of about the same size, as torch's CUDA caching
-allocator does on a GPU. :func:`fastensor.torch.offload` enables it for as long as its
-graphs live.
+allocator does on a GPU. :func:`fastensor.torch.offload` uses it only when asked
+(``offload(..., caching_allocator=True)``), for as long as its graphs live.
+
+What it buys: less resident memory and faster steps (blocks reused, already faulted in; an
+offloaded tensor is written straight from its block). What it costs: while in use,
+``libc10.so``'s global offset table entries of ``posix_memalign``, ``free`` and ``realloc``
+are rewritten (as memory profilers do) so that torch's calls reach the pool; calls from any
+other library are untouched.
 
 Who owns what: the pool owns its blocks; a tensor owns one from its allocation to its free.
-Idle blocks are kept up to the most the pool had handed out at once (so the process never
-holds more than the peak it needed), until :func:`empty_cache` releases them.
+Idle blocks are kept up to half again the most the pool had handed out at once, until
+:func:`empty_cache` releases them.
 
-How: ``libc10.so``'s calls to ``posix_memalign``, ``free`` and ``realloc`` are redirected
-(its global offset table entries are rewritten, as memory profilers do), once per process;
-calls from any other library are untouched, and with no user enabled every request goes to
-glibc as before. ``FASTENSOR_TORCH_ALLOCATOR=0`` in the environment turns it off.
+Its life: the first user (a ``caching_allocator`` block, an offload session) rewrites the
+entries; more users only count. When the last user leaves, the original entries and their
+pages' protection (read-only RELRO) are put back, at once if no tensor holds a pool block,
+else by the ``free`` of the last such block (until then the pool serves no new request:
+torch allocates from glibc again, and only the blocks still out come back through the
+redirection, since glibc's ``free`` must never see one). ``FASTENSOR_TORCH_ALLOCATOR=0`` in
+the environment turns it off whatever the code asks.
 """
 
 from __future__ import annotations
@@ -64,9 +73,11 @@ class caching_allocator:  # noqa: N801 (a context manager named as a function, l
                 loss = model(x).loss
                 loss.backward()
 
-    Blocks freed after the block are still taken back by the pool. ``enabled`` tells whether
-    it took effect; ``reason`` why not (``FASTENSOR_TORCH_ALLOCATOR=0``, or no ``libc10.so``
-    to redirect: then torch allocates as usual).
+    Blocks freed after the block are still taken back by the pool; ``libc10.so``'s calls
+    are given back to glibc when the last user has left and the last pool block is freed
+    (see the module's documentation). ``enabled`` tells whether it took effect; ``reason``
+    why not (``FASTENSOR_TORCH_ALLOCATOR=0``, or no ``libc10.so`` to redirect: then torch
+    allocates as usual).
 
     Args:
         min_bytes: smallest request served from the pool (default 1 MiB); smaller ones stay
@@ -100,9 +111,12 @@ def empty_cache() -> int:
 
 
 def allocator_stats() -> dict[str, Any]:
-    """The pool's figures: ``installed`` (and ``reason`` if not), ``enabled``,
-    ``min_bytes``, ``live_bytes`` (held by tensors), ``idle_bytes`` (kept for reuse),
-    ``peak_live_bytes``, ``hits`` (requests served by an idle block), ``misses`` (new blocks),
-    ``released_blocks``/``released_bytes``, ``fallbacks`` (requests glibc served because the
-    pool could not)."""
+    """The pool's figures: ``installed`` (``libc10.so``'s calls redirected now),
+    ``redirected_slots``, ``installs``/``removals`` (times the redirection was put in place
+    and undone), ``reason`` (why the last install or removal failed, if one did), ``stuck``
+    (a removal failed: the allocator stays off in this process), ``enabled`` (a user has it
+    on), ``min_bytes``, ``blocks_held`` and ``live_bytes`` (held by tensors),
+    ``idle_bytes`` (kept for reuse), ``peak_live_bytes``, ``hits`` (requests served by an
+    idle block), ``misses`` (new blocks), ``released_blocks``/``released_bytes``,
+    ``fallbacks`` (requests glibc served because the pool could not)."""
     return dict(_native.torch_allocator_stats())

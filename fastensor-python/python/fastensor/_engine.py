@@ -11,13 +11,84 @@ from . import _native
 
 __all__ = ["Engine", "default_engine", "backends", "Backend"]
 
-Engine = _native.Engine
+
+class Engine:
+    """A fastensor engine: the I/O backends it may use, the selector that picks one per
+    transfer, and the profile where what it learns is kept.
+
+    Pass one as ``engine=`` to any load or save function; without one, they use
+    :func:`default_engine`. An engine is configuration and learned state only: every read
+    and write goes through the functions of :mod:`fastensor.torch`, :mod:`fastensor.numpy`
+    and :mod:`fastensor.dcp`, which lend it the tensors' memory.
+
+    Args:
+        backends: the names of the backends it may use (default: every available one; see
+            :func:`backends`).
+        profile: where the selection profile is loaded from and saved to (default: none,
+            nothing is remembered).
+        pin: one backend for every transfer.
+
+    Raises:
+        NotFoundError: an unknown backend name (the message lists the known ones).
+        UnavailableError: a pinned backend that cannot run here.
+    """
+
+    __slots__ = ("_native", "__weakref__")
+
+    def __init__(
+        self,
+        backends: list[str] | None = None,
+        profile: str | os.PathLike[str] | None = None,
+        pin: str | None = None,
+    ) -> None:
+        if profile is not None:
+            profile = os.fspath(profile)
+        self._native = _native.Engine(backends=backends, profile=profile, pin=pin)
+
+    def backend_names(self) -> list[str]:
+        """The names of the backends this engine may use, sorted."""
+        return self._native.backend_names()
+
+    def pin(self, backend: str | None = None) -> None:
+        """Uses ``backend`` for every transfer, or lets the selector choose with ``None``."""
+        self._native.pin(backend)
+
+    @property
+    def pinned(self) -> str | None:
+        """The pinned backend, if any."""
+        return self._native.pinned
+
+    @property
+    def profile_warning(self) -> str | None:
+        """Why the profile was not used (another machine or format version), if it was not."""
+        return self._native.profile_warning
+
+    def report(self) -> str:
+        """What the engine chose and measured so far, as a table."""
+        return self._native.report()
+
+    def save_profile(self) -> None:
+        """Saves what the engine learned to its profile (atomically)."""
+        self._native.save_profile()
+
+    @property
+    def staging_bytes(self) -> int:
+        """Bytes of host memory kept for the next asynchronous save's snapshot."""
+        return self._native.staging_bytes
+
+    def release_staging(self) -> None:
+        """Frees the memory kept for the next asynchronous save's snapshot."""
+        self._native.release_staging()
+
+    def __repr__(self) -> str:
+        return repr(self._native)
+
 
 _lock = threading.Lock()
-_default: _native.Engine | None = None
+_default: Engine | None = None
 
 
-def default_engine() -> _native.Engine:
+def default_engine() -> Engine:
     """The engine the module-level functions use, built on first use.
 
     It may use every available backend and keeps what it learns in the profile the
@@ -31,7 +102,7 @@ def default_engine() -> _native.Engine:
             profile = None
             if os.environ.get("FASTENSOR_PROFILE", None) != "":
                 profile = _native.default_profile_path()
-            _default = _native.Engine(profile=None if profile is None else os.fspath(profile))
+            _default = Engine(profile=profile)
             warning = _default.profile_warning
             if warning:
                 warnings.warn(f"fastensor: profile not used: {warning}", stacklevel=3)
@@ -53,9 +124,41 @@ def _save_default_profile() -> None:
         warnings.warn(f"fastensor: the profile was not saved: {exc}", stacklevel=1)
 
 
-def engine_or_default(engine: _native.Engine | None) -> _native.Engine:
-    """``engine``, or the default engine when ``None``."""
-    return default_engine() if engine is None else engine
+_exit_hook = False
+
+
+def watch_pending_saves() -> None:
+    """Makes the interpreter's exit wait for background saves nobody waited for (with a
+    warning naming them): an exit never drops a save silently. ``os._exit`` and a killed
+    process skip this, as they skip every exit handler: ``wait()`` on each handle."""
+    global _exit_hook
+    with _lock:
+        if not _exit_hook:
+            atexit.register(_finish_pending_saves)
+            _exit_hook = True
+
+
+def _finish_pending_saves() -> None:
+    pending = _native.pending_saves()
+    if pending:
+        names = ", ".join(os.fspath(p) for p in pending[:5])
+        more = f" and {len(pending) - 5} more" if len(pending) > 5 else ""
+        warnings.warn(
+            f"fastensor: the interpreter is exiting with {len(pending)} background save(s)"
+            f" not waited for ({names}{more}); waiting for them to finish",
+            RuntimeWarning,
+            stacklevel=1,
+        )
+        _native.wait_pending_saves()
+
+
+def engine_or_default(engine: Engine | None) -> _native.Engine:
+    """The native engine of ``engine``, or of the default engine when ``None``."""
+    if engine is None:
+        engine = default_engine()
+    elif not isinstance(engine, Engine):
+        raise TypeError(f"engine must be a fastensor.Engine, not {type(engine).__name__}")
+    return engine._native
 
 
 class Backend(tuple):

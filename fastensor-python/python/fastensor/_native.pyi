@@ -1,12 +1,20 @@
-"""Type stubs of the native module (the Rust engine)."""
+"""Type stubs of the private native module (the Rust engine).
+
+Memory is passed as the object that owns it (a tensor or array exporting DLPack, or an
+object with the buffer protocol), never as an address; every range is checked against it.
+"""
 
 from collections.abc import Mapping, Sequence
 from os import PathLike
 
 __version__: str
 
-SaveSpec = tuple[str, str, Sequence[int], int, int, int]
-TargetSpec = tuple[str, int, int, int]
+from typing import Any
+
+#: ``(name, dtype, shape, memory)``: the memory holds exactly the tensor's bytes.
+SaveSpec = tuple[str, str, Sequence[int], Any]
+#: ``(name, memory, byte_offset, nbytes)``.
+TargetSpec = tuple[str, Any, int, int]
 Entry = tuple[str, str, list[int], int, int]
 
 class Engine:
@@ -59,3 +67,5 @@ class SaveHandle:
 def backends() -> list[tuple[str, bool, str | None, str]]: ...
 def default_profile_path() -> str | None: ...
 def write_atomic(path: str | PathLike[str], data: bytes) -> None: ...
+def pending_saves() -> list[str]: ...
+def wait_pending_saves() -> None: ...

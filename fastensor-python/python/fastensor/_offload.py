@@ -55,8 +55,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from . import _native
 from ._allocator import _disable as _allocator_disable
 from ._allocator import _enable as _allocator_enable
-from ._common import IO_ALIGN
-from ._engine import engine_or_default
+from ._engine import Engine, engine_or_default
 from .errors import _invalid
 
 __all__ = ["OffloadStats", "offload", "release_freed_memory"]
@@ -77,10 +76,6 @@ _capacity_hints: dict[str, int] = {}
 
 _live_sessions: weakref.WeakSet[_Session] = weakref.WeakSet()
 _live_lock = threading.Lock()
-
-
-def _round_page(n: int) -> int:
-    return -(-n // IO_ALIGN) * IO_ALIGN
 
 
 def _default_dir() -> str:
@@ -114,10 +109,14 @@ def release_freed_memory(threshold: int = 1 << 20) -> bool:
     pass at 64-77% of what it was without offload (24 MLP blocks, 245 MiB of activations,
     a 12 MiB budget), against 1-4% with a fixed threshold. Fixing the threshold (``mallopt``, as
     ``MALLOC_MMAP_THRESHOLD_`` does) maps such blocks on their own and unmaps them on
-    free. :func:`offload` calls this with its ``min_bytes`` where its caching allocator is
-    not in use (unless told not to); it affects the whole process, and each large
-    allocation then faults in fresh pages. Returns whether the threshold is set (False off
-    glibc).
+    free.
+
+    Never called behind the caller's back: only by the caller, or by
+    ``offload(..., release_memory=True)`` (with its ``min_bytes``, where its caching allocator
+    is not in use). It affects the whole process (every library's ``malloc``), for the rest of
+    its life (glibc cannot tell the threshold it replaces, so it is not put back), and each
+    large allocation then faults in fresh pages. Returns whether the threshold is set (False
+    off glibc).
     """
     global _mmap_threshold
     threshold = max(1, min(int(threshold), _MMAP_THRESHOLD_MAX))
@@ -401,17 +400,12 @@ class _Session:
             flat = torch.empty(0, dtype=torch.uint8, device=dev).set_(storage)
             owner = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
             owner.copy_(flat)  # synchronous: the host copy is complete when it returns
-            address = owner.data_ptr()
         else:
-            owner, address = storage, storage.data_ptr()
-        # A block of the caching allocator may be read to its page-rounded end: the write
-        # then goes straight from the tensor (direct I/O), with no copy of a partial page.
-        length = nbytes
-        block = _native.torch_allocator_block(address)
-        if block is not None and _round_page(nbytes) <= block:
-            length = _round_page(nbytes)
+            owner = torch.empty(0, dtype=torch.uint8).set_(storage)
+        # A block of the caching allocator may be written to its page-rounded end (direct
+        # I/O from the tensor, with no copy of a partial page): the store checks the block.
         label = f"saved{next(self.labels)}"
-        handle = self.store.put(owner, address, length, label)
+        handle = self.store.put(owner, label, whole_pages=True)
         self.counts["tensors_offloaded"] += 1
         self.counts["bytes_offloaded"] += nbytes
         return _Record(self, handle, source, dev, nbytes)
@@ -470,12 +464,14 @@ class offload:  # noqa: N801 (a context manager named as a function, like torch.
             fastensor's pool of reusable blocks while the block's graphs live (see
             :class:`fastensor.torch.caching_allocator`): the memory each offloaded tensor
             frees serves the next activation, already faulted in, and is written to disk
-            without a copy. Default True; where it cannot be used (see
-            ``stats.as_dict()["caching_allocator_reason"]``), ``release_memory`` applies.
-        release_memory: without the caching allocator, make glibc give freed blocks of
-            ``min_bytes`` or more back to the system (see :func:`release_freed_memory`;
-            process-wide), so that the memory of offloaded tensors is really freed. Default
-            True.
+            without a copy. It costs rewriting ``libc10.so``'s allocation entries (its GOT)
+            while in use; they are put back once the last user is gone and the last pool
+            block freed. Default False (offload works without it); where it cannot be used,
+            ``stats.as_dict()["caching_allocator_reason"]`` says why.
+        release_memory: where the caching allocator is not in use, make glibc give freed
+            blocks of ``min_bytes`` or more back to the system (:func:`release_freed_memory`:
+            ``mallopt``, process-wide and for the rest of the process), so that the memory
+            of offloaded tensors is really freed. Default False: malloc is left alone.
         engine: the fastensor engine to use (default: the module's engine).
 
     Yields:
@@ -495,9 +491,9 @@ class offload:  # noqa: N801 (a context manager named as a function, like torch.
         prefetch: int | None = None,
         *,
         io_threads: int = 2,
-        caching_allocator: bool = True,
-        release_memory: bool = True,
-        engine: _native.Engine | None = None,
+        caching_allocator: bool = False,
+        release_memory: bool = False,
+        engine: Engine | None = None,
     ):
         if budget_bytes <= 0:
             raise _invalid(f"fastensor offload: budget_bytes must be positive, not {budget_bytes}")

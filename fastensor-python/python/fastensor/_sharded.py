@@ -21,7 +21,7 @@ import torch
 from . import _native
 from . import torch as _fst
 from ._common import PathLike, check_metadata, fspath
-from ._engine import engine_or_default
+from ._engine import Engine, engine_or_default
 
 __all__ = [
     "is_sharded",
@@ -104,7 +104,7 @@ def _read_into_arena(file, path: str, entries) -> dict[str, torch.Tensor]:
             out[name] = torch.empty(shape, dtype=dt)
             continue
         out[name] = arena[at : at + nbytes].view(dt).view(shape)
-        targets.append((name, arena.data_ptr() + at, nbytes, -1))
+        targets.append((name, arena, at, nbytes))
     file.read_into(targets)
     return out
 
@@ -115,7 +115,7 @@ def is_sharded(path: PathLike) -> bool:
     return os.path.isdir(p) or p.endswith(".index.json")
 
 
-def open_sharded(path: PathLike, *, engine: _native.Engine | None = None) -> _native.ShardedFile:
+def open_sharded(path: PathLike, *, engine: Engine | None = None) -> _native.ShardedFile:
     """Opens the sharded checkpoint at ``path`` (its directory or its index): the index and
     every shard's header are validated; nothing else is read.
 
@@ -140,7 +140,7 @@ def save_sharded(
     max_shard_size: int | str = "5GB",
     metadata: Mapping[str, str] | None = None,
     *,
-    engine: _native.Engine | None = None,
+    engine: Engine | None = None,
 ) -> dict[str, str]:
     """Saves ``tensors`` as a sharded checkpoint in ``save_directory``.
 
@@ -157,10 +157,8 @@ def save_sharded(
     engine = engine_or_default(engine)
     meta = check_metadata(metadata, path) if metadata is not None else {"format": "pt"}
     limit = parse_size(max_shard_size)
-    specs, keep = _fst._save_specs(tensors, path, engine, host_only=False)
-    weight_map = _native.save_sharded(engine, path, specs, limit, meta)
-    del keep
-    return weight_map
+    specs = _fst._save_specs(tensors, path, engine, host_only=False)
+    return _native.save_sharded(engine, path, specs, limit, meta)
 
 
 def load_sharded(
@@ -168,7 +166,7 @@ def load_sharded(
     device: str | int | torch.device = "cpu",
     names: Iterable[str] | None = None,
     *,
-    engine: _native.Engine | None = None,
+    engine: Engine | None = None,
 ) -> dict[str, torch.Tensor]:
     """Loads the sharded checkpoint at ``path`` (its directory or its index) onto
     ``device``: every tensor, or only ``names`` (only their bytes are read). The reads of all

@@ -39,7 +39,6 @@ call, small neighbours merged, all files in flight together.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import dataclasses
 import io
 import math
@@ -72,7 +71,7 @@ from torch.futures import Future
 
 from . import _native
 from ._common import PathLike, fspath
-from ._engine import engine_or_default
+from ._engine import Engine, engine_or_default
 
 __all__ = ["METADATA_NAME", "Reader", "StorageInfo", "Writer"]
 
@@ -145,7 +144,7 @@ class Writer(StorageWriter, BlockingAsyncStager):
         self,
         path: PathLike,
         *,
-        engine: _native.Engine | None = None,
+        engine: Engine | None = None,
         cache_staged_state_dict: bool = False,
     ) -> None:
         StorageWriter.__init__(self)
@@ -201,26 +200,23 @@ class Writer(StorageWriter, BlockingAsyncStager):
         results: list[WriteResult] = []
         if plan.items:
             path = os.path.join(self.path, file_name)
-            specs, keep, views = [], [], []
+            specs, views = [], []
             for i, item in enumerate(plan.items):
                 data = planner.resolve_data(item)
                 if item.type == WriteItemType.BYTE_IO:
-                    view = data.getbuffer()
-                    views.append(view)
-                    raw = (
-                        torch.frombuffer(view, dtype=torch.uint8)
-                        if len(view)
-                        else torch.empty(0, dtype=torch.uint8)
-                    )
+                    raw = data.getbuffer()  # a memoryview: lent to the engine as a buffer
+                    views.append(raw)
+                    n = raw.nbytes
                 else:
                     raw = _raw_bytes(data)
-                keep.append(raw)
-                n = raw.numel()
-                specs.append((str(i), "U8", [n], raw.data_ptr() if n else 0, n, -1))
-            self.engine.save(path, specs, {"format": "fastensor-dcp"})
-            del keep
-            for v in views:
-                v.release()
+                    n = raw.numel()
+                specs.append((str(i), "U8", [n], raw))
+            try:
+                self.engine.save(path, specs, {"format": "fastensor-dcp"})
+            finally:
+                del specs, raw
+                for v in views:
+                    v.release()
             where = {e[0]: (e[3], e[4]) for e in self.engine.open(path).entries()}
             for i, item in enumerate(plan.items):
                 offset, length = where[str(i)]
@@ -327,7 +323,7 @@ class Reader(StorageReader):
         engine: the fastensor engine to use (default: the shared default engine).
     """
 
-    def __init__(self, path: PathLike, *, engine: _native.Engine | None = None) -> None:
+    def __init__(self, path: PathLike, *, engine: Engine | None = None) -> None:
         super().__init__()
         self.path = fspath(path)
         self.engine = engine_or_default(engine)
@@ -409,10 +405,8 @@ class Reader(StorageReader):
             path = os.path.join(self.path, info.relative_path)
             if item.type == LoadItemType.BYTE_IO:
                 buf = bytearray(info.length)
-                addr = ctypes.addressof((ctypes.c_char * len(buf)).from_buffer(buf)) if buf else 0
                 batch.add(
-                    (path, info.offset, addr, info.length, -1),
-                    buf,
+                    (path, info.offset, buf, 0, info.length),
                     lambda item=item, buf=buf: planner.load_bytes(item, io.BytesIO(buf)),
                     info.length,
                 )
@@ -454,8 +448,7 @@ class Reader(StorageReader):
         ):
             start = sum(o * s for o, s in zip(offsets, strides, strict=False)) * esize
             batch.add(
-                (path, info.offset + start, target.data_ptr(), nbytes, -1),
-                target,
+                (path, info.offset + start, _raw_bytes(target), 0, nbytes),
                 lambda: planner.commit_tensor(item, target),
                 0,
             )
@@ -475,7 +468,7 @@ class Reader(StorageReader):
             target.copy_(src)
             planner.commit_tensor(item, target)
 
-        batch.add((path, info.offset + start, raw.data_ptr(), n, -1), raw, finish, n)
+        batch.add((path, info.offset + start, raw, 0, n), finish, n)
 
 
 class _ReadBatch:
@@ -483,21 +476,19 @@ class _ReadBatch:
 
     def __init__(self, engine: _native.Engine) -> None:
         self.engine = engine
-        self.ranges: list[tuple[str, int, int, int, int]] = []
-        self.keep: list[object] = []
+        self.ranges: list[tuple[str, int, torch.Tensor, int, int]] = []
         self.then: list[Callable[[], None]] = []
         self.pending = 0
 
     def add(
         self,
-        rng: tuple[str, int, int, int, int],
-        owner: object,
+        rng: tuple[str, int, torch.Tensor, int, int],
         then: Callable[[], None],
         temp_bytes: int,
     ) -> None:
-        if rng[3]:
+        """Reads ``(path, file_offset, destination, byte_offset, nbytes)``, then ``then``."""
+        if rng[4]:
             self.ranges.append(rng)
-        self.keep.append(owner)
         self.then.append(then)
         self.pending += temp_bytes
         if self.pending >= _PENDING_MAX:
@@ -511,4 +502,4 @@ class _ReadBatch:
             _native.read_ranges(self.engine, self.ranges)
         for f in self.then:
             f()
-        self.ranges, self.keep, self.then, self.pending = [], [], [], 0
+        self.ranges, self.then, self.pending = [], [], 0

@@ -25,7 +25,7 @@ from ._common import (
     pad_for,
     unknown_dtype,
 )
-from ._engine import engine_or_default
+from ._engine import Engine, engine_or_default, watch_pending_saves
 from .errors import NotFoundError, _invalid
 
 __all__ = ["load_file", "load_selected", "safe_open", "save_file", "save_file_async"]
@@ -51,9 +51,14 @@ def _address(a: np.ndarray) -> int:
     return a.__array_interface__["data"][0]
 
 
+def _bytes_of(a: np.ndarray) -> np.ndarray:
+    """The bytes of the C-contiguous ``a`` as a flat ``uint8`` array over the same memory."""
+    return a.reshape(-1).view(np.uint8)
+
+
 def _save_specs(tensors: Mapping[str, np.ndarray], path: str):
     check_names(tensors, path)
-    specs, keep = [], []
+    specs = []
     for name, a in tensors.items():
         if not isinstance(a, np.ndarray):
             raise TypeError(f"{path}: `{name}` is a {type(a).__name__}, not a numpy.ndarray")
@@ -66,9 +71,8 @@ def _save_specs(tensors: Mapping[str, np.ndarray], path: str):
             )
         if not a.flags.c_contiguous:  # (np.ascontiguousarray would make 0-d arrays 1-d)
             a = a.copy(order="C")
-        keep.append(a)
-        specs.append((name, dtype, list(a.shape), _address(a) if a.nbytes else 0, a.nbytes, -1))
-    return specs, keep
+        specs.append((name, dtype, list(a.shape), _bytes_of(a)))
+    return specs
 
 
 def save_file(
@@ -76,16 +80,14 @@ def save_file(
     filename: PathLike,
     metadata: Mapping[str, str] | None = None,
     *,
-    engine: _native.Engine | None = None,
+    engine: Engine | None = None,
 ) -> None:
     """Saves ``tensor_dict`` to ``filename`` as a safetensors file, durably and atomically
     (see :func:`fastensor.torch.save_file`)."""
     path = fspath(filename)
     engine = engine_or_default(engine)
     meta = check_metadata(metadata, path)
-    specs, keep = _save_specs(tensor_dict, path)
-    engine.save(path, specs, meta)
-    del keep
+    engine.save(path, _save_specs(tensor_dict, path), meta)
 
 
 def save_file_async(
@@ -93,50 +95,49 @@ def save_file_async(
     filename: PathLike,
     metadata: Mapping[str, str] | None = None,
     *,
-    engine: _native.Engine | None = None,
+    engine: Engine | None = None,
 ) -> _native.SaveHandle:
     """Snapshots the arrays, then saves them in the background (see
     :func:`fastensor.torch.save_file_async`)."""
     path = fspath(filename)
     engine = engine_or_default(engine)
     meta = check_metadata(metadata, path)
-    specs, keep = _save_specs(tensor_dict, path)
-    handle = engine.save_async(path, specs, meta)
-    del keep
-    return handle
+    watch_pending_saves()
+    return engine.save_async(path, _save_specs(tensor_dict, path), meta)
 
 
-def _empty_for(entry, path: str) -> np.ndarray:
+def _empty_for(entry, path: str) -> tuple[np.ndarray, np.ndarray, int]:
+    """A new array for ``entry``: the array, the ``uint8`` array whose memory holds it, and
+    its byte offset there."""
     name, dtype, shape, offset, nbytes = entry
     shape = tuple(shape)
     dt = _FROM_NAME.get(dtype)
     if dt is None:
         raise unknown_dtype(path, name, dtype, "numpy")
-    if nbytes == 0:
-        return np.empty(shape, dtype=dt)
     if nbytes < 1 << 20:
-        return np.empty(shape, dtype=dt)
+        a = np.empty(shape, dtype=dt)
+        return a, _bytes_of(a), 0
     if nbytes >= HUGE_PAGE and offset % dt.itemsize == 0:
         raw = np.empty(nbytes + HUGE_PAGE + IO_ALIGN, dtype=np.uint8)
         pad = huge_page_pad(offset, _address(raw), nbytes)
-        return raw[pad : pad + nbytes].view(dt).reshape(shape)
-    raw = np.empty(nbytes + IO_ALIGN, dtype=np.uint8)
-    pad = pad_for(offset, _address(raw), nbytes, dt.itemsize)
-    return raw[pad : pad + nbytes].view(dt).reshape(shape)
+    else:
+        raw = np.empty(nbytes + IO_ALIGN, dtype=np.uint8)
+        pad = pad_for(offset, _address(raw), nbytes, dt.itemsize)
+    return raw[pad : pad + nbytes].view(dt).reshape(shape), raw, pad
 
 
 def _read_new(file, path: str, entries) -> dict[str, np.ndarray]:
     out, targets = {}, []
     for e in entries:
-        a = _empty_for(e, path)
+        a, raw, at = _empty_for(e, path)
         out[e[0]] = a
         if e[4]:
-            targets.append((e[0], _address(a), e[4], -1))
+            targets.append((e[0], raw, at, e[4]))
     file.read_into(targets)
     return out
 
 
-def load_file(filename: PathLike, *, engine: _native.Engine | None = None) -> dict[str, np.ndarray]:
+def load_file(filename: PathLike, *, engine: Engine | None = None) -> dict[str, np.ndarray]:
     """Loads every tensor of the safetensors file ``filename`` as a numpy array.
 
     Raises:
@@ -150,7 +151,7 @@ def load_file(filename: PathLike, *, engine: _native.Engine | None = None) -> di
 
 
 def load_selected(
-    filename: PathLike, names: Iterable[str], *, engine: _native.Engine | None = None
+    filename: PathLike, names: Iterable[str], *, engine: Engine | None = None
 ) -> dict[str, np.ndarray]:
     """Loads only the arrays ``names`` of ``filename``; only their bytes are read."""
     path = fspath(filename)

@@ -34,7 +34,7 @@ from ._common import (
     pad_for,
     unknown_dtype,
 )
-from ._engine import engine_or_default
+from ._engine import Engine, engine_or_default, watch_pending_saves
 from ._offload import offload
 from ._sharded import _open_any, is_sharded, load_sharded, open_sharded, save_sharded
 from .errors import _invalid
@@ -119,10 +119,23 @@ def _warn_staged_once(what: str) -> None:
         )
 
 
+def _bytes_of(t: torch.Tensor) -> torch.Tensor:
+    """The bytes of ``t`` (made contiguous if needed) as a flat ``uint8`` tensor over the
+    same memory: what the native module lends (DLPack knows every dtype as bytes)."""
+    t = t.detach()
+    if t.is_conj():
+        t = t.resolve_conj()
+    if t.is_neg():
+        t = t.resolve_neg()
+    if not t.is_contiguous():
+        t = t.contiguous()
+    return t.reshape(-1).view(torch.uint8)
+
+
 def _save_specs(tensors: Mapping[str, torch.Tensor], path: str, engine, host_only: bool):
-    """The memory specs of ``tensors`` and the tensors that back them (kept alive)."""
+    """The save specs ``(name, dtype, shape, bytes)`` of ``tensors``."""
     check_names(tensors, path)
-    specs, keep = [], []
+    specs = []
     device_ok = not host_only and _takes_device_memory(engine)
     synced = set()
     for name, t in tensors.items():
@@ -146,12 +159,8 @@ def _save_specs(tensors: Mapping[str, torch.Tensor], path: str, engine, host_onl
         elif ordinal >= 0 and ordinal not in synced:
             torch.cuda.synchronize(ordinal)  # pending kernels may still write the tensor
             synced.add(ordinal)
-        if not t.is_contiguous():
-            t = t.contiguous()
-        keep.append(t)
-        nbytes = t.numel() * t.element_size()
-        specs.append((name, dtype, list(t.shape), t.data_ptr() if nbytes else 0, nbytes, ordinal))
-    return specs, keep
+        specs.append((name, dtype, list(t.shape), _bytes_of(t)))
+    return specs
 
 
 def save_file(
@@ -159,7 +168,7 @@ def save_file(
     filename: PathLike,
     metadata: Mapping[str, str] | None = None,
     *,
-    engine: _native.Engine | None = None,
+    engine: Engine | None = None,
 ) -> None:
     """Saves ``tensors`` to ``filename`` as a safetensors file.
 
@@ -177,9 +186,7 @@ def save_file(
     path = fspath(filename)
     engine = engine_or_default(engine)
     meta = check_metadata(metadata, path)
-    specs, keep = _save_specs(tensors, path, engine, host_only=False)
-    engine.save(path, specs, meta)
-    del keep
+    engine.save(path, _save_specs(tensors, path, engine, host_only=False), meta)
 
 
 def save_file_async(
@@ -187,7 +194,7 @@ def save_file_async(
     filename: PathLike,
     metadata: Mapping[str, str] | None = None,
     *,
-    engine: _native.Engine | None = None,
+    engine: Engine | None = None,
 ) -> _native.SaveHandle:
     """Snapshots ``tensors`` and saves them to ``filename`` in the background.
 
@@ -200,10 +207,8 @@ def save_file_async(
     path = fspath(filename)
     engine = engine_or_default(engine)
     meta = check_metadata(metadata, path)
-    specs, keep = _save_specs(tensors, path, engine, host_only=True)
-    handle = engine.save_async(path, specs, meta)
-    del keep
-    return handle
+    watch_pending_saves()
+    return engine.save_async(path, _save_specs(tensors, path, engine, host_only=True), meta)
 
 
 def _torch_dtype(path: str, name: str, dtype: str) -> torch.dtype:
@@ -213,28 +218,25 @@ def _torch_dtype(path: str, name: str, dtype: str) -> torch.dtype:
     return dt
 
 
-def _empty_for(entry, path: str, device: torch.device) -> torch.Tensor:
-    """A new tensor for ``entry``, placed for a direct read (see ``pad_for``)."""
+def _empty_for(entry, path: str, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """A new tensor for ``entry``, placed for a direct read (see ``pad_for``): the tensor,
+    the ``uint8`` tensor whose memory holds it, and its byte offset there."""
     name, dtype, shape, offset, nbytes = entry
     dt = _torch_dtype(path, name, dtype)
     if nbytes == 0:
-        return torch.empty(shape, dtype=dt, device=device)
-    itemsize = torch.empty((), dtype=dt).element_size()
+        t = torch.empty(shape, dtype=dt, device=device)
+        return t, t, 0
+    itemsize = dt.itemsize
     if device.type == "cpu" and nbytes >= HUGE_PAGE and offset % itemsize == 0:
         raw = torch.empty(nbytes + HUGE_PAGE + IO_ALIGN, dtype=torch.uint8)
         pad = huge_page_pad(offset, raw.data_ptr(), nbytes)
-        return raw[pad : pad + nbytes].view(dt).view(shape)
+        return raw[pad : pad + nbytes].view(dt).view(shape), raw, pad
+    if nbytes < 1 << 20:
+        raw = torch.empty(nbytes, dtype=torch.uint8, device=device)
+        return raw.view(dt).view(shape), raw, 0
     raw = torch.empty(nbytes + IO_ALIGN, dtype=torch.uint8, device=device)
     pad = pad_for(offset, raw.data_ptr(), nbytes, itemsize)
-    if pad == 0:
-        raw = (
-            raw[:nbytes]
-            if nbytes >= 1 << 20
-            else torch.empty(nbytes, dtype=torch.uint8, device=device)
-        )
-    else:
-        raw = raw[pad : pad + nbytes]
-    return raw.view(dt).view(shape)
+    return raw[pad : pad + nbytes].view(dt).view(shape), raw, pad
 
 
 def _read_new(
@@ -250,10 +252,10 @@ def _read_new(
     out: dict[str, torch.Tensor] = {}
     targets = []
     for e in entries:
-        t = _empty_for(e, path, dev)
+        t, raw, at = _empty_for(e, path, dev)
         out[e[0]] = t
         if e[4]:
-            targets.append((e[0], t.data_ptr(), e[4], _device_ordinal(t)))
+            targets.append((e[0], raw, at, e[4]))
     file.read_into(targets)
     return out
 
@@ -262,7 +264,7 @@ def load_file(
     filename: PathLike,
     device: str | int | torch.device = "cpu",
     *,
-    engine: _native.Engine | None = None,
+    engine: Engine | None = None,
 ) -> dict[str, torch.Tensor]:
     """Loads every tensor of the safetensors file ``filename`` onto ``device``.
 
@@ -287,7 +289,7 @@ def load_selected(
     names: Iterable[str],
     device: str | int | torch.device = "cpu",
     *,
-    engine: _native.Engine | None = None,
+    engine: Engine | None = None,
 ) -> dict[str, torch.Tensor]:
     """Loads only the tensors ``names`` of ``filename``; only their bytes are read.
 
@@ -330,7 +332,7 @@ def load_into(
     filename: PathLike,
     strict: bool = True,
     *,
-    engine: _native.Engine | None = None,
+    engine: Engine | None = None,
 ) -> LoadResult:
     """Reads the tensors of ``filename`` straight into ``target``'s existing tensors.
 
@@ -401,8 +403,8 @@ def load_into(
         if dst.device.type == "cuda" and not cuda_direct:
             staged.append((name, dst))
             continue
-        targets.append((name, dst.data_ptr(), entries[name][4], _device_ordinal(dst)))
-    synced = {d for d in (t[3] for t in targets) if d >= 0}
+        targets.append((name, _bytes_of(dst), 0, entries[name][4]))
+    synced = {_device_ordinal(dst) for _, dst in direct if dst.device.type == "cuda"}
     for d in synced:
         torch.cuda.synchronize(d)  # nothing may still be using the destinations
     if staged:
@@ -429,7 +431,7 @@ class safe_open(SafeOpenBase):  # noqa: N801 (named as in safetensors)
         framework: str = "pt",
         device: str | int | torch.device = "cpu",
         *,
-        engine: _native.Engine | None = None,
+        engine: Engine | None = None,
     ):
         if framework not in ("pt", "torch", "pytorch"):
             raise ValueError(f"fastensor.torch.safe_open: framework {framework!r} is not 'pt'")
