@@ -78,7 +78,7 @@ impl Region {
             _ => Err(Error::new(
                 ErrorKind::InvalidInput,
                 format!(
-                    "`{what}`: {len} bytes at offset {offset} do not fit in its memory of {} bytes",
+                    "{what}: {len} bytes at offset {offset} do not fit in its memory of {} bytes",
                     self.len
                 ),
             )),
@@ -414,8 +414,8 @@ pub fn lend(obj: &Bound<'_, PyAny>, access: Access, what: &str) -> Result<Lent> 
             return Err(Error::new(
                 ErrorKind::InvalidInput,
                 format!(
-                    "{what}: a {} has no memory to lend (expected a tensor, an array or a \
-                     buffer)",
+                    "{what}: an object of type {} has no memory to lend (expected a tensor, an \
+                     array or a buffer)",
                     obj.get_type()
                         .name()
                         .map(|n| n.to_string())

@@ -140,7 +140,8 @@ def _from_native(
     os_errno: int | None,
 ) -> FastensorError:
     """Builds the exception for an error raised by the native module."""
-    cls = _BY_KIND.get(kind, FastensorError)
+    # A kind this module does not know yet is still an OSError callers can catch.
+    cls = _BY_KIND.get(kind, FastensorIOError)
     exc = cls(message)
     exc.path = path
     exc.offset = offset

@@ -26,7 +26,7 @@ from ._common import (
     unknown_dtype,
 )
 from ._engine import Engine, engine_or_default, watch_pending_saves
-from .errors import NotFoundError, _invalid
+from .errors import NotFoundError, OutOfMemoryError, _invalid
 
 __all__ = ["load_file", "load_selected", "safe_open", "save_file", "save_file_async"]
 
@@ -106,7 +106,7 @@ def save_file_async(
     return engine.save_async(path, _save_specs(tensor_dict, path), meta)
 
 
-def _empty_for(entry, path: str) -> tuple[np.ndarray, np.ndarray, int]:
+def _place_new(entry, path: str) -> tuple[np.ndarray, np.ndarray, int]:
     """A new array for ``entry``: the array, the ``uint8`` array whose memory holds it, and
     its byte offset there."""
     name, dtype, shape, offset, nbytes = entry
@@ -124,6 +124,26 @@ def _empty_for(entry, path: str) -> tuple[np.ndarray, np.ndarray, int]:
         raw = np.empty(nbytes + IO_ALIGN, dtype=np.uint8)
         pad = pad_for(offset, _address(raw), nbytes, dt.itemsize)
     return raw[pad : pad + nbytes].view(dt).reshape(shape), raw, pad
+
+
+def _empty_for(entry, path: str) -> tuple[np.ndarray, np.ndarray, int]:
+    """:func:`_place_new`, with numpy's errors as fastensor errors naming the file and the
+    tensor: a shape numpy cannot hold, memory that cannot be allocated."""
+    try:
+        return _place_new(entry, path)
+    except (ValueError, MemoryError) as exc:
+        name, dtype, shape, _, nbytes = entry
+        if isinstance(exc, MemoryError):
+            err = OutOfMemoryError(
+                f"{path}: tensor `{name}` ({nbytes} bytes) cannot be allocated: {exc}"
+            )
+        else:
+            err = _invalid(
+                f"{path}: tensor `{name}` ({dtype}, shape {shape}) cannot be made in numpy: {exc}",
+                path,
+            )
+        err.path = path
+        raise err from exc
 
 
 def _read_new(file, path: str, entries) -> dict[str, np.ndarray]:

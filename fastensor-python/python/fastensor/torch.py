@@ -37,7 +37,7 @@ from ._common import (
 from ._engine import Engine, engine_or_default, watch_pending_saves
 from ._offload import offload
 from ._sharded import _open_any, is_sharded, load_sharded, open_sharded, save_sharded
-from .errors import _invalid
+from .errors import OutOfMemoryError, _invalid
 
 __all__ = [
     "LoadResult",
@@ -141,9 +141,17 @@ def _save_specs(tensors: Mapping[str, torch.Tensor], path: str, engine, host_onl
     for name, t in tensors.items():
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{path}: `{name}` is a {type(t).__name__}, not a torch.Tensor")
+        if t.is_nested:
+            raise _invalid(f"{path}: tensor `{name}` is a nested tensor; only dense tensors", path)
         if t.layout != torch.strided:
             raise _invalid(
                 f"{path}: tensor `{name}` has layout {t.layout}; only dense tensors", path
+            )
+        if t.device.type not in ("cpu", "cuda"):
+            raise _invalid(
+                f"{path}: tensor `{name}` is on {t.device}; only cpu and cuda tensors have"
+                " data to save",
+                path,
             )
         dtype = _TO_NAME.get(t.dtype)
         if dtype is None:
@@ -218,9 +226,10 @@ def _torch_dtype(path: str, name: str, dtype: str) -> torch.dtype:
     return dt
 
 
-def _empty_for(entry, path: str, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, int]:
+def _place_new(entry, path: str, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, int]:
     """A new tensor for ``entry``, placed for a direct read (see ``pad_for``): the tensor,
-    the ``uint8`` tensor whose memory holds it, and its byte offset there."""
+    the ``uint8`` tensor whose memory holds it, and its byte offset there (torch's errors
+    unwrapped: see :func:`_empty_for`)."""
     name, dtype, shape, offset, nbytes = entry
     dt = _torch_dtype(path, name, dtype)
     if nbytes == 0:
@@ -237,6 +246,26 @@ def _empty_for(entry, path: str, device: torch.device) -> tuple[torch.Tensor, to
     raw = torch.empty(nbytes + IO_ALIGN, dtype=torch.uint8, device=device)
     pad = pad_for(offset, raw.data_ptr(), nbytes, itemsize)
     return raw[pad : pad + nbytes].view(dt).view(shape), raw, pad
+
+
+def _empty_for(entry, path: str, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """:func:`_place_new`, with torch's errors as fastensor errors naming the file and the
+    tensor: a shape torch cannot hold, memory that cannot be allocated."""
+    try:
+        return _place_new(entry, path, device)
+    except (RuntimeError, ValueError, MemoryError) as exc:
+        name, dtype, shape, _, nbytes = entry
+        if isinstance(exc, MemoryError) or "alloc" in str(exc):
+            err = OutOfMemoryError(
+                f"{path}: tensor `{name}` ({nbytes} bytes) cannot be allocated: {exc}"
+            )
+        else:
+            err = _invalid(
+                f"{path}: tensor `{name}` ({dtype}, shape {shape}) cannot be made in torch: {exc}",
+                path,
+            )
+        err.path = path
+        raise err from exc
 
 
 def _read_new(
