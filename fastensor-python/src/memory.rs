@@ -99,9 +99,10 @@ impl Region {
             Place::Host => MemRef::Host(unsafe {
                 std::slice::from_raw_parts(self.addr as *const u8, self.len)
             }),
-            // SAFETY: the caller's contract: device memory of GPU `o`, valid for `'a`.
             Place::Cuda(o) => {
-                MemRef::Device(unsafe { DeviceSlice::from_raw(self.addr as u64, self.len, o) })
+                // SAFETY: the caller's contract: device memory of GPU `o`, valid for `'a`.
+                let slice = unsafe { DeviceSlice::from_raw(self.addr as u64, self.len, o) };
+                MemRef::Device(slice)
             }
         }
     }
@@ -121,9 +122,10 @@ impl Region {
             Place::Host => MemMut::Host(unsafe {
                 std::slice::from_raw_parts_mut(self.addr as *mut u8, self.len)
             }),
-            // SAFETY: the caller's contract: device memory of GPU `o`, ours alone for `'a`.
             Place::Cuda(o) => {
-                MemMut::Device(unsafe { DeviceSliceMut::from_raw(self.addr as u64, self.len, o) })
+                // SAFETY: the caller's contract: device memory of GPU `o`, ours alone for `'a`.
+                let slice = unsafe { DeviceSliceMut::from_raw(self.addr as u64, self.len, o) };
+                MemMut::Device(slice)
             }
         }
     }

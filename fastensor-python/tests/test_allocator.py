@@ -362,7 +362,6 @@ def test_an_offload_session_and_a_block_share_one_redirection_until_both_are_gon
     # The block has ended; the session still holds the pool enabled for its graph.
     assert out["graph_alive"]["enabled"] and out["graph_alive"]["installed"]
     assert not out["after_backward"]["enabled"]
-    assert out["end"]["installs"] == 1
     assert out["end"] == {
         "installed": False,
         "enabled": False,

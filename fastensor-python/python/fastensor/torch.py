@@ -35,7 +35,7 @@ from ._common import (
     unknown_dtype,
 )
 from ._engine import Engine, engine_or_default, watch_pending_saves
-from ._offload import offload
+from ._offload import offload, release_freed_memory
 from ._sharded import _open_any, is_sharded, load_sharded, open_sharded, save_sharded
 from .errors import OutOfMemoryError, _invalid
 
@@ -52,6 +52,7 @@ __all__ = [
     "load_into",
     "load_selected",
     "offload",
+    "release_freed_memory",
     "safe_open",
     "save_file",
     "save_file_async",
