@@ -34,6 +34,10 @@ pub enum ErrorKind {
     Device,
     /// Any other operating-system I/O error; the OS error is kept as the source.
     Io,
+    /// The file changed while the operation used it (a new file was renamed over its path):
+    /// nothing of the two versions was mixed, and the operation may succeed when tried
+    /// again.
+    Changed,
     /// An error that fits no other kind.
     Other,
 }
@@ -55,6 +59,7 @@ impl ErrorKind {
             ErrorKind::OutOfMemory => "out of memory",
             ErrorKind::Device => "device error",
             ErrorKind::Io => "i/o error",
+            ErrorKind::Changed => "file changed",
             ErrorKind::Other => "error",
         }
     }

@@ -67,6 +67,8 @@ pub enum ErrorCode {
     Io = 13,
     /// [`ErrorKind::Other`], and panics caught in the plugin.
     Other = 14,
+    /// [`ErrorKind::Changed`].
+    Changed = 15,
 }
 
 impl ErrorCode {
@@ -89,6 +91,7 @@ impl ErrorCode {
             ErrorKind::Device => ErrorCode::Device,
             ErrorKind::Io => ErrorCode::Io,
             ErrorKind::Other => ErrorCode::Other,
+            ErrorKind::Changed => ErrorCode::Changed,
             _ => ErrorCode::Other,
         }
     }
@@ -110,6 +113,7 @@ impl ErrorCode {
             11 => ErrorKind::OutOfMemory,
             12 => ErrorKind::Device,
             13 => ErrorKind::Io,
+            15 => ErrorKind::Changed,
             _ => ErrorKind::Other,
         }
     }

@@ -19,6 +19,7 @@ fn kind_name(kind: ErrorKind) -> &'static str {
         ErrorKind::OutOfMemory => "out_of_memory",
         ErrorKind::Device => "device",
         ErrorKind::Io => "io",
+        ErrorKind::Changed => "changed",
         _ => "other",
     }
 }

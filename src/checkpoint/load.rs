@@ -29,7 +29,7 @@ const READ_WINDOW: usize = 8 << 20;
 const MERGE_GAP: u64 = 1 << 20;
 
 /// Requested tensors smaller than this are read through a staging buffer, with neighbours.
-const SMALL: u64 = 1 << 20;
+pub(crate) const SMALL: u64 = 1 << 20;
 
 /// Small requested tensors closer than this are read in one staged request.
 const JOIN_GAP: u64 = 64 << 10;
@@ -216,44 +216,72 @@ fn truncated(path: &Path, offset: u64) -> Error {
     .with_offset(offset)
 }
 
+/// Tries of one load whose file is replaced (renamed over) while it is read.
+const ATTEMPTS: usize = 5;
+
+/// Runs `attempt` (a whole load: open the path, read the header, read the data) again
+/// while it fails with [`ErrorKind::Changed`] (the file was replaced by another while it was
+/// read), at most [`ATTEMPTS`] times in all; each try reads one version of the file, and a
+/// failed try's bytes are never returned. The last error is returned as it is.
+pub(crate) fn retry_changed<T>(mut attempt: impl FnMut() -> Result<T>) -> Result<T> {
+    let mut tries = 1;
+    loop {
+        match attempt() {
+            Err(e) if e.kind() == ErrorKind::Changed && tries < ATTEMPTS => tries += 1,
+            done => return done,
+        }
+    }
+}
+
 /// Loads every tensor of the safetensors file at `path`.
 ///
 /// The data section is read in one transfer into one page-aligned arena. When the data
 /// section is not aligned in the file (files written by other tools), the arena is offset so
-/// that file and memory alignments still match and direct I/O still copies nothing.
+/// that file and memory alignments still match and direct I/O still copies nothing. A file
+/// replaced (renamed over) during the load is loaded again, whole (up to 3 tries); when it
+/// keeps changing the error is [`ErrorKind::Changed`].
 pub fn load<O: FileOpener + ?Sized>(opener: &O, path: &Path) -> Result<Checkpoint> {
-    let file = opener.open_file(path, OpenMode::Read)?;
-    let header = read_header(&*file, path)?;
-    let spans = vec![(header.data_start(), header.file_len())];
-    read_spans(&*file, path, header, spans, |_| true)
+    retry_changed(|| {
+        let file = opener.open_file(path, OpenMode::Read)?;
+        let header = read_header(&*file, path)?;
+        let spans = vec![(header.data_start(), header.file_len())];
+        read_spans(&*file, path, header, spans, |_| true)
+    })
 }
 
 /// Loads only the tensors in `names` from the file at `path`. Only their byte ranges are
 /// read; ranges closer than 1 MiB are merged into one request. A name the file lacks is
-/// [`ErrorKind::NotFound`].
+/// [`ErrorKind::NotFound`]; a file replaced during the load is handled as [`load`] does.
 pub fn load_selected<O, I, S>(opener: &O, path: &Path, names: I) -> Result<Checkpoint>
 where
     O: FileOpener + ?Sized,
     I: IntoIterator<Item = S>,
     S: AsRef<str>,
 {
-    let file = opener.open_file(path, OpenMode::Read)?;
-    let header = read_header(&*file, path)?;
-    let mut wanted = vec![false; header.entries().len()];
-    for name in names {
-        let name = name.as_ref();
-        let i = index_of(&header, name, path)?;
-        wanted[i] = true;
-    }
+    let names: Vec<S> = names.into_iter().collect();
+    retry_changed(|| {
+        let file = opener.open_file(path, OpenMode::Read)?;
+        let header = read_header(&*file, path)?;
+        let mut wanted = vec![false; header.entries().len()];
+        for name in &names {
+            wanted[index_of(&header, name.as_ref(), path)?] = true;
+        }
+        let spans = merged_spans(&header, &wanted);
+        read_spans(&*file, path, header, spans, |i| wanted[i])
+    })
+}
+
+/// The file ranges of the `wanted` entries, neighbours closer than [`MERGE_GAP`] merged.
+fn merged_spans(header: &Header, wanted: &[bool]) -> Vec<(u64, u64)> {
     let mut spans: Vec<(u64, u64)> = Vec::new();
-    for (e, _) in header.entries().iter().zip(&wanted).filter(|(_, &w)| w) {
+    for (e, _) in header.entries().iter().zip(wanted).filter(|(_, &w)| w) {
         let r = header.file_range(e);
         match spans.last_mut() {
             Some(last) if r.start <= last.1 + MERGE_GAP => last.1 = last.1.max(r.end),
             _ => spans.push((r.start, r.end)),
         }
     }
-    read_spans(&*file, path, header, spans, |i| wanted[i])
+    spans
 }
 
 fn index_of(header: &Header, name: &str, path: &Path) -> Result<usize> {
@@ -346,15 +374,19 @@ fn read_spans(
 
 /// Loads tensors straight into the caller's buffers: each `(name, destination)` pair is
 /// filled with that tensor's bytes; see [`CheckpointFile::read_into`]. Returns the file's
-/// header.
+/// header. A file replaced (renamed over) during the load is opened and read again, every
+/// destination filled anew from the new version (up to 3 tries); when it keeps changing
+/// the error is [`ErrorKind::Changed`] and the destinations' contents are unspecified.
 pub fn load_into<O: FileOpener + ?Sized>(
     opener: &O,
     path: &Path,
-    targets: Vec<(&str, MemMut<'_>)>,
+    mut targets: Vec<(&str, MemMut<'_>)>,
 ) -> Result<Header> {
-    let ckpt = open(opener, path)?;
-    ckpt.read_into(targets)?;
-    Ok(ckpt.header)
+    retry_changed(|| {
+        let ckpt = open_once(opener, path)?;
+        ckpt.fill(&mut targets)?;
+        Ok(ckpt.header)
+    })
 }
 
 /// A safetensors file opened once: its validated header, and reads of its tensors through
@@ -374,8 +406,15 @@ impl std::fmt::Debug for CheckpointFile {
     }
 }
 
-/// Opens the safetensors file at `path` and validates its header; nothing else is read.
+/// Opens the safetensors file at `path` and validates its header; nothing else is read. A
+/// file replaced (renamed over) while it is opened is opened again (up to 3 tries); one
+/// replaced later makes reads that would reach the new file fail with
+/// [`ErrorKind::Changed`] (the header read belongs to the file first opened).
 pub fn open<O: FileOpener + ?Sized>(opener: &O, path: &Path) -> Result<CheckpointFile> {
+    retry_changed(|| open_once(opener, path))
+}
+
+fn open_once<O: FileOpener + ?Sized>(opener: &O, path: &Path) -> Result<CheckpointFile> {
     let file = opener.open_file(path, OpenMode::Read)?;
     let header = read_header(&*file, path)?;
     Ok(CheckpointFile {
@@ -401,11 +440,35 @@ impl CheckpointFile {
     /// the tensor's byte length, else [`ErrorKind::InvalidInput`]; a name the file lacks is
     /// [`ErrorKind::NotFound`]. Nothing is read before every target is checked. Requests go
     /// out in file order, several in flight; small host tensors next to each other are read
-    /// together through a staging buffer.
-    pub fn read_into(&self, targets: Vec<(&str, MemMut<'_>)>) -> Result<()> {
-        let (file, header, path) = (&*self.file, &self.header, self.path.as_path());
-        let mut reqs: Vec<Request<'_>> = Vec::with_capacity(targets.len());
-        for (name, dst) in targets {
+    /// together through a staging buffer. A read that would reach another file than the one
+    /// opened (one renamed over the path since) fails with [`ErrorKind::Changed`]: bytes of
+    /// two versions are never mixed.
+    pub fn read_into(&self, mut targets: Vec<(&str, MemMut<'_>)>) -> Result<()> {
+        self.fill(&mut targets)
+    }
+
+    /// [`read_into`](Self::read_into) with the targets borrowed, so that a retried load can
+    /// fill them again.
+    fn fill(&self, targets: &mut [(&str, MemMut<'_>)]) -> Result<()> {
+        let (file, path) = (&*self.file, self.path.as_path());
+        let jobs = plan_reads(self.requests(targets)?);
+        parallel::for_each(jobs, IO_THREADS, |job| match job {
+            ReadJob::Single((r, dst)) => {
+                let got = file.read_at(r.start, dst)?;
+                if got as u64 != r.end - r.start {
+                    return Err(truncated(path, r.start + got as u64));
+                }
+                Ok(())
+            }
+            ReadJob::Staged(group) => group.read(file, |at| truncated(path, at)),
+        })
+    }
+
+    /// The file range and destination of each target, in file order; every length checked.
+    fn requests<'t>(&self, targets: &'t mut [(&str, MemMut<'_>)]) -> Result<Vec<Request<'t>>> {
+        let (header, path) = (&self.header, self.path.as_path());
+        let mut reqs: Vec<Request<'t>> = Vec::with_capacity(targets.len());
+        for (name, dst) in targets.iter_mut() {
             let e: &HeaderEntry = header.get(name).ok_or_else(|| {
                 Error::new(
                     ErrorKind::NotFound,
@@ -424,45 +487,162 @@ impl CheckpointFile {
                 )
                 .with_path(path));
             }
-            reqs.push((header.file_range(e), dst));
+            reqs.push((header.file_range(e), dst.reborrow()));
         }
         reqs.sort_by_key(|(r, _)| r.start);
-        // Group small host requests that sit close together; the rest go one by one.
-        let mut groups: Vec<(bool, Vec<Request<'_>>)> = Vec::new();
-        for (r, dst) in reqs {
-            let small = r.end - r.start < SMALL && matches!(dst, MemMut::Host(_));
-            if let Some((true, g)) = groups.last_mut().filter(|_| small) {
-                let first = g[0].0.start;
-                let last_end = g.iter().map(|(r, _)| r.end).max().unwrap_or(first);
-                if r.start <= last_end + JOIN_GAP && r.end - first <= STAGE_MAX {
-                    g.push((r, dst));
-                    continue;
-                }
+        Ok(reqs)
+    }
+}
+
+/// One read of [`CheckpointFile::read_into`]: a lone request, or small host requests read
+/// together.
+enum ReadJob<'a> {
+    Single(Request<'a>),
+    Staged(Staged<'a>),
+}
+
+/// The reads of `reqs` (sorted by file offset): small host requests close together are
+/// joined into staged reads, the rest go one by one. Linear in the number of requests.
+fn plan_reads(reqs: Vec<Request<'_>>) -> Vec<ReadJob<'_>> {
+    let mut jobs: Vec<ReadJob<'_>> = Vec::new();
+    for (r, dst) in reqs {
+        let dst = match dst {
+            MemMut::Host(d) if r.end - r.start < SMALL => d,
+            dst => {
+                jobs.push(ReadJob::Single((r, dst)));
+                continue;
             }
-            groups.push((small, vec![(r, dst)]));
+        };
+        match jobs.last_mut() {
+            Some(ReadJob::Staged(g)) if g.admits(&r) => g.push(r, dst),
+            _ => jobs.push(ReadJob::Staged(Staged::new(r, dst))),
         }
-        parallel::for_each(groups, IO_THREADS, |(_, mut group)| {
-            if group.len() == 1 {
-                let (r, dst) = group.pop().expect("one request");
-                let got = file.read_at(r.start, dst)?;
-                if got as u64 != r.end - r.start {
-                    return Err(truncated(path, r.start + got as u64));
-                }
-                return Ok(());
+    }
+    jobs.into_iter()
+        .map(|job| match job {
+            ReadJob::Staged(g) if g.parts.len() == 1 => {
+                let (r, d) = g.parts.into_iter().next().expect("one request");
+                ReadJob::Single((r, MemMut::Host(d)))
             }
-            let from = align_down(group[0].0.start, ALIGN);
-            let end = group.iter().map(|(r, _)| r.end).max().unwrap_or(from);
-            let mut stage = HostBuffer::new((end - from) as usize)?;
-            let got = file.read_at(from, stage.as_mem_mut())?;
-            if (got as u64) < end - from {
-                return Err(truncated(path, from + got as u64));
-            }
-            for (r, dst) in group {
-                if let MemMut::Host(d) = dst {
-                    d.copy_from_slice(&stage[(r.start - from) as usize..(r.end - from) as usize]);
-                }
-            }
-            Ok(())
+            job => job,
         })
+        .collect()
+}
+
+/// Small host requests of one file read together: one read of the span from the first
+/// range's aligned-down start to the furthest end into a staging buffer, then a copy to each
+/// destination. Ranges join in order of their start.
+pub(crate) struct Staged<'a> {
+    /// The ranges, sorted by start, and their destinations.
+    parts: Vec<(Range<u64>, &'a mut [u8])>,
+    /// The furthest end of the ranges.
+    end: u64,
+}
+
+impl<'a> Staged<'a> {
+    /// A staged read of one range.
+    pub(crate) fn new(r: Range<u64>, dst: &'a mut [u8]) -> Staged<'a> {
+        Staged {
+            end: r.end,
+            parts: vec![(r, dst)],
+        }
+    }
+
+    /// Whether `r` (starting at or after every range held) joins this read: it starts within
+    /// [`JOIN_GAP`] of the furthest end, and the read stays within [`STAGE_MAX`].
+    pub(crate) fn admits(&self, r: &Range<u64>) -> bool {
+        r.start <= self.end.saturating_add(JOIN_GAP) && r.end - self.parts[0].0.start <= STAGE_MAX
+    }
+
+    /// Adds `r` (see [`admits`](Self::admits)) and its destination.
+    pub(crate) fn push(&mut self, r: Range<u64>, dst: &'a mut [u8]) {
+        self.end = self.end.max(r.end);
+        self.parts.push((r, dst));
+    }
+
+    /// Reads the span and fills every destination; a short read is the error
+    /// `truncated(offset reached)`.
+    pub(crate) fn read(
+        self,
+        file: &dyn BackendFile,
+        truncated: impl Fn(u64) -> Error,
+    ) -> Result<()> {
+        let from = align_down(self.parts[0].0.start, ALIGN);
+        let mut stage = HostBuffer::new((self.end - from) as usize)?;
+        let got = file.read_at(from, stage.as_mem_mut())?;
+        if (got as u64) < self.end - from {
+            return Err(truncated(from + got as u64));
+        }
+        for (r, d) in self.parts {
+            d.copy_from_slice(&stage[(r.start - from) as usize..(r.end - from) as usize]);
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The jobs of host requests `(start, len)` as `(read alone, [(start, end)])`.
+    fn plan(reqs: &[(u64, u64)]) -> Vec<(bool, Vec<(u64, u64)>)> {
+        let mut bufs: Vec<Vec<u8>> = reqs.iter().map(|&(_, n)| vec![0; n as usize]).collect();
+        let reqs: Vec<Request<'_>> = reqs
+            .iter()
+            .zip(bufs.iter_mut())
+            .map(|(&(start, n), b)| (start..start + n, MemMut::Host(b)))
+            .collect();
+        plan_reads(reqs)
+            .into_iter()
+            .map(|job| match job {
+                ReadJob::Single((r, _)) => (true, vec![(r.start, r.end)]),
+                ReadJob::Staged(g) => {
+                    let ranges = g.parts.iter().map(|(r, _)| (r.start, r.end)).collect();
+                    (false, ranges)
+                }
+            })
+            .collect()
+    }
+
+    #[test]
+    fn small_neighbours_are_staged_together_and_the_rest_read_alone() {
+        let big = SMALL;
+        let jobs = plan(&[
+            (0, 10),
+            (10, 5),
+            // Within JOIN_GAP of the end of the group.
+            (15 + JOIN_GAP, 1),
+            // A large tensor goes alone.
+            (100_000, big),
+            // Past JOIN_GAP: a new group, of one request, read directly.
+            (100_000 + big + JOIN_GAP + 1, 8),
+        ]);
+        let far = 100_000 + big + JOIN_GAP + 1;
+        assert_eq!(
+            jobs,
+            vec![
+                (
+                    false,
+                    vec![(0, 10), (10, 15), (15 + JOIN_GAP, 16 + JOIN_GAP)]
+                ),
+                (true, vec![(100_000, 100_000 + big)]),
+                (true, vec![(far, far + 8)]),
+            ]
+        );
+    }
+
+    #[test]
+    fn a_staged_read_stays_within_stage_max() {
+        // Back to back, each just under SMALL: a group ends before it passes STAGE_MAX.
+        let len = SMALL - 1;
+        let n = (STAGE_MAX / len + 1) as usize;
+        let reqs: Vec<(u64, u64)> = (0..n as u64).map(|i| (i * len, len)).collect();
+        let jobs = plan(&reqs);
+        assert_eq!(jobs.len(), 2);
+        for (_, ranges) in &jobs {
+            let span = ranges.last().unwrap().1 - ranges[0].0;
+            assert!(span <= STAGE_MAX, "{span}");
+        }
+        assert_eq!(jobs.iter().map(|(_, r)| r.len()).sum::<usize>(), n);
     }
 }

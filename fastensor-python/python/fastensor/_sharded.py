@@ -20,7 +20,7 @@ import torch
 
 from . import _native
 from . import torch as _fst
-from ._common import PathLike, check_metadata, fspath
+from ._common import PathLike, check_metadata, fspath, retry_changed
 from ._engine import Engine, engine_or_default
 
 __all__ = [
@@ -161,6 +161,7 @@ def save_sharded(
     return _native.save_sharded(engine, path, specs, limit, meta)
 
 
+@retry_changed
 def load_sharded(
     path: PathLike,
     device: str | int | torch.device = "cpu",

@@ -23,6 +23,7 @@ __all__ = [
     "OutOfMemoryError",
     "DeviceError",
     "FastensorIOError",
+    "FileChangedError",
 ]
 
 
@@ -113,6 +114,13 @@ class FastensorIOError(FastensorError, OSError):
     kind = "io"
 
 
+class FileChangedError(FastensorError, OSError):
+    """The file was replaced or changed while it was read, again on every retry: a writer
+    keeps replacing it. Loading again later gives one whole version."""
+
+    kind = "changed"
+
+
 _BY_KIND: dict[str, type[FastensorError]] = {
     cls.kind: cls
     for cls in (
@@ -127,6 +135,7 @@ _BY_KIND: dict[str, type[FastensorError]] = {
         OutOfMemoryError,
         DeviceError,
         FastensorIOError,
+        FileChangedError,
     )
 }
 

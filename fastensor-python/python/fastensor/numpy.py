@@ -23,6 +23,7 @@ from ._common import (
     fspath,
     huge_page_pad,
     pad_for,
+    retry_changed,
     unknown_dtype,
 )
 from ._engine import Engine, engine_or_default, watch_pending_saves
@@ -157,6 +158,7 @@ def _read_new(file, path: str, entries) -> dict[str, np.ndarray]:
     return out
 
 
+@retry_changed
 def load_file(filename: PathLike, *, engine: Engine | None = None) -> dict[str, np.ndarray]:
     """Loads every tensor of the safetensors file ``filename`` as a numpy array.
 
@@ -170,6 +172,7 @@ def load_file(filename: PathLike, *, engine: Engine | None = None) -> dict[str, 
     return _read_new(file, path, file.entries())
 
 
+@retry_changed
 def load_selected(
     filename: PathLike, names: Iterable[str], *, engine: Engine | None = None
 ) -> dict[str, np.ndarray]:

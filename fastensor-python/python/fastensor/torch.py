@@ -32,6 +32,7 @@ from ._common import (
     fspath,
     huge_page_pad,
     pad_for,
+    retry_changed,
     unknown_dtype,
 )
 from ._engine import Engine, engine_or_default, watch_pending_saves
@@ -290,6 +291,7 @@ def _read_new(
     return out
 
 
+@retry_changed
 def load_file(
     filename: PathLike,
     device: str | int | torch.device = "cpu",
@@ -314,6 +316,7 @@ def load_file(
     return _read_new(file, path, file.entries(), device, engine)
 
 
+@retry_changed
 def load_selected(
     filename: PathLike,
     names: Iterable[str],
@@ -357,6 +360,7 @@ def _state_of(target) -> dict[str, torch.Tensor]:
     )
 
 
+@retry_changed
 def load_into(
     target: torch.nn.Module | Mapping[str, torch.Tensor],
     filename: PathLike,

@@ -60,7 +60,8 @@ pub fn resolve_index(path: &Path) -> Result<PathBuf> {
         return Ok(path.to_path_buf());
     }
     let default = path.join(INDEX_NAME);
-    if default.is_file() {
+    // Whatever it is: one that is not a regular file is refused when it is read.
+    if std::fs::symlink_metadata(&default).is_ok() {
         return Ok(default);
     }
     let mut found = Vec::new();
@@ -94,23 +95,62 @@ pub(super) fn corrupt(msg: impl Into<String>, path: &Path) -> Error {
     Error::new(ErrorKind::Corrupt, msg).with_path(path)
 }
 
+/// Reads the index at `path` whole (see [`open_regular`]): at most `max` bytes, the limit
+/// enforced on the bytes read as well as on the length the file reports.
+fn read_limited(path: &Path, max: u64) -> Result<Vec<u8>> {
+    use std::io::Read;
+    let (file, len) = open_regular(path)?;
+    let over = || corrupt(format!("the index is over the limit of {max} bytes"), path);
+    if len > max {
+        return Err(over());
+    }
+    let mut bytes = Vec::with_capacity(len as usize);
+    file.take(max + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| Error::io(e, "cannot read the index").with_path(path))?;
+    if bytes.len() as u64 > max {
+        return Err(over());
+    }
+    Ok(bytes)
+}
+
+/// The regular file at `path` (symbolic links followed) and its length, opened for reading
+/// as [`fastensor_sys::open_file`] opens checkpoints: non-blocking, so that a FIFO cannot
+/// hang the open, and checked after the open; anything but a regular file is
+/// [`ErrorKind::InvalidInput`] naming the path.
+fn open_regular(path: &Path) -> Result<(std::fs::File, u64)> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(rustix::fs::OFlags::NONBLOCK.bits() as i32)
+        .open(path)
+        .map_err(|e| Error::io(e, "cannot open the index").with_path(path))?;
+    let meta = file
+        .metadata()
+        .map_err(|e| Error::io(e, "cannot stat the index").with_path(path))?;
+    if !meta.is_file() {
+        return Err(Error::new(
+            ErrorKind::InvalidInput,
+            format!(
+                "the index is not a regular file ({})",
+                fastensor_sys::file_kind(&meta.file_type())
+            ),
+        )
+        .with_path(path));
+    }
+    Ok((file, meta.len()))
+}
+
 /// Reads and validates the index of the sharded checkpoint at `path` (a directory or an
-/// index file). Shard names must be plain file names in the index's directory.
+/// index file). Shard names must be plain file names in the index's directory. An index
+/// that is not a regular file (a directory, a FIFO, a device, also through a symbolic link)
+/// is [`ErrorKind::InvalidInput`], refused without blocking and without reading it; one
+/// longer than 256 MiB is [`ErrorKind::Corrupt`], found so after reading at most one byte
+/// past the limit.
 pub fn read_index(path: &Path) -> Result<ShardedIndex> {
     let index_path = resolve_index(path)?;
     let p = index_path.as_path();
-    let meta =
-        std::fs::metadata(p).map_err(|e| Error::io(e, "cannot open the index").with_path(p))?;
-    if meta.len() > MAX_INDEX_LEN {
-        return Err(corrupt(
-            format!(
-                "the index is {} bytes, over the limit of {MAX_INDEX_LEN}",
-                meta.len()
-            ),
-            p,
-        ));
-    }
-    let bytes = std::fs::read(p).map_err(|e| Error::io(e, "cannot read the index").with_path(p))?;
+    let bytes = read_limited(p, MAX_INDEX_LEN)?;
     let json: serde_json::Value = serde_json::from_slice(&bytes)
         .map_err(|e| corrupt(format!("the index is not valid JSON: {e}"), p))?;
     let obj = json
@@ -149,4 +189,29 @@ pub fn read_index(path: &Path) -> Result<ShardedIndex> {
         total_size,
         weight_map,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_length_limit_holds_for_the_bytes_read() {
+        // A regular file that reports a length of 0 but holds more.
+        let path = Path::new("/proc/self/status");
+        let e = read_limited(path, 16).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Corrupt, "{e}");
+        assert!(e.to_string().contains("over the limit of 16 bytes"), "{e}");
+        assert!(read_limited(path, 1 << 20).unwrap().len() > 16);
+    }
+
+    #[test]
+    fn only_regular_files_are_read() {
+        for path in ["/dev/zero", "/dev/null", "/"] {
+            let e = read_limited(Path::new(path), MAX_INDEX_LEN).unwrap_err();
+            assert_eq!(e.kind(), ErrorKind::InvalidInput, "{path}: {e}");
+            assert!(e.to_string().contains("not a regular file"), "{e}");
+            assert_eq!(e.path(), Some(Path::new(path)));
+        }
+    }
 }

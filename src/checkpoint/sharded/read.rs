@@ -2,11 +2,10 @@
 
 use super::index::{corrupt, read_index, ShardedIndex};
 use crate::checkpoint::header::{Header, HeaderEntry};
-use crate::checkpoint::load::read_header;
+use crate::checkpoint::load::{read_header, retry_changed, Staged, SMALL};
 use crate::checkpoint::{Arena, Checkpoint, FileOpener, IO_THREADS};
-use crate::core::align::align_down;
 use crate::core::parallel;
-use crate::{BackendFile, Error, ErrorKind, HostBuffer, MemMut, OpenMode, Result};
+use crate::{BackendFile, Error, ErrorKind, MemMut, OpenMode, Result};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::ops::Range;
 use std::path::{Path, PathBuf};
@@ -18,15 +17,6 @@ const ALIGN: u64 = 4096;
 /// Host reads longer than this are split into windows of this many bytes, each faulted in
 /// and read by one of the workers (page faults of fresh memory overlap other reads).
 const READ_WINDOW: usize = 8 << 20;
-
-/// Requested ranges smaller than this are read through a staging buffer, with neighbours.
-const SMALL: u64 = 1 << 20;
-
-/// Small ranges closer than this are read in one staged request.
-const JOIN_GAP: u64 = 64 << 10;
-
-/// Largest staged read.
-const STAGE_MAX: u64 = 16 << 20;
 
 /// One open shard.
 pub(super) struct Shard {
@@ -56,8 +46,14 @@ impl std::fmt::Debug for ShardedFile {
 
 /// Opens the sharded checkpoint at `path` (a directory or an index file): validates the
 /// index and every shard's header (read in parallel). A tensor of the weight map missing
-/// from its shard is [`ErrorKind::Corrupt`]; a missing shard [`ErrorKind::NotFound`].
+/// from its shard is [`ErrorKind::Corrupt`]; a missing shard [`ErrorKind::NotFound`]. A
+/// shard replaced (renamed over) while it is opened makes the whole checkpoint be opened
+/// again (up to 3 tries; then [`ErrorKind::Changed`]).
 pub fn open_sharded<O: FileOpener + ?Sized>(opener: &O, path: &Path) -> Result<ShardedFile> {
+    retry_changed(|| open_once(opener, path))
+}
+
+fn open_once<O: FileOpener + ?Sized>(opener: &O, path: &Path) -> Result<ShardedFile> {
     let index = read_index(path)?;
     let names = index.shard_names();
     let slots: Mutex<Vec<Option<Shard>>> = Mutex::new((0..names.len()).map(|_| None).collect());
@@ -140,10 +136,16 @@ impl ShardedFile {
     /// every shard in flight together; the rules of
     /// [`CheckpointFile::read_into`](crate::checkpoint::CheckpointFile::read_into) hold (lengths
     /// checked first, a missing name is [`ErrorKind::NotFound`]).
-    pub fn read_into(&self, targets: Vec<(&str, MemMut<'_>)>) -> Result<()> {
+    pub fn read_into(&self, mut targets: Vec<(&str, MemMut<'_>)>) -> Result<()> {
+        self.fill(&mut targets)
+    }
+
+    /// [`read_into`](Self::read_into) with the targets borrowed, so that a retried load can
+    /// fill them again.
+    fn fill(&self, targets: &mut [(&str, MemMut<'_>)]) -> Result<()> {
         let mut reqs = Vec::with_capacity(targets.len());
-        for (name, dst) in targets {
-            let &(s, e) = self.by_name.get(name).ok_or_else(|| {
+        for (name, dst) in targets.iter_mut() {
+            let &(s, e) = self.by_name.get(*name).ok_or_else(|| {
                 Error::new(
                     ErrorKind::NotFound,
                     format!("no tensor `{name}` in the checkpoint"),
@@ -163,7 +165,7 @@ impl ShardedFile {
                 )
                 .with_path(&self.shards[s].path));
             }
-            reqs.push((s, h.file_range(entry), dst));
+            reqs.push((s, h.file_range(entry), dst.reborrow()));
         }
         let files: Vec<(&dyn BackendFile, &Path)> = self
             .shards
@@ -180,7 +182,7 @@ type Request<'a> = (usize, Range<u64>, MemMut<'a>);
 /// One read job: a lone request, or small host requests of one file read together.
 enum ReadJob<'a> {
     Single(Request<'a>),
-    Staged(usize, Vec<(Range<u64>, &'a mut [u8])>),
+    Staged(usize, Staged<'a>),
 }
 
 fn truncated(path: &Path, offset: u64) -> Error {
@@ -203,17 +205,10 @@ fn read_requests(files: &[(&dyn BackendFile, &Path)], mut reqs: Vec<Request<'_>>
         let len = r.end - r.start;
         let jobs = &mut per_file[f];
         match dst {
-            MemMut::Host(d) if len < SMALL => {
-                if let Some(ReadJob::Staged(_, g)) = jobs.last_mut() {
-                    let first = g[0].0.start;
-                    let last_end = g.iter().map(|(r, _)| r.end).max().unwrap_or(first);
-                    if r.start <= last_end + JOIN_GAP && r.end - first <= STAGE_MAX {
-                        g.push((r, d));
-                        continue;
-                    }
-                }
-                jobs.push(ReadJob::Staged(f, vec![(r, d)]));
-            }
+            MemMut::Host(d) if len < SMALL => match jobs.last_mut() {
+                Some(ReadJob::Staged(_, g)) if g.admits(&r) => g.push(r, d),
+                _ => jobs.push(ReadJob::Staged(f, Staged::new(r, d))),
+            },
             MemMut::Host(d) => {
                 let mut at = r.start;
                 for w in d.chunks_mut(READ_WINDOW) {
@@ -255,17 +250,7 @@ fn read_requests(files: &[(&dyn BackendFile, &Path)], mut reqs: Vec<Request<'_>>
         }
         ReadJob::Staged(f, group) => {
             let (file, path) = files[f];
-            let from = align_down(group[0].0.start, ALIGN);
-            let end = group.iter().map(|(r, _)| r.end).max().unwrap_or(from);
-            let mut stage = HostBuffer::new((end - from) as usize)?;
-            let got = file.read_at(from, stage.as_mem_mut())?;
-            if (got as u64) < end - from {
-                return Err(truncated(path, from + got as u64));
-            }
-            for (r, d) in group {
-                d.copy_from_slice(&stage[(r.start - from) as usize..(r.end - from) as usize]);
-            }
-            Ok(())
+            group.read(file, |at| truncated(path, at))
         }
     })
 }
@@ -328,14 +313,16 @@ impl std::ops::Deref for ShardedCheckpoint {
 }
 
 /// Loads every tensor of the sharded checkpoint at `path` (a directory or an index file)
-/// into one arena: the reads of all shards go out as one job.
+/// into one arena: the reads of all shards go out as one job. A shard replaced (renamed
+/// over) during the load makes the whole load start again (up to 3 tries; then
+/// [`ErrorKind::Changed`]).
 pub fn load_sharded<O: FileOpener + ?Sized>(opener: &O, path: &Path) -> Result<ShardedCheckpoint> {
-    let file = open_sharded(opener, path)?;
-    load_chosen(file, |_| true)
+    retry_changed(|| load_chosen(open_once(opener, path)?, |_| true))
 }
 
 /// Loads only the tensors `names` of the sharded checkpoint at `path`, only their bytes
-/// read, across shards as one job. A name the index lacks is [`ErrorKind::NotFound`].
+/// read, across shards as one job. A name the index lacks is [`ErrorKind::NotFound`]; a
+/// shard replaced during the load is handled as [`load_sharded`] does.
 pub fn load_selected_sharded<O, I, S>(
     opener: &O,
     path: &Path,
@@ -346,20 +333,22 @@ where
     I: IntoIterator<Item = S>,
     S: AsRef<str>,
 {
-    let file = open_sharded(opener, path)?;
-    let mut wanted = HashSet::new();
-    for n in names {
-        let n = n.as_ref();
-        if !file.by_name.contains_key(n) {
+    let names: Vec<String> = names.into_iter().map(|n| n.as_ref().to_string()).collect();
+    let wanted: HashSet<&str> = names.iter().map(String::as_str).collect();
+    retry_changed(|| {
+        let file = open_once(opener, path)?;
+        if let Some(n) = names
+            .iter()
+            .find(|n| !file.by_name.contains_key(n.as_str()))
+        {
             return Err(Error::new(
                 ErrorKind::NotFound,
                 format!("no tensor `{n}` in the checkpoint"),
             )
             .with_path(&file.index.path));
         }
-        wanted.insert(n.to_string());
-    }
-    load_chosen(file, |name| wanted.contains(name))
+        load_chosen(file, |name| wanted.contains(name))
+    })
 }
 
 pub(super) fn load_chosen(
@@ -422,13 +411,17 @@ pub(super) fn load_chosen(
 }
 
 /// Fills the caller's buffers `(name, destination)` from the sharded checkpoint at `path`,
-/// requests of every shard in flight together; returns the index.
+/// requests of every shard in flight together; returns the index. A shard replaced (renamed
+/// over) during the load makes the whole load start again, every destination filled anew
+/// (up to 3 tries; then [`ErrorKind::Changed`], the destinations' contents unspecified).
 pub fn load_into_sharded<O: FileOpener + ?Sized>(
     opener: &O,
     path: &Path,
-    targets: Vec<(&str, MemMut<'_>)>,
+    mut targets: Vec<(&str, MemMut<'_>)>,
 ) -> Result<ShardedIndex> {
-    let file = open_sharded(opener, path)?;
-    file.read_into(targets)?;
-    Ok(file.index)
+    retry_changed(|| {
+        let file = open_once(opener, path)?;
+        file.fill(&mut targets)?;
+        Ok(file.index)
+    })
 }

@@ -48,9 +48,10 @@ pub(super) fn not_regular(kind: &str) -> Error {
     )
 }
 
+/// The error of a file replaced (renamed over) `when`: [`ErrorKind::Changed`].
 pub(super) fn replaced(path: &Path, when: &str) -> Error {
     Error::new(
-        ErrorKind::Other,
+        ErrorKind::Changed,
         format!("the file was replaced (renamed over) {when}: open it again"),
     )
     .with_path(path)
