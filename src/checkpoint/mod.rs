@@ -19,6 +19,7 @@
 mod arena;
 mod header;
 mod load;
+mod plan;
 mod save;
 pub mod sharded;
 mod tools;

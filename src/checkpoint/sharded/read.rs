@@ -2,7 +2,8 @@
 
 use super::index::{corrupt, read_index, ShardedIndex};
 use crate::checkpoint::header::{Header, HeaderEntry};
-use crate::checkpoint::load::{read_header, retry_changed, Staged, SMALL};
+use crate::checkpoint::load::{read_header, retry_changed};
+use crate::checkpoint::plan::{Staged, SMALL};
 use crate::checkpoint::{Arena, Checkpoint, FileOpener, IO_THREADS};
 use crate::core::parallel;
 use crate::{BackendFile, Error, ErrorKind, MemMut, OpenMode, Result};
