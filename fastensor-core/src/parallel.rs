@@ -1,4 +1,8 @@
 //! Runs independent pieces of one transfer on a few threads at once.
+//!
+//! No thread outlives the call that started it (they are scoped to it), and no state is
+//! kept between calls: a process made by `fork` while another thread was in a call has no
+//! pool to rebuild and no lock of it to inherit.
 
 use crate::Result;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -18,7 +18,7 @@ use fastensor_core::{
     SharedBackend,
 };
 use fastensor_core::{readable_len, write_end};
-use parking_lot::Mutex;
+use fastensor_sys::fork::ForkMutex;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -146,9 +146,11 @@ impl Backend for DirectBackend {
 /// its page faults (and the zeroing of its pages) on first use, which a file opened for a
 /// short job (an offload swap file, one checkpoint shard) would otherwise pay every time.
 /// It keeps at most [`BouncePool::KEEP`] buffers, each at most [`BouncePool::KEEP_BYTES`].
+/// Its lock is a [`ForkMutex`]: a child made by `fork` keeps the buffers (plain memory, its
+/// own copy) unless a thread of the parent held the lock at the fork, and then starts empty.
 #[derive(Debug, Default)]
 struct BouncePool {
-    buffers: Mutex<Vec<HostBuffer>>,
+    buffers: ForkMutex<Vec<HostBuffer>>,
 }
 
 impl BouncePool {

@@ -13,8 +13,8 @@ use fastensor_core::{
     unsupported_memory, Availability, Backend, BackendFile, Capabilities, Error, ErrorKind, MemMut,
     MemRef, OpenMode, ReadRequest, Result,
 };
+use fastensor_sys::fork::ForkRwLock;
 use memmap2::{Advice, Mmap};
-use parking_lot::RwLock;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -58,7 +58,7 @@ impl Backend for MmapBackend {
         let mapped = MmapFile {
             file,
             path: path.to_path_buf(),
-            map: RwLock::new(None),
+            map: ForkRwLock::new(None),
             last_end: AtomicU64::new(u64::MAX),
         };
         mapped.remap()?;
@@ -71,8 +71,10 @@ impl Backend for MmapBackend {
 struct MmapFile {
     file: File,
     path: PathBuf,
-    /// The current mapping; `None` while the file is empty.
-    map: RwLock<Option<Mmap>>,
+    /// The current mapping; `None` while the file is empty. A child made by `fork` keeps
+    /// the inherited mapping (its own) unless a thread of the parent held the lock at the
+    /// fork (a read in progress), and then maps the file again.
+    map: ForkRwLock<Option<Mmap>>,
     /// Where the last large read ended (see [`MmapFile::ahead`]).
     last_end: AtomicU64,
 }
@@ -207,7 +209,7 @@ mod tests {
         let mapped = MmapFile {
             file: File::open(&path).unwrap(),
             path,
-            map: RwLock::new(None),
+            map: ForkRwLock::new(None),
             last_end: AtomicU64::new(u64::MAX),
         };
         const MIB: usize = 1 << 20;

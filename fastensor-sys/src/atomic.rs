@@ -1,10 +1,13 @@
 //! Atomic, durable replacement of a file: what every save of fastensor (checkpoints,
 //! profiles, benchmark reports) goes through.
 //!
-//! [`AtomicFile::new`] makes an unnamed temporary file (`O_TMPFILE`) in the target's
-//! directory, or where the file system lacks it a hidden named one (`.NAME.tmp.PID.N`);
-//! the caller writes it; [`AtomicFile::commit`] syncs it, gives it the mode (and, as root,
-//! the owner) of the file it replaces, renames it over the target and syncs the directory.
+//! [`AtomicFile::new`] opens the target's directory and makes an unnamed temporary file
+//! (`O_TMPFILE`) in it, or where the file system lacks it a hidden named one
+//! (`.NAME.tmp.PID.N`, created with `O_CREAT | O_EXCL | O_NOFOLLOW`); the caller writes it;
+//! [`AtomicFile::commit`] syncs it, gives it the mode (and, as root, the owner) of the file
+//! it replaces, renames it over the target's name within that same open directory
+//! (`renameat`) and syncs the directory. Every step after the directory is opened works
+//! relative to that directory's descriptor: nothing is looked up by path again.
 //!
 //! The contract:
 //! * After `commit` returns, the target holds the new bytes, durably. Before, and after a
@@ -14,92 +17,103 @@
 //!   by the next save to the same target. A failed or dropped save removes its own.
 //! * A target that exists and is not a regular file (directory, device, FIFO, socket) is
 //!   refused with [`ErrorKind::InvalidInput`] naming it, never replaced.
-//! * A symbolic link is followed: the file it points to is replaced, and the link is kept.
+//! * A symbolic link at the target is **replaced**, never followed: afterwards the target
+//!   path is a regular file holding the new bytes, and the file the link pointed to (if
+//!   any) is left as it was, as `rename(2)` and `install(1)` do. (Following the link in
+//!   user space would write wherever a link planted by another user points, out of reach
+//!   of the kernel's `protected_symlinks` rule.) The directories on the way to the target
+//!   may be symbolic links: the kernel resolves them, under its own rules, when the
+//!   directory is opened.
+//! * A regular file replaced gives the new one its mode (and, when running as root, its
+//!   owner and group); a new file, or one replacing a symbolic link, gets `0o666` less the
+//!   umask and the caller's owner.
 
 use fastensor_core::{Error, ErrorKind, Result};
-use rustix::fs::{AtFlags, Mode, OFlags, CWD};
+use rustix::fs::{AtFlags, FileType, Mode, OFlags, CWD};
 use std::ffi::{OsStr, OsString};
 use std::fs::File;
+use std::hash::{BuildHasher, Hasher};
 use std::io::Write;
 use std::os::fd::AsRawFd;
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-/// Symbolic links followed before a target is refused (the kernel's own limit).
-const MAX_LINKS: usize = 40;
+/// Names tried for a named temporary before giving up (each is new and random, so only
+/// another process creating the same names on purpose makes more than one fail).
+const NAME_TRIES: usize = 64;
 
 /// A temporary file that replaces its target atomically on [`commit`](Self::commit); dropped
 /// uncommitted, it leaves nothing behind.
 #[derive(Debug)]
 pub struct AtomicFile {
-    /// The file replaced: the path given, its symbolic links followed.
+    /// The path given: its last component is the name replaced in `dir`.
     target: PathBuf,
-    /// The target's directory.
+    /// The target's directory, opened once; every later step is relative to it.
     dir: File,
+    /// The target's name in `dir`.
+    name: OsString,
     /// The temporary file, open for reading and writing.
     file: File,
     /// Its name in `dir` when it has one (no `O_TMPFILE`); removed unless committed.
     named: Option<OsString>,
-    /// Mode and owner of the file replaced.
+    /// Mode, owner and group of the regular file replaced.
     old: Option<(u32, u32, u32)>,
 }
 
 impl AtomicFile {
-    /// A temporary file for replacing `path`. Refuses a `path` that exists and is not a
-    /// regular file (or a symbolic link to one), and names `path` in every error. Removes the
-    /// named temporaries of `path` that dead processes left.
+    /// A temporary file for replacing `path` (see the [module docs](self) for what a
+    /// symbolic link at `path` means: it is replaced, not followed). Refuses a `path` that
+    /// exists and is neither a regular file nor a symbolic link, and names `path` in every
+    /// error. Removes the named temporaries of `path` that dead processes of this user left.
     pub fn new(path: &Path) -> Result<AtomicFile> {
-        let (target, old) = resolve(path)?;
-        let name = target.file_name().map(OsStr::to_os_string).ok_or_else(|| {
+        let name = path.file_name().map(OsStr::to_os_string).ok_or_else(|| {
             Error::new(
                 ErrorKind::InvalidInput,
                 "a save needs a file name, not a directory",
             )
             .with_path(path)
         })?;
-        let dir_path = parent(&target);
-        let dir = File::open(dir_path)
+        let dir = open_dir(parent(path))
             .map_err(|e| Error::io(e, "cannot open the directory to save into").with_path(path))?;
-        remove_stale(dir_path, &name);
-        let old = old.map(|m| (m.mode() & 0o7777, m.uid(), m.gid()));
+        let old = replaced(&dir, &name, path)?;
+        remove_stale(&dir, &name);
         if let Some(file) = unnamed_temp(&dir).map_err(|e| cannot_create(e, path))? {
             return Ok(AtomicFile {
-                target,
+                target: path.to_path_buf(),
                 dir,
+                name,
                 file,
                 named: None,
                 old,
             });
         }
-        static COUNTER: AtomicU64 = AtomicU64::new(0);
-        loop {
-            let temp = temp_name(
-                &name,
-                std::process::id(),
-                COUNTER.fetch_add(1, Ordering::Relaxed),
-            );
-            match std::fs::OpenOptions::new()
-                .read(true)
-                .write(true)
-                .create_new(true)
-                .mode(0o666)
-                .open(dir_path.join(&temp))
-            {
-                Ok(file) => {
+        let mut last = None;
+        for _ in 0..NAME_TRIES {
+            let temp = temp_name(&name, std::process::id(), unique());
+            match rustix::fs::openat(
+                &dir,
+                temp.as_os_str(),
+                OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::RDWR | OFlags::CLOEXEC,
+                Mode::from_raw_mode(0o666),
+            ) {
+                Ok(fd) => {
                     return Ok(AtomicFile {
-                        target,
+                        target: path.to_path_buf(),
                         dir,
-                        file,
+                        name,
+                        file: File::from(fd),
                         named: Some(temp),
                         old,
                     })
                 }
-                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
-                Err(e) => return Err(cannot_create(e, path)),
+                Err(e) if e == rustix::io::Errno::EXIST => last = Some(e),
+                Err(e) => return Err(cannot_create(e.into(), path)),
             }
         }
+        let e = last.unwrap_or(rustix::io::Errno::EXIST);
+        Err(cannot_create(e.into(), path))
     }
 
     /// The temporary file, open for reading and writing.
@@ -108,22 +122,25 @@ impl AtomicFile {
     }
 
     /// A path that opens the temporary file again (for writers that open by path, such as
-    /// the backends): `/proc/self/fd/N` for an unnamed one. Valid until commit or drop.
+    /// the backends): `/proc/self/fd/N`, or where `/proc` is missing the named temporary's
+    /// path. Valid until commit or drop.
     pub fn path(&self) -> PathBuf {
         match &self.named {
-            Some(name) => parent(&self.target).join(name),
-            None => fd_path(&self.file),
+            Some(name) if !proc_fd_available() => parent(&self.target).join(name),
+            _ => fd_path(&self.file),
         }
     }
 
-    /// The file that [`commit`](Self::commit) replaces (symbolic links followed).
+    /// The path [`commit`](Self::commit) replaces: the path given, whatever it names now
+    /// (a symbolic link there is replaced, not followed).
     pub fn target(&self) -> &Path {
         &self.target
     }
 
     /// Makes the temporary file the target: syncs it, gives it the replaced file's mode
-    /// (and owner, when running as root), renames it over the target and syncs the
-    /// directory. Errors name the target.
+    /// (and owner, when running as root), renames it over the target's name in the
+    /// directory opened by [`new`](Self::new) and syncs that directory. Errors name the
+    /// target.
     pub fn commit(mut self) -> Result<()> {
         let target = self.target.clone();
         let fail = |e: std::io::Error, what: &str| save_error(e, what).with_path(&target);
@@ -139,36 +156,20 @@ impl AtomicFile {
         self.file
             .sync_all()
             .map_err(|e| fail(e, "cannot sync the new file"))?;
-        let name = self
-            .target
-            .file_name()
-            .expect("checked in new")
-            .to_os_string();
         let temp = match self.named.take() {
             Some(temp) => temp,
-            None => {
-                // Named only for the rename; a crash in between leaves a name that the
-                // next save removes.
-                static COUNTER: AtomicU64 = AtomicU64::new(0);
-                let temp = temp_name(
-                    &name,
-                    std::process::id(),
-                    COUNTER.fetch_add(1, Ordering::Relaxed),
-                );
-                rustix::fs::linkat(
-                    CWD,
-                    fd_path(&self.file),
-                    &self.dir,
-                    temp.as_os_str(),
-                    AtFlags::SYMLINK_FOLLOW,
-                )
-                .map_err(|e| fail(e.into(), "cannot link the new file"))?;
-                temp
-            }
+            // Named only for the rename; a crash in between leaves a name that the next
+            // save removes.
+            None => self
+                .link_unnamed()
+                .map_err(|e| fail(e, "cannot link the new file"))?,
         };
-        if let Err(e) =
-            rustix::fs::renameat(&self.dir, temp.as_os_str(), &self.dir, name.as_os_str())
-        {
+        if let Err(e) = rustix::fs::renameat(
+            &self.dir,
+            temp.as_os_str(),
+            &self.dir,
+            self.name.as_os_str(),
+        ) {
             let _ = rustix::fs::unlinkat(&self.dir, temp.as_os_str(), AtFlags::empty());
             return Err(fail(
                 e.into(),
@@ -178,6 +179,27 @@ impl AtomicFile {
         self.dir
             .sync_all()
             .map_err(|e| fail(e, "cannot sync the directory"))
+    }
+
+    /// Gives the unnamed temporary a fresh name in the directory (`linkat` through its
+    /// `/proc/self/fd` link, which creates a new name and never replaces one).
+    fn link_unnamed(&self) -> std::io::Result<OsString> {
+        let mut last = rustix::io::Errno::EXIST;
+        for _ in 0..NAME_TRIES {
+            let temp = temp_name(&self.name, std::process::id(), unique());
+            match rustix::fs::linkat(
+                CWD,
+                fd_path(&self.file),
+                &self.dir,
+                temp.as_os_str(),
+                AtFlags::SYMLINK_FOLLOW,
+            ) {
+                Ok(()) => return Ok(temp),
+                Err(e) if e == rustix::io::Errno::EXIST => last = e,
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Err(last.into())
     }
 }
 
@@ -227,38 +249,68 @@ pub fn describe(ft: &std::fs::FileType) -> &'static str {
     crate::file_kind(ft)
 }
 
-/// The file a save to `path` replaces, symbolic links followed, and its metadata when it
-/// exists; refuses one that is not a regular file.
-fn resolve(path: &Path) -> Result<(PathBuf, Option<std::fs::Metadata>)> {
-    let mut p = path.to_path_buf();
-    for _ in 0..MAX_LINKS {
-        match std::fs::symlink_metadata(&p) {
-            Ok(m) if m.file_type().is_symlink() => {
-                let to = std::fs::read_link(&p)
-                    .map_err(|e| Error::io(e, "cannot read the symbolic link").with_path(&p))?;
-                p = parent(&p).join(to);
-            }
-            Ok(m) if m.is_file() => return Ok((p, Some(m))),
-            Ok(m) => {
-                let via = if p == path {
-                    String::new()
-                } else {
-                    format!(" (the link's target {})", p.display())
-                };
-                return Err(Error::new(
-                    ErrorKind::InvalidInput,
-                    format!(
-                        "refusing to save over {}{via}: not a regular file",
-                        describe(&m.file_type())
-                    ),
-                )
-                .with_path(path));
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok((p, None)),
-            Err(e) => return Err(Error::io(e, "cannot stat the save target").with_path(path)),
+/// Opens the directory `dir` (the kernel resolves the symbolic links on its way) for the
+/// `*at` calls of a save, and for syncing it.
+fn open_dir(dir: &Path) -> std::io::Result<File> {
+    let fd = rustix::fs::open(
+        dir,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?;
+    Ok(File::from(fd))
+}
+
+/// Mode, owner and group of the regular file called `name` in `dir`, `None` when there is
+/// none or it is a symbolic link (replaced as it is, never followed); anything else there
+/// is refused. Errors name `path`.
+fn replaced(dir: &File, name: &OsStr, path: &Path) -> Result<Option<(u32, u32, u32)>> {
+    let st = match rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW) {
+        Ok(st) => st,
+        Err(rustix::io::Errno::NOENT) => return Ok(None),
+        Err(e) => {
+            return Err(Error::io(e.into(), "cannot stat the save target").with_path(path));
         }
+    };
+    match FileType::from_raw_mode(st.st_mode) {
+        FileType::RegularFile => Ok(Some((st.st_mode & 0o7777, st.st_uid, st.st_gid))),
+        FileType::Symlink => Ok(None),
+        other => Err(Error::new(
+            ErrorKind::InvalidInput,
+            format!(
+                "refusing to save over {}: not a regular file",
+                kind_in_words(other)
+            ),
+        )
+        .with_path(path)),
     }
-    Err(Error::new(ErrorKind::InvalidInput, "too many levels of symbolic links").with_path(path))
+}
+
+/// What a file type is, in words (as [`crate::file_kind`] says it).
+fn kind_in_words(t: FileType) -> &'static str {
+    match t {
+        FileType::RegularFile => "a regular file",
+        FileType::Directory => "a directory",
+        FileType::Symlink => "a symbolic link",
+        FileType::Fifo => "a FIFO",
+        FileType::Socket => "a socket",
+        FileType::CharacterDevice => "a character device",
+        FileType::BlockDevice => "a block device",
+        FileType::Unknown => "a special file",
+    }
+}
+
+/// A number for a temporary's name that no other save (of this process or another) is
+/// likely to pick: random, and different at every call.
+fn unique() -> u64 {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(COUNTER.fetch_add(1, Ordering::Relaxed));
+    h.finish()
+}
+
+/// Whether `/proc/self/fd` can reopen descriptors by path.
+fn proc_fd_available() -> bool {
+    Path::new("/proc/self/fd").is_dir()
 }
 
 /// The directory of `path` (`.` for a bare file name).
@@ -277,7 +329,7 @@ pub fn fd_path(file: &File) -> PathBuf {
 /// An unnamed temporary file in `dir`; `None` where the file system (or the kernel, or a
 /// missing `/proc` to link it through) does not support it.
 fn unnamed_temp(dir: &File) -> std::io::Result<Option<File>> {
-    if !Path::new("/proc/self/fd").is_dir() {
+    if !proc_fd_available() {
         return Ok(None);
     }
     match rustix::fs::openat(
@@ -303,22 +355,22 @@ fn unnamed_temp(dir: &File) -> std::io::Result<Option<File>> {
 }
 
 /// A new file in `dir` for scratch data, with no name, so that nothing is left however the
-/// process ends: `O_TMPFILE`, or where the file system lacks it a file called `name`,
-/// unlinked as soon as it is open. Open it by path through [`fd_path`].
+/// process ends: `O_TMPFILE`, or where the file system lacks it a new file called `name`
+/// (never an existing one, nor a symbolic link's target), unlinked as soon as it is open.
+/// Open it by path through [`fd_path`].
 pub fn unnamed_file(dir: &Path, name: &str) -> std::io::Result<File> {
-    let dir_file = File::open(dir)?;
+    let dir_file = open_dir(dir)?;
     if let Some(file) = unnamed_temp(&dir_file)? {
         return Ok(file);
     }
-    let path = dir.join(name);
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(&path)?;
-    std::fs::remove_file(&path)?;
-    Ok(file)
+    let fd = rustix::fs::openat(
+        &dir_file,
+        name,
+        OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::RDWR | OFlags::CLOEXEC,
+        Mode::from_raw_mode(0o600),
+    )?;
+    rustix::fs::unlinkat(&dir_file, name, AtFlags::empty())?;
+    Ok(File::from(fd))
 }
 
 fn cannot_create(e: std::io::Error, target: &Path) -> Error {
@@ -344,17 +396,19 @@ fn temp_name(name: &OsStr, pid: u32, n: u64) -> OsString {
 }
 
 /// Removes, in `dir`, the temporaries of `name` (`.NAME.tmp.PID.N`, and the older
-/// `.NAME.tmp.PID`) whose process is dead. Best effort: errors are ignored.
-fn remove_stale(dir: &Path, name: &OsStr) {
+/// `.NAME.tmp.PID`) whose process is dead: regular files owned by this process's user
+/// only. Best effort: errors are ignored.
+fn remove_stale(dir: &File, name: &OsStr) {
     let mut prefix = b".".to_vec();
     prefix.extend_from_slice(name.as_bytes());
     prefix.extend_from_slice(b".tmp.");
-    let Ok(entries) = std::fs::read_dir(dir) else {
+    let Ok(entries) = rustix::fs::Dir::read_from(dir) else {
         return;
     };
+    let me = rustix::process::geteuid().as_raw();
     for entry in entries.flatten() {
         let file_name = entry.file_name();
-        let Some(rest) = file_name.as_bytes().strip_prefix(prefix.as_slice()) else {
+        let Some(rest) = file_name.to_bytes().strip_prefix(prefix.as_slice()) else {
             continue;
         };
         let Some(pid) = stale_pid(rest) else {
@@ -364,8 +418,14 @@ fn remove_stale(dir: &Path, name: &OsStr) {
             Some(p) => rustix::process::test_kill_process(p) != Err(rustix::io::Errno::SRCH),
             None => true,
         };
-        if !alive && entry.file_type().is_ok_and(|t| t.is_file()) {
-            let _ = std::fs::remove_file(entry.path());
+        if alive {
+            continue;
+        }
+        let ours = rustix::fs::statat(dir, file_name, AtFlags::SYMLINK_NOFOLLOW).is_ok_and(|st| {
+            FileType::from_raw_mode(st.st_mode) == FileType::RegularFile && st.st_uid == me
+        });
+        if ours {
+            let _ = rustix::fs::unlinkat(dir, file_name, AtFlags::empty());
         }
     }
 }

@@ -5,6 +5,7 @@
 #![deny(missing_docs)]
 
 pub mod atomic;
+pub mod fork;
 
 use fastensor_core::align::DirectAlignment;
 use fastensor_core::{Error, ErrorKind, FileLocation, OpenMode, Result};

@@ -12,6 +12,8 @@
 //! * Short transfers, `EINTR` and `EAGAIN` are resubmitted; errors carry the errno, the
 //!   offset, the file and the backend.
 //! * Rings are pooled per open file and reused; threads sharing a handle each take their own.
+//!   A child process made by `fork` never submits on a ring it inherited (the kernel shares
+//!   it with the parent): it sets up its own, for inherited open files too.
 //!
 //! [`probe`] explains why io_uring cannot run (kernel without it, `io_uring_disabled`, a
 //! seccomp policy) instead of failing later.

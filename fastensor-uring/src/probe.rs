@@ -1,16 +1,17 @@
 //! Whether io_uring can run here, and a clear reason when it cannot.
 
 use fastensor_core::Availability;
+use fastensor_sys::fork::ForkOnceLock;
 use io_uring::{opcode, IoUring, Probe};
 use std::io;
-use std::sync::OnceLock;
 
 /// Where the kernel says whether io_uring is disabled (Linux 6.6 and later).
 pub const DISABLED_SYSCTL: &str = "/proc/sys/kernel/io_uring_disabled";
 
 /// Probes this machine once per process: reads [`DISABLED_SYSCTL`] and sets up a small ring.
+/// A child made by `fork` keeps its parent's answer when the parent had one.
 pub fn probe() -> Availability {
-    static CACHED: OnceLock<Availability> = OnceLock::new();
+    static CACHED: ForkOnceLock<Availability> = ForkOnceLock::new();
     CACHED
         .get_or_init(|| {
             let sysctl = std::fs::read_to_string(DISABLED_SYSCTL).ok();

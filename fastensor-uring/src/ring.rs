@@ -1,10 +1,20 @@
 //! Rings and their staging areas, pooled per open file so that a transfer never sets up a
 //! ring of its own and threads sharing a handle each get one.
+//!
+//! Fork safety: a ring is a kernel object shared with every process that holds its
+//! descriptor, so a child made by `fork` must never submit on, wait on or register with a
+//! ring it inherited (its ops would run in the parent's queues, against the parent's
+//! registered files, and each process would reap the other's completions). Every ring
+//! records the [`fork::generation`] it was made in; a pool (of a file, or the process-wide
+//! [`SPARE`] one) drops the inherited rings it finds, which only closes this process's
+//! descriptor of each and unmaps its view of the queues, and sets up new ones. The pools'
+//! locks are [`ForkMutex`]es: a child can take them even if a thread of the parent held
+//! one at the fork.
 
 use crate::config::UringConfig;
 use fastensor_core::HostBuffer;
+use fastensor_sys::fork::{self, ForkMutex};
 use io_uring::IoUring;
-use parking_lot::Mutex;
 use std::io;
 use std::ops::Range;
 use std::os::fd::{AsRawFd, RawFd};
@@ -95,9 +105,15 @@ impl Staging {
 
 /// One io_uring instance with the file's descriptors registered and a lazily made staging
 /// area. Never holds an op in flight between transfers.
+///
+/// Dropping a ring makes no io_uring call: it closes this process's descriptor of the ring
+/// and unmaps its queues and staging area. That is all a process may do with a ring it
+/// inherited (see the module docs).
 pub(crate) struct Ring {
     // Dropped first: closing the ring releases the registrations before the memory goes.
     pub(crate) uring: IoUring,
+    /// The [`fork::generation`] of the process that set the ring up.
+    generation: u64,
     /// Descriptors `[direct, buffered]`, registered as fixed files 0 and 1 when `fixed_files`.
     pub(crate) fds: [RawFd; 2],
     pub(crate) fixed_files: bool,
@@ -152,6 +168,7 @@ impl Ring {
         let fixed_files = config.register_files && uring.submitter().register_files(&fds).is_ok();
         Ok(Ring {
             uring,
+            generation: fork::generation(),
             fds,
             fixed_files,
             staging: None,
@@ -159,6 +176,12 @@ impl Ring {
             staging_unit,
             register_buffers: config.register_buffers,
         })
+    }
+
+    /// Whether the ring was set up by a parent of this process (then it must only be
+    /// dropped).
+    fn inherited(&self) -> bool {
+        self.generation != fork::generation()
     }
 
     /// The staging area, made (and registered, when allowed) on first use. Must only be
@@ -234,8 +257,9 @@ impl Ring {
 
 /// Rings of closed files, kept for the next file opened with the same settings: setting up a
 /// ring and allocating and registering its staging area costs far more than re-pointing its
-/// file table, and a file opened for one small transfer should not pay it.
-static SPARE: Mutex<Vec<(SpareKey, Ring)>> = Mutex::new(Vec::new());
+/// file table, and a file opened for one small transfer should not pay it. In a child made
+/// by `fork` the rings inherited here are dropped, never reused (see the module docs).
+static SPARE: ForkMutex<Vec<(SpareKey, Ring)>> = ForkMutex::lazy();
 
 /// Rings kept in [`SPARE`] at most.
 const MAX_SPARE: usize = 8;
@@ -250,22 +274,25 @@ struct SpareKey {
 
 fn take_spare(key: &SpareKey) -> Option<Ring> {
     let mut spare = SPARE.lock();
+    spare.retain(|(_, r)| !r.inherited());
     let i = spare.iter().position(|(k, _)| k == key)?;
     Some(spare.swap_remove(i).1)
 }
 
 fn keep_spare(key: SpareKey, ring: Ring) {
     let mut spare = SPARE.lock();
+    spare.retain(|(_, r)| !r.inherited());
     if spare.len() < MAX_SPARE {
         spare.push((key, ring));
     }
 }
 
 /// The rings of one open file: idle ones wait behind a mutex; a transfer takes one (or sets
-/// up a new one when all are busy) and gives it back when done.
+/// up a new one when all are busy) and gives it back when done. A file used in a child made
+/// by `fork` gets rings of the child's own.
 #[derive(Debug)]
 pub(crate) struct RingPool {
-    idle: Mutex<Vec<Ring>>,
+    idle: ForkMutex<Vec<Ring>>,
     config: UringConfig,
     fds: [RawFd; 2],
     staging_size: usize,
@@ -277,7 +304,7 @@ impl RingPool {
     pub(crate) fn new(config: UringConfig, fds: [RawFd; 2], block: u64) -> Self {
         let staging_size = config.effective_staging(block);
         RingPool {
-            idle: Mutex::new(Vec::new()),
+            idle: ForkMutex::new(Vec::new()),
             config,
             fds,
             staging_size,
@@ -296,7 +323,11 @@ impl RingPool {
     /// Takes an idle ring of this file, else a spare ring of a closed file, else sets up a
     /// new one.
     pub(crate) fn take(&self) -> io::Result<RingLease<'_>> {
-        let ring = self.idle.lock().pop();
+        let ring = {
+            let mut idle = self.idle.lock();
+            idle.retain(|r| !r.inherited());
+            idle.pop()
+        };
         let ring = match ring {
             Some(r) => r,
             None => match take_spare(&self.spare_key()) {
@@ -324,8 +355,14 @@ impl RingPool {
 impl Drop for RingPool {
     fn drop(&mut self) {
         let key = self.spare_key();
-        for mut ring in self.idle.get_mut().drain(..) {
-            if ring.detach() {
+        // `None`: inherited from a parent whose thread held the lock; left alone.
+        let Some(idle) = self.idle.get_mut() else {
+            return;
+        };
+        for mut ring in idle.drain(..) {
+            // An inherited ring is only dropped: detaching it would change the parent's
+            // file table.
+            if !ring.inherited() && ring.detach() {
                 keep_spare(key.clone(), ring);
             }
         }

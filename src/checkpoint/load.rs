@@ -5,8 +5,8 @@ use super::header::{
     check_header_len, header_len_of, lookup, parse_header, parse_header_from, Header, HeaderEntry,
     PARSE_WHOLE_MAX,
 };
-use super::save::{TensorView, Tensors};
 use super::plan::{plan_reads, ReadJob};
+use super::save::{TensorView, Tensors};
 use super::{validate, Arena, FileOpener, IO_THREADS};
 use crate::core::align::align_down;
 use crate::core::parallel;

@@ -9,14 +9,11 @@ use std::ops::Range;
 /// Requested tensors smaller than this are read through a staging buffer, with neighbours.
 pub(crate) const SMALL: u64 = 1 << 20;
 
-
 /// Small requested tensors closer than this are read in one staged request.
 const JOIN_GAP: u64 = 64 << 10;
 
-
 /// Largest staging read of [`load_into`].
 const STAGE_MAX: u64 = 16 << 20;
-
 
 /// One read of [`CheckpointFile::read_into`]: a lone request, or small host requests read
 /// together.

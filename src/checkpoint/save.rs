@@ -50,8 +50,8 @@ pub fn save<O: FileOpener + ?Sized>(
 ///
 /// The file is written through [`AtomicFile`]: after a crash `path` holds either the old
 /// or the new checkpoint, whole, and after return the new one, durably; a target that is
-/// not a regular file is refused, a symbolic link is followed, the mode (and owner, as
-/// root) of a file replaced is kept. On error nothing is left behind, and the error names
+/// not a regular file is refused, a symbolic link at `path` is replaced (never followed),
+/// the mode (and owner, as root) of a regular file replaced is kept. On error nothing is left behind, and the error names
 /// `path` (and says "no space left on device" when the disk is full). A descriptor whose
 /// byte length differs from its data's, a duplicate name, or the name `__metadata__` is
 /// [`ErrorKind::InvalidInput`]. Beyond the tensors' bytes, memory in use stays within a

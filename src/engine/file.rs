@@ -9,11 +9,12 @@ use fastensor_core::{
     BackendFile, CacheState, Direction, Error, ErrorKind, FileLocation, MemMut, MemRef, MemoryKind,
     OpenMode, Purpose, ReadRequest, Result, TransferContext, WriteRequest,
 };
+use fastensor_sys::fork::{ForkMutex, ForkOnceLock, ForkRwLock};
 use std::collections::BTreeSet;
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, RwLock};
+use std::sync::Arc;
 
 mod account;
 mod batch;
@@ -28,6 +29,11 @@ type Handle = Arc<dyn BackendFile>;
 /// and tell the selector. Backend handles are opened lazily and kept; all backends reach the
 /// same file through the kernel, so bytes written through one are read back through any
 /// other. `Send + Sync`: threads may transfer disjoint ranges at once.
+///
+/// A file opened before a `fork` can be used in the child (and in the parent, at the same
+/// time). Its locks are fork-safe ([`fastensor_sys::fork`]): one that a thread of the
+/// parent held at the fork starts again in the child from its value at the open (no
+/// handle opened yet, no pin of the file's own, the general purpose, nothing measured).
 pub struct EngineFile {
     engine: Arc<Inner>,
     path: PathBuf,
@@ -35,48 +41,40 @@ pub struct EngineFile {
     location: Arc<FileLocation>,
     /// Per candidate of the engine (same order): its handle, once opened, and whether it
     /// was opened writable.
-    handles: RwLock<Vec<Option<(Handle, bool)>>>,
+    handles: ForkRwLock<Vec<Option<(Handle, bool)>>>,
     /// Backends that refused this file (e.g. `O_DIRECT` on tmpfs).
-    refused: Mutex<BTreeSet<String>>,
-    pinned: RwLock<Option<String>>,
-    purpose: RwLock<Purpose>,
-    probe_fd: OnceLock<Option<std::fs::File>>,
+    refused: ForkMutex<BTreeSet<String>>,
+    pinned: ForkRwLock<Option<String>>,
+    purpose: ForkRwLock<Purpose>,
+    probe_fd: ForkOnceLock<Option<std::fs::File>>,
     /// The file first opened (`None` when the path names no file of the local file
     /// systems, e.g. for an in-memory backend): every handle opened later must reach it.
     identity: Option<FileId>,
     /// The sequential read stream in progress (see [`ReadStream`]).
-    stream: Mutex<ReadStream>,
+    stream: ForkMutex<ReadStream>,
     /// The bytes read so far (to tell reading again from reading for the first time).
-    read_ranges: Mutex<FileReads>,
+    read_ranges: ForkMutex<FileReads>,
     /// Bit `i`: a transfer went through the engine's candidate `i` (the first one through a
     /// handle pays its set-up: a mapping's first page faults, a ring's registration).
     used: AtomicU64,
     /// The selector's last answers for this file (see `decisions.rs`).
-    decisions: Mutex<Decisions>,
+    decisions: ForkMutex<Decisions>,
     /// The chosen writes measured but not yet recorded (see `write_run.rs`).
-    write_run: Mutex<WriteRun>,
+    write_run: ForkMutex<WriteRun>,
 }
 
 impl Drop for EngineFile {
     /// Records the stream reads and the writes measured but not yet recorded, and counts
     /// the bytes read once (see `FileReads`).
     fn drop(&mut self) {
-        let read_once = self
-            .read_ranges
-            .get_mut()
-            .unwrap_or_else(|p| p.into_inner())
-            .finish();
+        // `None`: inherited from a parent whose thread held the lock (nothing to record).
+        let read_once = self.read_ranges.get_mut().map_or(0, FileReads::finish);
         self.engine.reads.add(read_once, 0);
         let [read, window] = self
             .stream
             .get_mut()
-            .unwrap_or_else(|p| p.into_inner())
-            .take_runs();
-        let writes = self
-            .write_run
-            .get_mut()
-            .unwrap_or_else(|p| p.into_inner())
-            .take();
+            .map_or([None, None], ReadStream::take_runs);
+        let writes = self.write_run.get_mut().and_then(WriteRun::take);
         for run in [read, window, writes].into_iter().flatten() {
             self.record_run(run);
         }
@@ -113,17 +111,17 @@ impl EngineFile {
             path: path.to_path_buf(),
             writable: mode.writable(),
             location,
-            handles: RwLock::new(handles),
-            refused: Mutex::new(BTreeSet::new()),
-            pinned: RwLock::new(None),
-            purpose: RwLock::new(Purpose::General),
-            probe_fd: OnceLock::new(),
+            handles: ForkRwLock::new(handles),
+            refused: ForkMutex::default(),
+            pinned: ForkRwLock::default(),
+            purpose: ForkRwLock::new(Purpose::General),
+            probe_fd: ForkOnceLock::new(),
             identity: None,
-            stream: Mutex::new(ReadStream::new(window)),
-            read_ranges: Mutex::new(FileReads::default()),
+            stream: ForkMutex::new(ReadStream::new(window)),
+            read_ranges: ForkMutex::default(),
             used: AtomicU64::new(0),
-            decisions: Mutex::new(Decisions::default()),
-            write_run: Mutex::new(WriteRun::default()),
+            decisions: ForkMutex::default(),
+            write_run: ForkMutex::default(),
         };
         // Open one handle now, in the requested mode: creation and truncation happen once,
         // and a missing file or a refused permission is reported here.
@@ -175,17 +173,29 @@ impl EngineFile {
     }
 
     fn handles_mut(&self) -> std::sync::RwLockWriteGuard<'_, Vec<Option<(Handle, bool)>>> {
-        self.handles.write().unwrap_or_else(|p| p.into_inner())
+        self.handles.write_or(|| self.no_handles())
+    }
+
+    fn handles(&self) -> std::sync::RwLockReadGuard<'_, Vec<Option<(Handle, bool)>>> {
+        self.handles.read_or(|| self.no_handles())
+    }
+
+    /// One empty handle slot per candidate of the engine.
+    fn no_handles(&self) -> Vec<Option<(Handle, bool)>> {
+        vec![None; self.engine.candidates.len()]
+    }
+
+    /// The read stream in progress (a fresh one after a fork that caught it locked).
+    fn stream(&self) -> std::sync::MutexGuard<'_, ReadStream> {
+        self.stream
+            .lock_or(|| ReadStream::new(self.engine.read_ahead_window(&self.location.device)))
     }
 
     /// Notes that `backend` refused this file: it is no longer offered, and the answers
     /// kept for the candidates offered before are forgotten.
     fn refuse(&self, backend: &str) {
         self.refused().insert(backend.to_string());
-        self.decisions
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clear();
+        self.decisions.lock().clear();
     }
 
     /// Keeps this file's transfers off the page cache: the backends that read or write
@@ -215,7 +225,7 @@ impl EngineFile {
     }
 
     fn refused(&self) -> std::sync::MutexGuard<'_, BTreeSet<String>> {
-        self.refused.lock().unwrap_or_else(|p| p.into_inner())
+        self.refused.lock()
     }
 
     /// The file system and device of the file.
@@ -228,7 +238,7 @@ impl EngineFile {
         if let Some(name) = backend {
             self.engine.candidate(name)?;
         }
-        *self.pinned.write().unwrap_or_else(|p| p.into_inner()) = backend.map(String::from);
+        *self.pinned.write() = backend.map(String::from);
         Ok(())
     }
 
@@ -237,15 +247,13 @@ impl EngineFile {
     /// is measured until its bytes have reached the device, so the selector compares
     /// buffered and direct writes at their true cost.
     pub fn set_purpose(&self, purpose: Purpose) {
-        *self.purpose.write().unwrap_or_else(|p| p.into_inner()) = purpose;
+        *self.purpose.write() = purpose;
     }
 
     /// The backends that have an open handle on this file.
     pub fn open_backends(&self) -> Vec<String> {
         let mut names: Vec<String> = self
-            .handles
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
+            .handles()
             .iter()
             .zip(&self.engine.candidates)
             .filter(|(h, _)| h.is_some())
@@ -257,12 +265,7 @@ impl EngineFile {
 
     /// The handle of the engine's candidate at `index`, opened when first needed and kept.
     fn handle(&self, index: usize) -> Result<Handle> {
-        if let Some(Some((h, _))) = self
-            .handles
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(index)
-        {
+        if let Some(Some((h, _))) = self.handles().get(index) {
             return Ok(h.clone());
         }
         let c = &self.engine.candidates[index];
@@ -311,9 +314,7 @@ impl EngineFile {
 
     fn any_handle(&self, writable: bool) -> Result<Handle> {
         if let Some((h, _)) = self
-            .handles
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
+            .handles()
             .iter()
             .flatten()
             .find(|(_, w)| *w || !writable)
@@ -345,17 +346,11 @@ impl EngineFile {
     /// The page-cache state a read is keyed by (see [`ReadStream::begin`]), and for a read
     /// that continues the stream the backend of the stream's last read.
     fn read_cache_state(&self, offset: u64, len: usize) -> (CacheState, Option<usize>) {
-        let mut stream = self.stream.lock().unwrap_or_else(|p| p.into_inner());
-        let reread = || {
-            self.read_ranges
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .covers(offset, offset + len as u64)
-        };
+        let mut stream = self.stream();
+        let reread = || self.read_ranges.lock().covers(offset, offset + len as u64);
         let read_through_cache = || {
             self.read_ranges
                 .lock()
-                .unwrap_or_else(|p| p.into_inner())
                 .covers_through_cache(offset, offset + len as u64)
         };
         stream.begin(
@@ -401,7 +396,7 @@ impl EngineFile {
     fn record_write(&self, measured: Measured, path: usize, exploring: bool) {
         let alone = exploring && !self.engine.candidates[path].keeps_cache();
         let ended = {
-            let mut runs = self.write_run.lock().unwrap_or_else(|p| p.into_inner());
+            let mut runs = self.write_run.lock();
             if alone {
                 [runs.take(), Some(Run::start(measured, path, None))]
             } else {
@@ -462,7 +457,7 @@ impl EngineFile {
             memory,
             location: self.location.clone(),
             in_flight,
-            purpose: *self.purpose.read().unwrap_or_else(|p| p.into_inner()),
+            purpose: *self.purpose.read(),
             cache,
         };
         (ctx, previous)
@@ -475,11 +470,7 @@ impl EngineFile {
     /// `decisions.rs`).
     fn choose(&self, ctx: &TransferContext, stay: Option<usize>) -> Option<(usize, bool)> {
         let question = Question::of(ctx, stay);
-        let kept = self
-            .decisions
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(&question, self.engine.epochs());
+        let kept = self.decisions.lock().get(&question, self.engine.epochs());
         if let Some((path, exploring)) = kept {
             self.engine.count_reused(exploring);
             return Some((path, exploring));
@@ -506,7 +497,6 @@ impl EngineFile {
             .expect("the selector chooses among the names given");
         self.decisions
             .lock()
-            .unwrap_or_else(|p| p.into_inner())
             .put(question, path, choice.exploring, epochs);
         Some((path, choice.exploring))
     }
@@ -515,15 +505,10 @@ impl EngineFile {
     /// candidates.
     fn pinned_index(&self) -> Result<Option<usize>> {
         let index = |name: &str| self.engine.candidate_index(name).map(Some);
-        if let Some(name) = self
-            .pinned
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .as_deref()
-        {
+        if let Some(name) = self.pinned.read().as_deref() {
             return index(name);
         }
-        let engine = self.engine.pinned.read().unwrap_or_else(|p| p.into_inner());
+        let engine = self.engine.pinned();
         engine.as_deref().map_or(Ok(None), index)
     }
 
@@ -710,9 +695,7 @@ impl BackendFile for EngineFile {
     /// Makes every write durable, through every handle that wrote.
     fn sync(&self) -> Result<()> {
         let handles: Vec<Handle> = self
-            .handles
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
+            .handles()
             .iter()
             .flatten()
             .filter(|(_, w)| *w)

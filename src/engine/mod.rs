@@ -68,14 +68,15 @@ use fastensor_core::{
     SharedBackend, TransferContext,
 };
 use fastensor_select::{
-    Choice, Clock, ContextKey, Epochs, Fingerprint, Objective, Observation, Selector,
+    Choice, Clock, ContextKey, Dictionary, Epochs, Fingerprint, Objective, Observation, Selector,
     SelectorConfig, SelectorStats, Warning,
 };
+use fastensor_sys::fork::{self, ForkMutex, ForkRwLock};
 use std::collections::BTreeMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// One backend the engine may use.
@@ -152,13 +153,22 @@ impl Usage {
     }
 }
 
+/// What an [`Engine`] and its clones share. Its locks are fork-safe
+/// ([`fastensor_sys::fork`]): in a child made by `fork`, one that a thread of the parent held
+/// at the fork starts again from the value the engine was built with (the selector's
+/// dictionary as built, the builder's pin, no device windows) rather than blocking forever.
 pub(crate) struct Inner {
     pub(crate) candidates: Vec<Candidate>,
-    pub(crate) selector: Mutex<Selector>,
+    selector: ForkMutex<Selector>,
+    /// The selector's settings and dictionary as built (what a child restarts from, see
+    /// above).
+    built: (SelectorConfig, Dictionary),
     pub(crate) clock: Arc<dyn Clock>,
-    pub(crate) pinned: RwLock<Option<String>>,
+    pinned: ForkRwLock<Option<String>>,
+    /// The pin given to the builder.
+    built_pin: Option<String>,
     pub(crate) profile: Option<PathBuf>,
-    pub(crate) in_flight: AtomicU32,
+    pub(crate) in_flight: InFlightCount,
     pub(crate) detect_cache: bool,
     /// Use per candidate (same order as `candidates`).
     pub(crate) usage: Vec<Usage>,
@@ -177,7 +187,7 @@ pub(crate) struct Inner {
     reused: [AtomicU64; 2],
     /// The readahead window of each device seen (`major:minor` -> bytes), read from sysfs
     /// once per device rather than at every file open.
-    windows: Mutex<BTreeMap<String, u64>>,
+    windows: ForkMutex<BTreeMap<String, u64>>,
 }
 
 /// The readahead window assumed where the device's cannot be read (no sysfs, no backing
@@ -188,7 +198,7 @@ const FALLBACK_WINDOW: u64 = 8 << 20;
 impl Inner {
     /// The readahead window of the device `device` (see [`Inner::windows`]).
     pub(crate) fn read_ahead_window(&self, device: &str) -> u64 {
-        let mut windows = self.windows.lock().unwrap_or_else(|p| p.into_inner());
+        let mut windows = self.windows.lock();
         *windows
             .entry(device.to_string())
             .or_insert_with(|| fastensor_sys::read_ahead_bytes(device).unwrap_or(FALLBACK_WINDOW))
@@ -234,7 +244,30 @@ pub(crate) const LARGE: u64 = 1 << 20;
 
 impl Inner {
     pub(crate) fn selector(&self) -> std::sync::MutexGuard<'_, Selector> {
-        self.selector.lock().unwrap_or_else(|p| p.into_inner())
+        self.selector.lock_or(|| self.built_selector())
+    }
+
+    /// A selector as the engine was built with (see [`Inner`]).
+    fn built_selector(&self) -> Selector {
+        let (config, dictionary) = &self.built;
+        let mut selector =
+            Selector::from_dictionary(dictionary, config.clone()).unwrap_or_else(|_| {
+                let mut s = Selector::new(config.clone());
+                s.set_fingerprint(dictionary.fingerprint.clone());
+                s
+            });
+        selector.reuse_mut().set_keeping(
+            self.candidates
+                .iter()
+                .filter(|c| c.keeps_cache())
+                .map(|c| c.name().to_string()),
+        );
+        selector
+    }
+
+    /// The engine's pinned backend, if any.
+    pub(crate) fn pinned(&self) -> std::sync::RwLockReadGuard<'_, Option<String>> {
+        self.pinned.read_or(|| self.built_pin.clone())
     }
 
     /// The candidate called `name`.
@@ -403,6 +436,12 @@ impl Inner {
 
 /// A registry of backends plus a selector. Cheap to clone (clones share everything), `Send`
 /// and `Sync`: open files from any thread.
+///
+/// An engine, and the files opened through it, keep working in a child process made by
+/// `fork(2)` (Python's `os.fork`, torch `DataLoader` workers), alongside the parent: the
+/// child sets up io_uring rings of its own and never touches the parent's, and a lock that
+/// a thread of the parent held at the fork is replaced in the child (the state it guarded
+/// restarts from the engine as built, or from the file as opened) rather than waited for.
 #[derive(Clone)]
 pub struct Engine {
     pub(crate) inner: Arc<Inner>,
@@ -450,17 +489,13 @@ impl Engine {
         if let Some(name) = backend {
             self.inner.candidate(name)?;
         }
-        *self.inner.pinned.write().unwrap_or_else(|p| p.into_inner()) = backend.map(String::from);
+        *self.inner.pinned.write_or(|| self.inner.built_pin.clone()) = backend.map(String::from);
         Ok(())
     }
 
     /// The pinned backend, if any.
     pub fn pinned(&self) -> Option<String> {
-        self.inner
-            .pinned
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+        self.inner.pinned().clone()
     }
 
     /// Why the profile given to the builder was not used (another machine or format
@@ -506,7 +541,8 @@ impl Engine {
 
     /// Saves what was learned to `path`, atomically and durably (see
     /// [`AtomicFile`](crate::atomic::AtomicFile): a target that is not a regular file is
-    /// refused, a symbolic link followed, the old file's mode kept).
+    /// refused, a symbolic link at `path` replaced by the new file (never followed), the
+    /// old file's mode kept).
     pub fn save_profile_to(&self, path: &Path) -> Result<()> {
         crate::atomic::write(path, self.dictionary().to_toml().as_bytes())
     }
@@ -658,12 +694,14 @@ impl EngineBuilder {
             reads: reread::ReadCounts::default(),
             epochs: Default::default(),
             reused: Default::default(),
-            windows: Mutex::new(BTreeMap::new()),
-            selector: Mutex::new(selector),
+            windows: ForkMutex::default(),
+            built: (self.config.clone(), selector.dictionary()),
+            selector: ForkMutex::new(selector),
             clock: self.clock.unwrap_or_else(|| Arc::new(SystemClock::new())),
-            pinned: RwLock::new(None),
+            pinned: ForkRwLock::new(None),
+            built_pin: self.pinned.clone(),
             profile: self.profile,
-            in_flight: AtomicU32::new(0),
+            in_flight: InFlightCount::default(),
             detect_cache: !self.no_cache_probe,
             usage,
             warning,
@@ -708,19 +746,46 @@ fn apply_knobs(
     (candidates, warning)
 }
 
+/// The requests in flight through an engine, counted in the process that started them: in
+/// a child made by `fork` the count starts from none (the requests of the parent's threads
+/// never end there). One word: the low 32 bits of the [`fork::generation`] that counted,
+/// then the count.
+#[derive(Debug, Default)]
+pub(crate) struct InFlightCount(AtomicU64);
+
+impl InFlightCount {
+    /// Applies `step` to this process's count; returns the new count.
+    fn update(&self, step: impl Fn(u32) -> u32) -> u32 {
+        let generation = fork::generation() as u32;
+        let mut now = self.0.load(Ordering::SeqCst);
+        loop {
+            let mine = (now >> 32) as u32 == generation;
+            let n = step(if mine { now as u32 } else { 0 });
+            let next = (u64::from(generation) << 32) | u64::from(n);
+            match self
+                .0
+                .compare_exchange_weak(now, next, Ordering::SeqCst, Ordering::SeqCst)
+            {
+                Ok(_) => return n,
+                Err(seen) => now = seen,
+            }
+        }
+    }
+}
+
 /// Counts a request in flight for as long as it lives.
-pub(crate) struct InFlight<'a>(&'a AtomicU32);
+pub(crate) struct InFlight<'a>(&'a InFlightCount);
 
 impl<'a> InFlight<'a> {
-    pub(crate) fn enter(counter: &'a AtomicU32) -> (Self, u32) {
-        let n = counter.fetch_add(1, Ordering::SeqCst) + 1;
+    pub(crate) fn enter(counter: &'a InFlightCount) -> (Self, u32) {
+        let n = counter.update(|n| n.saturating_add(1));
         (InFlight(counter), n)
     }
 }
 
 impl Drop for InFlight<'_> {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::SeqCst);
+        self.0.update(|n| n.saturating_sub(1));
     }
 }
 

@@ -50,11 +50,10 @@ impl EngineFile {
             && !(direction == Direction::Read && ctx.cache == CacheState::Cached))
             .then(|| ctx.clone());
         if direction == Direction::Read {
-            let (first, again) = self
-                .read_ranges
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .add(offset, offset + n as u64, chosen.keeps_cache());
+            let (first, again) =
+                self.read_ranges
+                    .lock()
+                    .add(offset, offset + n as u64, chosen.keeps_cache());
             self.engine.reads.add(first, again);
             // Stream reads are measured in runs, and an exploring path that takes over a
             // stream only once it has warmed up in it (see `ReadStream`); exploration stays
@@ -65,28 +64,20 @@ impl EngineFile {
                 wall,
                 cpu,
             });
-            let ended = self
-                .stream
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .finish(
-                    stay.is_some(),
-                    offset..offset + n as u64,
-                    path,
-                    chosen.keeps_cache(),
-                    exploring,
-                    measured,
-                );
+            let ended = self.stream().finish(
+                stay.is_some(),
+                offset..offset + n as u64,
+                path,
+                chosen.keeps_cache(),
+                exploring,
+                measured,
+            );
             for run in ended.into_iter().flatten() {
                 self.record_run(run);
             }
         } else if first_far.is_some() {
             // After the writes gathered so far, so that the selector learns in order.
-            let pending = self
-                .write_run
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .take();
+            let pending = self.write_run.lock().take();
             if let Some(run) = pending {
                 self.record_run(run);
             }

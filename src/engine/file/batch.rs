@@ -19,7 +19,7 @@ const EXPLORE_PIECE: usize = 16;
 impl EngineFile {
     /// The purpose recorded in this file's contexts.
     fn purpose_now(&self) -> Purpose {
-        *self.purpose.read().unwrap_or_else(|p| p.into_inner())
+        *self.purpose.read()
     }
 
     /// Reads every request (each request's `done` receives its byte count, short only at the
