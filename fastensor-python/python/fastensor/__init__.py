@@ -7,6 +7,8 @@ GPUDirect Storage) per transfer and learns which one wins.
 * :mod:`fastensor.torch`: ``save_file``, ``load_file``, ``load_into``, ``safe_open``,
   ``save_file_async`` for PyTorch (names as in ``safetensors.torch``).
 * :mod:`fastensor.numpy`: ``save_file``, ``load_file``, ``safe_open`` for NumPy.
+* :func:`serialize`, :func:`serialize_file`, :func:`deserialize`: framework-free, as in
+  ``safetensors``.
 * :class:`Engine` and :func:`backends` for control over the I/O paths.
 
 ``import fastensor`` needs neither torch nor numpy.
@@ -15,6 +17,7 @@ GPUDirect Storage) per transfer and learns which one wins.
 from __future__ import annotations
 
 from . import errors
+from ._bytes import deserialize, serialize, serialize_file
 from ._engine import Backend, Engine, backends, default_engine
 from ._native import SaveHandle, __version__
 from .errors import CorruptError, FastensorError
@@ -42,6 +45,9 @@ __all__ = [
     "__version__",
     "backends",
     "default_engine",
+    "deserialize",
     "errors",
     "safe_open",
+    "serialize",
+    "serialize_file",
 ]

@@ -2,7 +2,8 @@
 
 The names follow ``safetensors.numpy``. Arrays returned by :func:`load_file` own their
 memory (allocated by NumPy, one buffer per array, filled in place by the engine with the
-GIL released). The save functions read the caller's arrays in place while they run
+GIL released); so do those of :func:`load`, which reads the bytes of a safetensors file
+(:func:`save` gives them). The save functions read the caller's arrays in place while they run
 (C-contiguous little-endian ones without a copy); :func:`save_file_async` copies them first.
 """
 
@@ -12,7 +13,7 @@ from collections.abc import Iterable, Mapping
 
 import numpy as np
 
-from . import _native
+from . import _bytes, _native
 from ._common import (
     HUGE_PAGE,
     IO_ALIGN,
@@ -29,7 +30,15 @@ from ._common import (
 from ._engine import Engine, engine_or_default, watch_pending_saves
 from .errors import NotFoundError, OutOfMemoryError, _invalid
 
-__all__ = ["load_file", "load_selected", "safe_open", "save_file", "save_file_async"]
+__all__ = [
+    "load",
+    "load_file",
+    "load_selected",
+    "safe_open",
+    "save",
+    "save_file",
+    "save_file_async",
+]
 
 _TO_NAME = {
     np.dtype(np.bool_): "BOOL",
@@ -208,3 +217,52 @@ class safe_open(SafeOpenBase):  # noqa: N801 (named as in safetensors)
     def get_tensor(self, name: str) -> np.ndarray:
         """The array ``name``, read now into new memory."""
         return _read_new(self._open_file(), self._path, [self._entry(name)])[name]
+
+
+def save(tensor_dict: Mapping[str, np.ndarray], metadata: Mapping[str, str] | None = None) -> bytes:
+    """The bytes of a safetensors file holding ``tensor_dict``, as ``safetensors.numpy.save``
+    gives them (the same layout, byte for byte). Arrays may be non-contiguous or big-endian
+    (saved as their contiguous little-endian copy). ``metadata`` is a dict of str to str.
+
+    Raises:
+        TypeError: a name, array or metadata value of the wrong type.
+        ValueError (InvalidInputError): a dtype safetensors cannot hold.
+    """
+    where = _bytes.WHERE
+    meta = check_metadata(metadata, where)
+    specs = _save_specs(tensor_dict, where)
+    header, places = _bytes.layout([(n, d, s, b.nbytes) for n, d, s, b in specs], meta)
+    src = {n: b for n, _, _, b in specs}
+    buf = bytearray(len(header) + (places[-1][2] if places else 0))
+    buf[: len(header)] = header
+    dst = np.frombuffer(buf, dtype=np.uint8)
+    base = len(header)
+    for name, start, end in places:
+        dst[base + start : base + end] = src[name]
+    return bytes(buf)
+
+
+def load(data: bytes) -> dict[str, np.ndarray]:
+    """The arrays of ``data``, the bytes of a safetensors file (as ``safetensors.numpy.load``
+    reads them). Each array owns its memory (a copy of its bytes), and is writable.
+
+    ``data`` is checked before anything is allocated.
+
+    Raises:
+        ValueError (CorruptError): ``data`` is not valid safetensors; the message names the
+            problem and the tensor.
+        ValueError (InvalidInputError): a dtype numpy lacks (BF16, F8).
+    """
+    body, entries, _ = _bytes.parse(data)
+    out: dict[str, np.ndarray] = {}
+    for e in entries:
+        dt = _FROM_NAME.get(e.dtype)
+        if dt is None:
+            raise unknown_dtype(_bytes.WHERE, e.name, e.dtype, "numpy")
+        if e.end == e.start:
+            out[e.name] = np.empty(tuple(e.shape), dtype=dt)
+            continue
+        count = (e.end - e.start) // dt.itemsize
+        a = np.frombuffer(body, dtype=dt, count=count, offset=e.start)
+        out[e.name] = a.reshape(tuple(e.shape)).copy()
+    return out

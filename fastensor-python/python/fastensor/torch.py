@@ -4,7 +4,11 @@ The names follow ``safetensors.torch``, so switching is one import::
 
     from fastensor.torch import load_file, save_file
 
-Memory ownership: tensors returned by :func:`load_file`, :func:`load_selected` and
+In memory, :func:`save` and :func:`load` give and take the bytes of a safetensors file, as
+``safetensors.torch.save``/``load`` do; :func:`save_model` and :func:`load_model` handle
+shared (tied) tensors as ``safetensors.torch`` does.
+
+Memory ownership: tensors returned by :func:`load_file`, :func:`load`, :func:`load_selected` and
 ``safe_open(...).get_tensor`` are allocated by torch (its allocator owns them; each tensor
 has its own storage, freed with it) and filled in place by the engine with the GIL
 released. :func:`load_into` writes into the caller's existing tensors. The save functions
@@ -20,7 +24,7 @@ from typing import NamedTuple
 
 import torch
 
-from . import _native
+from . import _bytes, _native
 from ._allocator import allocator_stats, caching_allocator, empty_cache
 from ._common import (
     HUGE_PAGE,
@@ -36,6 +40,7 @@ from ._common import (
     unknown_dtype,
 )
 from ._engine import Engine, engine_or_default, watch_pending_saves
+from ._model import load_model, save_model
 from ._offload import offload, release_freed_memory
 from ._sharded import _open_any, is_sharded, load_sharded, open_sharded, save_sharded
 from .errors import OutOfMemoryError, _invalid
@@ -49,14 +54,18 @@ __all__ = [
     "load_sharded",
     "open_sharded",
     "save_sharded",
+    "load",
     "load_file",
     "load_into",
+    "load_model",
     "load_selected",
     "offload",
     "release_freed_memory",
     "safe_open",
+    "save",
     "save_file",
     "save_file_async",
+    "save_model",
 ]
 
 
@@ -478,3 +487,66 @@ class safe_open(SafeOpenBase):  # noqa: N801 (named as in safetensors)
         """The tensor ``name``, read now into new memory of the file's device."""
         e = self._entry(name)
         return _read_new(self._open_file(), self._path, [e], self._device, self._engine)[name]
+
+
+def _target_device(device: str | int | torch.device) -> torch.device:
+    return torch.device(f"cuda:{device}" if isinstance(device, int) else device)
+
+
+def save(tensors: Mapping[str, torch.Tensor], metadata: Mapping[str, str] | None = None) -> bytes:
+    """The bytes of a safetensors file holding ``tensors``, as ``safetensors.torch.save``
+    gives them (the same layout, byte for byte: readable by ``safetensors.torch.load`` and
+    :func:`load`).
+
+    Tensors may be non-contiguous (saved as their contiguous copy) and on the CPU or a CUDA
+    device. ``metadata`` is a dict of str to str.
+
+    Raises:
+        TypeError: a name, tensor or metadata value of the wrong type.
+        ValueError (InvalidInputError): a dtype safetensors cannot hold, a sparse tensor.
+    """
+    where = _bytes.WHERE
+    meta = check_metadata(metadata, where)
+    specs = _save_specs(tensors, where, None, host_only=True)
+    header, places = _bytes.layout([(n, d, s, b.numel()) for n, d, s, b in specs], meta)
+    src = {n: b for n, _, _, b in specs}
+    buf = bytearray(len(header) + (places[-1][2] if places else 0))
+    buf[: len(header)] = header
+    if len(buf) > len(header):
+        dst = torch.frombuffer(buf, dtype=torch.uint8)
+        base = len(header)
+        for name, start, end in places:
+            if end > start:
+                dst[base + start : base + end].copy_(src[name])
+    return bytes(buf)
+
+
+def load(data: bytes, device: str | int | torch.device = "cpu") -> dict[str, torch.Tensor]:
+    """The tensors of ``data``, the bytes of a safetensors file (as ``safetensors.torch.load``
+    reads them), on ``device``.
+
+    ``data`` is checked before anything is allocated: each tensor owns memory of its own
+    size, and no more than ``data`` holds is allocated in all.
+
+    Raises:
+        ValueError (CorruptError): ``data`` is not valid safetensors (the header length,
+            the JSON, offsets out of range, overlapping or leaving gaps, a shape that does
+            not match its bytes): the message names the problem and the tensor.
+        ValueError (InvalidInputError): a dtype this torch lacks.
+    """
+    body, entries, _ = _bytes.parse(data)
+    dev = _target_device(device)
+    out: dict[str, torch.Tensor] = {}
+    for e in entries:
+        dt = _torch_dtype(_bytes.WHERE, e.name, e.dtype)
+        if e.end == e.start:
+            t = torch.empty(e.shape, dtype=dt)
+        else:
+            with warnings.catch_warnings():  # (read-only buffer: the bytes are copied)
+                warnings.simplefilter("ignore")
+                raw = torch.frombuffer(
+                    body, dtype=torch.uint8, offset=e.start, count=e.end - e.start
+                )
+            t = raw.clone().view(dt).reshape(e.shape)
+        out[e.name] = t if dev.type == "cpu" else t.to(dev)
+    return out
