@@ -4,6 +4,7 @@
 //! export and checks every range against it. Every byte moves in Rust, detached from the
 //! interpreter.
 
+mod dlpack;
 mod engine;
 mod errors;
 mod forklock;

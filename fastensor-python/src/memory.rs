@@ -14,6 +14,10 @@
 //! numpy array or `memoryview`, `bytes`) and host memory that is not mapped writable (a
 //! read-only `np.memmap`, or a tensor made from one).
 
+use crate::dlpack::{
+    DlManagedTensor, DlManagedTensorVersioned, DlTensor, DLTENSOR, DLTENSOR_VERSIONED,
+    FLAG_READ_ONLY, KDL_CPU, KDL_CUDA, KDL_CUDA_HOST,
+};
 use fastensor::core::{DeviceSlice, DeviceSliceMut};
 use fastensor::{Error, ErrorKind, MemMut, MemRef, Result};
 use pyo3::exceptions::{PyBufferError, PyTypeError};
@@ -21,7 +25,6 @@ use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
 use std::collections::HashMap;
-use std::ffi::{c_void, CStr};
 use std::os::raw::c_int;
 
 /// How a call uses lent memory.
@@ -165,63 +168,6 @@ impl Drop for Lent {
     }
 }
 
-// DLPack (https://dmlc.github.io/dlpack/latest/c_api.html), the parts read here.
-
-#[repr(C)]
-#[derive(Clone, Copy)]
-struct DlDevice {
-    device_type: i32,
-    device_id: i32,
-}
-
-#[repr(C)]
-#[derive(Clone, Copy)]
-struct DlDataType {
-    code: u8,
-    bits: u8,
-    lanes: u16,
-}
-
-#[repr(C)]
-struct DlTensor {
-    data: *mut c_void,
-    device: DlDevice,
-    ndim: i32,
-    dtype: DlDataType,
-    shape: *const i64,
-    strides: *const i64,
-    byte_offset: u64,
-}
-
-#[repr(C)]
-struct DlManagedTensor {
-    dl_tensor: DlTensor,
-    manager_ctx: *mut c_void,
-    deleter: Option<unsafe extern "C" fn(*mut DlManagedTensor)>,
-}
-
-#[repr(C)]
-struct DlVersion {
-    major: u32,
-    minor: u32,
-}
-
-#[repr(C)]
-struct DlManagedTensorVersioned {
-    version: DlVersion,
-    manager_ctx: *mut c_void,
-    deleter: Option<unsafe extern "C" fn(*mut DlManagedTensorVersioned)>,
-    flags: u64,
-    dl_tensor: DlTensor,
-}
-
-const DLTENSOR: &CStr = c"dltensor";
-const DLTENSOR_VERSIONED: &CStr = c"dltensor_versioned";
-const DL_FLAG_READ_ONLY: u64 = 1;
-const KDL_CPU: i32 = 1;
-const KDL_CUDA: i32 = 2;
-const KDL_CUDA_HOST: i32 = 3;
-
 fn invalid(msg: String) -> Error {
     Error::new(ErrorKind::InvalidInput, msg)
 }
@@ -348,7 +294,7 @@ fn lend_dlpack(obj: &Bound<'_, PyAny>, access: Access, what: &str) -> Result<Len
             }
             (
                 dl_region(&(*m).dl_tensor, what)?,
-                (*m).flags & DL_FLAG_READ_ONLY != 0,
+                (*m).flags & FLAG_READ_ONLY != 0,
             )
         } else if ffi::PyCapsule_IsValid(cap, DLTENSOR.as_ptr()) == 1 {
             let m = ffi::PyCapsule_GetPointer(cap, DLTENSOR.as_ptr()).cast::<DlManagedTensor>();

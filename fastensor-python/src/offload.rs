@@ -12,6 +12,7 @@
 //!   the same length reuse memory already faulted in) or frees it. No byte is copied on
 //!   either side.
 
+use crate::dlpack::{DlDataType, DlDevice, DlManagedTensor, DlTensor, DLTENSOR, KDL_CPU, KDL_UINT};
 use crate::engine::PyEngine;
 use crate::errors::IntoPy;
 use crate::memory::{self, Access, Lent, Place};
@@ -21,7 +22,7 @@ use pyo3::exceptions::PyValueError;
 use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
-use std::ffi::{c_void, CStr};
+use std::ffi::c_void;
 use std::path::PathBuf;
 use std::sync::{Mutex, RwLock};
 
@@ -172,6 +173,13 @@ impl PyOffloadStore {
         label: String,
         whole_pages: bool,
     ) -> PyResult<PyHandle> {
+        // A DLPack export only: its release needs no GIL (pyo3 defers the decref), so the
+        // store may drop it on an I/O thread; a buffer view would need the GIL there.
+        if !owner.hasattr("__dlpack__")? {
+            return Err(PyValueError::new_err(
+                "an offloaded tensor must export DLPack (a torch tensor or numpy array)",
+            ));
+        }
         let lent = memory::lend(owner, Access::Read, "an offloaded tensor").py_err()?;
         let region = lent.region();
         if region.place() != Place::Host {
@@ -289,39 +297,6 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyHandle>()
 }
 
-// The DLPack (v0.x, unversioned) structures torch.from_dlpack reads from a capsule.
-
-#[repr(C)]
-struct DlDevice {
-    device_type: i32,
-    device_id: i32,
-}
-
-#[repr(C)]
-struct DlDataType {
-    code: u8,
-    bits: u8,
-    lanes: u16,
-}
-
-#[repr(C)]
-struct DlTensor {
-    data: *mut c_void,
-    device: DlDevice,
-    ndim: i32,
-    dtype: DlDataType,
-    shape: *mut i64,
-    strides: *mut i64,
-    byte_offset: u64,
-}
-
-#[repr(C)]
-struct DlManagedTensor {
-    dl_tensor: DlTensor,
-    manager_ctx: *mut c_void,
-    deleter: Option<unsafe extern "C" fn(*mut DlManagedTensor)>,
-}
-
 /// A managed tensor with its shape and the buffer it owns (`tensor` first: a pointer to a
 /// `Managed` is a pointer to its `DlManagedTensor`).
 #[repr(C)]
@@ -333,10 +308,6 @@ struct Managed {
     /// Where the buffer goes when the tensor is deleted (`None`: freed).
     recycler: Option<Recycler>,
 }
-
-const DLTENSOR: &CStr = c"dltensor";
-const KDL_CPU: i32 = 1;
-const KDL_UINT: u8 = 1;
 
 /// The DLPack deleter: frees the `Managed`, giving its buffer back to its recycler.
 ///
