@@ -7,6 +7,7 @@
 #![forbid(unsafe_code)]
 
 pub use fastensor_sys::atomic;
+pub use fastensor_sys::fork;
 pub mod checkpoint;
 pub mod engine;
 pub mod offload;

@@ -213,13 +213,14 @@ impl PyEngine {
                 Snapshot::take(&self.staging, &views)
             })
             .py_err()?;
-        Ok(SaveHandle::spawn(
+        SaveHandle::spawn(
             self.engine.clone(),
             self.staging.clone(),
             path,
             snapshot,
             metadata,
-        ))
+        )
+        .py_err()
     }
 
     /// Opens a safetensors file and validates its header; reads come later.

@@ -36,8 +36,8 @@ pub enum Access {
     Write,
 }
 
-/// Where lent memory lives.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+/// Where lent memory lives (host memory orders first).
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Debug)]
 pub enum Place {
     /// Host memory (also CUDA pinned host memory).
     Host,
@@ -142,10 +142,10 @@ enum Export {
     Buffer(Box<ffi::Py_buffer>),
 }
 
-/// An object's memory, lent for one call: valid and unmoved until this is dropped.
+/// An object's memory, lent for one call: valid and unmoved until this is dropped (the
+/// export holds a reference to the object).
 pub struct Lent {
     region: Region,
-    _object: Py<PyAny>,
     export: Export,
 }
 
@@ -262,8 +262,9 @@ fn py_to_err(e: PyErr, what: &str) -> Error {
 }
 
 /// Lends `obj` through DLPack: `__dlpack__(max_version=(1, 0))` where the producer knows
-/// the versioned protocol (it can say "read-only"), else `__dlpack__()`.
-fn lend_dlpack(obj: &Bound<'_, PyAny>, access: Access, what: &str) -> Result<Lent> {
+/// the versioned protocol (it can say "read-only"), else `__dlpack__()`. Dropping the
+/// [`Lent`] needs no GIL (the capsule's reference is released by pyo3, deferred if need be).
+pub fn lend_dlpack(obj: &Bound<'_, PyAny>, access: Access, what: &str) -> Result<Lent> {
     let py = obj.py();
     let kwargs = PyDict::new(py);
     kwargs
@@ -314,7 +315,6 @@ fn lend_dlpack(obj: &Bound<'_, PyAny>, access: Access, what: &str) -> Result<Len
     }
     Ok(Lent {
         region,
-        _object: obj.clone().unbind(),
         export: Export::DlPack {
             _capsule: capsule.unbind(),
         },
@@ -347,33 +347,25 @@ fn lend_buffer(obj: &Bound<'_, PyAny>, access: Access, what: &str) -> Result<Len
     };
     Ok(Lent {
         region,
-        _object: obj.clone().unbind(),
         export: Export::Buffer(view),
     })
 }
 
 /// Lends the memory of `obj` for one call (see the module's doc). `what` names it in errors.
 pub fn lend(obj: &Bound<'_, PyAny>, access: Access, what: &str) -> Result<Lent> {
-    let lent = if obj.hasattr("__dlpack__").unwrap_or(false) {
-        lend_dlpack(obj, access, what)?
-    } else {
-        // SAFETY: `obj` is a live object; the check only reads its type.
-        if unsafe { ffi::PyObject_CheckBuffer(obj.as_ptr()) } == 0 {
-            return Err(Error::new(
-                ErrorKind::InvalidInput,
-                format!(
-                    "{what}: an object of type {} has no memory to lend (expected a tensor, an \
-                     array or a buffer)",
-                    obj.get_type()
-                        .name()
-                        .map(|n| n.to_string())
-                        .unwrap_or_else(|_| "?".into())
-                ),
-            ));
-        }
-        lend_buffer(obj, access, what)?
-    };
-    Ok(lent)
+    if obj.hasattr("__dlpack__").unwrap_or(false) {
+        return lend_dlpack(obj, access, what);
+    }
+    // SAFETY: `obj` is a live object; the check only reads its type.
+    if unsafe { ffi::PyObject_CheckBuffer(obj.as_ptr()) } == 0 {
+        let type_name = obj.get_type().name().map(|n| n.to_string());
+        return Err(invalid(format!(
+            "{what}: an object of type {} has no memory to lend (expected a tensor, an array \
+             or a buffer)",
+            type_name.as_deref().unwrap_or("?")
+        )));
+    }
+    lend_buffer(obj, access, what)
 }
 
 /// The objects of one call, each lent once however many ranges of it the call uses.
@@ -418,7 +410,7 @@ impl Lender {
             .map(Lent::region)
             .filter(|r| r.place == Place::Host && r.len > 0)
             .collect();
-        fastensor_writable::check(&host)
+        crate::writable::check(&host)
     }
 }
 
@@ -429,7 +421,7 @@ pub fn check_disjoint<'n>(spans: impl IntoIterator<Item = (Region, &'n str)>) ->
         .filter(|(r, _)| r.len > 0)
         .map(|(r, what)| (r.place, r.addr, r.addr + r.len, what))
         .collect();
-    spans.sort_unstable_by_key(|s| (place_key(s.0), s.1));
+    spans.sort_unstable_by_key(|s| (s.0, s.1));
     for w in spans.windows(2) {
         if w[0].0 == w[1].0 && w[1].1 < w[0].2 {
             return Err(Error::new(
@@ -442,64 +434,4 @@ pub fn check_disjoint<'n>(spans: impl IntoIterator<Item = (Region, &'n str)>) ->
         }
     }
     Ok(())
-}
-
-fn place_key(p: Place) -> i64 {
-    match p {
-        Place::Host => -1,
-        Place::Cuda(o) => i64::from(o),
-    }
-}
-
-/// Whether host memory is mapped writable, from `/proc/self/maps`.
-mod fastensor_writable {
-    use super::Region;
-    use fastensor::{Error, ErrorKind, Result};
-
-    /// Refuses any region not wholly inside writable mappings of this process.
-    pub fn check(regions: &[Region]) -> Result<()> {
-        if regions.is_empty() {
-            return Ok(());
-        }
-        let Ok(maps) = std::fs::read_to_string("/proc/self/maps") else {
-            return Ok(()); // no procfs: nothing to check against
-        };
-        let mut writable: Vec<(usize, usize)> = Vec::new();
-        for line in maps.lines() {
-            let mut parts = line.split_whitespace();
-            let (Some(range), Some(perms)) = (parts.next(), parts.next()) else {
-                continue;
-            };
-            if perms.as_bytes().get(1) != Some(&b'w') {
-                continue;
-            }
-            let Some((a, b)) = range.split_once('-') else {
-                continue;
-            };
-            if let (Ok(a), Ok(b)) = (usize::from_str_radix(a, 16), usize::from_str_radix(b, 16)) {
-                match writable.last_mut() {
-                    Some(last) if last.1 == a => last.1 = b,
-                    _ => writable.push((a, b)),
-                }
-            }
-        }
-        for r in regions {
-            let (start, end) = (r.addr(), r.addr() + r.len());
-            let i = writable.partition_point(|&(_, b)| b <= start);
-            let covered = writable
-                .get(i)
-                .is_some_and(|&(a, b)| a <= start && end <= b);
-            if !covered {
-                return Err(Error::new(
-                    ErrorKind::InvalidInput,
-                    format!(
-                        "a destination of {} bytes is not writable memory (a read-only \
-                         mapping, such as a read-only np.memmap or a tensor made from one)",
-                        r.len()
-                    ),
-                ));
-            }
-        }
-        Ok(())
-    }
 }

@@ -173,14 +173,14 @@ impl PyOffloadStore {
         label: String,
         whole_pages: bool,
     ) -> PyResult<PyHandle> {
-        // A DLPack export only: its release needs no GIL (pyo3 defers the decref), so the
-        // store may drop it on an I/O thread; a buffer view would need the GIL there.
+        // A DLPack export only: its release needs no GIL, so the store may drop it on an I/O
+        // thread (a buffer view's release would need the GIL there).
         if !owner.hasattr("__dlpack__")? {
             return Err(PyValueError::new_err(
                 "an offloaded tensor must export DLPack (a torch tensor or numpy array)",
             ));
         }
-        let lent = memory::lend(owner, Access::Read, "an offloaded tensor").py_err()?;
+        let lent = memory::lend_dlpack(owner, Access::Read, "an offloaded tensor").py_err()?;
         let region = lent.region();
         if region.place() != Place::Host {
             return Err(PyValueError::new_err(

@@ -4,11 +4,11 @@
 //! of one when the save ends, so the next snapshot reuses memory already faulted in.
 
 use crate::errors::to_py;
-use crate::forklock::ForkLock;
 use fastensor::checkpoint::{self, TensorView};
 use fastensor::core::parallel;
+use fastensor::fork::{self, ForkMutex};
 use fastensor::{Engine, Error, HostBuffer, MemRef, Result, TensorDesc};
-use pyo3::exceptions::PyTimeoutError;
+use pyo3::exceptions::{PyRuntimeError, PyTimeoutError};
 use pyo3::prelude::*;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -143,18 +143,29 @@ impl Outcome {
     }
 }
 
-/// The background saves of this process still running, by target path: a new save to a
-/// path starts writing only once the one before it has finished, so saves to one path land
-/// in the order they were made. A fork child starts with none (the parent's saves are not
-/// its own: their threads do not exist there).
-static RUNNING: ForkLock<Vec<(PathBuf, Arc<Outcome>)>> = ForkLock::new(Vec::new(), Vec::new);
+/// The background saves still running, by target path: a new save to a path starts writing
+/// only once the one before it has finished, so saves to one path land in the order they
+/// were made.
+#[derive(Default)]
+struct Running {
+    /// The fork generation the saves belong to ([`fork::generation`]).
+    generation: u64,
+    saves: Vec<(PathBuf, Arc<Outcome>)>,
+}
 
-/// Runs `f` on this process's running saves.
+static RUNNING: ForkMutex<Running> = ForkMutex::lazy();
+
+/// Runs `f` on this process's running saves. A fork child starts with none: the parent's
+/// saves run in threads that do not exist there (their records are set aside, not read).
 fn with_running<T>(f: impl FnOnce(&mut Vec<(PathBuf, Arc<Outcome>)>) -> T) -> T {
-    RUNNING.with(|saves| {
-        saves.retain(|(_, o)| o.running());
-        f(saves)
-    })
+    let mut running = RUNNING.lock();
+    let now = fork::generation();
+    if running.generation != now {
+        std::mem::forget(std::mem::take(&mut running.saves));
+        running.generation = now;
+    }
+    running.saves.retain(|(_, o)| o.running());
+    f(&mut running.saves)
 }
 
 /// The key of a target path: absolute, so two spellings of one path are one key.
@@ -182,17 +193,20 @@ pub struct SaveHandle {
     path: PathBuf,
     outcome: Arc<Outcome>,
     started: Instant,
+    /// The fork generation of the process whose thread runs the save.
+    generation: u64,
 }
 
 impl SaveHandle {
-    /// Starts the background save of `snapshot` to `path`.
+    /// Starts the background save of `snapshot` to `path`; fails when no thread can be
+    /// started for it.
     pub fn spawn(
         engine: Engine,
         pool: Arc<StagingPool>,
         path: PathBuf,
         snapshot: Snapshot,
         metadata: BTreeMap<String, String>,
-    ) -> SaveHandle {
+    ) -> Result<SaveHandle> {
         let outcome = Arc::new(Outcome {
             state: Mutex::new(State::Running),
             finished: Condvar::new(),
@@ -209,46 +223,66 @@ impl SaveHandle {
             saves.push((key, outcome.clone()));
             before
         });
-        std::thread::spawn(move || {
-            if let Some(before) = before {
-                before.wait_finished(); // saves to one path land in order
-            }
-            let result = checkpoint::save_section(
-                &engine,
-                &target,
-                &snapshot.descs,
-                snapshot.buffer[..snapshot.len].into(),
-                &metadata,
-            );
-            pool.give_back(snapshot.buffer);
-            *done.state.lock().unwrap_or_else(|p| p.into_inner()) = match result {
-                Ok(()) => State::Saved,
-                Err(e) => State::Failed(e),
-            };
-            done.finished.notify_all();
-        });
-        SaveHandle {
+        let spawned = std::thread::Builder::new()
+            .name("fastensor-save".into())
+            .spawn(move || {
+                if let Some(before) = before {
+                    before.wait_finished(); // saves to one path land in order
+                }
+                let result = checkpoint::save_section(
+                    &engine,
+                    &target,
+                    &snapshot.descs,
+                    snapshot.buffer[..snapshot.len].into(),
+                    &metadata,
+                );
+                pool.give_back(snapshot.buffer);
+                *done.state.lock().unwrap_or_else(|p| p.into_inner()) = match result {
+                    Ok(()) => State::Saved,
+                    Err(e) => State::Failed(e),
+                };
+                done.finished.notify_all();
+            });
+        if let Err(e) = spawned {
+            // Nothing will run: the save is over (a later save to the path must not wait).
+            *outcome.state.lock().unwrap_or_else(|p| p.into_inner()) = State::Saved;
+            return Err(Error::io(e, "cannot start the background save's thread").with_path(&path));
+        }
+        Ok(SaveHandle {
             path,
             outcome,
             started: Instant::now(),
+            generation: fork::generation(),
+        })
+    }
+
+    /// Refuses a handle inherited through `fork`: its save runs (or ran) in the parent,
+    /// whose thread does not exist here, so waiting for it would never end.
+    fn check_process(&self) -> PyResult<()> {
+        if self.generation == fork::generation() {
+            return Ok(());
         }
+        Err(PyRuntimeError::new_err(format!(
+            "the save of {} was started by the parent of this forked process; only the \
+             parent can wait for it",
+            self.path.display()
+        )))
     }
 }
 
 #[pymethods]
 impl SaveHandle {
     /// True once the save has finished (successfully or not).
-    fn done(&self) -> bool {
-        !matches!(
-            *self.outcome.state.lock().unwrap_or_else(|p| p.into_inner()),
-            State::Running
-        )
+    fn done(&self) -> PyResult<bool> {
+        self.check_process()?;
+        Ok(!self.outcome.running())
     }
 
     /// Blocks until the save has finished and raises its error, if any. With `timeout`
     /// (seconds), raises `TimeoutError` if it has not finished by then; the save goes on.
     #[pyo3(signature = (timeout=None))]
     fn wait(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<()> {
+        self.check_process()?;
         let deadline = timeout.map(|t| Instant::now() + Duration::from_secs_f64(t.max(0.0)));
         let finished = py.detach(|| {
             let mut guard = self.outcome.state.lock().unwrap_or_else(|p| p.into_inner());
@@ -310,7 +344,11 @@ impl SaveHandle {
     }
 
     fn __repr__(&self) -> String {
-        let state = if self.done() { "done" } else { "running" };
+        let state = match self.done() {
+            Ok(true) => "done",
+            Ok(false) => "running",
+            Err(_) => "the parent's",
+        };
         format!("<SaveHandle {} ({state})>", self.path.display())
     }
 }

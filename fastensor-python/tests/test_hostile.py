@@ -107,6 +107,26 @@ def test_read_only_destinations_are_refused(tmp_path, small):
     assert raw.read_bytes() == bytes(4096)
 
 
+@pytest.mark.filterwarnings("ignore:The given NumPy array is not writable")
+def test_large_read_only_destinations_are_refused_and_writable_ones_left_as_they_were(tmp_path):
+    # Beyond a few pages the check reads the process's mappings instead of probing pages.
+    n = 1 << 20
+    path = tmp_path / "big.safetensors"
+    save_file({"a": torch.ones(n // 4)}, path)
+    f = _native.Engine().open(os.fspath(path))
+    raw = tmp_path / "raw.bin"
+    np.zeros(n, np.uint8).tofile(raw)
+    for dst in (np.memmap(raw, mode="r"), torch.from_numpy(np.memmap(raw, mode="r"))):
+        with pytest.raises(ValueError, match="read-only|not writable"):
+            f.read_into([("a", dst, 0, n)])
+    assert raw.read_bytes() == bytes(n)
+    # A refused call leaves a writable destination untouched (the probe writes nothing new).
+    small = torch.full((1024,), 7, dtype=torch.uint8)
+    with pytest.raises(ValueError):
+        f.read_into([("a", small, 0, 1024)])  # not the tensor's length
+    assert bool((small == 7).all())
+
+
 def test_offload_store_takes_the_tensor_not_an_address(tmp_path):
     eng = fastensor.Engine()
     store = _native.OffloadStore(eng._native, os.fspath(tmp_path), 1 << 20)

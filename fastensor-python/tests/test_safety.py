@@ -12,6 +12,7 @@ import threading
 import time
 
 import fastensor
+import fastensor.torch
 import pytest
 import torch
 from fastensor import errors
@@ -122,6 +123,24 @@ def test_fork_while_another_thread_saves(tmp_path):
         stop.set()
         th.join()
     assert not errors_seen
+
+
+def test_a_background_save_of_the_parent_cannot_be_waited_for_in_a_child(tmp_path):
+    handle = fastensor.torch.save_file_async({"v": torch.ones(1 << 20)}, tmp_path / "m.safetensors")
+    pid = os.fork()
+    if pid == 0:
+        code = 0
+        try:
+            handle.wait()
+            code = 3  # must not pretend the parent's save is its own
+        except RuntimeError as exc:
+            code = 0 if "parent" in str(exc) else 5
+        except BaseException:
+            code = 4
+        os._exit(code)
+    assert wait_child(pid) == 0
+    handle.wait()
+    assert torch.equal(load_file(tmp_path / "m.safetensors")["v"], torch.ones(1 << 20))
 
 
 def test_dataloader_fork_workers_use_the_default_engine(tmp_path):

@@ -132,7 +132,7 @@ fn corrupt(msg: impl Into<String>) -> Error {
 pub(crate) fn check_header_len(header_len: u64, file_len: u64) -> Result<()> {
     if header_len > MAX_HEADER_LEN {
         return Err(corrupt(format!(
-            "header length {header_len} exceeds the limit of {MAX_HEADER_LEN} bytes"
+            "header length {header_len} is beyond the limit of {MAX_HEADER_LEN} bytes"
         )));
     }
     match header_len.checked_add(8) {

@@ -32,7 +32,8 @@ pub(crate) fn entries(
         })?;
         if want != end - start {
             return Err(corrupt(format!(
-                "tensor `{}`: {} × {:?} is {want} bytes but data_offsets [{start}, {end}] hold {}",
+                "tensor `{}`: {} × {:?} is {want} bytes, which does not match the {} bytes of \
+                 data_offsets [{start}, {end}]",
                 desc.name,
                 desc.dtype,
                 desc.shape,

@@ -4,7 +4,8 @@ The layout is the one ``safetensors`` writes, byte for byte: an 8-byte little-en
 length, a compact JSON header (``__metadata__`` first, then the tensors in data order), padded
 with spaces to a multiple of 8, then the tensors' bytes, ordered as the safetensors crate
 orders them (the widest dtypes first, then by name). :func:`parse` validates hostile bytes
-before anything is allocated and raises :class:`~fastensor.errors.CorruptError`.
+with the engine's header parser before anything is allocated and raises
+:class:`~fastensor.errors.CorruptError`.
 """
 
 from __future__ import annotations
@@ -14,9 +15,10 @@ import struct
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
+from . import _native
 from ._common import PathLike, check_metadata, fspath
 from ._engine import Engine, engine_or_default
-from .errors import CorruptError, _invalid
+from .errors import _invalid
 
 #: Bits per element of every dtype name safetensors knows.
 BITS = {
@@ -45,7 +47,8 @@ BITS = {
 #: The safetensors crate's ``Dtype`` order; tensors are laid out by it, descending.
 _RANK = {name: i for i, name in enumerate(BITS)}
 
-#: The header size safetensors refuses beyond (100 MB).
+#: The header size safetensors (and the engine's parser) refuses beyond (100 MB): at most
+#: this much of a buffer is copied for the parser.
 MAX_HEADER = 100_000_000
 
 #: What the messages name instead of a file.
@@ -60,12 +63,6 @@ class Entry(NamedTuple):
     shape: list[int]
     start: int
     end: int
-
-
-def _corrupt(message: str) -> CorruptError:
-    exc = CorruptError(f"{WHERE}: {message}")
-    exc.path = None
-    return exc
 
 
 def layout(
@@ -94,27 +91,15 @@ def layout(
     return struct.pack("<Q", len(text)) + text, places
 
 
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
-
-
-def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in pairs:
-        if k in out:
-            raise ValueError(f"the key `{k}` appears twice")
-        out[k] = v
-    return out
-
-
 def _uint(value: object) -> bool:
     return type(value) is int and value >= 0
 
 
 def parse(data: bytes | bytearray | memoryview) -> tuple[memoryview, list[Entry], dict | None]:
-    """Validates the safetensors buffer ``data``: returns the view of its data section, its
-    tensors in data order (safetensors gives them in no fixed order), and its
-    ``__metadata__`` (``None`` when absent).
+    """Validates the safetensors buffer ``data`` with the engine's own header parser (the
+    one every file load goes through): returns the view of its data section, its tensors in
+    data order (safetensors gives them in no fixed order), and its ``__metadata__``
+    (``None`` when absent).
 
     Raises:
         TypeError: ``data`` is not a bytes-like object.
@@ -126,72 +111,12 @@ def parse(data: bytes | bytearray | memoryview) -> tuple[memoryview, list[Entry]
         raise TypeError(f"expected bytes, got {type(data).__name__}") from None
     if view.ndim != 1 or view.itemsize != 1:
         view = view.cast("B")
-    if len(view) < 8:
-        raise _corrupt(f"{len(view)} bytes are too few for a safetensors header (8 at least)")
-    (n,) = struct.unpack("<Q", view[:8])
-    if n > MAX_HEADER:
-        raise _corrupt(f"the header length {n} is beyond the limit of {MAX_HEADER} bytes")
-    if n > len(view) - 8:
-        raise _corrupt(f"the header length {n} is beyond the {len(view) - 8} bytes that follow")
-    try:
-        header = json.loads(
-            bytes(view[8 : 8 + n]).decode("utf-8"),
-            object_pairs_hook=_no_duplicates,
-            parse_constant=_reject_constant,
-        )
-    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
-        raise _corrupt(f"the header is not valid JSON: {exc}") from None
-    if not isinstance(header, dict):
-        raise _corrupt(f"the header is a JSON {type(header).__name__}, not an object")
-    body = view[8 + n :]
-    metadata = header.pop("__metadata__", None)
-    if metadata is not None and (
-        not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values())
-    ):
-        raise _corrupt("`__metadata__` is not a map of str to str")
-    entries = []
-    for name, info in header.items():
-        if not isinstance(info, dict):
-            raise _corrupt(f"tensor `{name}`: its header entry is not an object")
-        dtype, shape, offsets = info.get("dtype"), info.get("shape"), info.get("data_offsets")
-        if not isinstance(dtype, str) or dtype not in BITS:
-            raise _corrupt(f"tensor `{name}`: unknown dtype {dtype!r}")
-        if not isinstance(shape, list) or not all(_uint(d) for d in shape):
-            raise _corrupt(f"tensor `{name}`: shape {shape!r} is not a list of sizes")
-        if not isinstance(offsets, list) or len(offsets) != 2 or not all(_uint(o) for o in offsets):
-            raise _corrupt(f"tensor `{name}`: data_offsets {offsets!r} are not two offsets")
-        start, end = offsets
-        if end < start:
-            raise _corrupt(f"tensor `{name}`: data_offsets [{start}, {end}] end before they begin")
-        if end > len(body):
-            raise _corrupt(
-                f"tensor `{name}`: data_offsets [{start}, {end}] are beyond the"
-                f" {len(body)} bytes of data"
-            )
-        count = 1
-        for d in shape:
-            count *= d
-            if count * BITS[dtype] > 8 * len(body):
-                break  # (already too large: keeps the product small)
-        bits = count * BITS[dtype]
-        if bits % 8 or bits // 8 != end - start:
-            raise _corrupt(
-                f"tensor `{name}`: shape {shape} of {dtype} does not match its"
-                f" {end - start} bytes at data_offsets [{start}, {end}]"
-            )
-        entries.append(Entry(name, dtype, shape, start, end))
-    entries.sort(key=lambda e: (e.start, e.end))
-    at = 0
-    for e in entries:
-        if e.start != at:
-            what = "overlap the previous tensor" if e.start < at else "leave a gap before them"
-            raise _corrupt(
-                f"tensor `{e.name}`: data_offsets [{e.start}, {e.end}] {what} (expected {at})"
-            )
-        at = e.end
-    if at != len(body):
-        raise _corrupt(f"the tensors cover {at} bytes, but {len(body)} bytes of data follow")
-    return body, entries, metadata
+    # Only the header is handed over (the parser checks its length before reading it).
+    n = struct.unpack("<Q", view[:8])[0] if len(view) >= 8 else 0
+    prefix = bytes(view[: 8 + min(n, MAX_HEADER + 1)])
+    start, rows, metadata = _native.parse_header(prefix, len(view))
+    entries = [Entry(name, dtype, list(shape), s, e) for name, dtype, shape, s, e in rows]
+    return view[start:], entries, (metadata or None)
 
 
 # The framework-free API of the ``safetensors`` module itself.

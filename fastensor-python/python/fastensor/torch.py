@@ -266,7 +266,8 @@ def _empty_for(entry, path: str, device: torch.device) -> tuple[torch.Tensor, to
         return _place_new(entry, path, device)
     except (RuntimeError, ValueError, MemoryError) as exc:
         name, dtype, shape, _, nbytes = entry
-        if isinstance(exc, MemoryError) or "alloc" in str(exc):
+        out_of_memory = isinstance(exc, MemoryError | torch.cuda.OutOfMemoryError)
+        if out_of_memory or "can't allocate memory" in str(exc):
             err = OutOfMemoryError(
                 f"{path}: tensor `{name}` ({nbytes} bytes) cannot be allocated: {exc}"
             )

@@ -115,30 +115,15 @@ fn read_limited(path: &Path, max: u64) -> Result<Vec<u8>> {
 }
 
 /// The regular file at `path` (symbolic links followed) and its length, opened for reading
-/// as [`fastensor_sys::open_file`] opens checkpoints: non-blocking, so that a FIFO cannot
-/// hang the open, and checked after the open; anything but a regular file is
-/// [`ErrorKind::InvalidInput`] naming the path.
+/// as checkpoints are ([`crate::atomic::open_regular`]: a FIFO cannot hang the open;
+/// anything but a regular file is [`ErrorKind::InvalidInput`] naming the path).
 fn open_regular(path: &Path) -> Result<(std::fs::File, u64)> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(rustix::fs::OFlags::NONBLOCK.bits() as i32)
-        .open(path)
-        .map_err(|e| Error::io(e, "cannot open the index").with_path(path))?;
-    let meta = file
+    let file = crate::atomic::open_regular(path)?;
+    let len = file
         .metadata()
-        .map_err(|e| Error::io(e, "cannot stat the index").with_path(path))?;
-    if !meta.is_file() {
-        return Err(Error::new(
-            ErrorKind::InvalidInput,
-            format!(
-                "the index is not a regular file ({})",
-                fastensor_sys::file_kind(&meta.file_type())
-            ),
-        )
-        .with_path(path));
-    }
-    Ok((file, meta.len()))
+        .map_err(|e| Error::io(e, "cannot stat the index").with_path(path))?
+        .len();
+    Ok((file, len))
 }
 
 /// Reads and validates the index of the sharded checkpoint at `path` (a directory or an
