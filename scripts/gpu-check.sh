@@ -11,17 +11,25 @@
 #     cargo test  --release -p fastensor-gds --no-run              # tests/conformance.rs etc.
 #     cargo build --release -p fastensor-gds --example gds_bench   # file <-> GPU bandwidth
 #
-# and copies the executables, stripped, into gpu-bundle/. Copy the repository (or just
-# scripts/ and gpu-bundle/) to the GPU machine and run
+# and copies the executables, stripped, into gpu-bundle/, with a safetensors wheel for the
+# anchor (for a GPU machine whose Python lacks it; fetched with pip when this machine can).
+# Copy the repository (or just scripts/ and gpu-bundle/) to the GPU machine and run
 #
 #     scripts/gpu-check.sh [run]          # GPU_BENCH_MIB=256 GPU_BENCH_REPEAT=3 by default
 #
 # It runs, in order: the GPU inventory (nvidia-smi), `fastensor backends`, the conformance
 # suite over GPU memory with FASTENSOR_REQUIRE=gds,cuda-staged (an unavailable backend is a
-# failure there), and gds_bench (256 MiB reads and writes file <-> GPU through gds,
-# cuda-staged, and posix-direct + cuMemcpy as the reference, with ratios). It prints a table
-# of the steps and leaves every log in gpu-bundle/results/. Exit status: 0 when every step
-# passed.
+# failure there), gds_bench (256 MiB reads and writes file <-> GPU through gds,
+# cuda-staged, and posix-direct + cuMemcpy as the reference, and the read ceiling
+# min(disk, host-to-device copy), each part measured alone), and the anchor:
+# safetensors.torch.load_file(device="cuda") of a file that size (scripts/gpu-anchor.py,
+# with PyTorch). It prints a table of the steps, the conformance results and the bandwidth
+# table, and leaves every log in gpu-bundle/results/. Exit status: 0 when every step passed.
+#
+# Without a GPU the same run goes through the CUDA stand-in (host memory: it checks that
+# this script and the bundle work, not GPU speed):
+#
+#     fastensor-testkit/cuda-stand-in/run scripts/gpu-check.sh run
 #
 # cuFile: LD_LIBRARY_PATH gets the lib folder of the `nvidia-cufile` Python package
 # (pip install nvidia-cufile-cu12) when one is installed, and the CUDA toolkit's lib64;
@@ -52,6 +60,11 @@ bundle() {
     if command -v strip >/dev/null; then
         strip "$BUNDLE"/fastensor "$BUNDLE"/gds_bench "$BUNDLE"/test-* || true
     fi
+    # The anchor's safetensors, for a GPU machine without it (no network there).
+    mkdir -p "$BUNDLE/wheels"
+    python3 -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 \
+        --platform "manylinux2014_$(uname -m)" --dest "$BUNDLE/wheels" safetensors ||
+        echo "no safetensors wheel fetched: the anchor needs safetensors on the GPU machine"
     ls -l "$BUNDLE"
     echo "bundle ready: copy scripts/ and gpu-bundle/ to the GPU machine, run scripts/gpu-check.sh"
 }
@@ -119,11 +132,27 @@ run() {
         FASTENSOR_REQUIRE=gds,cuda-staged step "$(basename "$t")" "$t" --test-threads=1 --nocapture || failed=1
     done
     step gds_bench "$BUNDLE/gds_bench" "$FASTENSOR_TEST_DIR" "${GPU_BENCH_MIB:-256}" "${GPU_BENCH_REPEAT:-3}" || failed=1
+    # The anchor: safetensors' own load to the GPU, against the same ceiling. A bundled wheel
+    # stands in for a missing safetensors.
+    local ceiling pypath=""
+    ceiling=$(sed -n 's/^ceiling_read_gib_s //p' "$BUNDLE/results/gds_bench.log" | tail -1)
+    if ! python3 -c 'import safetensors' 2>/dev/null; then
+        local whl
+        for whl in "$BUNDLE"/wheels/safetensors-*.whl; do
+            [ -e "$whl" ] || continue
+            mkdir -p "$BUNDLE/py" && python3 -m zipfile -e "$whl" "$BUNDLE/py" && pypath="$BUNDLE/py"
+        done
+    fi
+    PYTHONPATH="$pypath${PYTHONPATH:+:$PYTHONPATH}" step anchor python3 "$ROOT/scripts/gpu-anchor.py" \
+        "$FASTENSOR_TEST_DIR" "${GPU_BENCH_MIB:-256}" "${GPU_BENCH_REPEAT:-3}" "${ceiling:-nan}" || failed=1
     echo
     printf '%-20s %-9s %8s  %s\n' step result seconds log
     printf '%s\n' "${STEPS[@]}"
     echo
-    grep -h -E "SKIPPED|FAILED|^gds: |^GPUs: |^path |GiB/s|^(gds|cuda-staged|posix-direct\+copy) " "$BUNDLE"/results/*.log 2>/dev/null | awk '!seen[$0]++'
+    grep -h -E "^GPUs: |^gds: |conformance of|SKIPPED|FAILED" "$BUNDLE"/results/*.log 2>/dev/null | awk '!seen[$0]++'
+    # gds_bench's tables (from the line naming the size on), then the anchor's row.
+    sed -n '/MiB file <-> GPU/,$p' "$BUNDLE/results/gds_bench.log" | grep -v '^ceiling_read_gib_s'
+    grep -h 'safetensors load_file' "$BUNDLE/results/anchor.log"
     exit "$failed"
 }
 

@@ -1,5 +1,7 @@
 //! Batches of small reads through `cuFileBatchIO*`: one submission for many requests. Any
-//! failure is returned to the caller, which redoes the group one request at a time.
+//! failure is returned to the caller, which redoes the group one request at a time; a batch
+//! is destroyed (and the caller reads into its buffers again) only once none of its requests
+//! runs.
 
 use crate::cufile::ffi::{self, CUfileIOEvents_t, CUfileIOParams_t};
 use crate::gds::BatchTarget;
@@ -88,7 +90,20 @@ pub(crate) fn read(f: &impl BatchTarget, group: &mut [ReadRequest<'_>]) -> Resul
     Ok(())
 }
 
+/// How a submitted batch ended.
+enum Wait {
+    /// Every request completed or failed: the batch may be destroyed.
+    Settled(Result<(), String>),
+    /// Requests may still be running (the status could not be read, or the time ran out).
+    Unsettled(String),
+}
+
 /// Sets up, submits and waits for one batch; `got[cookie]` receives each request's bytes.
+///
+/// The batch is destroyed only once none of its requests runs: they write into the caller's
+/// buffers, which the caller reads into again after a failure (and may free). After a failed
+/// request the others are still waited for; when the wait itself fails, the requests are
+/// cancelled first, and without `cuFileBatchIOCancel` the batch is left undestroyed.
 fn run(
     fns: &ffi::BatchFns,
     params: &mut [CUfileIOParams_t],
@@ -101,11 +116,28 @@ fn run(
     if e.err != 0 {
         return Err(format!("cuFileBatchIOSetUp: {}", ffi::op_error_name(e.err)));
     }
-    let result = submit_and_wait(fns, batch, params, got);
-    // SAFETY: batch came from cuFileBatchIOSetUp; every request has completed or failed (or
-    // the wait timed out, in which case cuFile cancels what is left).
-    unsafe { (fns.destroy)(batch) };
-    result
+    let why = match submit_and_wait(fns, batch, params, got) {
+        Wait::Settled(result) => {
+            // SAFETY: batch came from cuFileBatchIOSetUp and none of its requests runs.
+            unsafe { (fns.destroy)(batch) };
+            return result;
+        }
+        Wait::Unsettled(why) => why,
+    };
+    // SAFETY: batch came from cuFileBatchIOSetUp and is still alive.
+    let cancelled = fns
+        .cancel
+        .is_some_and(|cancel| unsafe { cancel(batch) }.err == 0);
+    if cancelled {
+        // SAFETY: the cancel succeeded, so no request of the batch runs any more.
+        unsafe { (fns.destroy)(batch) };
+        Err(why)
+    } else {
+        Err(format!(
+            "{why}; the batch could not be cancelled, so it is left allocated rather than freed \
+             under running requests"
+        ))
+    }
 }
 
 fn submit_and_wait(
@@ -113,16 +145,16 @@ fn submit_and_wait(
     batch: *mut c_void,
     params: &mut [CUfileIOParams_t],
     got: &mut [usize],
-) -> Result<(), String> {
+) -> Wait {
     let n = params.len();
     // SAFETY: params holds n valid requests whose buffers stay borrowed until this returns;
     // the context of their GPU is current (bound by `resolve`).
     let e = unsafe { (fns.submit)(batch, n as u32, params.as_mut_ptr(), 0) };
     if e.err != 0 {
-        return Err(format!(
+        return Wait::Settled(Err(format!(
             "cuFileBatchIOSubmit: {}",
             ffi::op_error_name(e.err)
-        ));
+        )));
     }
     let mut events = vec![
         CUfileIOEvents_t {
@@ -134,9 +166,10 @@ fn submit_and_wait(
     ];
     let start = Instant::now();
     let mut finished = 0;
+    let mut failure: Option<String> = None;
     while finished < n {
         if start.elapsed() > TIMEOUT {
-            return Err("the batch timed out".into());
+            return Wait::Unsettled("the batch timed out".into());
         }
         let mut nr = (n - finished) as u32;
         let mut timeout = ffi::libc_timespec {
@@ -146,7 +179,7 @@ fn submit_and_wait(
         // SAFETY: events has room for nr entries; timeout is a valid timespec.
         let e = unsafe { (fns.get_status)(batch, 1, &mut nr, events.as_mut_ptr(), &mut timeout) };
         if e.err != 0 {
-            return Err(format!(
+            return Wait::Unsettled(format!(
                 "cuFileBatchIOGetStatus: {}",
                 ffi::op_error_name(e.err)
             ));
@@ -155,19 +188,18 @@ fn submit_and_wait(
             if ev.status & ffi::STATUS_RUNNING != 0 {
                 continue;
             }
-            if ev.status != ffi::STATUS_COMPLETE {
-                return Err(format!(
-                    "a batch request ended with status {:#x}",
-                    ev.status
-                ));
-            }
-            let i = ev.cookie as usize;
-            if i >= got.len() {
-                return Err("cuFile returned an unknown request".into());
-            }
-            got[i] = ev.ret;
             finished += 1;
+            let i = ev.cookie as usize;
+            if ev.status != ffi::STATUS_COMPLETE {
+                failure.get_or_insert_with(|| {
+                    format!("a batch request ended with status {:#x}", ev.status)
+                });
+            } else if i >= got.len() {
+                failure.get_or_insert_with(|| "cuFile returned an unknown request".into());
+            } else {
+                got[i] = ev.ret;
+            }
         }
     }
-    Ok(())
+    Wait::Settled(failure.map_or(Ok(()), Err))
 }

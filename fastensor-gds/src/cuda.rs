@@ -283,14 +283,20 @@ unsafe impl Send for PinnedBuffer {}
 unsafe impl Sync for PinnedBuffer {}
 
 impl PinnedBuffer {
-    /// `len` (> 0) zeroed bytes of pinned memory; the driver must be initialised.
+    /// `len` (> 0) zeroed bytes of pinned memory. A context must be current on the calling
+    /// thread ([`Driver::bind`]): `cuMemHostAlloc` fails without one.
     pub fn new(len: usize) -> Result<Self> {
         require()?;
         // CU_MEMHOSTALLOC_PORTABLE
         const PORTABLE: u32 = 1;
         // SAFETY: the driver is initialised; the memory is zeroed below before use.
         let ptr = unsafe { result::malloc_host(len.max(1), PORTABLE) }
-            .map_err(|e| device_error("cuMemHostAlloc failed", e))?
+            .map_err(|e| {
+                device_error(
+                    &format!("cannot allocate {len} bytes of pinned host memory (cuMemHostAlloc)"),
+                    e,
+                )
+            })?
             .cast::<u8>();
         // SAFETY: ptr is valid for len bytes, just allocated.
         unsafe { std::ptr::write_bytes(ptr, 0, len) };

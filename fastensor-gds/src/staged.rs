@@ -228,7 +228,8 @@ impl StagedFile {
     }
 
     /// Runs `work` on each lane's share of `chunks` (chunk `i` goes to lane `i % lanes`),
-    /// always draining the lane's stream before its buffers go back to the pool.
+    /// always draining the lane's stream before its buffers go back to the pool. Errors name
+    /// this backend and file.
     fn run_lanes(
         &self,
         ordinal: u32,
@@ -249,6 +250,12 @@ impl StagedFile {
             }
             res.and(drained)
         })
+        .map_err(|e| self.about(e))
+    }
+
+    /// `e` with this file's backend and path (for errors of the CUDA driver).
+    fn about(&self, e: Error) -> Error {
+        e.with_backend(CUDA_STAGED).with_path(&self.path)
     }
 }
 
@@ -299,7 +306,7 @@ impl BackendFile for StagedFile {
                 unsafe {
                     result::memcpy_htod_async(dst_ptr + (lo - offset), piece, lane.stream.raw())
                 }
-                .map_err(|e| device_error("cuMemcpyHtoDAsync failed", e))?;
+                .map_err(|e| device_error("cuMemcpyHtoDAsync failed", e).with_offset(at))?;
                 lane.events[k].record(&lane.stream)?;
             }
             Ok(())
@@ -342,7 +349,7 @@ impl BackendFile for StagedFile {
                             lane.stream.raw(),
                         )
                     }
-                    .map_err(|e| device_error("cuMemcpyDtoHAsync failed", e))?;
+                    .map_err(|e| device_error("cuMemcpyDtoHAsync failed", e).with_offset(at))?;
                     lane.events[k].record(&lane.stream)
                 };
                 for j in 0..share.len().min(nb - 1) {
@@ -365,7 +372,8 @@ impl BackendFile for StagedFile {
                 continue;
             }
             let mut host = vec![0u8; (part.end - part.start) as usize];
-            device_buffer::copy_to_host(src_ptr + (part.start - offset), d.ordinal(), &mut host)?;
+            device_buffer::copy_to_host(src_ptr + (part.start - offset), d.ordinal(), &mut host)
+                .map_err(|e| self.about(e.with_offset(part.start)))?;
             sys::pwrite_all(&self.buffered, &host, part.start)
                 .map_err(|e| self.err(e, "write failed", part.start))?;
         }

@@ -1,6 +1,10 @@
 //! The shared conformance suite over GPU memory. Without a GPU (or without cuFile, for `gds`)
 //! the backends are unavailable and the suite prints SKIPPED with the reason;
 //! `FASTENSOR_REQUIRE=gds,cuda-staged` turns that into a failure on a GPU machine.
+//!
+//! `scripts/test` runs it against the CUDA stand-in (`fastensor-testkit/cuda-stand-in`: host
+//! memory, no GPU), which checks the logic, ordering, bounds and error handling, not speed;
+//! `scripts/gpu-check.sh` runs it on a GPU.
 
 use fastensor_gds::testing::DeviceMemory;
 use fastensor_gds::{GdsBackend, GdsConfig, StagedBackend, StagedConfig};

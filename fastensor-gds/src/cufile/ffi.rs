@@ -202,6 +202,8 @@ pub struct BatchFns {
     ) -> CUfileError_t,
     /// `cuFileBatchIODestroy`.
     pub destroy: unsafe extern "C" fn(Handle),
+    /// `cuFileBatchIOCancel`, where the library has it.
+    pub cancel: Option<unsafe extern "C" fn(Handle) -> CUfileError_t>,
 }
 
 /// `struct timespec` on 64-bit Linux.
@@ -242,6 +244,7 @@ impl CuFileFns {
                     submit,
                     get_status,
                     destroy,
+                    cancel: sym(lib, "cuFileBatchIOCancel").ok(),
                 }),
                 _ => None,
             };

@@ -293,6 +293,31 @@ fn to_off(x: u64) -> std::io::Result<i64> {
     i64::try_from(x).map_err(|_| std::io::Error::from_raw_os_error(22))
 }
 
+/// A `CUfileOpError` (5000 and above) returned by cuFileRead or cuFileWrite: a failure of
+/// cuFile or of the CUDA driver below it, not of the operating system. It is carried as the
+/// inner error of the `std::io::Error` that [`FileHandle::read`] and [`FileHandle::write`]
+/// return; [`OpError::of`] finds it there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OpError {
+    /// The `CUfileOpError` value.
+    pub code: i32,
+}
+
+impl OpError {
+    /// The cuFile error inside `e`, if it holds one.
+    pub fn of(e: &std::io::Error) -> Option<OpError> {
+        e.get_ref()?.downcast_ref::<OpError>().copied()
+    }
+}
+
+impl std::fmt::Display for OpError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} ({})", ffi::op_error_name(self.code), self.code)
+    }
+}
+
+impl std::error::Error for OpError {}
+
 /// cuFileRead/Write results: bytes, -1 with `errno`, or a negated `CUfileOpError`.
 fn io_result(n: isize) -> std::io::Result<usize> {
     if n >= 0 {
@@ -305,10 +330,7 @@ fn io_result(n: isize) -> std::io::Result<usize> {
     if code < 5000 {
         return Err(std::io::Error::from_raw_os_error(code));
     }
-    Err(std::io::Error::other(format!(
-        "{} ({code})",
-        ffi::op_error_name(code)
-    )))
+    Err(std::io::Error::other(OpError { code }))
 }
 
 impl Drop for FileHandle {
@@ -338,8 +360,13 @@ mod tests {
     fn io_results_map_to_os_errors() {
         assert_eq!(io_result(42).unwrap(), 42);
         assert_eq!(io_result(-5).unwrap_err().raw_os_error(), Some(5));
-        let e = io_result(-5024).unwrap_err().to_string();
-        assert!(e.contains("CU_FILE_MEMORY_NOT_REGISTERED"), "{e}");
+        let e = io_result(-5024).unwrap_err();
+        assert_eq!(OpError::of(&e), Some(OpError { code: 5024 }));
+        assert!(
+            e.to_string().contains("CU_FILE_MEMORY_NOT_REGISTERED"),
+            "{e}"
+        );
+        assert_eq!(OpError::of(&io_result(-5).unwrap_err()), None);
     }
 
     #[test]

@@ -2,7 +2,7 @@
 //! writes, buffer registration, batches.
 
 use super::GDS;
-use crate::cufile::{CuFile, FileHandle};
+use crate::cufile::{CuFile, FileHandle, OpError};
 use crate::{cuda, device_buffer};
 use fastensor_core::align::split;
 use fastensor_core::{
@@ -40,12 +40,42 @@ struct Target {
 }
 
 impl GdsFile {
+    /// A failed cuFile call: [`ErrorKind::Device`] when cuFile or the CUDA driver failed
+    /// (a `CUfileOpError`), else the operating system's error.
     fn err(&self, e: std::io::Error, what: &str, offset: u64) -> Error {
+        if OpError::of(&e).is_some() {
+            return Error::new(ErrorKind::Device, what)
+                .with_source(e)
+                .with_backend(GDS)
+                .with_path(&self.path)
+                .with_offset(offset);
+        }
         sys::transfer_error(e, what, GDS, &self.path, offset)
     }
 
-    fn eof(&self, offset: u64) -> Error {
-        Error::new(ErrorKind::UnexpectedEof, "the file shrank during the read")
+    /// `e` with this file's backend and path, for errors of the CUDA driver.
+    fn about(&self, e: Error) -> Error {
+        e.with_backend(GDS).with_path(&self.path)
+    }
+
+    /// Makes GPU `ordinal`'s context current on this thread.
+    fn bind(&self, ordinal: u32) -> Result<()> {
+        cuda::require()
+            .and_then(|d| d.bind(ordinal))
+            .map_err(|e| self.about(e))
+    }
+
+    /// cuFileRead returned no bytes at `offset`: the end of the file when it shrank, else a
+    /// failure of cuFile.
+    fn nothing_read(&self, offset: u64) -> Error {
+        let error = match self.len() {
+            Ok(len) if len > offset => Error::new(
+                ErrorKind::Io,
+                format!("cuFileRead returned no bytes before the end of the {len}-byte file"),
+            ),
+            _ => Error::new(ErrorKind::UnexpectedEof, "the file shrank during the read"),
+        };
+        error
             .with_backend(GDS)
             .with_path(&self.path)
             .with_offset(offset)
@@ -54,7 +84,7 @@ impl GdsFile {
     /// Binds the GPU's context and resolves `ptr..ptr + len`, registering its allocation
     /// with cuFile when it is a [`DeviceBuffer`](crate::DeviceBuffer) used before.
     fn target(&self, ptr: u64, len: usize, ordinal: u32) -> Result<Target> {
-        cuda::require()?.bind(ordinal)?;
+        self.bind(ordinal)?;
         let plain = Target {
             base: ptr,
             offset: 0,
@@ -105,7 +135,7 @@ impl GdsFile {
         };
         let pieces = crate::chunk_ranges(offset, offset + len as u64, self.chunk);
         parallel::for_each(pieces, self.threads, |(off, n)| {
-            cuda::require()?.bind(t.ordinal)?;
+            self.bind(t.ordinal)?;
             let mut done = 0usize;
             while done < n {
                 let at = off + done as u64;
@@ -124,7 +154,7 @@ impl GdsFile {
                     return Err(if write {
                         self.err(std::io::Error::other("wrote 0 bytes"), what, at)
                     } else {
-                        self.eof(at)
+                        self.nothing_read(at)
                     });
                 }
                 done += moved;
@@ -136,7 +166,7 @@ impl GdsFile {
     /// Writes a partial block through the page cache (copied from the device first).
     fn write_buffered(&self, src: u64, ordinal: u32, offset: u64, len: usize) -> Result<()> {
         let mut host = vec![0u8; len];
-        device_buffer::copy_to_host(src, ordinal, &mut host)?;
+        device_buffer::copy_to_host(src, ordinal, &mut host).map_err(|e| self.about(e))?;
         sys::pwrite_all(&self.buffered, &host, offset)
             .map_err(|e| self.err(e, "write failed", offset))
     }
