@@ -21,7 +21,8 @@ fn bytes(len: usize, seed: u8) -> Vec<u8> {
 fn sample() -> Vec<(TensorDesc, Vec<u8>)> {
     let mut out = Vec::new();
     for (i, d) in DType::ALL.iter().enumerate() {
-        let desc = TensorDesc::new(format!("t.{}", d.name()), *d, [3, i as u64 + 1]);
+        // (a multiple of 4 elements: whole bytes of the packed dtypes too)
+        let desc = TensorDesc::new(format!("t.{}", d.name()), *d, [4, i as u64 + 1]);
         let len = desc.byte_len().unwrap() as usize;
         out.push((desc, bytes(len, i as u8)));
     }

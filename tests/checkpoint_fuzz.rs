@@ -32,8 +32,11 @@ fn valid_json(rng: &mut Rng) -> (String, u64) {
     for i in 0..n {
         let d = DType::ALL[rng.below(DType::ALL.len() as u64) as usize];
         let rank = rng.below(4);
-        let shape: Vec<u64> = (0..rank).map(|_| rng.below(5)).collect();
-        let len = shape.iter().product::<u64>() * d.size() as u64;
+        let mut shape: Vec<u64> = (0..rank).map(|_| rng.below(5)).collect();
+        if d.size().is_none() {
+            shape.push(4); // packed dtypes: whole bytes
+        }
+        let len = shape.iter().product::<u64>() * d.bits() as u64 / 8;
         let shape_s: Vec<String> = shape.iter().map(u64::to_string).collect();
         parts.push(format!(
             r#""t{i}":{{"dtype":"{}","shape":[{}],"data_offsets":[{pos},{}]}}"#,

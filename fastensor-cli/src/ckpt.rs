@@ -13,6 +13,12 @@ pub enum CkptCommand {
         /// A safetensors file, or a sharded checkpoint (its directory or its index).
         file: PathBuf,
     },
+    /// Check every tensor of a checkpoint against the checksums saved with it
+    /// (`save_file(..., checksum=True)`), without loading it anywhere.
+    Verify {
+        /// A safetensors file, or a sharded checkpoint (its directory or its index).
+        file: PathBuf,
+    },
     /// Re-save a checkpoint through the fast path (aligns a file written elsewhere).
     Copy {
         /// The checkpoint to read: a file, or a sharded checkpoint (directory or index).
@@ -67,6 +73,7 @@ pub fn run(cmd: CkptCommand) -> Result<()> {
                 .and_then(|()| std::io::Write::flush(&mut out))
                 .map_err(|e| fastensor::Error::io(e, "cannot print the table"))
         }
+        CkptCommand::Verify { file } => verify(&file),
         CkptCommand::Bench { dir, scale, rounds } => crate::ckpt_bench::run(&dir, scale, rounds),
         CkptCommand::Copy { src, dst } => {
             let engine = Engine::new()?;
@@ -83,4 +90,33 @@ pub fn run(cmd: CkptCommand) -> Result<()> {
             Ok(())
         }
     }
+}
+
+/// `fastensor ckpt verify`: each file's tensors against their checksums; the first mismatch
+/// is the error (naming the file and the tensor).
+fn verify(path: &std::path::Path) -> Result<()> {
+    let engine = Engine::new()?;
+    let files: Vec<PathBuf> = if sharded::is_sharded(path) {
+        let ckpt = checkpoint::open_sharded(&engine, path)?;
+        ckpt.shard_paths().iter().map(|p| p.to_path_buf()).collect()
+    } else {
+        vec![path.to_path_buf()]
+    };
+    let (mut tensors, mut bytes) = (0usize, 0u64);
+    for file in &files {
+        let v = checkpoint::verify_file(&engine, file)?;
+        println!(
+            "ok  {}: {} tensors, {} bytes",
+            file.display(),
+            v.tensors,
+            v.bytes
+        );
+        tensors += v.tensors;
+        bytes += v.bytes;
+    }
+    println!(
+        "verified {tensors} tensors ({bytes} bytes) in {} file(s): every checksum matches",
+        files.len()
+    );
+    Ok(())
 }

@@ -30,11 +30,24 @@ impl TensorDesc {
         })
     }
 
-    /// Size of the tensor's data in bytes, or an error if it overflows `u64`.
+    /// Size of the tensor's data in bytes, or an [`ErrorKind::InvalidInput`] error if it
+    /// overflows `u64` or, for a packed dtype (`F4`, `F6_*`), the elements do not fill a
+    /// whole number of bytes (as the safetensors format requires).
     pub fn byte_len(&self) -> Result<u64> {
-        self.numel()?
-            .checked_mul(self.dtype.size() as u64)
-            .ok_or_else(|| self.overflow())
+        let bits = self
+            .numel()?
+            .checked_mul(self.dtype.bits() as u64)
+            .ok_or_else(|| self.overflow())?;
+        if bits % 8 != 0 {
+            return Err(Error::new(
+                ErrorKind::InvalidInput,
+                format!(
+                    "tensor `{}`: {} × {:?} is {bits} bits, not a whole number of bytes",
+                    self.name, self.dtype, self.shape
+                ),
+            ));
+        }
+        Ok(bits / 8)
     }
 
     fn overflow(&self) -> Error {
@@ -65,5 +78,24 @@ mod tests {
         );
         let big = TensorDesc::new("big", DType::F64, [u64::MAX / 2, 3]);
         assert_eq!(big.byte_len().unwrap_err().kind(), ErrorKind::InvalidInput);
+        // Packed dtypes: two F4 elements a byte, four F6 elements in three bytes.
+        assert_eq!(
+            TensorDesc::new("f4", DType::F4, [3, 4]).byte_len().unwrap(),
+            6
+        );
+        assert_eq!(
+            TensorDesc::new("f6", DType::F6E2M3, [4])
+                .byte_len()
+                .unwrap(),
+            3
+        );
+        let odd = TensorDesc::new("odd", DType::F4, [3])
+            .byte_len()
+            .unwrap_err();
+        assert!(odd.to_string().contains("whole number of bytes"), "{odd}");
+        assert_eq!(
+            TensorDesc::new("c", DType::C64, [2]).byte_len().unwrap(),
+            16
+        );
     }
 }

@@ -18,19 +18,19 @@ from fastensor.torch import _TO_NAME
 
 
 def _all_dtypes() -> dict[str, torch.Tensor]:
-    """A tensor of every dtype torch and safetensors share, plus zero-size and 0-d ones."""
+    """A tensor of every dtype torch and safetensors share (F4 packed two to an element),
+    plus zero-size and 0-d ones; their bytes are a pattern (floats may hold any bits)."""
     out = {}
     for dt, name in _TO_NAME.items():
-        base = torch.arange(-3, 9, dtype=torch.float32).reshape(3, 4)
         if dt == torch.bool:
-            t = base > 2
-        elif not dt.is_floating_point and not dt.is_signed:
-            t = base.abs().to(dt)
+            t = torch.arange(12).reshape(3, 4) % 3 == 0
         else:
-            t = base.to(dt)
+            raw = torch.arange(12 * dt.itemsize, dtype=torch.int64) * 37 % 251
+            t = raw.to(torch.uint8).view(dt).reshape(3, 4)
         out[f"t_{name}"] = t
-        out[f"scalar_{name}"] = t[1, 1].clone()
-        out[f"empty_{name}"] = torch.empty(0, 5, dtype=dt)
+        if name != "F4":  # (a 0-d packed tensor holds two values: refused)
+            out[f"scalar_{name}"] = t[1, 1].clone()
+        out[f"empty_{name}"] = torch.empty(0, 4, dtype=dt)
     out["noncontiguous"] = torch.arange(12.0).reshape(3, 4).t()
     return out
 
@@ -77,7 +77,9 @@ def test_torch_bytes_identical_to_safetensors():
 
 
 def test_torch_cross_compatible_both_ways():
-    tensors = {k: v.contiguous() for k, v in _all_dtypes().items()}
+    # (the dtypes this safetensors' torch loader knows)
+    known = set(getattr(st, "_TYPES", {}).values()) or set(_TO_NAME)
+    tensors = {k: v.contiguous() for k, v in _all_dtypes().items() if v.dtype in known}
     theirs = st.load(ft.save(tensors, metadata={"a": "b"}))
     ours = ft.load(st.save(tensors, metadata={"a": "b"}))
     for k, v in tensors.items():
@@ -264,11 +266,13 @@ def test_save_model_non_contiguous(tmp_path):
     with torch.no_grad():
         model.weight = torch.nn.Parameter(torch.randn(4, 3).t())
     assert not model.weight.is_contiguous()
-    for force in (True, False):
-        ft.save_model(model, tmp_path / "m.safetensors", force_contiguous=force)
-        back = torch.nn.Linear(4, 3)
-        ft.load_model(back, tmp_path / "m.safetensors")
-        _state_equal(back, model)
+    # Without force_contiguous, a non-contiguous tensor is refused (as safetensors does).
+    with pytest.raises(ValueError, match=r"save_model\(\.\.\., force_contiguous=True\)"):
+        ft.save_model(model, tmp_path / "m.safetensors", force_contiguous=False)
+    ft.save_model(model, tmp_path / "m.safetensors", force_contiguous=True)
+    back = torch.nn.Linear(4, 3)
+    ft.load_model(back, tmp_path / "m.safetensors")
+    _state_equal(back, model)
 
 
 # serialize / deserialize
@@ -399,3 +403,94 @@ def test_valid_edge_cases_load():
     )
     assert ft.load(data)["b"].tolist() == [3, 4]
     assert fn.load(data)["a"].tolist() == [1, 2]
+
+
+# Every dtype through files; what a save refuses (as safetensors.torch refuses it)
+
+
+def test_every_dtype_round_trips_through_a_file(tmp_path):
+    tensors = {k: v.contiguous() for k, v in _all_dtypes().items()}
+    tensors["empty_too"] = torch.zeros(2, 0)  # several zero-sized tensors in one file
+    path = tmp_path / "all.safetensors"
+    ft.save_file(tensors, path)
+    back = ft.load_file(path)
+    assert back.keys() == tensors.keys()
+    for k, v in tensors.items():
+        assert _same(back[k], v), k
+    with open(path, "rb") as f:
+        header = _header(f.read(1 << 20))
+    assert header["t_C64"]["dtype"] == "C64"
+    if hasattr(torch, "float4_e2m1fn_x2"):
+        # The header holds F4's logical shape: torch's last dimension doubled.
+        assert header["t_F4"] == {**header["t_F4"], "dtype": "F4", "shape": [3, 8]}
+        assert back["t_F4"].shape == (3, 4)
+    # safetensors reads the file, every dtype its torch loader knows.
+    known = set(getattr(st, "_TYPES", {}).values())
+    theirs = st.load_file(path)
+    for k, v in tensors.items():
+        if v.dtype in known:
+            assert _same(theirs[k], v), k
+
+
+def test_numpy_complex_and_every_integer_width(tmp_path):
+    arrays = {
+        str(dt): np.arange(6).astype(dt).reshape(2, 3)
+        for dt in ("int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64")
+    }
+    arrays["c"] = (np.arange(4) + 1j * np.arange(4)).astype(np.complex64)
+    arrays["flag"] = np.array([True, False])
+    path = tmp_path / "n.safetensors"
+    fn.save_file(arrays, path)
+    back = fn.load_file(path)
+    for k, v in arrays.items():
+        assert back[k].dtype == v.dtype and np.array_equal(back[k], v), k
+    assert fn.load(fn.save(arrays))["c"].dtype == np.complex64
+
+
+def test_save_refuses_what_safetensors_refuses(tmp_path):
+    path = tmp_path / "x.safetensors"
+    with pytest.raises(ValueError) as err:
+        ft.save_file({"t": torch.eye(2).to_sparse()}, path)
+    assert str(err.value).startswith("You are trying to save a sparse tensors: `['t']`")
+    with pytest.raises(ValueError) as err:
+        ft.save_file({"t": {"some": "thing"}}, path)
+    assert str(err.value) == "Key `t` is invalid, expected torch.Tensor but received <class 'dict'>"
+    assert isinstance(err.value, TypeError)  # (and the TypeError it always was)
+    with pytest.raises(ValueError, match="Expected a dict"):
+        ft.save_file("notadict", path)
+    with pytest.raises(RuntimeError, match="Cannot copy out of meta tensor"):
+        ft.save_file({"m": torch.zeros(2, device="meta")}, path)
+    assert not path.exists()
+
+
+def test_tensors_sharing_memory_are_refused_unless_disjoint(tmp_path):
+    path = tmp_path / "x.safetensors"
+    a = torch.arange(6.0).reshape(2, 3)
+    for other in (a[:1], a[1:], a.t(), a):
+        with pytest.raises(RuntimeError, match="share memory") as err:
+            ft.save_file({"a": a, "b": other}, path)
+        assert isinstance(err.value, fastensor.errors.SharedTensorsError)
+    base = torch.zeros(10, 10)
+    ft.save_file({"low": base[1:], "high": base[:1]}, path)  # one storage, no byte shared
+    assert ft.load_file(path)["low"].shape == (9, 10)
+    model = torch.nn.Module()
+    model.a = torch.nn.Linear(3, 3)
+    model.b = model.a
+    with pytest.raises(RuntimeError):
+        ft.save_file(model.state_dict(), path)
+    ft.save_model(model, path)  # records the tie instead
+
+
+def test_tensor_spec_checks_its_dtype_and_takes_memory_not_addresses():
+    spec = fastensor.TensorSpec(dtype="float32", shape=[2], data=np.ones(2, np.float32))
+    assert spec.dtype == "F32" and spec.shape == [2]
+    data = fastensor.serialize({"x": spec})
+    assert safetensors.deserialize(data)[0][1]["dtype"] == "F32"
+    packed = fastensor.TensorSpec(dtype="float4_e2m1fn_x2", shape=[3, 2], data=bytes(6))
+    assert packed.dtype == "F4" and packed.shape == [3, 4]
+    with pytest.raises(fastensor.SafetensorError):
+        fastensor.TensorSpec(dtype="nonsense", shape=[1], data=b"")
+    with pytest.raises(TypeError):
+        fastensor.TensorSpec(dtype="F32", shape=[1], data_ptr=0, data_len=4)
+    with pytest.raises(TypeError):
+        fastensor.serialize({"x": {"dtype": "float32", "shape": [1], "data_ptr": 0}})

@@ -81,12 +81,13 @@ impl<'a> Staged<'a> {
         self.parts.push((r, dst));
     }
 
-    /// Reads the span and fills every destination; a short read is the error
-    /// `truncated(offset reached)`.
+    /// Reads the span and fills every destination, each then passed to `check` with its
+    /// range; a short read is the error `truncated(offset reached)`.
     pub(crate) fn read(
         self,
         file: &dyn BackendFile,
         truncated: impl Fn(u64) -> Error,
+        check: impl Fn(&Range<u64>, &[u8]) -> Result<()>,
     ) -> Result<()> {
         let from = align_down(self.parts[0].0.start, ALIGN);
         let mut stage = HostBuffer::new((self.end - from) as usize)?;
@@ -96,6 +97,7 @@ impl<'a> Staged<'a> {
         }
         for (r, d) in self.parts {
             d.copy_from_slice(&stage[(r.start - from) as usize..(r.end - from) as usize]);
+            check(&r, d)?;
         }
         Ok(())
     }

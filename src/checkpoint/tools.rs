@@ -85,13 +85,13 @@ pub fn write_table(header: &Header, out: &mut dyn Write) -> std::io::Result<()> 
         .max(4);
     writeln!(
         out,
-        "{:<name_w$}  {:<8} {:<24} {:>14}",
+        "{:<name_w$}  {:<11} {:<24} {:>14}",
         "name", "dtype", "shape", "bytes"
     )?;
     for e in entries {
         writeln!(
             out,
-            "{:<name_w$}  {:<8} {:<24} {:>14}",
+            "{:<name_w$}  {:<11} {:<24} {:>14}",
             e.desc.name,
             e.desc.dtype.name(),
             format!("{:?}", e.desc.shape),

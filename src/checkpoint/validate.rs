@@ -24,12 +24,9 @@ pub(crate) fn entries(
                 desc.name
             )));
         }
-        let want = desc.byte_len().map_err(|_| {
-            corrupt(format!(
-                "tensor `{}`: shape {:?} overflows a 64-bit byte count",
-                desc.name, desc.shape
-            ))
-        })?;
+        let want = desc
+            .byte_len()
+            .map_err(|e| corrupt(e.message().to_string()))?;
         if want != end - start {
             return Err(corrupt(format!(
                 "tensor `{}`: {} × {:?} is {want} bytes, which does not match the {} bytes of \

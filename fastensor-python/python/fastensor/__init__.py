@@ -7,8 +7,11 @@ GPUDirect Storage) per transfer and learns which one wins.
 * :mod:`fastensor.torch`: ``save_file``, ``load_file``, ``load_into``, ``safe_open``,
   ``save_file_async`` for PyTorch (names as in ``safetensors.torch``).
 * :mod:`fastensor.numpy`: ``save_file``, ``load_file``, ``safe_open`` for NumPy.
-* :func:`serialize`, :func:`serialize_file`, :func:`deserialize`: framework-free, as in
-  ``safetensors``.
+* :func:`serialize`, :func:`serialize_file`, :func:`deserialize` (with :class:`TensorSpec`):
+  framework-free, as in ``safetensors``; :class:`SafetensorError` is what code written for
+  ``safetensors`` catches.
+* :func:`verify_file`: a file's tensors checked against the checksums saved with it
+  (``save_file(..., checksum=True)``), without loading it.
 * :class:`Engine` and :func:`backends` for control over the I/O paths.
 
 ``import fastensor`` needs neither torch nor numpy.
@@ -17,10 +20,11 @@ GPUDirect Storage) per transfer and learns which one wins.
 from __future__ import annotations
 
 from . import errors
-from ._bytes import deserialize, serialize, serialize_file
+from ._bytes import TensorSpec, deserialize, serialize, serialize_file
+from ._checksum import verify_file
 from ._engine import Backend, Engine, backends, default_engine
 from ._native import SaveHandle, __version__
-from .errors import CorruptError, FastensorError
+from .errors import CorruptError, FastensorError, SafetensorError
 
 
 def safe_open(filename, framework: str = "pt", device: str = "cpu", **kwargs):
@@ -41,7 +45,9 @@ __all__ = [
     "CorruptError",
     "Engine",
     "FastensorError",
+    "SafetensorError",
     "SaveHandle",
+    "TensorSpec",
     "__version__",
     "backends",
     "default_engine",
@@ -50,4 +56,5 @@ __all__ = [
     "safe_open",
     "serialize",
     "serialize_file",
+    "verify_file",
 ]

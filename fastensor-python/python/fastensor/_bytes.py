@@ -18,7 +18,7 @@ from typing import Any, NamedTuple
 from . import _native
 from ._common import PathLike, check_metadata, fspath
 from ._engine import Engine, engine_or_default
-from .errors import _invalid
+from .errors import WrongTypeError, _invalid
 
 #: Bits per element of every dtype name safetensors knows.
 BITS = {
@@ -31,6 +31,8 @@ BITS = {
     "F8_E5M2": 8,
     "F8_E4M3": 8,
     "F8_E8M0": 8,
+    "F8_E4M3FNUZ": 8,
+    "F8_E5M2FNUZ": 8,
     "I16": 16,
     "U16": 16,
     "F16": 16,
@@ -140,7 +142,57 @@ _FRAMEWORK_NAMES = {
     "float8_e4m3fn": "F8_E4M3",
     "float8_e5m2": "F8_E5M2",
     "float8_e8m0fnu": "F8_E8M0",
+    "float8_e4m3fnuz": "F8_E4M3FNUZ",
+    "float8_e5m2fnuz": "F8_E5M2FNUZ",
+    "float4_e2m1fn_x2": "F4",
 }
+
+
+class TensorSpec:
+    """One tensor for :func:`serialize` and :func:`serialize_file`, as
+    ``safetensors.TensorSpec`` describes one: ``dtype`` (a safetensors name such as
+    ``"F32"``, or a framework's such as ``"float32"``; checked now), ``shape`` and ``data``,
+    an object holding the tensor's bytes (``bytes``, a buffer, a contiguous array).
+
+    For ``dtype="float4_e2m1fn_x2"`` (torch's packed F4), ``shape`` is torch's and the last
+    dimension is doubled to the logical shape the header records (as safetensors does).
+    Unlike safetensors, the memory is given as an object, never as an address:
+    ``data_ptr``/``data_len`` are refused.
+
+    Raises:
+        SafetensorError (InvalidInputError): an unknown dtype.
+        TypeError (WrongTypeError): ``data_ptr`` or ``data_len`` given.
+    """
+
+    __slots__ = ("data", "dtype", "shape")
+
+    def __init__(
+        self,
+        *,
+        dtype: str,
+        shape: Sequence[int],
+        data: Any = None,
+        data_ptr: int | None = None,
+        data_len: int | None = None,
+    ):
+        name = _FRAMEWORK_NAMES.get(dtype, dtype)
+        if name not in BITS:
+            raise _invalid(f"TensorSpec: unknown dtype {dtype!r}")
+        if data_ptr is not None or data_len is not None:
+            raise _invalid(
+                "TensorSpec takes the tensor's memory as `data` (an object holding its bytes),"
+                " not as an address (`data_ptr`, `data_len`)",
+                cls=WrongTypeError,
+            )
+        shape = [int(d) for d in shape]
+        if dtype == "float4_e2m1fn_x2" and shape:
+            shape[-1] *= 2
+        self.dtype = name
+        self.shape = shape
+        self.data = data
+
+    def __repr__(self) -> str:
+        return f"TensorSpec(dtype={self.dtype!r}, shape={self.shape})"
 
 
 def _specs(tensor_dict: Mapping[str, Mapping[str, Any]], where: str) -> list[tuple]:
@@ -152,14 +204,17 @@ def _specs(tensor_dict: Mapping[str, Mapping[str, Any]], where: str) -> list[tup
         if not isinstance(name, str):
             raise TypeError(f"{where}: tensor names must be str, got {type(name).__name__}")
         try:
-            dtype, shape, data = spec["dtype"], spec["shape"], spec["data"]
+            if isinstance(spec, TensorSpec):
+                dtype, shape, data = spec.dtype, spec.shape, spec.data
+            else:
+                dtype, shape, data = spec["dtype"], spec["shape"], spec["data"]
         except (KeyError, TypeError):
             raise TypeError(
                 f"{where}: tensor `{name}` must be a dict with `dtype`, `shape` and `data`"
             ) from None
         dtype = _FRAMEWORK_NAMES.get(dtype, dtype)
         if dtype not in BITS:
-            raise _invalid(f"{where}: tensor `{name}` has an unknown dtype {spec['dtype']!r}")
+            raise _invalid(f"{where}: tensor `{name}` has an unknown dtype {dtype!r}")
         shape = list(shape)
         if not all(_uint(d) for d in shape):
             raise _invalid(f"{where}: tensor `{name}` has shape {shape}, not a list of sizes")

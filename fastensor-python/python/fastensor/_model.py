@@ -11,20 +11,23 @@ from collections.abc import Iterable, Mapping
 import torch
 
 from . import torch as _fst
-from ._common import PathLike
+from ._common import PathLike, fspath
 from ._engine import Engine
+from .errors import _invalid
 
 # Shared (tied) tensors, found and named as safetensors.torch finds and names them.
 
 
-def _storage_ptr(t: torch.Tensor) -> int:
+def storage_ptr(t: torch.Tensor) -> int:
+    """The address of the storage ``t`` views (0 for a tensor without one, e.g. meta)."""
     try:
         return t.untyped_storage().data_ptr()
     except (RuntimeError, NotImplementedError):
         return 0  # (meta tensors have no storage to share)
 
 
-def _storage_size(t: torch.Tensor) -> int:
+def storage_size(t: torch.Tensor) -> int:
+    """The bytes of the storage ``t`` views."""
     try:
         return t.untyped_storage().nbytes()
     except (RuntimeError, NotImplementedError):
@@ -32,8 +35,10 @@ def _storage_size(t: torch.Tensor) -> int:
 
 
 def _end_ptr(t: torch.Tensor) -> int:
+    """The address just past the last element of ``t`` (strides followed; any layout)."""
     if t.nelement():
-        return t.view(-1)[-1].data_ptr() + t.element_size()
+        last = sum((n - 1) * s for n, s in zip(t.shape, t.stride(), strict=True))
+        return t.data_ptr() + (last + 1) * t.element_size()
     return t.data_ptr()
 
 
@@ -41,8 +46,8 @@ def _find_shared_tensors(state: Mapping[str, torch.Tensor]) -> list[set[str]]:
     """Groups of names whose tensors overlap in memory (one name alone where none does)."""
     by_storage: dict[tuple, set[str]] = defaultdict(set)
     for k, v in state.items():
-        if v.device.type != "meta" and _storage_ptr(v) != 0 and _storage_size(v) != 0:
-            by_storage[(v.device, _storage_ptr(v), _storage_size(v))].add(k)
+        if v.device.type != "meta" and storage_ptr(v) != 0 and storage_size(v) != 0:
+            by_storage[(v.device, storage_ptr(v), storage_size(v))].add(k)
     groups = []
     for shared in sorted(by_storage.values()):
         if len(shared) < 2:
@@ -61,7 +66,7 @@ def _find_shared_tensors(state: Mapping[str, torch.Tensor]) -> list[set[str]]:
 
 
 def _is_complete(t: torch.Tensor) -> bool:
-    return t.data_ptr() == _storage_ptr(t) and t.nelement() * t.element_size() == _storage_size(t)
+    return t.data_ptr() == storage_ptr(t) and t.nelement() * t.element_size() == storage_size(t)
 
 
 def _remove_duplicate_names(
@@ -111,11 +116,14 @@ def save_model(
     is recorded in the metadata as ``{dropped: kept}`` (where the caller's metadata does not
     already use that key). The save is :func:`save_file`'s, durable and atomic.
 
-    ``force_contiguous`` is accepted for compatibility: :func:`save_file` saves a
-    non-contiguous tensor as its contiguous copy either way. ``metadata`` is not changed.
+    With ``force_contiguous`` (the default here) a non-contiguous tensor is saved as its
+    contiguous copy, as :func:`save_file` saves one; ``force_contiguous=False`` refuses it,
+    as ``safetensors.torch.save_model`` does by default. ``metadata`` is not changed.
 
     Raises:
         RuntimeError: tensors share memory but none of them covers it whole.
+        ValueError (InvalidInputError): with ``force_contiguous=False``, a non-contiguous
+            tensor.
         TypeError, ValueError: as :func:`save_file`.
     """
     state = model.state_dict()
@@ -128,6 +136,15 @@ def save_model(
             del state[name]
     if force_contiguous:
         state = {k: v.contiguous() for k, v in state.items()}
+    else:
+        loose = [k for k, v in state.items() if not v.is_contiguous()]
+        if loose:
+            raise _invalid(
+                f"{fspath(filename)}: tensors {loose} are not contiguous; with"
+                " force_contiguous=False they are not copied: make them contiguous first, or"
+                " use save_model(..., force_contiguous=True)",
+                fspath(filename),
+            )
     _fst.save_file(state, filename, meta, engine=engine)
 
 

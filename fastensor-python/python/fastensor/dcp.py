@@ -70,6 +70,7 @@ from torch.distributed.checkpoint.storage import StorageReader, StorageWriter, W
 from torch.futures import Future
 
 from . import _native
+from ._checksum import stamp
 from ._common import PathLike, fspath
 from ._engine import Engine, engine_or_default
 
@@ -138,6 +139,9 @@ class Writer(StorageWriter, BlockingAsyncStager):
         cache_staged_state_dict: for ``dcp.async_save``: keep the CPU copy that staging
             makes and reuse it on the next save of a state dict of the same structure (no
             fresh memory to fault in), at the cost of that memory held between saves.
+        checksum: store the CRC-32C of each item in its data file's metadata (see
+            :func:`fastensor.torch.save_file`), checked by ``fastensor ckpt verify`` and
+            :func:`fastensor.verify_file` on each data file.
     """
 
     def __init__(
@@ -146,6 +150,7 @@ class Writer(StorageWriter, BlockingAsyncStager):
         *,
         engine: Engine | None = None,
         cache_staged_state_dict: bool = False,
+        checksum: bool = False,
     ) -> None:
         StorageWriter.__init__(self)
         BlockingAsyncStager.__init__(self, cache_staged_state_dict=False)
@@ -157,6 +162,7 @@ class Writer(StorageWriter, BlockingAsyncStager):
         self.use_collectives = True
         self._cache_staged = cache_staged_state_dict
         self._staged: dict[str, Any] | None = None
+        self._checksum = checksum
 
     # -- StorageWriter --------------------------------------------------------------------
 
@@ -212,7 +218,8 @@ class Writer(StorageWriter, BlockingAsyncStager):
                     n = raw.numel()
                 specs.append((str(i), "U8", [n], raw))
             try:
-                self.engine.save(path, specs, {"format": "fastensor-dcp"})
+                meta = {"format": "fastensor-dcp"}
+                self.engine.save(path, specs, stamp(specs, meta) if self._checksum else meta)
             finally:
                 del specs, raw
                 for v in views:

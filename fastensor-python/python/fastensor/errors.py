@@ -4,6 +4,10 @@ Every error is a :class:`FastensorError` and also the builtin exception callers 
 catch: a missing file is a :class:`FileNotFoundError`, a corrupt file or a bad argument a
 :class:`ValueError`, a full disk an :class:`OSError`, and so on. Each carries the ``path``,
 ``offset`` and ``backend`` the error happened at, where known.
+
+Code written for ``safetensors`` catches ``safetensors.SafetensorError``: here that name is
+:class:`SafetensorError`, the base of the errors safetensors reports under it (a corrupt
+file, a bad argument or slice, a closed file), exported as ``fastensor.SafetensorError``.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ import errno as _errno
 
 __all__ = [
     "FastensorError",
+    "SafetensorError",
     "NotFoundError",
     "PermissionDeniedError",
     "AlreadyExistsError",
@@ -24,6 +29,9 @@ __all__ = [
     "DeviceError",
     "FastensorIOError",
     "FileChangedError",
+    "WrongTypeError",
+    "SharedTensorsError",
+    "NoDataError",
 ]
 
 
@@ -46,6 +54,14 @@ class FastensorError(Exception):
         # The message already names the file; OSError's "[Errno N] ...: 'path'" would
         # repeat it.
         return str(self.args[0]) if self.args else ""
+
+
+class SafetensorError(FastensorError):
+    """What ``safetensors`` raises as ``SafetensorError``: the base of
+    :class:`CorruptError` and :class:`InvalidInputError` (a bad argument, a slice out of
+    range, a read from a closed file). Catching it catches what code written for
+    ``safetensors.SafetensorError`` expects to catch. A missing file stays a
+    :class:`FileNotFoundError` (:class:`NotFoundError`), as in safetensors."""
 
 
 class NotFoundError(FastensorError, FileNotFoundError):
@@ -78,13 +94,28 @@ class UnsupportedError(FastensorError, RuntimeError):
     kind = "unsupported"
 
 
-class InvalidInputError(FastensorError, ValueError):
+class InvalidInputError(SafetensorError, ValueError):
     """An argument is wrong: a dtype, a shape, a name, a path that is not a file."""
 
     kind = "invalid_input"
 
 
-class CorruptError(FastensorError, ValueError):
+class WrongTypeError(InvalidInputError, TypeError):
+    """An argument of the wrong type (a value that is not a tensor, tensors not in a dict):
+    a :class:`TypeError`, and the :class:`ValueError` ``safetensors`` raises there."""
+
+
+class SharedTensorsError(InvalidInputError, RuntimeError):
+    """Tensors given to a save share memory: saved apart, they would be duplicated on disk
+    and no longer shared when loaded. A :class:`RuntimeError`, as in ``safetensors``."""
+
+
+class NoDataError(InvalidInputError, RuntimeError):
+    """A tensor given to a save has no data (a meta tensor): a :class:`ValueError`, and
+    the :class:`RuntimeError` ``safetensors`` raises there."""
+
+
+class CorruptError(SafetensorError, ValueError):
     """A file's content is not what the safetensors format promises (or it is truncated)."""
 
     kind = "corrupt"
@@ -151,6 +182,8 @@ def _from_native(
     """Builds the exception for an error raised by the native module."""
     # A kind this module does not know yet is still an OSError callers can catch.
     cls = _BY_KIND.get(kind, FastensorIOError)
+    if kind == "not_found" and os_errno == _errno.ENOENT and path is not None:
+        message = f"No such file or directory: {path}"  # (as Python and safetensors say it)
     exc = cls(message)
     exc.path = path
     exc.offset = offset
@@ -164,8 +197,10 @@ def _from_native(
     return exc
 
 
-def _invalid(message: str, path: object = None) -> InvalidInputError:
-    """An :class:`InvalidInputError` raised by the Python side."""
-    exc = InvalidInputError(message)
+def _invalid(
+    message: str, path: object = None, cls: type[InvalidInputError] = InvalidInputError
+) -> InvalidInputError:
+    """An :class:`InvalidInputError` (or ``cls``) raised by the Python side."""
+    exc = cls(message)
     exc.path = None if path is None else str(path)
     return exc

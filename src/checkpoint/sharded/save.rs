@@ -2,6 +2,7 @@
 
 use super::index::{corrupt, read_index, shard_name, ShardedIndex, INDEX_NAME};
 use super::read::{load_chosen, open_sharded};
+use crate::checkpoint::checksum::for_shard;
 use crate::checkpoint::header::Header;
 use crate::checkpoint::save::TensorView;
 use crate::checkpoint::{save_with_metadata, FileOpener};
@@ -44,8 +45,9 @@ pub fn save_sharded<O: FileOpener + ?Sized>(
 }
 
 /// Saves `tensors` (in this order) in `dir` (created if needed) as shards of at most
-/// `max_shard_bytes` of data each, every shard carrying `metadata` as its `__metadata__`,
-/// and the index [`INDEX_NAME`] last; see the [module](super) for what a crash leaves.
+/// `max_shard_bytes` of data each, every shard carrying `metadata` as its `__metadata__`
+/// (checksums under [`CHECKSUMS_KEY`](crate::checkpoint::CHECKSUMS_KEY) restricted to the
+/// shard's own tensors), and the index [`INDEX_NAME`] last; see the [module](super) for what a crash leaves.
 /// Shards of an earlier save that the new index does not name are removed after it is
 /// written. A duplicate name across shards is [`ErrorKind::InvalidInput`].
 pub fn save_sharded_with_metadata<O: FileOpener + ?Sized>(
@@ -98,7 +100,9 @@ fn write_shards<O: FileOpener + ?Sized>(
     let n = groups.len();
     let jobs: Vec<(usize, &[TensorView<'_>])> = groups.iter().copied().enumerate().collect();
     parallel::for_each(jobs, SHARD_JOBS, |(i, g)| {
-        save_with_metadata(opener, &dir.join(shard_name(i, n)), g, metadata)
+        // (each shard keeps the checksums of its own tensors, if there are any)
+        let metadata = for_shard(metadata, g.iter().map(|t| t.desc.name.as_str()))?;
+        save_with_metadata(opener, &dir.join(shard_name(i, n)), g, &metadata)
     })?;
     let mut weight_map = BTreeMap::new();
     let mut total = 0u64;

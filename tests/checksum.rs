@@ -1,0 +1,186 @@
+//! Per-tensor checksums: stamped at save, checked on verified reads and by `verify_file`;
+//! a flipped byte in any tensor, a truncated shard and swapped tensors are each caught and
+//! named.
+
+use fastensor::checkpoint::{self, checksum, TensorView, CHECKSUMS_KEY};
+use fastensor::posix::PosixBackend;
+use fastensor::{DType, ErrorKind, MemMut, TensorDesc};
+use std::collections::BTreeMap;
+use std::path::Path;
+
+/// Tensors `t0`, `t1`, ... of distinct bytes (the last a 3 MiB one), and an empty one.
+fn sample() -> Vec<(TensorDesc, Vec<u8>)> {
+    let mut out: Vec<(TensorDesc, Vec<u8>)> = (0..6u8)
+        .map(|i| {
+            let n = 64 + 32 * i as u64;
+            let bytes = (0..n * 4).map(|j| (j as u8).wrapping_mul(7) ^ i).collect();
+            (TensorDesc::new(format!("t{i}"), DType::F32, [n]), bytes)
+        })
+        .collect();
+    let big: Vec<u8> = (0..3u32 << 20).map(|j| (j % 253) as u8).collect();
+    out.push((TensorDesc::new("big", DType::U8, [3 << 20]), big));
+    out.push((TensorDesc::new("empty", DType::F16, [0, 3]), Vec::new()));
+    out
+}
+
+fn save_stamped(path: &Path, s: &[(TensorDesc, Vec<u8>)]) {
+    let views: Vec<_> = s
+        .iter()
+        .map(|(d, b)| TensorView::new(d.clone(), b))
+        .collect();
+    let mut meta = BTreeMap::from([("format".to_string(), "pt".to_string())]);
+    checksum::stamp(&views, &mut meta).unwrap();
+    checkpoint::save_with_metadata(&PosixBackend, path, &views, &meta).unwrap();
+}
+
+/// Reads every tensor of `path` through a verifying open file.
+fn read_verified(path: &Path, s: &[(TensorDesc, Vec<u8>)]) -> fastensor::Result<()> {
+    let file = checkpoint::open(&PosixBackend, path)?.verifying()?;
+    let mut bufs: Vec<Vec<u8>> = s.iter().map(|(_, b)| vec![0; b.len()]).collect();
+    let targets = s
+        .iter()
+        .zip(bufs.iter_mut())
+        .map(|((d, _), b)| (d.name.as_str(), MemMut::Host(b)))
+        .collect();
+    file.read_into(targets)
+}
+
+fn flip_byte(path: &Path, offset: u64) {
+    let mut bytes = std::fs::read(path).unwrap();
+    bytes[offset as usize] ^= 0x40;
+    std::fs::write(path, bytes).unwrap();
+}
+
+#[test]
+fn a_flipped_byte_in_any_tensor_is_caught_and_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("c.safetensors");
+    let s = sample();
+    save_stamped(&path, &s);
+    let ok = checkpoint::verify_file(&PosixBackend, &path).unwrap();
+    assert_eq!(ok.tensors, s.len());
+    read_verified(&path, &s).unwrap();
+    let header = checkpoint::inspect(&path).unwrap();
+    assert!(header.metadata().contains_key(CHECKSUMS_KEY));
+    for (d, b) in s.iter().filter(|(_, b)| !b.is_empty()) {
+        save_stamped(&path, &s);
+        let range = header.file_range(header.get(&d.name).unwrap());
+        flip_byte(&path, range.start + b.len() as u64 / 2);
+        for e in [
+            checkpoint::verify_file(&PosixBackend, &path).unwrap_err(),
+            read_verified(&path, &s).unwrap_err(),
+        ] {
+            assert_eq!(e.kind(), ErrorKind::Corrupt, "{e}");
+            let msg = e.to_string();
+            assert!(msg.contains(&format!("`{}`", d.name)), "{msg}");
+            assert!(msg.contains("c.safetensors"), "{msg}");
+        }
+    }
+}
+
+#[test]
+fn swapped_tensors_are_caught() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.safetensors");
+    // Two tensors of one size: their bytes swapped in the file, the header unchanged.
+    let s: Vec<(TensorDesc, Vec<u8>)> = ["a", "b"]
+        .iter()
+        .enumerate()
+        .map(|(i, n)| {
+            (
+                TensorDesc::new(*n, DType::U8, [100]),
+                vec![i as u8 + 1; 100],
+            )
+        })
+        .collect();
+    save_stamped(&path, &s);
+    let header = checkpoint::inspect(&path).unwrap();
+    let (ra, rb) = (
+        header.file_range(header.get("a").unwrap()),
+        header.file_range(header.get("b").unwrap()),
+    );
+    let mut bytes = std::fs::read(&path).unwrap();
+    let a = bytes[ra.start as usize..ra.end as usize].to_vec();
+    let b = bytes[rb.start as usize..rb.end as usize].to_vec();
+    bytes[ra.start as usize..ra.end as usize].copy_from_slice(&b);
+    bytes[rb.start as usize..rb.end as usize].copy_from_slice(&a);
+    std::fs::write(&path, bytes).unwrap();
+    let e = checkpoint::verify_file(&PosixBackend, &path).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Corrupt);
+    assert!(e.to_string().contains("checksum mismatch"), "{e}");
+    assert_eq!(
+        read_verified(&path, &s).unwrap_err().kind(),
+        ErrorKind::Corrupt
+    );
+}
+
+#[test]
+fn sharded_checkpoints_keep_each_shards_checksums_and_a_truncated_shard_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = dir.path().join("ckpt");
+    let s = sample();
+    let views: Vec<_> = s
+        .iter()
+        .map(|(d, b)| TensorView::new(d.clone(), b))
+        .collect();
+    let mut meta = BTreeMap::new();
+    checksum::stamp(&views, &mut meta).unwrap();
+    let b = PosixBackend;
+    checkpoint::save_sharded_with_metadata(&b, &ckpt, &views, 1 << 20, &meta).unwrap();
+    let file = checkpoint::open_sharded(&b, &ckpt).unwrap();
+    let shards: Vec<_> = file.shard_paths().iter().map(|p| p.to_path_buf()).collect();
+    assert!(shards.len() >= 2);
+    for shard in &shards {
+        checkpoint::verify_file(&b, shard).unwrap();
+    }
+    // Verified reads across shards, then a flipped byte in the big tensor's shard.
+    let read_all = || -> fastensor::Result<()> {
+        let file = checkpoint::open_sharded(&b, &ckpt)?.verifying()?;
+        let mut bufs: Vec<Vec<u8>> = s.iter().map(|(_, b)| vec![0; b.len()]).collect();
+        let targets = s
+            .iter()
+            .zip(bufs.iter_mut())
+            .map(|((d, _), b)| (d.name.as_str(), MemMut::Host(b)))
+            .collect();
+        file.read_into(targets)
+    };
+    read_all().unwrap();
+    let big_name = &file.index().weight_map["big"];
+    let big_shard = shards
+        .iter()
+        .find(|p| p.file_name().unwrap() == big_name.as_str())
+        .unwrap();
+    let header = checkpoint::inspect(big_shard).unwrap();
+    let r = header.file_range(header.get("big").unwrap());
+    flip_byte(big_shard, r.start + 12345);
+    let e = read_all().unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Corrupt);
+    assert!(e.to_string().contains("`big`"), "{e}");
+    // A truncated shard: refused when opened, naming the shard and a tensor.
+    let len = std::fs::metadata(big_shard).unwrap().len();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(big_shard)
+        .unwrap()
+        .set_len(len - 100)
+        .unwrap();
+    for e in [
+        checkpoint::verify_file(&b, big_shard).unwrap_err(),
+        read_all().unwrap_err(),
+    ] {
+        assert_eq!(e.kind(), ErrorKind::Corrupt);
+        let msg = e.to_string();
+        assert!(msg.contains("`big`") && msg.contains("truncated"), "{msg}");
+    }
+}
+
+#[test]
+fn a_file_saved_without_checksums_cannot_be_verified() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("plain.safetensors");
+    let d = TensorDesc::new("w", DType::U8, [4]);
+    checkpoint::save(&PosixBackend, &path, &[TensorView::new(d, &[1u8; 4][..])]).unwrap();
+    let e = checkpoint::verify_file(&PosixBackend, &path).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidInput);
+    assert!(e.to_string().contains("without checksums"), "{e}");
+}
