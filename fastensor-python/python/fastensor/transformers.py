@@ -1,0 +1,244 @@
+"""Hugging Face ``transformers`` models loaded and saved through fastensor's engine.
+
+:func:`from_pretrained` gives the model ``model_class.from_pretrained(path)`` gives (the same
+tensors, tied weights, dtype, buffers, generation config, ``eval()`` mode), with the weights
+read by the engine from the directory's ``model.safetensors`` or sharded checkpoint
+(``model.safetensors.index.json``), every shard's reads in flight together::
+
+    from transformers import AutoModelForCausalLM
+    import fastensor.transformers as ft
+
+    model = ft.from_pretrained(AutoModelForCausalLM, "out/gpt2", dtype="auto")
+    ft.save_pretrained(model, "out/gpt2-copy", max_shard_size="2GB")
+
+The model is built by transformers itself, on the meta device without initialising any
+weight (as its ``from_pretrained`` builds it), and adopts the tensors the engine loaded
+without copying them (a cast to another ``dtype`` copies, as in transformers); the keyword
+arguments are ``from_pretrained``'s. ``device_map`` naming one device (``"cuda:0"``) loads
+straight onto it; any other map loads onto the CPU and transformers places the weights.
+``path`` is a local directory (a Hub repository is fetched first, e.g. with
+``huggingface_hub.snapshot_download``).
+
+:func:`save_pretrained` writes what ``model.save_pretrained`` writes (``config.json``, the
+generation config, the weights without tied duplicates as ``model.safetensors`` or as
+``model-0000K-of-0000N.safetensors`` shards and their index), the weights through the engine:
+each file durably and atomically, shards written concurrently, the index last.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from . import torch as _fst
+from ._common import PathLike, fspath
+from ._engine import Engine
+from ._sharded import parse_size
+
+__all__ = ["from_pretrained", "save_pretrained", "weights_file"]
+
+_WEIGHTS = "model.safetensors"
+_INDEX = "model.safetensors.index.json"
+_SHARD = re.compile(r"model-\d{5}-of-\d{5}\.safetensors")
+
+
+def _with_variant(name: str, variant: str | None) -> str:
+    """``name`` with ``variant`` before its extension, as transformers names variants
+    (``model.fp16.safetensors``, ``model.safetensors.index.fp16.json``)."""
+    if not variant:
+        return name
+    head, ext = name.rsplit(".", 1)
+    return f"{head}.{variant}.{ext}"
+
+
+def weights_file(directory: PathLike, variant: str | None = None) -> str:
+    """The weights ``from_pretrained`` reads in ``directory``: ``model.safetensors`` where
+    there is one (transformers' preference), else ``model.safetensors.index.json``.
+
+    Raises:
+        FileNotFoundError: neither is there (e.g. only ``pytorch_model.bin``).
+    """
+    d = fspath(directory)
+    for name in (_with_variant(_WEIGHTS, variant), _with_variant(_INDEX, variant)):
+        path = os.path.join(d, name)
+        if os.path.isfile(path):
+            return path
+    raise FileNotFoundError(
+        f"{d}: no {_with_variant(_WEIGHTS, variant)} or {_with_variant(_INDEX, variant)}"
+        " (fastensor reads safetensors checkpoints in a local directory)"
+    )
+
+
+def _single_device(device_map: Any) -> torch.device | None:
+    """The one device ``device_map`` names (a device, its name or ordinal, or a map whose
+    entries all name it); ``None`` for a map that spreads the model or is computed."""
+    if device_map is None:
+        return torch.device("cpu")
+    if isinstance(device_map, Mapping):
+        devices = {str(v) for v in device_map.values()}
+        if len(devices) != 1:
+            return None
+        device_map = next(iter(device_map.values()))
+    if isinstance(device_map, int) and not isinstance(device_map, bool):
+        return torch.device("cuda", device_map)
+    if isinstance(device_map, torch.device):
+        return device_map
+    if isinstance(device_map, str):
+        if device_map in ("auto", "balanced", "balanced_low_0", "sequential", "disk"):
+            return None
+        try:
+            return torch.device(device_map)
+        except RuntimeError:
+            return None
+    return None
+
+
+def _load_weights(path: str, device: torch.device, engine: Engine | None) -> dict:
+    if path.endswith(".json"):
+        return _fst.load_sharded(path, device=device, engine=engine)
+    return _fst.load_file(path, device=device, engine=engine)
+
+
+def from_pretrained(
+    model_class: Any,
+    pretrained_model_name_or_path: PathLike,
+    *model_args: Any,
+    engine: Engine | None = None,
+    **kwargs: Any,
+) -> Any:
+    """``model_class.from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)``
+    with the weights read by fastensor's engine (see the module's documentation).
+
+    ``model_class`` is a ``PreTrainedModel`` subclass or an auto class
+    (``AutoModelForCausalLM``); ``pretrained_model_name_or_path`` a local directory written
+    by ``save_pretrained`` (or :func:`save_pretrained`). ``subfolder`` and ``variant`` are
+    honoured; ``state_dict`` cannot be given (the weights are the directory's).
+
+    Raises:
+        FileNotFoundError: no such directory, or no safetensors weights in it.
+        ValueError: ``state_dict`` was given.
+    """
+    path = fspath(pretrained_model_name_or_path)
+    if "state_dict" in kwargs:
+        raise ValueError("from_pretrained: the weights are read from the directory; no state_dict")
+    directory = os.path.join(path, kwargs.get("subfolder") or "")
+    if not os.path.isdir(directory):
+        raise FileNotFoundError(
+            f"{directory}: not a directory (fastensor reads a local copy of the model;"
+            " fetch a Hub repository first, e.g. with huggingface_hub.snapshot_download)"
+        )
+    weights = weights_file(directory, kwargs.pop("variant", None))
+    if getattr(model_class, "_model_mapping", None) is not None:  # an auto class
+        model_class = _concrete_class(model_class, path, kwargs)
+    kwargs.pop("use_safetensors", None)
+    device = _single_device(kwargs.get("device_map"))
+    state_dict = _load_weights(weights, device or torch.device("cpu"), engine)
+    if kwargs.get("config") is None:
+        kwargs["config"] = path  # read (with subfolder and config kwargs) as from_pretrained does
+    generation_config = kwargs.get("generation_config")
+    out = model_class.from_pretrained(None, *model_args, state_dict=state_dict, **kwargs)
+    del state_dict
+    model = out[0] if isinstance(out, tuple) else out
+    model.config.name_or_path = path
+    if generation_config is None and model.can_generate():
+        model.generation_config = _generation_config(directory, model)
+    return out
+
+
+def _concrete_class(auto_class: Any, path: str, kwargs: dict[str, Any]) -> Any:
+    """The model class ``auto_class`` picks for the config at ``path`` (or ``kwargs``'
+    ``config``), as its ``from_pretrained`` picks it."""
+    from transformers import AutoConfig, PretrainedConfig
+    from transformers.models.auto.auto_factory import _get_model_class
+
+    config = kwargs.get("config")
+    if not isinstance(config, PretrainedConfig):
+        config = AutoConfig.from_pretrained(
+            fspath(config) if config is not None else path,
+            subfolder=kwargs.get("subfolder") or "",
+            trust_remote_code=kwargs.get("trust_remote_code"),
+        )
+    if type(config) not in auto_class._model_mapping:
+        raise ValueError(
+            f"{auto_class.__name__} has no model for {type(config).__name__} (for a model with"
+            " its own code, pass its class)"
+        )
+    return _get_model_class(config, auto_class._model_mapping)
+
+
+def _generation_config(directory: str, model: Any) -> Any:
+    """The generation config ``from_pretrained`` gives a model of ``directory``: its
+    ``generation_config.json``, else one made from its model config."""
+    from transformers import GenerationConfig
+
+    if os.path.isfile(os.path.join(directory, "generation_config.json")):
+        return GenerationConfig.from_pretrained(directory)
+    with contextlib.suppress(OSError, ValueError):
+        return GenerationConfig.from_pretrained(
+            directory, config_file_name="config.json", _from_model_config=True
+        )
+    return model.generation_config
+
+
+def _state_to_save(model: Any, state_dict: dict | None) -> dict[str, torch.Tensor]:
+    """The tensors ``model.save_pretrained`` saves: the state dict without the keys the
+    model ignores on save, without tied duplicates, in the checkpoint's own names."""
+    from transformers.core_model_loading import revert_weight_conversion
+    from transformers.modeling_utils import remove_tied_weights_from_state_dict
+
+    state = dict(model.state_dict() if state_dict is None else state_dict)
+    for key in getattr(model, "_keys_to_ignore_on_save", None) or ():
+        state.pop(key, None)
+    state = remove_tied_weights_from_state_dict(state, model)
+    return revert_weight_conversion(model, state)
+
+
+def save_pretrained(
+    model: Any,
+    save_directory: PathLike,
+    max_shard_size: int | str = "50GB",
+    *,
+    is_main_process: bool = True,
+    state_dict: dict[str, torch.Tensor] | None = None,
+    engine: Engine | None = None,
+) -> None:
+    """Saves ``model`` to ``save_directory`` as ``model.save_pretrained`` does, the weights
+    through fastensor's engine: ``config.json`` (and ``generation_config.json`` for a
+    generative model), then the weights: ``model.safetensors`` when they fit in
+    ``max_shard_size`` (an int or ``"5GB"``-style, as transformers takes), else shards and
+    ``model.safetensors.index.json``. Weight files of an earlier save that this one does not
+    use are removed after it is durable. Only ``is_main_process`` writes.
+
+    Raises:
+        OSError: a file could not be written.
+    """
+    directory = fspath(save_directory)
+    if os.path.isfile(directory):
+        raise FileExistsError(f"{directory}: a file, not a directory")
+    os.makedirs(directory, exist_ok=True)
+    limit = parse_size(max_shard_size)
+    model.config.dtype = str(model.dtype).split(".")[1]
+    model.config.architectures = [type(model).__name__]
+    if not is_main_process:
+        return
+    state = _state_to_save(model, state_dict)
+    model.config.save_pretrained(directory)
+    if model.can_generate():
+        model.generation_config.save_pretrained(directory)
+    state = {k: v.contiguous() for k, v in state.items()}
+    total = sum(t.numel() * t.element_size() for t in state.values())
+    meta = {"format": "pt"}
+    if total <= limit:
+        _fst.save_file(state, os.path.join(directory, _WEIGHTS), meta, engine=engine)
+        stale = [_INDEX] + [f for f in os.listdir(directory) if _SHARD.fullmatch(f)]
+    else:
+        _fst.save_sharded(state, directory, limit, meta, engine=engine)
+        stale = [_WEIGHTS]  # would be read instead of the index
+    for name in stale:  # (the index first: it must never name a removed shard)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(os.path.join(directory, name))

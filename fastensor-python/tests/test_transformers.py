@@ -1,0 +1,191 @@
+"""fastensor.transformers against transformers itself: models built locally from configs
+(GPT-2 and Llama, no downloads), saved and loaded both ways, one file and sharded."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+import fastensor.transformers as ft  # noqa: E402
+from transformers import (  # noqa: E402
+    AutoModelForCausalLM,
+    GPT2Config,
+    GPT2LMHeadModel,
+    LlamaConfig,
+    LlamaForCausalLM,
+)
+
+
+def gpt2() -> GPT2LMHeadModel:
+    torch.manual_seed(0)
+    cfg = GPT2Config(
+        n_layer=2,
+        n_embd=64,
+        n_head=4,
+        vocab_size=500,
+        n_positions=64,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
+    return GPT2LMHeadModel(cfg)
+
+
+def llama() -> LlamaForCausalLM:
+    torch.manual_seed(0)
+    cfg = LlamaConfig(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=500,
+        max_position_embeddings=64,
+        bos_token_id=0,
+        eos_token_id=0,
+        pad_token_id=0,
+    )
+    return LlamaForCausalLM(cfg).to(torch.bfloat16)
+
+
+MODELS = {"gpt2": gpt2, "llama-bf16": llama}
+
+
+def assert_same_model(ours, theirs, same_path: bool = True) -> None:
+    """The same class, config (but its ``_name_or_path`` unless ``same_path``), tensors
+    (parameters and every buffer, persistent or not, bit for bit and of the same dtype), tied
+    weights, mode and outputs."""
+    assert type(ours) is type(theirs)
+    a_cfg, b_cfg = ours.config.to_dict(), theirs.config.to_dict()
+    if not same_path:
+        del a_cfg["_name_or_path"], b_cfg["_name_or_path"]
+    assert a_cfg == b_cfg
+    assert ours.generation_config.to_dict() == theirs.generation_config.to_dict()
+    for kind in ("named_parameters", "named_buffers"):
+        a, b = dict(getattr(ours, kind)()), dict(getattr(theirs, kind)())
+        assert a.keys() == b.keys(), kind
+        for k in a:
+            assert a[k].dtype == b[k].dtype and a[k].device == b[k].device, k
+            assert a[k].requires_grad == b[k].requires_grad, k
+            assert torch.equal(a[k], b[k]), k
+    a_sd, b_sd = ours.state_dict(), theirs.state_dict()
+    assert a_sd.keys() == b_sd.keys()
+
+    def ties(sd):
+        by_ptr: dict[int, list[str]] = {}
+        for k, v in sd.items():
+            by_ptr.setdefault(v.data_ptr(), []).append(k)
+        return sorted(sorted(v) for v in by_ptr.values() if len(v) > 1)
+
+    assert ties(a_sd) == ties(b_sd)
+    assert [m.training for m in ours.modules()] == [m.training for m in theirs.modules()]
+    assert not ours.training
+    x = torch.randint(
+        0, ours.config.vocab_size, (2, 12), generator=torch.Generator().manual_seed(5)
+    )
+    with torch.no_grad():
+        assert torch.equal(ours(x).logits, theirs(x).logits)
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+@pytest.mark.parametrize("shard", [None, "40KB"], ids=["one-file", "sharded"])
+def test_from_pretrained_equals_transformers(tmp_path, name, shard):
+    model = MODELS[name]()
+    kwargs = {"max_shard_size": shard} if shard else {}
+    model.save_pretrained(tmp_path, **kwargs)
+    index = os.path.exists(tmp_path / "model.safetensors.index.json")
+    assert index == bool(shard)
+    theirs = type(model).from_pretrained(tmp_path)
+    ours = ft.from_pretrained(type(model), tmp_path)
+    assert_same_model(ours, theirs)
+    if name == "gpt2":
+        assert ours.lm_head.weight is ours.transformer.wte.weight
+
+
+def test_auto_class_and_from_pretrained_kwargs(tmp_path):
+    model = llama()
+    model.save_pretrained(tmp_path)
+    kwargs = {"dtype": torch.float32, "output_attentions": True}
+    theirs = AutoModelForCausalLM.from_pretrained(tmp_path, **kwargs)
+    ours = ft.from_pretrained(AutoModelForCausalLM, tmp_path, **kwargs)
+    assert ours.config.output_attentions and ours.dtype == torch.float32
+    assert_same_model(ours, theirs)
+    ours, info = ft.from_pretrained(LlamaForCausalLM, tmp_path, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"]
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+@pytest.mark.parametrize("shard", ["50GB", "40KB"], ids=["one-file", "sharded"])
+def test_save_pretrained_loads_in_transformers(tmp_path, name, shard):
+    model = MODELS[name]().eval()
+    ft.save_pretrained(model, tmp_path / "ours", max_shard_size=shard)
+    model.save_pretrained(tmp_path / "theirs", max_shard_size=shard)
+    ours_files = sorted(os.listdir(tmp_path / "ours"))
+    theirs_files = sorted(os.listdir(tmp_path / "theirs"))
+    if shard == "50GB":
+        assert ours_files == theirs_files
+    else:  # the same kinds of files (the engine cuts the shards at its own places)
+        assert {"config.json", "generation_config.json", "model.safetensors.index.json"} <= set(
+            ours_files
+        )
+        assert all(
+            re.fullmatch(r"model-\d{5}-of-\d{5}\.safetensors", f)
+            for f in ours_files
+            if "model-" in f
+        )
+    for f in ("config.json", "generation_config.json"):
+        assert json.loads((tmp_path / "ours" / f).read_text()) == json.loads(
+            (tmp_path / "theirs" / f).read_text()
+        )
+    if shard == "40KB":
+        index = json.loads((tmp_path / "ours" / "model.safetensors.index.json").read_text())
+        theirs_index = json.loads(
+            (tmp_path / "theirs" / "model.safetensors.index.json").read_text()
+        )
+        assert index["weight_map"].keys() == theirs_index["weight_map"].keys()
+        assert index["metadata"]["total_size"] == theirs_index["metadata"]["total_size"]
+    loaded = type(model).from_pretrained(tmp_path / "ours")
+    assert_same_model(loaded, type(model).from_pretrained(tmp_path / "theirs"), same_path=False)
+
+
+def test_save_replaces_the_other_layout(tmp_path):
+    model = gpt2()
+    ft.save_pretrained(model, tmp_path, max_shard_size="40KB")
+    assert any(f.startswith("model-0") for f in os.listdir(tmp_path))
+    ft.save_pretrained(model, tmp_path)
+    assert sorted(os.listdir(tmp_path)) == [
+        "config.json",
+        "generation_config.json",
+        "model.safetensors",
+    ]
+    ft.save_pretrained(model, tmp_path, max_shard_size="40KB")
+    assert "model.safetensors" not in os.listdir(tmp_path)
+    reference = GPT2LMHeadModel.from_pretrained(tmp_path)
+    assert_same_model(ft.from_pretrained(GPT2LMHeadModel, tmp_path), reference)
+
+
+def test_errors(tmp_path):
+    with pytest.raises(FileNotFoundError, match="not a directory"):
+        ft.from_pretrained(GPT2LMHeadModel, tmp_path / "missing")
+    (tmp_path / "config.json").write_text(gpt2().config.to_json_string())
+    with pytest.raises(FileNotFoundError, match="model.safetensors"):
+        ft.from_pretrained(GPT2LMHeadModel, tmp_path)
+    with pytest.raises(ValueError, match="state_dict"):
+        ft.from_pretrained(GPT2LMHeadModel, tmp_path, state_dict={})
+
+
+def test_import_fastensor_needs_no_framework():
+    code = (
+        "import sys, fastensor\n"
+        "names = ('torch', 'lightning', 'transformers', 'numpy')\n"
+        "loaded = [m for m in names if m in sys.modules]\n"
+        "assert not loaded, loaded\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, env={**os.environ})
