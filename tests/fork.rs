@@ -228,6 +228,40 @@ fn parent_and_child_load_their_own_files_after_a_fork_on_every_backend() {
     }
 }
 
+/// Forks while another thread of the parent loads through the mapped path (the I/O thread
+/// pool busy, its queue's lock possibly held at the fork): the child makes a pool of its
+/// own, loads, and never waits for the parent's threads.
+#[test]
+fn mapped_loads_and_the_thread_pool_work_in_a_child_forked_while_they_run() {
+    let _serial = serial();
+    let dir = scratch();
+    let a = dir.path().join("a.safetensors");
+    let engine = Engine::new().unwrap();
+    save(&engine, &a, 3).unwrap();
+    check_load(&engine, &a, 3).unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let (loader_engine, loader_path, loader_stop) = (engine.clone(), a.clone(), stop.clone());
+    let loader = std::thread::spawn(move || {
+        while !loader_stop.load(Ordering::Relaxed) {
+            check_load(&loader_engine, &loader_path, 3)?;
+        }
+        Ok::<(), String>(())
+    });
+    for _ in 0..8 {
+        let (child_engine, child_path) = (engine.clone(), a.clone());
+        let pid = fork(move || {
+            for _ in 0..3 {
+                check_load(&child_engine, &child_path, 3)?;
+            }
+            Ok(())
+        });
+        wait(pid, Instant::now() + HANG).unwrap();
+    }
+    stop.store(true, Ordering::Relaxed);
+    loader.join().unwrap().unwrap();
+    assert!(engine.new_loads().0 > 8);
+}
+
 /// Forks while another thread saves in a loop (the fork may catch it holding any lock of
 /// the engine, a ring, a pool): each child saves once and loads back what it saved, and
 /// must neither hang nor fail; the parent's saves must not fail either.

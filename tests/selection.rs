@@ -565,3 +565,87 @@ fn a_page_cache_path_with_occasional_slow_writes_is_judged_over_a_run() {
     // dropped on one sample within 3 times the choice gets one).
     assert_eq!(direct.calls(), 3, "{report}");
 }
+
+/// A checkpoint of `count` tensors of `len` bytes, written through `engine` at `path`
+/// (made on disk by a plain engine, then copied into the engine's in-memory store).
+fn save_tensors(engine: &Engine, path: &Path, count: usize, len: usize) {
+    use fastensor::checkpoint::{self, TensorView};
+    let data = vec![7u8; len];
+    let descs: Vec<fastensor::TensorDesc> = (0..count)
+        .map(|i| fastensor::TensorDesc::new(format!("t{i}"), fastensor::DType::U8, [len as u64]))
+        .collect();
+    let views: Vec<TensorView<'_>> = descs
+        .iter()
+        .map(|d| TensorView::new(d.clone(), &data))
+        .collect();
+    let dir = tempfile::tempdir().unwrap();
+    let disk = dir.path().join("c.safetensors");
+    checkpoint::save(&Engine::new().unwrap(), &disk, &views).unwrap();
+    let bytes = std::fs::read(&disk).unwrap();
+    let file = engine.open(path, OpenMode::Create).unwrap();
+    file.write_at(0, &bytes[..]).unwrap();
+}
+
+/// Loads every tensor of a checkpoint of `count` × `len` bytes into existing buffers.
+fn load_into_buffers(engine: &Engine, path: &Path, count: usize, len: usize) {
+    let mut bufs = vec![vec![0u8; len]; count];
+    let names: Vec<String> = (0..count).map(|i| format!("t{i}")).collect();
+    let targets: Vec<(&str, fastensor::MemMut<'_>)> = names
+        .iter()
+        .zip(bufs.iter_mut())
+        .map(|(n, b)| (n.as_str(), fastensor::MemMut::Host(&mut b[..])))
+        .collect();
+    fastensor::checkpoint::load_into(engine, path, targets).unwrap();
+    assert!(bufs.iter().all(|b| b.iter().all(|&x| x == 7)));
+}
+
+#[test]
+fn a_checkpoint_load_is_one_job_that_explores_only_when_small() {
+    let s = setup(SelectorConfig::default());
+    let small = Path::new("/virtual/small.safetensors");
+    let large = Path::new("/virtual/large.safetensors");
+    // Reads of 4 MiB either way: 4 of them (16 MiB, small enough to explore with) or 20
+    // (80 MiB, never an exploration's measurement).
+    save_tensors(&s.engine, small, 4, 4 << 20);
+    save_tensors(&s.engine, large, 20, 4 << 20);
+    let explorations = |e: &Engine| e.selector_stats().explorations;
+
+    // The header is a read of its own (these in-memory files have no plain descriptor to
+    // read it through): at most one more choice, of at most 64 KiB.
+    let header = 64 << 10;
+    let moved = |s: &Setup| (s.a.bytes(), s.b.bytes());
+    let (before, (a0, b0)) = (explorations(&s.engine), moved(&s));
+    load_into_buffers(&s.engine, large, 20, 4 << 20);
+    assert!(
+        explorations(&s.engine) <= before + 1,
+        "a large job explored"
+    );
+    let (a1, b1) = moved(&s);
+    let (da, db) = (a1 - a0, b1 - b0);
+    assert!(
+        da.min(db) <= header && da.max(db) >= 80 << 20,
+        "{da} / {db}"
+    );
+    assert_eq!(s.engine.read_jobs(), 1);
+
+    for _ in 0..40 {
+        load_into_buffers(&s.engine, small, 4, 4 << 20);
+    }
+    assert!(
+        explorations(&s.engine) > before + 1,
+        "small jobs never explored"
+    );
+    assert_eq!(s.engine.read_jobs(), 41);
+
+    // Now the context is known: the large job goes through its best path, `b`, whole.
+    let (a0, b0) = moved(&s);
+    load_into_buffers(&s.engine, large, 20, 4 << 20);
+    let (a1, b1) = moved(&s);
+    assert!(
+        b1 - b0 >= 80 << 20 && a1 - a0 <= header,
+        "{} / {}",
+        a1 - a0,
+        b1 - b0
+    );
+    assert_eq!(best_of(4 << 20), "b");
+}

@@ -252,6 +252,22 @@ pub trait BackendFile: Send + Sync {
     /// Writes all of `src` at `offset`.
     fn write_at(&self, offset: u64, src: MemRef<'_>) -> Result<()>;
 
+    /// A small read of the file's own metadata (a checkpoint's header) into host memory:
+    /// a file that chooses its path per transfer reads it plainly, with no choice and no
+    /// measurement. Returns the bytes read (short only at the end of the file).
+    fn read_metadata_at(&self, offset: u64, dst: &mut [u8]) -> Result<usize> {
+        self.read_at(offset, MemMut::Host(dst))
+    }
+
+    /// Starts a job: the reads of `job` (one checkpoint load) that belong together.
+    /// Returns the file to issue the job's reads through, or `None` to use this one. A file
+    /// that chooses its path per transfer (an engine's) chooses once for the whole job and
+    /// measures it whole, when the returned file is dropped.
+    fn begin_read_job(&self, job: &ReadJob) -> Option<Box<dyn BackendFile + '_>> {
+        let _ = job;
+        None
+    }
+
     /// Reads many requests; each request's `done` receives its byte count. The default runs
     /// them one after another; backends with a native batch path override it.
     fn read_batch(&self, requests: &mut [ReadRequest<'_>]) -> Result<()> {
@@ -355,12 +371,40 @@ pub fn write_end(offset: u64, len: usize, backend: &str, path: &Path) -> Result<
     })
 }
 
+/// What a job of reads is: see [`BackendFile::begin_read_job`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReadJob {
+    /// Bytes the job reads in all.
+    pub bytes: u64,
+    /// Reads it issues.
+    pub requests: usize,
+    /// Bytes of its largest read (the size the job's context is keyed by).
+    pub largest: u64,
+    /// Reads in flight at once.
+    pub in_flight: u32,
+    /// Where the bytes go.
+    pub memory: MemoryKind,
+    /// Whether the destination is new memory not yet touched (it pays its page faults and
+    /// zeroing under the reads).
+    pub fresh: bool,
+    /// The file offset of the job's first read.
+    pub first_offset: u64,
+}
+
 /// Opens files for the layers above the backends (checkpoints): a [`Backend`] (every
 /// transfer through it), or an engine that picks a backend per transfer. It lives here, below
 /// both, so that the engine implements it without depending on the layers that use it.
 pub trait FileOpener: Send + Sync {
     /// Opens `path` in `mode` for checkpoint transfers. Errors name the file.
     fn open_file(&self, path: &Path, mode: OpenMode) -> Result<Box<dyn BackendFile>>;
+
+    /// Whether a load of a checkpoint into new host memory (one job) maps the file
+    /// copy-on-write instead of reading it through [`open_file`](Self::open_file)'s files:
+    /// decided once per load. The default, for a plain backend, reads through it.
+    fn maps_new_loads(&self, path: &Path) -> bool {
+        let _ = path;
+        false
+    }
 }
 
 impl<B: Backend + ?Sized> FileOpener for B {

@@ -16,7 +16,8 @@ mod tensor;
 
 pub use backend::{
     readable_len, unsupported_memory, write_end, Availability, Backend, BackendFile,
-    BackendFileExt, Capabilities, FileOpener, OpenMode, ReadRequest, SharedBackend, WriteRequest,
+    BackendFileExt, Capabilities, FileOpener, OpenMode, ReadJob, ReadRequest, SharedBackend,
+    WriteRequest,
 };
 pub use context::{CacheState, Direction, FileLocation, Purpose, TransferContext};
 pub use dtype::DType;

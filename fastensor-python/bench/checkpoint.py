@@ -27,8 +27,8 @@ import safetensors.torch as st
 import torch
 
 
-def gpt2_medium(scale: float) -> dict[str, torch.Tensor]:
-    """The tensors of GPT-2 medium, filled with random values; ``scale`` shrinks matrices."""
+def gpt2_medium_shapes(scale: float) -> dict[str, tuple[int, ...]]:
+    """The tensor shapes of GPT-2 medium; ``scale`` shrinks matrices."""
     d = 1024
 
     def rows(r: int) -> int:
@@ -55,8 +55,13 @@ def gpt2_medium(scale: float) -> dict[str, torch.Tensor]:
         )
     shapes["ln_f.weight"] = (d,)
     shapes["ln_f.bias"] = (d,)
+    return shapes
+
+
+def gpt2_medium(scale: float) -> dict[str, torch.Tensor]:
+    """The tensors of GPT-2 medium, filled with random values; ``scale`` shrinks matrices."""
     g = torch.Generator().manual_seed(0)
-    return {k: torch.randn(s, generator=g) for k, s in shapes.items()}
+    return {k: torch.randn(s, generator=g) for k, s in gpt2_medium_shapes(scale).items()}
 
 
 class Model(torch.nn.Module):

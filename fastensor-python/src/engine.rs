@@ -29,6 +29,14 @@ pub type SaveSpec<'py> = (String, String, Vec<u64>, Bound<'py, PyAny>);
 /// the tensor's length by the read).
 pub type TargetSpec<'py> = (String, Bound<'py, PyAny>, usize, usize);
 
+/// What `load_new` returns: the tensors `(name, dtype, shape, capsule)`, the metadata, and
+/// whether the file was mapped.
+pub type Loaded = (
+    Vec<(String, String, Vec<u64>, Py<PyAny>)>,
+    BTreeMap<String, String>,
+    bool,
+);
+
 /// The tensors of save specs: each described, its object lent (read-only) by `lender`.
 pub fn save_tensors(
     specs: &[SaveSpec<'_>],
@@ -105,18 +113,20 @@ pub fn target_regions(
 impl PyEngine {
     /// Builds an engine. `backends`: the names allowed (default: every available one);
     /// `profile`: where the selection profile is loaded from and saved to (default: none,
-    /// nothing is remembered); `pin`: one backend for every transfer.
+    /// nothing is remembered); `pin`: one backend for every transfer; `mapped_loads`:
+    /// whether loads into new host memory may map the file.
     #[new]
-    #[pyo3(signature = (backends=None, profile=None, pin=None))]
+    #[pyo3(signature = (backends=None, profile=None, pin=None, mapped_loads=true))]
     fn new(
         py: Python<'_>,
         backends: Option<Vec<String>>,
         profile: Option<PathBuf>,
         pin: Option<String>,
+        mapped_loads: bool,
     ) -> PyResult<Self> {
         let engine = py
             .detach(|| {
-                let mut b = Engine::builder();
+                let mut b = Engine::builder().mapped_loads(mapped_loads);
                 if let Some(names) = backends {
                     b = b.backends(names);
                 }
@@ -133,6 +143,25 @@ impl PyEngine {
             engine,
             staging: Arc::new(StagingPool::default()),
         })
+    }
+
+    /// Loads into new host memory decided so far: `(mapped, read)`.
+    fn new_loads(&self) -> (u64, u64) {
+        self.engine.new_loads()
+    }
+
+    /// What the engine decided so far: loads into new memory mapped and read, jobs of
+    /// reads given one backend, and the selector's choices and explorations.
+    fn decisions(&self) -> BTreeMap<&'static str, u64> {
+        let (mapped, read) = self.engine.new_loads();
+        let stats = self.engine.selector_stats();
+        BTreeMap::from([
+            ("mapped_loads", mapped),
+            ("read_loads", read),
+            ("read_jobs", self.engine.read_jobs()),
+            ("choices", stats.choices),
+            ("explorations", stats.explorations),
+        ])
     }
 
     /// The names of the backends this engine may use, sorted.
@@ -223,6 +252,45 @@ impl PyEngine {
         .py_err()
     }
 
+    /// Loads the tensors of the safetensors file `path` (all, or those named) into new host
+    /// memory, one decision for the whole load: the file mapped copy-on-write, or read into
+    /// memory of its own (see `fastensor::checkpoint::load`). Returns the tensors in file
+    /// order, `(name, dtype, shape, capsule)`, each capsule a `uint8` DLPack tensor over its
+    /// bytes that keeps the loaded memory alive (unmapped or freed when the last tensor
+    /// dies), the file's metadata, and whether the file was mapped. `versioned`: capsules of
+    /// version 1 of the protocol (numpy makes writable arrays only from those), else
+    /// unversioned ones (what `torch.from_dlpack` takes).
+    #[pyo3(signature = (path, names=None, versioned=false))]
+    fn load_new(
+        &self,
+        py: Python<'_>,
+        path: PathBuf,
+        names: Option<Vec<String>>,
+        versioned: bool,
+    ) -> PyResult<Loaded> {
+        let ckpt = py
+            .detach(|| match &names {
+                None => checkpoint::load(&self.engine, &path),
+                Some(n) => checkpoint::load_selected(&self.engine, &path, n),
+            })
+            .py_err()?;
+        let (mut arena, entries, metadata) = ckpt.into_parts();
+        let mapped = arena.is_mapped();
+        let base = arena.as_mut_ptr();
+        let owner = Arc::new(arena);
+        let mut out = Vec::with_capacity(entries.len());
+        for (desc, range) in entries {
+            // SAFETY of the capsule: `range` lies within the arena, whose memory stays
+            // valid and writable while `owner` (held by the capsule) lives; nothing else
+            // reads or writes the arena once it is shared here.
+            let data = base.wrapping_add(range.start);
+            let owned = Box::new(owner.clone());
+            let cap = crate::export::tensor_capsule(py, data, range.len(), owned, versioned)?;
+            out.push((desc.name, desc.dtype.to_string(), desc.shape, cap));
+        }
+        Ok((out, metadata, mapped))
+    }
+
     /// Opens a safetensors file and validates its header; reads come later.
     fn open(&self, py: Python<'_>, path: PathBuf) -> PyResult<PyCheckpointFile> {
         let file = py
@@ -250,7 +318,7 @@ impl PyEngine {
 /// An open safetensors file: its header, and reads of its tensors into caller memory.
 #[pyclass(name = "CheckpointFile", module = "fastensor._native", frozen)]
 pub struct PyCheckpointFile {
-    file: CheckpointFile,
+    pub(crate) file: CheckpointFile,
 }
 
 #[pymethods]

@@ -4,13 +4,16 @@
 //! export and checks every range against it. Every byte moves in Rust, detached from the
 //! interpreter.
 
+mod checksum;
 mod dlpack;
 mod engine;
 mod errors;
+mod export;
 mod got;
 mod memory;
 mod offload;
 mod sharded;
+mod slice;
 mod snapshot;
 mod torch_alloc;
 mod writable;
@@ -114,6 +117,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(pending_saves, m)?)?;
     m.add_function(wrap_pyfunction!(wait_pending_saves, m)?)?;
     sharded::register(m)?;
+    slice::register(m)?;
+    checksum::register(m)?;
     torch_alloc::register(m)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())

@@ -12,17 +12,14 @@
 //!   the same length reuse memory already faulted in) or frees it. No byte is copied on
 //!   either side.
 
-use crate::dlpack::{DlDataType, DlDevice, DlManagedTensor, DlTensor, DLTENSOR, KDL_CPU, KDL_UINT};
 use crate::engine::PyEngine;
 use crate::errors::IntoPy;
 use crate::memory::{self, Access, Lent, Place};
 use fastensor::offload::{ForeignBytes, Handle, OffloadConfig, OffloadStore, Payload, Recycler};
 use fastensor::HostBuffer;
 use pyo3::exceptions::PyValueError;
-use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
-use std::ffi::c_void;
 use std::path::PathBuf;
 use std::sync::{Mutex, RwLock};
 
@@ -297,104 +294,36 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyHandle>()
 }
 
-/// A managed tensor with its shape and the buffer it owns (`tensor` first: a pointer to a
-/// `Managed` is a pointer to its `DlManagedTensor`).
-#[repr(C)]
-struct Managed {
-    tensor: DlManagedTensor,
-    shape: [i64; 1],
-    strides: [i64; 1],
-    buf: HostBuffer,
-    /// Where the buffer goes when the tensor is deleted (`None`: freed).
+/// A buffer lent to a tensor: given back to the store's recycler (or freed) when the
+/// tensor dies.
+struct Recycled {
+    buf: Option<HostBuffer>,
     recycler: Option<Recycler>,
 }
 
-/// The DLPack deleter: frees the `Managed`, giving its buffer back to its recycler.
-///
-/// # Safety
-/// `p` must come from `capsule` and not be deleted before.
-unsafe extern "C" fn delete_managed(p: *mut DlManagedTensor) {
-    if !p.is_null() {
-        // SAFETY: the caller's contract: `p` is the `Box<Managed>` leaked by `capsule`.
-        let m = unsafe { Box::from_raw(p.cast::<Managed>()) };
-        let Managed { buf, recycler, .. } = *m;
-        if let Some(r) = recycler {
+impl Drop for Recycled {
+    fn drop(&mut self) {
+        if let (Some(buf), Some(r)) = (self.buf.take(), &self.recycler) {
             r.give(buf);
         }
     }
 }
 
-/// The capsule destructor: frees the tensor when no consumer took it (a consumer renames the
-/// capsule `used_dltensor` and calls the deleter itself).
-///
-/// # Safety
-/// Called by Python with a capsule made by `capsule`.
-unsafe extern "C" fn capsule_destructor(cap: *mut ffi::PyObject) {
-    // SAFETY: `cap` is a live capsule; a capsule still named `dltensor` was never consumed
-    // and holds the pointer `capsule` gave it.
-    unsafe {
-        if ffi::PyCapsule_IsValid(cap, DLTENSOR.as_ptr()) == 1 {
-            let p = ffi::PyCapsule_GetPointer(cap, DLTENSOR.as_ptr()).cast::<DlManagedTensor>();
-            delete_managed(p);
-        }
-    }
-}
-
 /// `buf` as a DLPack capsule of a one-dimensional `uint8` host tensor of its first `length`
-/// bytes (at most all of it) that owns it (given to `recycler`, if any, when the tensor is deleted).
+/// bytes (at most all of it) that owns it (given to `recycler`, if any, when the tensor is
+/// deleted).
 fn capsule(
     py: Python<'_>,
     mut buf: HostBuffer,
     length: usize,
     recycler: Option<Recycler>,
 ) -> PyResult<Py<PyAny>> {
-    let len = i64::try_from(length.min(buf.len()))
-        .map_err(|_| PyValueError::new_err("tensor too large"))?;
-    let data = buf.as_mut_ptr().cast::<c_void>();
-    let mut m = Box::new(Managed {
-        tensor: DlManagedTensor {
-            dl_tensor: DlTensor {
-                data,
-                device: DlDevice {
-                    device_type: KDL_CPU,
-                    device_id: 0,
-                },
-                ndim: 1,
-                dtype: DlDataType {
-                    code: KDL_UINT,
-                    bits: 8,
-                    lanes: 1,
-                },
-                shape: std::ptr::null_mut(),
-                strides: std::ptr::null_mut(),
-                byte_offset: 0,
-            },
-            manager_ctx: std::ptr::null_mut(),
-            deleter: Some(delete_managed),
-        },
-        shape: [len],
-        strides: [1],
-        buf,
+    let len = length.min(buf.len());
+    let data = buf.as_mut_ptr();
+    // The buffer lives, untouched by the store, until the tensor dies: the owner holds it.
+    let owner = Recycled {
+        buf: Some(buf),
         recycler,
-    });
-    // The box never moves: pointers into it stay valid until the deleter frees it.
-    m.tensor.dl_tensor.shape = m.shape.as_mut_ptr();
-    m.tensor.dl_tensor.strides = m.strides.as_mut_ptr();
-    let p = Box::into_raw(m);
-    // SAFETY: `p` is a valid `Managed` whose first field is the `DlManagedTensor`; the name
-    // is a static C string; on failure the box is freed below.
-    let cap = unsafe {
-        ffi::PyCapsule_New(
-            p.cast::<c_void>(),
-            DLTENSOR.as_ptr(),
-            Some(capsule_destructor),
-        )
     };
-    if cap.is_null() {
-        // SAFETY: the capsule was not made, so `p` is still ours alone.
-        unsafe { delete_managed(p.cast::<DlManagedTensor>()) };
-        return Err(PyErr::fetch(py));
-    }
-    // SAFETY: `cap` is a new, owned reference.
-    Ok(unsafe { Bound::from_owned_ptr(py, cap) }.unbind())
+    crate::export::capsule(py, data, len, Box::new(owner))
 }

@@ -50,11 +50,25 @@ pub fn save_sharded(
 }
 
 /// Opens a sharded checkpoint (its directory or its index) and validates every shard's
-/// header; reads come later.
+/// header; reads come later. With `verify`, every tensor read is checked against the
+/// checksum its shard stores (`ShardedFile::verifying`).
 #[pyfunction]
-pub fn open_sharded(py: Python<'_>, engine: &PyEngine, path: PathBuf) -> PyResult<PyShardedFile> {
+#[pyo3(signature = (engine, path, verify=false))]
+pub fn open_sharded(
+    py: Python<'_>,
+    engine: &PyEngine,
+    path: PathBuf,
+    verify: bool,
+) -> PyResult<PyShardedFile> {
     let file = py
-        .detach(|| checkpoint::open_sharded(&engine.engine, &path))
+        .detach(|| {
+            let file = checkpoint::open_sharded(&engine.engine, &path)?;
+            if verify {
+                file.verifying()
+            } else {
+                Ok(file)
+            }
+        })
         .py_err()?;
     Ok(PyShardedFile { file })
 }
@@ -118,6 +132,20 @@ impl PyShardedFile {
                 )
             })
             .collect()
+    }
+
+    /// The tensors of the weight map per shard: `(shard path, names in file order)`, shards
+    /// in the order of `shards`.
+    fn names_by_shard(&self) -> Vec<(PathBuf, Vec<String>)> {
+        let paths = self.file.shard_paths();
+        let mut out: Vec<(PathBuf, Vec<String>)> = paths
+            .iter()
+            .map(|p| (p.to_path_buf(), Vec::new()))
+            .collect();
+        for (s, e, _) in self.file.entries() {
+            out[s].1.push(e.desc.name.clone());
+        }
+        out
     }
 
     /// The first shard's `__metadata__` map.

@@ -6,6 +6,7 @@
 
 pub mod atomic;
 pub mod fork;
+pub mod populate;
 
 use fastensor_core::align::DirectAlignment;
 use fastensor_core::{Error, ErrorKind, FileLocation, OpenMode, Result};

@@ -4,15 +4,27 @@ use crate::{Error, ErrorKind, HostBuffer, Result};
 use std::fmt;
 use std::ops::{Deref, DerefMut};
 
-/// Page-aligned, zero-initialised memory holding a loaded checkpoint's bytes.
+/// Page-aligned memory holding a loaded checkpoint's bytes: either memory of its own, or
+/// a copy-on-write mapping of the checkpoint file.
 ///
-/// It is a [`HostBuffer`]: from 1 MiB on an anonymous mapping whose pages the kernel zeroes
-/// lazily as the reads fill them (an aligned heap allocation is zeroed up front by the CPU,
-/// which costs as much time as reading the data from a fast disk), and from 2 MiB on backed
-/// by transparent huge pages, which lets direct reads fill it in 4 MiB device requests (see
+/// Memory of its own is a [`HostBuffer`] the reads fill: from 1 MiB on an anonymous mapping
+/// whose pages the kernel zeroes lazily as the reads fill them, from 2 MiB on backed by
+/// transparent huge pages, which lets direct reads fill it in 4 MiB device requests (see
 /// [`HostBuffer`] for what faulting it in costs).
+///
+/// A mapped arena is a private mapping of the whole file (`MAP_PRIVATE`): its pages are the
+/// page cache's until written, then copies of their own; the file's inode lives as long as
+/// the arena (removing or renaming over the path changes nothing). Writing the file in
+/// place, or truncating it, while the arena lives shows through in pages not yet written
+/// (a truncated page raises `SIGBUS` when read): files saved by this crate are never
+/// written in place.
 pub struct Arena {
-    buf: HostBuffer,
+    mem: Memory,
+}
+
+enum Memory {
+    Owned(HostBuffer),
+    Mapped(memmap2::MmapMut),
 }
 
 impl Arena {
@@ -25,7 +37,23 @@ impl Arena {
             )
             .with_source(e)
         })?;
-        Ok(Arena { buf })
+        Ok(Arena {
+            mem: Memory::Owned(buf),
+        })
+    }
+
+    /// An arena over a private mapping of a whole checkpoint file (offsets in the arena are
+    /// offsets in the file).
+    pub(crate) fn mapped(map: memmap2::MmapMut) -> Arena {
+        Arena {
+            mem: Memory::Mapped(map),
+        }
+    }
+
+    /// Whether the arena maps the checkpoint file (see [`Arena`]) rather than holding
+    /// memory of its own.
+    pub fn is_mapped(&self) -> bool {
+        matches!(self.mem, Memory::Mapped(_))
     }
 }
 
@@ -43,13 +71,19 @@ pub(crate) fn fault_in(mem: &mut [u8]) {
 impl Deref for Arena {
     type Target = [u8];
     fn deref(&self) -> &[u8] {
-        &self.buf
+        match &self.mem {
+            Memory::Owned(b) => b,
+            Memory::Mapped(m) => m,
+        }
     }
 }
 
 impl DerefMut for Arena {
     fn deref_mut(&mut self) -> &mut [u8] {
-        &mut self.buf
+        match &mut self.mem {
+            Memory::Owned(b) => b,
+            Memory::Mapped(m) => m,
+        }
     }
 }
 
@@ -58,6 +92,7 @@ impl fmt::Debug for Arena {
         f.debug_struct("Arena")
             .field("ptr", &self.as_ptr())
             .field("len", &self.len())
+            .field("mapped", &self.is_mapped())
             .finish()
     }
 }

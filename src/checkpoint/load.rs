@@ -10,8 +10,10 @@ use super::save::{TensorView, Tensors};
 use super::{validate, Arena, FileOpener, IO_THREADS};
 use crate::core::align::align_down;
 use crate::core::parallel;
+use crate::core::ReadJob as JobShape;
 use crate::{
-    BackendFile, Error, ErrorKind, HostBuffer, MemMut, MemRef, OpenMode, Result, TensorDesc,
+    BackendFile, Error, ErrorKind, HostBuffer, MemMut, MemRef, MemoryKind, OpenMode, Result,
+    TensorDesc,
 };
 use std::collections::BTreeMap;
 use std::ops::Range;
@@ -31,6 +33,14 @@ const MERGE_GAP: u64 = 1 << 20;
 
 /// A read of [`load_into`]: a file range and its destination.
 pub(crate) type Request<'a> = (Range<u64>, MemMut<'a>);
+
+/// What [`Checkpoint::into_parts`] returns: the arena, each tensor's descriptor and range
+/// of it, and the metadata.
+pub type CheckpointParts = (
+    Arena,
+    Vec<(TensorDesc, Range<usize>)>,
+    BTreeMap<String, String>,
+);
 
 /// A loaded checkpoint: one aligned arena holding the tensors' bytes, and zero-copy views.
 #[derive(Debug)]
@@ -112,6 +122,11 @@ impl Checkpoint {
         &self.arena
     }
 
+    /// The arena, each tensor's descriptor and range of it (file order), and the metadata.
+    pub fn into_parts(self) -> CheckpointParts {
+        (self.arena, self.entries, self.metadata)
+    }
+
     /// Total bytes of the loaded tensors.
     pub fn data_bytes(&self) -> u64 {
         self.entries.iter().map(|(_, r)| r.len() as u64).sum()
@@ -136,7 +151,7 @@ pub(crate) fn read_header(file: &dyn BackendFile, path: &Path) -> Result<Header>
     let ctx = |e: Error| e.with_path(path);
     let file_len = file.len().map_err(ctx)?;
     let mut buf = HostBuffer::new(file_len.min(FIRST_READ) as usize)?;
-    let n = file.read_at(0, buf.as_mem_mut()).map_err(ctx)?;
+    let n = file.read_metadata_at(0, &mut buf).map_err(ctx)?;
     let header_len = header_len_of(&buf[..n]).map_err(ctx)?;
     check_header_len(header_len, file_len).map_err(ctx)?;
     let need = 8 + header_len as usize;
@@ -145,7 +160,7 @@ pub(crate) fn read_header(file: &dyn BackendFile, path: &Path) -> Result<Header>
     }
     if header_len <= PARSE_WHOLE_MAX {
         buf = HostBuffer::new(need)?;
-        let got = file.read_at(0, buf.as_mem_mut()).map_err(ctx)?;
+        let got = file.read_metadata_at(0, &mut buf).map_err(ctx)?;
         if got < need {
             return Err(ctx(Error::new(
                 ErrorKind::Corrupt,
@@ -183,7 +198,7 @@ impl std::io::Read for FileReader<'_> {
             self.at = 0;
             self.filled = self
                 .file
-                .read_at(self.pos, self.buf.as_mem_mut())
+                .read_metadata_at(self.pos, &mut self.buf)
                 .map_err(std::io::Error::other)?;
             if self.filled == 0 {
                 return Err(std::io::Error::new(
@@ -197,6 +212,25 @@ impl std::io::Read for FileReader<'_> {
         self.at += n;
         Ok(n)
     }
+}
+
+/// The job of `reqs` (sorted by offset; see [`BackendFile::begin_read_job`]), `None` when
+/// they go to more than one kind of memory or there are none.
+pub(crate) fn job_of(reqs: &[Request<'_>], fresh: bool) -> Option<JobShape> {
+    let (first, _) = reqs.first()?;
+    let memory = reqs[0].1.kind();
+    if reqs.iter().any(|(_, d)| d.kind() != memory) {
+        return None;
+    }
+    Some(JobShape {
+        bytes: reqs.iter().map(|(r, _)| r.end - r.start).sum(),
+        requests: reqs.len(),
+        largest: reqs.iter().map(|(r, _)| r.end - r.start).max().unwrap_or(0),
+        in_flight: IO_THREADS as u32,
+        memory,
+        fresh,
+        first_offset: first.start,
+    })
 }
 
 fn truncated(path: &Path, offset: u64) -> Error {
@@ -227,12 +261,18 @@ pub(crate) fn retry_changed<T>(mut attempt: impl FnMut() -> Result<T>) -> Result
 
 /// Loads every tensor of the safetensors file at `path`.
 ///
-/// The data section is read in one transfer into one page-aligned arena. When the data
+/// One decision for the whole load: where the opener maps new loads
+/// ([`FileOpener::maps_new_loads`], the engine's default) the file is mapped copy-on-write
+/// and its pages brought in by several threads (see [`Arena`] for what a mapping shares
+/// with the file); otherwise the data section is read into one page-aligned arena of its own. When the data
 /// section is not aligned in the file (files written by other tools), the arena is offset so
 /// that file and memory alignments still match and direct I/O still copies nothing. A file
 /// replaced (renamed over) during the load is loaded again, whole (up to 3 tries); when it
 /// keeps changing the error is [`ErrorKind::Changed`].
 pub fn load<O: FileOpener + ?Sized>(opener: &O, path: &Path) -> Result<Checkpoint> {
+    if opener.maps_new_loads(path) {
+        return retry_changed(|| super::mapped::load(path, &|_, _| true));
+    }
     retry_changed(|| {
         let file = opener.open_file(path, OpenMode::Read)?;
         let header = read_header(&*file, path)?;
@@ -251,6 +291,33 @@ where
     S: AsRef<str>,
 {
     let names: Vec<S> = names.into_iter().collect();
+    if opener.maps_new_loads(path) {
+        return retry_changed(|| {
+            let wanted = std::cell::OnceCell::new();
+            super::mapped::load(path, &|header, i| {
+                let wanted = wanted.get_or_init(|| {
+                    let mut w = vec![false; header.entries().len()];
+                    for name in &names {
+                        if let Some(j) = header.position(name.as_ref()) {
+                            w[j] = true;
+                        }
+                    }
+                    w
+                });
+                wanted[i]
+            })
+            .and_then(|ckpt| {
+                match names.iter().find(|n| ckpt.tensor(n.as_ref()).is_none()) {
+                    Some(n) => Err(Error::new(
+                        ErrorKind::NotFound,
+                        format!("no tensor `{}` in the checkpoint", n.as_ref()),
+                    )
+                    .with_path(path)),
+                    None => Ok(ckpt),
+                }
+            })
+        });
+    }
     retry_changed(|| {
         let file = opener.open_file(path, OpenMode::Read)?;
         let header = read_header(&*file, path)?;
@@ -334,6 +401,21 @@ fn read_spans(
                     .map(move |(i, w)| (from + (i * READ_WINDOW) as u64, w))
             })
             .collect();
+        let job = JobShape {
+            bytes: windows.iter().map(|(_, w)| w.len() as u64).sum(),
+            requests: windows.len(),
+            largest: windows
+                .iter()
+                .map(|(_, w)| w.len() as u64)
+                .max()
+                .unwrap_or(0),
+            in_flight: IO_THREADS as u32,
+            memory: MemoryKind::Host,
+            fresh: true,
+            first_offset: windows.first().map_or(0, |(at, _)| *at),
+        };
+        let job_file = file.begin_read_job(&job);
+        let file: &dyn BackendFile = job_file.as_deref().unwrap_or(file);
         parallel::for_each(windows, IO_THREADS, |(from, window)| {
             super::arena::fault_in(window);
             let want = window.len();
@@ -387,6 +469,8 @@ pub struct CheckpointFile {
     path: PathBuf,
     file: Box<dyn BackendFile>,
     header: Header,
+    /// Set by [`verifying`](CheckpointFile::verifying): whole-tensor reads are checked.
+    pub(super) checksums: Option<super::checksum::Checksums>,
 }
 
 impl std::fmt::Debug for CheckpointFile {
@@ -413,6 +497,7 @@ fn open_once<O: FileOpener + ?Sized>(opener: &O, path: &Path) -> Result<Checkpoi
         path: path.to_path_buf(),
         file,
         header,
+        checksums: None,
     })
 }
 
@@ -442,17 +527,35 @@ impl CheckpointFile {
     /// [`read_into`](Self::read_into) with the targets borrowed, so that a retried load can
     /// fill them again.
     fn fill(&self, targets: &mut [(&str, MemMut<'_>)]) -> Result<()> {
-        let (file, path) = (&*self.file, self.path.as_path());
-        let jobs = plan_reads(self.requests(targets)?);
+        self.execute(self.requests(targets)?)
+    }
+
+    /// Reads each request's file range into its destination (`reqs` sorted by offset).
+    pub(super) fn execute(&self, reqs: Vec<Request<'_>>) -> Result<()> {
+        let path = self.path.as_path();
+        let job = job_of(&reqs, false);
+        let job_file = job.and_then(|j| self.file.begin_read_job(&j));
+        let file: &dyn BackendFile = job_file.as_deref().unwrap_or(&*self.file);
+        let jobs = plan_reads(reqs);
         parallel::for_each(jobs, IO_THREADS, |job| match job {
-            ReadJob::Single((r, dst)) => {
-                let got = file.read_at(r.start, dst)?;
+            ReadJob::Single((r, mut dst)) => {
+                let got = file.read_at(r.start, dst.reborrow())?;
                 if got as u64 != r.end - r.start {
                     return Err(truncated(path, r.start + got as u64));
                 }
-                Ok(())
+                match &self.checksums {
+                    Some(sums) => sums.check_dst(path, &r, &dst),
+                    None => Ok(()),
+                }
             }
-            ReadJob::Staged(group) => group.read(file, |at| truncated(path, at)),
+            ReadJob::Staged(group) => group.read(
+                file,
+                |at| truncated(path, at),
+                |r, bytes| match &self.checksums {
+                    Some(sums) => sums.check(path, r, bytes),
+                    None => Ok(()),
+                },
+            ),
         })
     }
 

@@ -6,7 +6,8 @@
 //!   parallel, durably and atomically (temporary file, sync, rename, directory sync).
 //! * [`load`] reads the data section into one aligned arena and hands out zero-copy views;
 //!   [`load_selected`] reads only the tensors asked for (merging neighbours);
-//!   [`load_into`] fills the caller's buffers.
+//!   [`load_into`] fills the caller's buffers; [`CheckpointFile::read_slice`] reads only the
+//!   bytes a slice of one tensor covers.
 //! * [`parse_header`] validates hostile input without panicking; every defect is an
 //!   [`ErrorKind::Corrupt`](crate::ErrorKind::Corrupt) error naming the file and the tensor.
 //! * [`inspect`], [`rows`] and [`copy`] serve the command line.
@@ -17,24 +18,29 @@
 //! the backend per transfer; its implementation lives in `src/engine`) or any [`Backend`](crate::Backend).
 
 mod arena;
+pub mod checksum;
 mod header;
 mod load;
+mod mapped;
 mod plan;
 mod save;
 pub mod sharded;
+mod slice;
 mod tools;
 mod validate;
 
 pub use arena::Arena;
+pub use checksum::{verify_file, Checksums, Verified, CHECKSUMS_KEY};
 pub use header::{
     parse_header, Header, HeaderEntry, DATA_ALIGN, MAX_HEADER_LEN, MAX_RANK, METADATA_KEY,
 };
-pub use load::{load, load_into, load_selected, open, Checkpoint, CheckpointFile};
+pub use load::{load, load_into, load_selected, open, Checkpoint, CheckpointFile, CheckpointParts};
 pub use save::{save, save_section, save_with_metadata, TensorView};
 pub use sharded::{
     load_into_sharded, load_selected_sharded, load_sharded, open_sharded, read_ranges,
     save_sharded, save_sharded_with_metadata, ShardedCheckpoint, ShardedFile, ShardedIndex,
 };
+pub use slice::{slice_runs, DimSelection};
 pub use tools::{copy, format_table, inspect, rows, write_table, InspectRow};
 
 pub use crate::core::FileOpener;

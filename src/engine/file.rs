@@ -19,6 +19,7 @@ use std::sync::Arc;
 mod account;
 mod batch;
 mod identity;
+mod job;
 
 use account::Done;
 use identity::{not_regular, replaced, FileId};
@@ -686,6 +687,35 @@ impl BackendFile for EngineFile {
 
     fn read_batch(&self, requests: &mut [ReadRequest<'_>]) -> Result<()> {
         EngineFile::read_batch(self, requests)
+    }
+
+    /// Through the file's plain read-only descriptor where it has one (no backend choice,
+    /// no measurement), else as any read.
+    fn read_metadata_at(&self, offset: u64, dst: &mut [u8]) -> Result<usize> {
+        use std::os::unix::fs::FileExt;
+        let Some(f) = self.probe_file() else {
+            return self.read_at(offset, MemMut::Host(dst));
+        };
+        let mut done = 0;
+        while done < dst.len() {
+            match f.read_at(&mut dst[done..], offset + done as u64) {
+                Ok(0) => break,
+                Ok(n) => done += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => {
+                    return Err(Error::io(e, "cannot read the file's header")
+                        .with_path(&self.path)
+                        .with_offset(offset))
+                }
+            }
+        }
+        Ok(done)
+    }
+
+    /// One backend for the whole job, measured whole (see `file/job.rs`).
+    fn begin_read_job(&self, job: &fastensor_core::ReadJob) -> Option<Box<dyn BackendFile + '_>> {
+        self.begin_job(job)
+            .map(|j| Box::new(j) as Box<dyn BackendFile + '_>)
     }
 
     fn write_batch(&self, requests: &[WriteRequest<'_>]) -> Result<()> {

@@ -170,6 +170,12 @@ pub(crate) struct Inner {
     pub(crate) profile: Option<PathBuf>,
     pub(crate) in_flight: InFlightCount,
     pub(crate) detect_cache: bool,
+    /// Whether loads into new host memory may map the file (see `maps_new_loads`).
+    mapped_loads: bool,
+    /// Loads into new host memory decided so far: mapped, read through a backend.
+    new_loads: [AtomicU64; 2],
+    /// Jobs of reads given one backend each (see `file/job.rs`).
+    jobs: AtomicU64,
     /// Use per candidate (same order as `candidates`).
     pub(crate) usage: Vec<Usage>,
     pub(crate) warning: Option<Warning>,
@@ -419,6 +425,18 @@ impl Inner {
         }
     }
 
+    /// The backend the selector has found best for `ctx`, once that context is explored.
+    pub(crate) fn best_for(&self, ctx: &TransferContext) -> Option<String> {
+        self.selector()
+            .choice_for(&ContextKey::of(ctx))
+            .map(String::from)
+    }
+
+    /// Counts a job's decision (see `file/job.rs`).
+    pub(crate) fn count_job(&self) {
+        self.jobs.fetch_add(1, Ordering::Relaxed);
+    }
+
     /// Counts a transfer through the candidate at `index` in its use (see [`Report`]), with
     /// its CPU time when it was read.
     pub(crate) fn add_usage(
@@ -559,6 +577,7 @@ pub struct EngineBuilder {
     clock: Option<Arc<dyn Clock>>,
     pinned: Option<String>,
     no_cache_probe: bool,
+    no_mapped_loads: bool,
 }
 
 impl fmt::Debug for EngineBuilder {
@@ -627,6 +646,13 @@ impl EngineBuilder {
     /// Uses this backend for every transfer.
     pub fn pin(mut self, backend: impl Into<String>) -> Self {
         self.pinned = Some(backend.into());
+        self
+    }
+
+    /// Whether loads of whole checkpoints into new host memory may map the file (on by
+    /// default; see [`Engine::maps_new_loads`](fastensor_core::FileOpener::maps_new_loads)).
+    pub fn mapped_loads(mut self, on: bool) -> Self {
+        self.no_mapped_loads = !on;
         self
     }
 
@@ -703,6 +729,9 @@ impl EngineBuilder {
             profile: self.profile,
             in_flight: InFlightCount::default(),
             detect_cache: !self.no_cache_probe,
+            mapped_loads: !self.no_mapped_loads,
+            new_loads: Default::default(),
+            jobs: AtomicU64::new(0),
             usage,
             warning,
         };
@@ -800,6 +829,40 @@ impl fastensor_core::FileOpener for Engine {
         let file = self.open(path, mode)?;
         file.set_purpose(fastensor_core::Purpose::Checkpoint);
         Ok(Box::new(file))
+    }
+
+    /// A load into new host memory maps the file unless a backend is pinned, mapped loads
+    /// were turned off ([`EngineBuilder::mapped_loads`]), or none of the engine's backends
+    /// reads local files through the page cache (`posix`, `mmap`: without them the caller
+    /// chose to bypass it, or the engine's files are not local files). Mapping never costs
+    /// more device reads than reading, and spares what reading into new memory costs on
+    /// top: the kernel zeroing every page before the read overwrites it.
+    fn maps_new_loads(&self, _path: &Path) -> bool {
+        const PAGE_CACHE_READERS: [&str; 2] = ["posix", "mmap"];
+        let inner = &self.inner;
+        let map = inner.mapped_loads
+            && inner.pinned.read().is_none()
+            && inner
+                .candidates
+                .iter()
+                .any(|c| PAGE_CACHE_READERS.contains(&c.name()));
+        inner.new_loads[usize::from(!map)].fetch_add(1, Ordering::Relaxed);
+        map
+    }
+}
+
+impl Engine {
+    /// Loads of whole checkpoints into new host memory decided so far: how many mapped the
+    /// file, how many read it through a backend.
+    pub fn new_loads(&self) -> (u64, u64) {
+        let [m, r] = &self.inner.new_loads;
+        (m.load(Ordering::Relaxed), r.load(Ordering::Relaxed))
+    }
+
+    /// Jobs of reads (checkpoint loads read through a backend) decided so far: each chose
+    /// one backend for all its reads.
+    pub fn read_jobs(&self) -> u64 {
+        self.inner.jobs.load(Ordering::Relaxed)
     }
 }
 

@@ -27,6 +27,12 @@ class Engine:
         profile: where the selection profile is loaded from and saved to (default: none,
             nothing is remembered).
         pin: one backend for every transfer.
+        mapped_loads: whether a load into new host memory (``load_file`` and
+            ``load_selected`` to the CPU) may map the file copy-on-write, its pages brought
+            in by several threads, instead of reading it into new memory through a
+            backend (default: yes, unless a backend is pinned or none of ``backends``
+            reads through the page cache). See :func:`fastensor.torch.load_file` for what
+            mapped tensors share with the file.
 
     Raises:
         NotFoundError: an unknown backend name (the message lists the known ones).
@@ -40,10 +46,24 @@ class Engine:
         backends: list[str] | None = None,
         profile: str | os.PathLike[str] | None = None,
         pin: str | None = None,
+        mapped_loads: bool = True,
     ) -> None:
         if profile is not None:
             profile = os.fspath(profile)
-        self._native = _native.Engine(backends=backends, profile=profile, pin=pin)
+        self._native = _native.Engine(
+            backends=backends, profile=profile, pin=pin, mapped_loads=mapped_loads
+        )
+
+    def new_loads(self) -> tuple[int, int]:
+        """Loads into new host memory decided so far: ``(mapped, read)``, one per load."""
+        return self._native.new_loads()
+
+    def decisions(self) -> dict[str, int]:
+        """What the engine decided so far: ``mapped_loads`` and ``read_loads`` (loads into
+        new host memory, one decision each), ``read_jobs`` (loads into existing memory,
+        each sent through one backend chosen once), and the selector's ``choices`` and
+        ``explorations``."""
+        return dict(self._native.decisions())
 
     def backend_names(self) -> list[str]:
         """The names of the backends this engine may use, sorted."""

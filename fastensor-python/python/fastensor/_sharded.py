@@ -18,10 +18,11 @@ from collections.abc import Iterable, Mapping
 
 import torch
 
-from . import _native
+from . import _checksum, _native
 from . import torch as _fst
 from ._common import PathLike, check_metadata, fspath, retry_changed
 from ._engine import Engine, engine_or_default
+from ._host_load import load_host
 
 __all__ = [
     "is_sharded",
@@ -127,11 +128,12 @@ def open_sharded(path: PathLike, *, engine: Engine | None = None) -> _native.Sha
     return _native.open_sharded(engine_or_default(engine), fspath(path))
 
 
-def _open_any(engine: _native.Engine, path: str):
-    """A sharded checkpoint's open file for a directory or an index, else the file's."""
+def _open_any(engine: _native.Engine, path: str, verify: bool = False):
+    """A sharded checkpoint's open file for a directory or an index, else the file's; with
+    ``verify``, its reads are checked against the checksums saved with it."""
     if is_sharded(path):
-        return _native.open_sharded(engine, path)
-    return engine.open(path)
+        return _native.open_sharded(engine, path, verify)
+    return _native.open_verified(engine, path) if verify else engine.open(path)
 
 
 def save_sharded(
@@ -141,6 +143,7 @@ def save_sharded(
     metadata: Mapping[str, str] | None = None,
     *,
     engine: Engine | None = None,
+    checksum: bool = False,
 ) -> dict[str, str]:
     """Saves ``tensors`` as a sharded checkpoint in ``save_directory``.
 
@@ -151,39 +154,62 @@ def save_sharded(
     there is removed first, so a crash never leaves an index naming missing, partial or
     mixed shards; shards of an earlier save that the new index does not name are removed.
     Every shard carries ``metadata`` (default ``{"format": "pt"}``, which ``transformers``
-    expects). Returns the weight map (tensor name -> shard file name).
+    expects). With ``checksum``, each shard also stores the CRC-32C of each of its tensors
+    (see :func:`fastensor.torch.save_file`). Returns the weight map (tensor name -> shard
+    file name).
     """
     path = fspath(save_directory)
     engine = engine_or_default(engine)
     meta = check_metadata(metadata, path) if metadata is not None else {"format": "pt"}
     limit = parse_size(max_shard_size)
-    specs = _fst._save_specs(tensors, path, engine, host_only=False)
+    specs = _fst._save_specs(tensors, path, engine, host_only=checksum)
+    if checksum:
+        meta = _checksum.stamp(specs, meta)  # (split per shard by the native save)
     return _native.save_sharded(engine, path, specs, limit, meta)
 
 
 @retry_changed
+def _load_host_by_shard(engine, file, names: Iterable[str] | None) -> dict[str, torch.Tensor]:
+    """Every tensor (or ``names``, in their order) into new host memory, one load per shard
+    (each mapped and brought in as ``load_file`` does)."""
+    wanted = None if names is None else set(names)
+    out: dict[str, torch.Tensor] = {}
+    for shard, in_shard in file.names_by_shard():
+        take = in_shard if wanted is None else [n for n in in_shard if n in wanted]
+        if take:
+            out.update(load_host(engine, fspath(shard), take))
+    if names is None:
+        return out
+    return {n: out[n] for n in dict.fromkeys(names)}
+
+
 def load_sharded(
     path: PathLike,
     device: str | int | torch.device = "cpu",
     names: Iterable[str] | None = None,
     *,
     engine: Engine | None = None,
+    verify: bool = False,
 ) -> dict[str, torch.Tensor]:
     """Loads the sharded checkpoint at ``path`` (its directory or its index) onto
-    ``device``: every tensor, or only ``names`` (only their bytes are read). The reads of all
-    shards go out together. On the CPU the tensors are views of one allocation (freed when
-    the last of them is), as the tensors of one file loaded by ``safetensors`` share its
-    mapping.
+    ``device``: every tensor, or only ``names`` (only their bytes are read). On the CPU each
+    shard is loaded as ``load_file`` loads a file (mapped copy-on-write, brought in before
+    this returns, each tensor its own storage); to a GPU the reads of all shards go out
+    together.
+
+    With ``verify``, each tensor is checked against the checksum its shard stores
+    (``save_sharded(..., checksum=True)``), in host memory.
 
     Raises:
         FileNotFoundError (NotFoundError): no index, a missing shard, or a name the index
             lacks.
+        ValueError (CorruptError): with ``verify``, a tensor whose checksum does not match.
     """
     p = fspath(path)
     engine = engine_or_default(engine)
     if isinstance(device, int):
         device = f"cuda:{device}"
-    file = _native.open_sharded(engine, p)
+    file = _native.open_sharded(engine, p, verify)
     entries = file.entries()
     if names is not None:
         by_name = {e[0]: e for e in entries}
@@ -197,6 +223,10 @@ def load_sharded(
                 raise exc
             wanted.append(by_name[n])
         entries = wanted
+    if torch.device(device).type == "cpu" and not verify:
+        return _load_host_by_shard(engine, file, names)
     if torch.device(device).type == "cpu":
         return _read_into_arena(file, p, entries)
+    if verify:  # (checked in host memory, then moved)
+        return {k: v.to(device) for k, v in _read_into_arena(file, p, entries).items()}
     return _fst._read_new(file, p, entries, device, engine)

@@ -14,11 +14,11 @@ from collections.abc import Iterable, Mapping
 import numpy as np
 
 from . import _bytes, _native
+from ._checksum import open_file, stamp
 from ._common import (
     HUGE_PAGE,
     IO_ALIGN,
     PathLike,
-    SafeOpenBase,
     check_metadata,
     check_names,
     fspath,
@@ -28,7 +28,9 @@ from ._common import (
     unknown_dtype,
 )
 from ._engine import Engine, engine_or_default, watch_pending_saves
-from .errors import NotFoundError, OutOfMemoryError, _invalid
+from ._host_load import load_host_numpy
+from ._safe_open import SafeOpenBase
+from .errors import OutOfMemoryError, _invalid
 
 __all__ = [
     "load",
@@ -53,6 +55,7 @@ _TO_NAME = {
     np.dtype(np.int64): "I64",
     np.dtype(np.uint64): "U64",
     np.dtype(np.float64): "F64",
+    np.dtype(np.complex64): "C64",
 }
 _FROM_NAME = {v: k for k, v in _TO_NAME.items()}
 
@@ -91,13 +94,15 @@ def save_file(
     metadata: Mapping[str, str] | None = None,
     *,
     engine: Engine | None = None,
+    checksum: bool = False,
 ) -> None:
     """Saves ``tensor_dict`` to ``filename`` as a safetensors file, durably and atomically
-    (see :func:`fastensor.torch.save_file`)."""
+    (see :func:`fastensor.torch.save_file`, and there ``checksum``)."""
     path = fspath(filename)
     engine = engine_or_default(engine)
     meta = check_metadata(metadata, path)
-    engine.save(path, _save_specs(tensor_dict, path), meta)
+    specs = _save_specs(tensor_dict, path)
+    engine.save(path, specs, stamp(specs, meta) if checksum else meta)
 
 
 def save_file_async(
@@ -106,6 +111,7 @@ def save_file_async(
     metadata: Mapping[str, str] | None = None,
     *,
     engine: Engine | None = None,
+    checksum: bool = False,
 ) -> _native.SaveHandle:
     """Snapshots the arrays, then saves them in the background (see
     :func:`fastensor.torch.save_file_async`)."""
@@ -113,7 +119,8 @@ def save_file_async(
     engine = engine_or_default(engine)
     meta = check_metadata(metadata, path)
     watch_pending_saves()
-    return engine.save_async(path, _save_specs(tensor_dict, path), meta)
+    specs = _save_specs(tensor_dict, path)
+    return engine.save_async(path, specs, stamp(specs, meta) if checksum else meta)
 
 
 def _place_new(entry, path: str) -> tuple[np.ndarray, np.ndarray, int]:
@@ -168,16 +175,22 @@ def _read_new(file, path: str, entries) -> dict[str, np.ndarray]:
 
 
 @retry_changed
-def load_file(filename: PathLike, *, engine: Engine | None = None) -> dict[str, np.ndarray]:
-    """Loads every tensor of the safetensors file ``filename`` as a numpy array.
+def load_file(
+    filename: PathLike, *, engine: Engine | None = None, verify: bool = False
+) -> dict[str, np.ndarray]:
+    """Loads every tensor of the safetensors file ``filename`` as a numpy array; with
+    ``verify``, each checked as it arrives against the checksum saved with it.
 
     Raises:
         FileNotFoundError (NotFoundError): no such file.
-        ValueError (CorruptError): not a valid safetensors file; or a dtype numpy lacks
-            (BF16, F8), naming the tensor.
+        ValueError (CorruptError): not a valid safetensors file, or (with ``verify``) a
+            checksum that does not match; or a dtype numpy lacks (BF16, F8), naming the
+            tensor.
     """
     path = fspath(filename)
-    file = engine_or_default(engine).open(path)
+    if not verify:
+        return load_host_numpy(engine_or_default(engine), path, _FROM_NAME)
+    file = open_file(engine_or_default(engine), path, verify)
     return _read_new(file, path, file.entries())
 
 
@@ -185,25 +198,27 @@ def load_file(filename: PathLike, *, engine: Engine | None = None) -> dict[str, 
 def load_selected(
     filename: PathLike, names: Iterable[str], *, engine: Engine | None = None
 ) -> dict[str, np.ndarray]:
-    """Loads only the arrays ``names`` of ``filename``; only their bytes are read."""
+    """Loads only the arrays ``names`` of ``filename``; only their bytes are read.
+
+    Raises:
+        FileNotFoundError (NotFoundError): no such file, or a name the file lacks.
+    """
     path = fspath(filename)
-    file = engine_or_default(engine).open(path)
-    by_name = {e[0]: e for e in file.entries()}
-    wanted = []
-    for n in dict.fromkeys(names):
-        if n not in by_name:
-            exc = NotFoundError(f"{path}: no tensor `{n}` in the checkpoint")
-            exc.path = path
-            raise exc
-        wanted.append(by_name[n])
-    return _read_new(file, path, wanted)
+    wanted = list(dict.fromkeys(names))
+    return load_host_numpy(engine_or_default(engine), path, _FROM_NAME, wanted)
 
 
 class safe_open(SafeOpenBase):  # noqa: N801 (named as in safetensors)
     """Opens a safetensors file for reads on demand (``framework="np"``)."""
 
     def __init__(
-        self, filename: PathLike, framework: str = "np", device: str = "cpu", *, engine=None
+        self,
+        filename: PathLike,
+        framework: str = "np",
+        device: str = "cpu",
+        *,
+        engine=None,
+        verify: bool = False,
     ):
         if framework not in ("np", "numpy"):
             raise ValueError(f"fastensor.numpy.safe_open: framework {framework!r} is not 'np'")
@@ -212,11 +227,11 @@ class safe_open(SafeOpenBase):  # noqa: N801 (named as in safetensors)
                 f"fastensor.numpy.safe_open: numpy arrays live on the cpu, not {device!r}"
             )
         path = fspath(filename)
-        super().__init__(engine_or_default(engine).open(path), path)
+        self._verify = verify
+        super().__init__(open_file(engine_or_default(engine), path, verify), path)
 
-    def get_tensor(self, name: str) -> np.ndarray:
-        """The array ``name``, read now into new memory."""
-        return _read_new(self._open_file(), self._path, [self._entry(name)])[name]
+    def _read(self, entries) -> dict[str, np.ndarray]:
+        return _read_new(self._open_file(), self._path, entries)
 
 
 def save(tensor_dict: Mapping[str, np.ndarray], metadata: Mapping[str, str] | None = None) -> bytes:

@@ -26,13 +26,12 @@ import torch
 
 from . import _bytes, _native
 from ._allocator import allocator_stats, caching_allocator, empty_cache
+from ._checksum import load_torch_verified, open_file, stamp
 from ._common import (
     HUGE_PAGE,
     IO_ALIGN,
     PathLike,
-    SafeOpenBase,
     check_metadata,
-    check_names,
     fspath,
     huge_page_pad,
     pad_for,
@@ -40,9 +39,21 @@ from ._common import (
     unknown_dtype,
 )
 from ._engine import Engine, engine_or_default, watch_pending_saves
+from ._host_load import load_host
+from ._model import _end_ptr as _end_ptr  # (`x as x`: safetensors.torch's helpers)
+from ._model import _find_shared_tensors as _find_shared_tensors
+from ._model import _is_complete as _is_complete
+from ._model import _remove_duplicate_names as _remove_duplicate_names
 from ._model import load_model, save_model
+from ._model import storage_ptr as storage_ptr
+from ._model import storage_size as storage_size
 from ._offload import offload, release_freed_memory
+from ._safe_open import SafeOpenBase
 from ._sharded import _open_any, is_sharded, load_sharded, open_sharded, save_sharded
+from ._torch_checks import check_savable
+from ._torch_dtypes import FROM_NAME as _FROM_NAME
+from ._torch_dtypes import TO_NAME as _TO_NAME
+from ._torch_dtypes import header_shape, torch_shape
 from .errors import OutOfMemoryError, _invalid
 
 __all__ = [
@@ -68,36 +79,6 @@ __all__ = [
     "save_model",
 ]
 
-
-def _dtype_table() -> dict[torch.dtype, str]:
-    table = {
-        torch.bool: "BOOL",
-        torch.uint8: "U8",
-        torch.int8: "I8",
-        torch.int16: "I16",
-        torch.float16: "F16",
-        torch.bfloat16: "BF16",
-        torch.int32: "I32",
-        torch.float32: "F32",
-        torch.int64: "I64",
-        torch.float64: "F64",
-    }
-    # Newer dtypes, where this torch has them.
-    for attr, name in (
-        ("float8_e5m2", "F8_E5M2"),
-        ("float8_e4m3fn", "F8_E4M3"),
-        ("uint16", "U16"),
-        ("uint32", "U32"),
-        ("uint64", "U64"),
-    ):
-        dt = getattr(torch, attr, None)
-        if dt is not None:
-            table[dt] = name
-    return table
-
-
-_TO_NAME = _dtype_table()
-_FROM_NAME = {v: k for k, v in _TO_NAME.items()}
 
 _CUDA_BACKENDS = ("gds", "cuda-staged")
 
@@ -145,7 +126,7 @@ def _bytes_of(t: torch.Tensor) -> torch.Tensor:
 
 def _save_specs(tensors: Mapping[str, torch.Tensor], path: str, engine, host_only: bool):
     """The save specs ``(name, dtype, shape, bytes)`` of ``tensors``."""
-    check_names(tensors, path)
+    check_savable(tensors, path)
     specs = []
     device_ok = not host_only and _takes_device_memory(engine)
     synced = set()
@@ -178,7 +159,7 @@ def _save_specs(tensors: Mapping[str, torch.Tensor], path: str, engine, host_onl
         elif ordinal >= 0 and ordinal not in synced:
             torch.cuda.synchronize(ordinal)  # pending kernels may still write the tensor
             synced.add(ordinal)
-        specs.append((name, dtype, list(t.shape), _bytes_of(t)))
+        specs.append((name, dtype, header_shape(t, dtype, path, name), _bytes_of(t)))
     return specs
 
 
@@ -188,13 +169,16 @@ def save_file(
     metadata: Mapping[str, str] | None = None,
     *,
     engine: Engine | None = None,
+    checksum: bool = False,
 ) -> None:
     """Saves ``tensors`` to ``filename`` as a safetensors file.
 
     The file is written durably and atomically: to a temporary file in the same directory,
     synced, then renamed over ``filename``; after a crash ``filename`` holds the old file or
     the new one, whole. Tensors may be non-contiguous (saved as their contiguous copy) and
-    on the CPU or a CUDA device. ``metadata`` is a dict of str to str.
+    on the CPU or a CUDA device. ``metadata`` is a dict of str to str. With ``checksum``,
+    the CRC-32C of each tensor is stored in the metadata (``"fastensor.checksums"``) for
+    ``verify=True`` loads and ``fastensor ckpt verify``; the file stays plain safetensors.
 
     Raises:
         TypeError: a name, tensor or metadata value of the wrong type.
@@ -205,7 +189,8 @@ def save_file(
     path = fspath(filename)
     engine = engine_or_default(engine)
     meta = check_metadata(metadata, path)
-    engine.save(path, _save_specs(tensors, path, engine, host_only=False), meta)
+    specs = _save_specs(tensors, path, engine, host_only=checksum)
+    engine.save(path, specs, stamp(specs, meta) if checksum else meta)
 
 
 def save_file_async(
@@ -214,6 +199,7 @@ def save_file_async(
     metadata: Mapping[str, str] | None = None,
     *,
     engine: Engine | None = None,
+    checksum: bool = False,
 ) -> _native.SaveHandle:
     """Snapshots ``tensors`` and saves them to ``filename`` in the background.
 
@@ -222,12 +208,14 @@ def save_file_async(
     durable and atomic as :func:`save_file`'s. The returned handle's ``wait()`` blocks until
     the file is saved and raises its error, if any; ``done()`` polls. The staging memory is
     kept by the engine for the next snapshot (``engine.release_staging()`` frees it).
+    ``checksum`` as :func:`save_file`'s (computed before this returns).
     """
     path = fspath(filename)
     engine = engine_or_default(engine)
     meta = check_metadata(metadata, path)
     watch_pending_saves()
-    return engine.save_async(path, _save_specs(tensors, path, engine, host_only=True), meta)
+    specs = _save_specs(tensors, path, engine, host_only=True)
+    return engine.save_async(path, specs, stamp(specs, meta) if checksum else meta)
 
 
 def _torch_dtype(path: str, name: str, dtype: str) -> torch.dtype:
@@ -243,6 +231,7 @@ def _place_new(entry, path: str, device: torch.device) -> tuple[torch.Tensor, to
     unwrapped: see :func:`_empty_for`)."""
     name, dtype, shape, offset, nbytes = entry
     dt = _torch_dtype(path, name, dtype)
+    shape = torch_shape(dtype, shape)
     if nbytes == 0:
         t = torch.empty(shape, dtype=dt, device=device)
         return t, t, 0
@@ -280,6 +269,27 @@ def _empty_for(entry, path: str, device: torch.device) -> tuple[torch.Tensor, to
         raise err from exc
 
 
+def _load_new(
+    engine, path: str, names: list[str] | None, device: str | torch.device
+) -> dict[str, torch.Tensor]:
+    """The tensors of ``path`` (all, or ``names``) on ``device``, as one job: into host
+    memory through one native call (see ``_host_load``), to a GPU directly where a backend
+    takes device memory, else through host memory."""
+    dev = torch.device(device)
+    if dev.type == "cpu":
+        return load_host(engine, path, names)
+    if dev.type == "cuda" and not _takes_device_memory(engine):
+        _warn_staged_once("loads to CUDA")
+        host = load_host(engine, path, names)
+        return {k: v.to(dev) for k, v in host.items()}
+    file = engine.open(path)
+    entries = file.entries()
+    if names is not None:
+        by_name = {e[0]: e for e in entries}
+        entries = [by_name[n] for n in names]
+    return _read_new(file, path, entries, dev, engine)
+
+
 def _read_new(
     file, path: str, entries, device: str | torch.device, engine
 ) -> dict[str, torch.Tensor]:
@@ -307,23 +317,37 @@ def load_file(
     device: str | int | torch.device = "cpu",
     *,
     engine: Engine | None = None,
+    verify: bool = False,
 ) -> dict[str, torch.Tensor]:
     """Loads every tensor of the safetensors file ``filename`` onto ``device``.
 
-    Each tensor owns its memory (allocated by torch, freed with the tensor); the engine
-    reads straight into it. Files written by other tools load too.
+    The load is one job. To the CPU, the engine maps the file copy-on-write and brings its
+    pages in on several threads before returning (unless the engine was made with
+    ``mapped_loads=False`` or a pinned backend: then it reads the file into new memory).
+    Each tensor has a storage of its own (``torch.save`` of one tensor saves its bytes
+    only); the memory is released when the last tensor of the load dies. A mapped tensor
+    is this process's to write (writes never reach the file); renaming or removing the file
+    changes nothing, but a file rewritten or truncated *in place* by another program while
+    the tensors live shows through (a read of a truncated page raises ``SIGBUS``), as with
+    every mmap-based loader; fastensor's own saves always replace files by rename. To a
+    GPU, the bytes go straight to device memory where a backend takes it, else through
+    host memory. Files written by other tools load too. With ``verify``, each tensor is
+    read into new host memory and checked against the checksum saved with it
+    (``save_file(..., checksum=True)``) as its bytes arrive.
 
     Raises:
         FileNotFoundError (NotFoundError): no such file.
-        ValueError (CorruptError): not a valid safetensors file, or truncated; the message
-            names the file and the tensor.
+        ValueError (CorruptError): not a valid safetensors file, or truncated, or (with
+            ``verify``) a tensor whose checksum does not match; the message names the file
+            and the tensor.
     """
     path = fspath(filename)
     engine = engine_or_default(engine)
     if isinstance(device, int):
         device = f"cuda:{device}"
-    file = engine.open(path)
-    return _read_new(file, path, file.entries(), device, engine)
+    if verify:
+        return load_torch_verified(engine, path, device)
+    return _load_new(engine, path, None, device)
 
 
 @retry_changed
@@ -343,18 +367,7 @@ def load_selected(
     engine = engine_or_default(engine)
     if isinstance(device, int):
         device = f"cuda:{device}"
-    file = engine.open(path)
-    by_name = {e[0]: e for e in file.entries()}
-    wanted = []
-    for n in dict.fromkeys(names):
-        if n not in by_name:
-            from .errors import NotFoundError
-
-            exc = NotFoundError(f"{path}: no tensor `{n}` in the checkpoint")
-            exc.path = path
-            raise exc
-        wanted.append(by_name[n])
-    return _read_new(file, path, wanted, device, engine)
+    return _load_new(engine, path, list(dict.fromkeys(names)), device)
 
 
 def _state_of(target) -> dict[str, torch.Tensor]:
@@ -377,6 +390,7 @@ def load_into(
     strict: bool = True,
     *,
     engine: Engine | None = None,
+    verify: bool = False,
 ) -> LoadResult:
     """Reads the tensors of ``filename`` straight into ``target``'s existing tensors.
 
@@ -388,15 +402,20 @@ def load_into(
     place with no copy; others (another dtype, non-contiguous) are read and then copied in,
     as ``load_state_dict`` does. Returns the missing and unexpected names; with ``strict``
     (the default) any of either, or a shape that differs, raises before anything is read.
+    With ``verify``, each tensor is checked against the checksum saved with it as it is
+    read (CUDA destinations are then filled through host memory).
 
     Raises:
         RuntimeError: with ``strict``, names that do not match (listed as
             ``load_state_dict`` lists them); or any shape mismatch.
+        ValueError (CorruptError): with ``verify``, a tensor whose checksum does not match
+            (its destination's contents are then unspecified).
     """
     path = fspath(filename)
     engine = engine_or_default(engine)
     state = _state_of(target)
-    file = _open_any(engine, path)  # a directory or an index: every shard, as one job
+    # A directory or an index: every shard, as one job; ``verify``: each tensor checked.
+    file = _open_any(engine, path, verify)
     entries = {e[0]: e for e in file.entries()}
     missing = [k for k in state if k not in entries]
     unexpected = [k for k in entries if k not in state]
@@ -422,7 +441,7 @@ def load_into(
         if e is None:
             continue
         _, dtype, shape, _, nbytes = e
-        if tuple(dst.shape) != tuple(shape):
+        if tuple(dst.shape) != tuple(torch_shape(dtype, shape)):
             errors.append(
                 f"size mismatch for {name}: copying a param with shape {torch.Size(shape)} from "
                 f"checkpoint, the shape in current model is {dst.shape}."
@@ -441,7 +460,7 @@ def load_into(
         raise RuntimeError(
             f"Error(s) in loading state_dict for {what} from {path}:\n\t" + "\n\t".join(errors)
         )
-    cuda_direct = _takes_device_memory(engine)
+    cuda_direct = _takes_device_memory(engine) and not verify  # (checked in host memory)
     targets, copies = [], []
     for name, dst in direct:
         if dst.device.type == "cuda" and not cuda_direct:
@@ -469,6 +488,8 @@ class safe_open(SafeOpenBase):  # noqa: N801 (named as in safetensors)
         w = f.get_tensor("w")
     """
 
+    _framework = "pt"
+
     def __init__(
         self,
         filename: PathLike,
@@ -476,18 +497,20 @@ class safe_open(SafeOpenBase):  # noqa: N801 (named as in safetensors)
         device: str | int | torch.device = "cpu",
         *,
         engine: Engine | None = None,
+        verify: bool = False,
     ):
         if framework not in ("pt", "torch", "pytorch"):
             raise ValueError(f"fastensor.torch.safe_open: framework {framework!r} is not 'pt'")
         path = fspath(filename)
         self._engine = engine_or_default(engine)
         self._device = f"cuda:{device}" if isinstance(device, int) else device
-        super().__init__(self._engine.open(path), path)
+        self._verify = verify
+        super().__init__(open_file(self._engine, path, verify), path)
 
-    def get_tensor(self, name: str) -> torch.Tensor:
-        """The tensor ``name``, read now into new memory of the file's device."""
-        e = self._entry(name)
-        return _read_new(self._open_file(), self._path, [e], self._device, self._engine)[name]
+    def _read(self, entries) -> dict[str, torch.Tensor]:
+        device = "cpu" if self._verify else self._device  # (checksums: host memory)
+        out = _read_new(self._open_file(), self._path, entries, device, self._engine)
+        return out if device == self._device else {k: v.to(self._device) for k, v in out.items()}
 
 
 def _target_device(device: str | int | torch.device) -> torch.device:
@@ -540,14 +563,15 @@ def load(data: bytes, device: str | int | torch.device = "cpu") -> dict[str, tor
     out: dict[str, torch.Tensor] = {}
     for e in entries:
         dt = _torch_dtype(_bytes.WHERE, e.name, e.dtype)
+        shape = torch_shape(e.dtype, e.shape)
         if e.end == e.start:
-            t = torch.empty(e.shape, dtype=dt)
+            t = torch.empty(shape, dtype=dt)
         else:
             with warnings.catch_warnings():  # (read-only buffer: the bytes are copied)
                 warnings.simplefilter("ignore")
                 raw = torch.frombuffer(
                     body, dtype=torch.uint8, offset=e.start, count=e.end - e.start
                 )
-            t = raw.clone().view(dt).reshape(e.shape)
+            t = raw.clone().view(dt).reshape(shape)
         out[e.name] = t if dev.type == "cpu" else t.to(dev)
     return out

@@ -1,6 +1,7 @@
 //! Reading sharded checkpoints: every shard's requests in flight together.
 
 use super::index::{corrupt, read_index, ShardedIndex};
+use crate::checkpoint::checksum::Checksums;
 use crate::checkpoint::header::{Header, HeaderEntry};
 use crate::checkpoint::load::{read_header, retry_changed};
 use crate::checkpoint::plan::{Staged, SMALL};
@@ -33,6 +34,8 @@ pub struct ShardedFile {
     pub(super) shards: Vec<Shard>,
     /// Tensor name -> (shard, entry), for every name of the weight map.
     by_name: HashMap<String, (usize, usize)>,
+    /// Set by [`verifying`](ShardedFile::verifying): each shard's checksums.
+    checksums: Option<Vec<Checksums>>,
 }
 
 impl std::fmt::Debug for ShardedFile {
@@ -92,6 +95,7 @@ fn open_once<O: FileOpener + ?Sized>(opener: &O, path: &Path) -> Result<ShardedF
         index,
         shards,
         by_name,
+        checksums: None,
     })
 }
 
@@ -141,6 +145,20 @@ impl ShardedFile {
         self.fill(&mut targets)
     }
 
+    /// This checkpoint, its reads verified from now on: every tensor read by
+    /// [`read_into`](Self::read_into) is checked against the checksum its shard's header
+    /// stores (after the reads, in parallel); a mismatch is [`ErrorKind::Corrupt`] naming
+    /// the shard and the tensor. Errors as [`Checksums::from_header`], for any shard.
+    pub fn verifying(mut self) -> Result<ShardedFile> {
+        let sums = self
+            .shards
+            .iter()
+            .map(|s| Checksums::from_header(&s.header, &s.path))
+            .collect::<Result<_>>()?;
+        self.checksums = Some(sums);
+        Ok(self)
+    }
+
     /// [`read_into`](Self::read_into) with the targets borrowed, so that a retried load can
     /// fill them again.
     fn fill(&self, targets: &mut [(&str, MemMut<'_>)]) -> Result<()> {
@@ -173,7 +191,21 @@ impl ShardedFile {
             .iter()
             .map(|s| (&*s.file, s.path.as_path()))
             .collect();
-        read_requests(&files, reqs)
+        read_requests(&files, reqs)?;
+        let Some(sums) = &self.checksums else {
+            return Ok(());
+        };
+        let checks: Vec<(usize, Range<u64>, &MemMut<'_>)> = targets
+            .iter()
+            .map(|(name, dst)| {
+                let (s, e) = self.by_name[*name];
+                let h = &self.shards[s].header;
+                (s, h.file_range(&h.entries()[e]), dst)
+            })
+            .collect();
+        parallel::for_each(checks, IO_THREADS, |(s, r, dst)| {
+            sums[s].check_dst(&self.shards[s].path, &r, dst)
+        })
     }
 }
 
@@ -201,6 +233,34 @@ fn truncated(path: &Path, offset: u64) -> Error {
 /// that the workers read from every file at once.
 fn read_requests(files: &[(&dyn BackendFile, &Path)], mut reqs: Vec<Request<'_>>) -> Result<()> {
     reqs.sort_by_key(|(f, r, _)| (*f, r.start));
+    // One job per file: its backend chosen once for all its reads.
+    let mut job_files: Vec<Option<Box<dyn BackendFile + '_>>> =
+        (0..files.len()).map(|_| None).collect();
+    for mine in reqs.chunk_by(|a, b| a.0 == b.0) {
+        let (f, memory) = (mine[0].0, mine[0].2.kind());
+        if mine.iter().any(|(_, _, d)| d.kind() != memory) {
+            continue;
+        }
+        job_files[f] = files[f].0.begin_read_job(&crate::core::ReadJob {
+            bytes: mine.iter().map(|(_, r, _)| r.end - r.start).sum(),
+            requests: mine.len(),
+            largest: mine
+                .iter()
+                .map(|(_, r, _)| r.end - r.start)
+                .max()
+                .unwrap_or(0),
+            in_flight: IO_THREADS as u32,
+            memory,
+            fresh: false,
+            first_offset: mine[0].1.start,
+        });
+    }
+    let files: Vec<(&dyn BackendFile, &Path)> = files
+        .iter()
+        .zip(&job_files)
+        .map(|(&(file, path), job)| (job.as_deref().unwrap_or(file), path))
+        .collect();
+    let files = &files[..];
     let mut per_file: Vec<Vec<ReadJob<'_>>> = (0..files.len()).map(|_| Vec::new()).collect();
     for (f, r, dst) in reqs {
         let len = r.end - r.start;
@@ -251,7 +311,7 @@ fn read_requests(files: &[(&dyn BackendFile, &Path)], mut reqs: Vec<Request<'_>>
         }
         ReadJob::Staged(f, group) => {
             let (file, path) = files[f];
-            group.read(file, |at| truncated(path, at))
+            group.read(file, |at| truncated(path, at), |_, _| Ok(()))
         }
     })
 }

@@ -1,0 +1,92 @@
+"""Loads into new host memory: one native call for the whole load, tensors made from the
+DLPack capsules it returns (no byte copied).
+
+What the tensors are: each owns a storage of its own over its bytes in the loaded memory,
+which is freed (or unmapped) when the last tensor of the load dies. Where the engine maps
+the file (its default, see ``Engine(mapped_loads=...)``) that memory is a private,
+copy-on-write mapping of the file: writing a tensor changes only this process's copy of
+the pages written; renaming or removing the file changes nothing; a file rewritten in
+place or truncated by another program while the tensors live shows through (truncated
+pages raise ``SIGBUS``), as with every mmap-based loader. Files saved by fastensor are
+replaced by rename, never written in place.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ._common import unknown_dtype
+from .errors import _invalid
+
+if TYPE_CHECKING:
+    import numpy as np
+    import torch
+
+
+def load_host(native, path: str, names: list[str] | None = None) -> dict[str, torch.Tensor]:
+    """The tensors of ``path`` (all in file order, or ``names`` in their order) in new host
+    memory, as torch tensors."""
+    import torch
+
+    from ._torch_dtypes import FROM_NAME, torch_shape
+
+    tensors, _metadata, _mapped = native.load_new(path, names)
+    out: dict[str, torch.Tensor] = {}
+    for name, dtype, shape, capsule in tensors:
+        dt = FROM_NAME.get(dtype)
+        if dt is None:
+            raise unknown_dtype(path, name, dtype, f"torch {torch.__version__}")
+        raw = torch.from_dlpack(capsule)
+        try:
+            out[name] = raw.view(dt).view(torch_shape(dtype, shape))
+        except (RuntimeError, ValueError) as exc:
+            err = _invalid(
+                f"{path}: tensor `{name}` ({dtype}, shape {shape}) cannot be made in torch: {exc}",
+                path,
+            )
+            raise err from exc
+    if names is not None:
+        return {n: out[n] for n in names}
+    return out
+
+
+class _Exported:
+    """A DLPack capsule offered through ``__dlpack__`` (what ``numpy.from_dlpack`` takes)."""
+
+    __slots__ = ("_capsule",)
+
+    def __init__(self, capsule: Any) -> None:
+        self._capsule = capsule
+
+    def __dlpack__(self, stream=None, max_version=None, dl_device=None, copy=None):  # noqa: ANN001
+        return self._capsule
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return (1, 0)  # kDLCPU
+
+
+def load_host_numpy(
+    native, path: str, from_name: dict, names: list[str] | None = None
+) -> dict[str, np.ndarray]:
+    """:func:`load_host` for numpy: writable arrays (``from_name``: dtype name -> numpy
+    dtype)."""
+    import numpy as np
+
+    tensors, _metadata, _mapped = native.load_new(path, names, versioned=True)
+    out: dict[str, np.ndarray] = {}
+    for name, dtype, shape, capsule in tensors:
+        dt = from_name.get(dtype)
+        if dt is None:
+            raise unknown_dtype(path, name, dtype, "numpy")
+        raw = np.from_dlpack(_Exported(capsule))
+        try:
+            out[name] = raw.view(dt).reshape(tuple(shape))
+        except ValueError as exc:
+            err = _invalid(
+                f"{path}: tensor `{name}` ({dtype}, shape {shape}) cannot be made in numpy: {exc}",
+                path,
+            )
+            raise err from exc
+    if names is not None:
+        return {n: out[n] for n in names}
+    return out

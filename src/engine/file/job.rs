@@ -1,0 +1,184 @@
+//! Jobs: the reads of one checkpoint load through an engine file, sent through one backend
+//! chosen once for the whole job and measured whole (see `BackendFile::begin_read_job`).
+//!
+//! The choice, in order: the pinned backend; the backend the selector has found best for
+//! the job's context (one of its reads, with its reads in flight); an exploration the selector asks for, when the job is small (at most
+//! [`EXPLORE_JOB_MAX`]) and does not send a cold read through the page cache into fresh
+//! memory; else a default that suits the context (a direct path for cold reads, the page
+//! cache for cached ones). A large job never pays for an exploration: those contexts are
+//! learned from small jobs and from `fastensor tune`.
+
+use super::{refusal, EngineFile, Handle};
+use fastensor_core::{
+    BackendFile, CacheState, Direction, MemMut, MemRef, ReadJob, Result, TransferContext,
+};
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+/// The largest job that may be an exploration's measurement.
+pub(crate) const EXPLORE_JOB_MAX: u64 = 64 << 20;
+
+/// Backends tried first, in order, for a job whose context the selector knows nothing of:
+/// cold reads bypass the page cache, cached ones copy from it.
+const COLD_ORDER: [&str; 3] = ["uring", "posix-direct", "posix"];
+const CACHED_ORDER: [&str; 4] = ["posix", "mmap", "uring", "posix-direct"];
+
+impl EngineFile {
+    /// The file a job's reads go through: one backend for all of them (see the module).
+    /// `None` when no backend fits (the per-transfer path then reports why).
+    pub(crate) fn begin_job(&self, job: &ReadJob) -> Option<JobFile<'_>> {
+        let probe_len = job.largest.min(EXPLORE_JOB_MAX) as usize;
+        // Keyed as one of the job's reads with the job's reads in flight: what `fastensor
+        // tune` and single transfers teach the selector applies to the job, and the job's
+        // measurement (all its bytes over its wall time) to them.
+        let ctx = TransferContext {
+            direction: Direction::Read,
+            bytes: job.largest.max(1),
+            memory: job.memory,
+            location: self.location.clone(),
+            in_flight: job.in_flight,
+            purpose: *self.purpose.read(),
+            cache: self.cache_state(job.first_offset, probe_len),
+        };
+        let index = self.job_path(&ctx, job)?;
+        let handle = self.handle(index).ok()?;
+        self.engine.count_job();
+        Some(JobFile {
+            file: self,
+            index,
+            handle,
+            start: self.engine.clock.wall(),
+            in_flight: job
+                .in_flight
+                .min(u32::try_from(job.requests).unwrap_or(u32::MAX)),
+            ctx,
+            bytes: AtomicU64::new(0),
+            failed: AtomicBool::new(false),
+        })
+    }
+
+    /// The candidate (index among the engine's) for a job in `ctx`.
+    fn job_path(&self, ctx: &TransferContext, job: &ReadJob) -> Option<usize> {
+        if let Ok(pinned) = self.pinned_index() {
+            if pinned.is_some() {
+                return pinned;
+            }
+        }
+        let candidates = &self.engine.candidates;
+        let offered: Vec<usize> = {
+            let refused = self.refused();
+            (0..candidates.len())
+                .filter(|&i| {
+                    let c = &candidates[i];
+                    c.fits(ctx.direction, ctx.memory) && !refused.contains(c.name())
+                })
+                .collect()
+        };
+        let named = |name: &str| {
+            offered
+                .iter()
+                .copied()
+                .find(|&i| candidates[i].name() == name)
+        };
+        if let Some(best) = self.engine.best_for(ctx).and_then(|n| named(&n)) {
+            return Some(best);
+        }
+        if job.bytes <= EXPLORE_JOB_MAX {
+            let names: Vec<&str> = offered.iter().map(|&i| candidates[i].name()).collect();
+            if let (Some(choice), _) = self.engine.choose(ctx, &names, None) {
+                let index = named(&choice.backend)?;
+                let cold = ctx.cache != CacheState::Cached;
+                if !(choice.exploring && job.fresh && cold && candidates[index].keeps_cache()) {
+                    return Some(index);
+                }
+            }
+        }
+        let order: &[&str] = match ctx.cache {
+            CacheState::Cached => &CACHED_ORDER,
+            _ => &COLD_ORDER,
+        };
+        order
+            .iter()
+            .find_map(|n| named(n))
+            .or_else(|| offered.first().copied())
+    }
+}
+
+/// The reads of one job through the backend chosen for it; dropped, it records the job as
+/// one measurement (bytes read, wall time from its start) unless a read failed.
+pub(crate) struct JobFile<'f> {
+    file: &'f EngineFile,
+    index: usize,
+    handle: Handle,
+    ctx: TransferContext,
+    start: Duration,
+    /// Reads of the job in flight at once (at most its reads).
+    in_flight: u32,
+    bytes: AtomicU64,
+    failed: AtomicBool,
+}
+
+impl std::fmt::Debug for JobFile<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("JobFile")
+            .field("path", &self.file.path)
+            .field("backend", &self.file.engine.candidates[self.index].name())
+            .finish()
+    }
+}
+
+impl Drop for JobFile<'_> {
+    fn drop(&mut self) {
+        let bytes = *self.bytes.get_mut();
+        if *self.failed.get_mut() || bytes == 0 {
+            return;
+        }
+        let engine = &self.file.engine;
+        let wall = engine.clock.wall().saturating_sub(self.start);
+        let name = engine.candidates[self.index].name();
+        // Recorded as the reads in flight saw it (each one's bytes over its own time), as
+        // single transfers in the same context are.
+        let per_read = wall.saturating_mul(self.in_flight.max(1));
+        engine.record(&self.ctx, name, bytes, per_read, None);
+        engine.add_usage(self.index, bytes, wall, None);
+    }
+}
+
+impl BackendFile for JobFile<'_> {
+    fn path(&self) -> &Path {
+        &self.file.path
+    }
+
+    /// Reads through the job's backend; a read it refuses (e.g. an alignment it cannot
+    /// take) goes through the engine file's own choice instead.
+    fn read_at(&self, offset: u64, mut dst: MemMut<'_>) -> Result<usize> {
+        match self.handle.read_at(offset, dst.reborrow()) {
+            Ok(n) => {
+                self.bytes.fetch_add(n as u64, Ordering::Relaxed);
+                Ok(n)
+            }
+            Err(e) if refusal(e.kind()) => self.file.read_at(offset, dst),
+            Err(e) => {
+                self.failed.store(true, Ordering::Relaxed);
+                Err(e)
+            }
+        }
+    }
+
+    fn write_at(&self, offset: u64, src: MemRef<'_>) -> Result<()> {
+        self.file.write_at(offset, src)
+    }
+
+    fn sync(&self) -> Result<()> {
+        self.file.sync()
+    }
+
+    fn len(&self) -> Result<u64> {
+        self.file.len()
+    }
+
+    fn set_len(&self, len: u64) -> Result<()> {
+        self.file.set_len(len)
+    }
+}

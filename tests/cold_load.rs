@@ -1,0 +1,206 @@
+//! A load is one job with one decision: a load into new host memory maps the file (no
+//! backend choice, nothing read through a backend), a load into existing memory goes
+//! through one backend chosen once, and a cold read into fresh memory never explores a
+//! page-cache backend. The mapped load's guarantees: a file replaced by rename leaves the
+//! loaded tensors as they were; one truncated in place is an error during the load, and
+//! `SIGBUS` on a later read of the cut pages (what every mmap-based loader does).
+
+use fastensor::checkpoint::{self, TensorView};
+use fastensor::{DType, Engine, MemMut, TensorDesc};
+use std::path::Path;
+
+/// Tensors of a few sizes with distinct bytes.
+fn tensors() -> Vec<(TensorDesc, Vec<u8>)> {
+    [3 << 20, 1 << 20, 40_000, 4097, 7, 0]
+        .iter()
+        .enumerate()
+        .map(|(i, &len)| {
+            let data: Vec<u8> = (0..len).map(|j| (j * 7 + i * 13) as u8).collect();
+            (
+                TensorDesc::new(format!("t{i}"), DType::U8, [len as u64]),
+                data,
+            )
+        })
+        .collect()
+}
+
+fn save(engine: &Engine, path: &Path, t: &[(TensorDesc, Vec<u8>)]) {
+    let views: Vec<TensorView<'_>> = t
+        .iter()
+        .map(|(d, b)| TensorView::new(d.clone(), b))
+        .collect();
+    checkpoint::save(engine, path, &views).unwrap();
+}
+
+/// Drops the file's pages from the page cache (so that reads are cold).
+fn evict(path: &Path) {
+    let f = std::fs::File::open(path).unwrap();
+    f.sync_all().unwrap();
+    rustix::fs::fadvise(&f, 0, None, rustix::fs::Advice::DontNeed).unwrap();
+}
+
+fn fresh_engine() -> Engine {
+    Engine::builder().build().unwrap()
+}
+
+fn backend_bytes(engine: &Engine) -> Vec<(String, u64)> {
+    engine
+        .report()
+        .usage
+        .into_iter()
+        .filter(|u| u.bytes > 0)
+        .map(|u| (u.name, u.bytes))
+        .collect()
+}
+
+#[test]
+fn a_fresh_engines_load_maps_the_file_and_chooses_no_backend() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("c.safetensors");
+    let t = tensors();
+    save(&fresh_engine(), &path, &t);
+    evict(&path);
+
+    let engine = fresh_engine();
+    let ckpt = checkpoint::load(&engine, &path).unwrap();
+    assert!(ckpt.arena().is_mapped());
+    for (d, b) in &t {
+        assert_eq!(ckpt.tensor(&d.name).unwrap().1, &b[..], "{}", d.name);
+    }
+    assert_eq!(engine.new_loads(), (1, 0));
+    let stats = engine.selector_stats();
+    assert_eq!((stats.choices, stats.explorations), (0, 0));
+    assert_eq!(backend_bytes(&engine), vec![]);
+
+    let some = checkpoint::load_selected(&engine, &path, ["t3", "t0"]).unwrap();
+    assert_eq!(some.len(), 2);
+    assert_eq!(some.tensor("t3").unwrap().1, &t[3].1[..]);
+    assert_eq!(engine.new_loads(), (2, 0));
+    let missing = checkpoint::load_selected(&engine, &path, ["t1", "nope"]).unwrap_err();
+    assert_eq!(missing.kind(), fastensor::ErrorKind::NotFound);
+}
+
+#[test]
+fn a_pinned_engine_reads_into_memory_of_its_own_through_its_backend() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("c.safetensors");
+    let t = tensors();
+    save(&fresh_engine(), &path, &t);
+    let engine = Engine::builder().pin("posix").build().unwrap();
+    let ckpt = checkpoint::load(&engine, &path).unwrap();
+    assert!(!ckpt.arena().is_mapped());
+    assert_eq!(ckpt.tensor("t0").unwrap().1, &t[0].1[..]);
+    assert_eq!(engine.new_loads(), (0, 1));
+    assert_eq!(engine.read_jobs(), 1);
+    let used: Vec<String> = backend_bytes(&engine).into_iter().map(|(n, _)| n).collect();
+    assert_eq!(used, vec!["posix".to_string()]);
+}
+
+#[test]
+fn a_load_into_existing_memory_is_one_job_through_one_backend() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("c.safetensors");
+    let t = tensors();
+    save(&fresh_engine(), &path, &t);
+    for _ in 0..3 {
+        evict(&path);
+        let engine = fresh_engine();
+        let mut bufs: Vec<Vec<u8>> = t.iter().map(|(_, b)| vec![1u8; b.len()]).collect();
+        let targets: Vec<(&str, MemMut<'_>)> = t
+            .iter()
+            .zip(bufs.iter_mut())
+            .map(|((d, _), b)| (d.name.as_str(), MemMut::Host(&mut b[..])))
+            .collect();
+        checkpoint::load_into(&engine, &path, targets).unwrap();
+        for ((d, want), got) in t.iter().zip(&bufs) {
+            assert_eq!(got, want, "{}", d.name);
+        }
+        assert_eq!(engine.read_jobs(), 1);
+        // The header is read plainly; the job's reads make at most one choice.
+        assert!(engine.selector_stats().choices <= 1);
+        assert_eq!(
+            backend_bytes(&engine).len(),
+            1,
+            "{:?}",
+            backend_bytes(&engine)
+        );
+    }
+}
+
+#[test]
+fn a_cold_read_into_fresh_memory_never_explores_a_page_cache_backend() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("c.safetensors");
+    let t = tensors();
+    save(&fresh_engine(), &path, &t);
+    let engine = Engine::builder().mapped_loads(false).build().unwrap();
+    for _ in 0..12 {
+        evict(&path);
+        let ckpt = checkpoint::load(&engine, &path).unwrap();
+        assert!(!ckpt.arena().is_mapped());
+        assert_eq!(ckpt.tensor("t0").unwrap().1, &t[0].1[..]);
+    }
+    assert_eq!(engine.new_loads(), (0, 12));
+    assert_eq!(engine.read_jobs(), 12);
+    for (name, bytes) in backend_bytes(&engine) {
+        assert!(
+            name != "posix" && name != "mmap",
+            "{bytes} bytes went through {name}, a page-cache backend, into fresh memory"
+        );
+    }
+}
+
+#[test]
+fn mapped_tensors_keep_their_bytes_when_the_file_is_replaced_by_rename() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("c.safetensors");
+    let t = tensors();
+    let engine = fresh_engine();
+    save(&engine, &path, &t);
+    let ckpt = checkpoint::load(&engine, &path).unwrap();
+    // Saves replace the file by rename: the mapping keeps the old file alive.
+    let other: Vec<(TensorDesc, Vec<u8>)> = t
+        .iter()
+        .map(|(d, b)| (d.clone(), b.iter().map(|x| !x).collect()))
+        .collect();
+    save(&engine, &path, &other);
+    std::fs::remove_file(&path).unwrap();
+    for (d, b) in &t {
+        assert_eq!(ckpt.tensor(&d.name).unwrap().1, &b[..], "{}", d.name);
+    }
+}
+
+#[test]
+fn a_file_cut_in_place_under_a_load_is_an_error_and_later_reads_of_the_cut_raise_sigbus() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("c.safetensors");
+    let t = tensors();
+    save(&fresh_engine(), &path, &t);
+    // A file cut before the load: the header's tensors no longer fit.
+    let cut = dir.path().join("cut.safetensors");
+    std::fs::copy(&path, &cut).unwrap();
+    let f = std::fs::OpenOptions::new().write(true).open(&cut).unwrap();
+    f.set_len(f.metadata().unwrap().len() - 5000).unwrap();
+    let err = checkpoint::load(&fresh_engine(), &cut).unwrap_err();
+    assert_eq!(err.kind(), fastensor::ErrorKind::Corrupt, "{err}");
+
+    // Cut after the load: a child process reads the cut pages and dies of SIGBUS (in a
+    // child, so that this test process lives).
+    let ckpt = checkpoint::load(&fresh_engine(), &path).unwrap();
+    let (_, first) = ckpt.tensor("t0").unwrap();
+    // SAFETY: the child only cuts the file and reads the mapping, then exits.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0);
+    if pid == 0 {
+        let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+        f.set_len(4096).unwrap();
+        std::hint::black_box(first[first.len() - 1]);
+        // SAFETY: leaves the child at once (no destructors of the parent's state).
+        unsafe { libc::_exit(0) };
+    }
+    let mut status = 0;
+    // SAFETY: waits for the child made above.
+    assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+    assert!(libc::WIFSIGNALED(status), "status {status}");
+    assert_eq!(libc::WTERMSIG(status), libc::SIGBUS);
+}
