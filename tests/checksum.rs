@@ -184,3 +184,85 @@ fn a_file_saved_without_checksums_cannot_be_verified() {
     assert_eq!(e.kind(), ErrorKind::InvalidInput);
     assert!(e.to_string().contains("without checksums"), "{e}");
 }
+
+/// Loads into new memory verified, mapped (an engine's default) or read (a plain backend).
+fn load_verified_both(path: &Path) -> Vec<fastensor::Result<checkpoint::Checkpoint>> {
+    let engine = fastensor::Engine::new().unwrap();
+    vec![
+        checkpoint::load_verified(&engine, path, None),
+        checkpoint::load_verified(&PosixBackend, path, None),
+        checkpoint::load_verified(&engine, path, Some(&["big", "t2"])),
+    ]
+}
+
+#[test]
+fn verified_loads_into_new_memory_catch_a_flipped_byte_mapped_or_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("c.safetensors");
+    let s = sample();
+    save_stamped(&path, &s);
+    for (i, loaded) in load_verified_both(&path).into_iter().enumerate() {
+        let ckpt = loaded.unwrap_or_else(|e| panic!("load {i}: {e}"));
+        assert_eq!(ckpt.tensor("big").unwrap().1, &s[6].1[..]);
+    }
+    assert!(checkpoint::load(&fastensor::Engine::new().unwrap(), &path)
+        .unwrap()
+        .arena()
+        .is_mapped());
+    let header = checkpoint::inspect(&path).unwrap();
+    for name in ["t2", "big"] {
+        let e = &header.entries()[header.position(name).unwrap()];
+        let at = header.file_range(e).start + e.byte_len() / 2;
+        flip_byte(&path, at);
+        for (i, loaded) in load_verified_both(&path).into_iter().enumerate() {
+            let err = loaded
+                .err()
+                .unwrap_or_else(|| panic!("load {i} missed `{name}`"));
+            assert_eq!(err.kind(), ErrorKind::Corrupt, "{err}");
+            assert!(err.to_string().contains(&format!("`{name}`")), "{err}");
+            assert!(err.to_string().contains("c.safetensors"), "{err}");
+        }
+        flip_byte(&path, at);
+    }
+    let plain = dir.path().join("plain.safetensors");
+    let views: Vec<_> = s
+        .iter()
+        .map(|(d, b)| TensorView::new(d.clone(), b))
+        .collect();
+    checkpoint::save(&PosixBackend, &plain, &views).unwrap();
+    for loaded in load_verified_both(&plain) {
+        assert_eq!(loaded.unwrap_err().kind(), ErrorKind::InvalidInput);
+    }
+}
+
+#[test]
+fn a_verified_mapped_load_checks_tensors_that_span_windows() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("w.safetensors");
+    // 40 MiB and 9 MiB tensors: each spans several 16 MiB windows, hashed in pieces by
+    // different threads and joined in order.
+    let s: Vec<(TensorDesc, Vec<u8>)> = [(40usize << 20, 3u8), (9 << 20, 5)]
+        .iter()
+        .enumerate()
+        .map(|(i, &(n, k))| {
+            let bytes = (0..n)
+                .map(|j| (j as u8).wrapping_mul(k) ^ (j >> 12) as u8)
+                .collect();
+            (
+                TensorDesc::new(format!("w{i}"), DType::U8, [n as u64]),
+                bytes,
+            )
+        })
+        .collect();
+    save_stamped(&path, &s);
+    let engine = fastensor::Engine::new().unwrap();
+    let ckpt = checkpoint::load_verified(&engine, &path, None).unwrap();
+    assert!(ckpt.arena().is_mapped());
+    let header = checkpoint::inspect(&path).unwrap();
+    let e = &header.entries()[header.position("w0").unwrap()];
+    let at = header.file_range(e).start + (33 << 20) + 5;
+    flip_byte(&path, at);
+    let err = checkpoint::load_verified(&engine, &path, None).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Corrupt);
+    assert!(err.to_string().contains("`w0`"), "{err}");
+}

@@ -48,9 +48,14 @@ SUBJECTS = {
         "load",
         "4 threads reading the file with O_DIRECT into 64 MiB buffers faulted in first",
     ),
+    "fastensor.load_file(verify)": (
+        "load",
+        "fastensor.torch.load_file(verify=True) of a file saved with checksum=True",
+    ),
     "fastensor.load_into": ("into", "fastensor.torch.load_into(existing model)"),
     "safetensors+copy_": ("into", "safetensors load_file + model.load_state_dict"),
     "fastensor.save_file": ("save", "fastensor.torch.save_file (durable)"),
+    "fastensor.save_file(checksum)": ("save", "fastensor.torch.save_file(checksum=True)"),
     "safetensors.save_file": ("save", "safetensors.torch.save_file + fsync"),
     "torch.save": ("save", "torch.save + fsync"),
 }
@@ -68,6 +73,13 @@ COMPARE = {
     "fastensor.load_file(st file)": ["safetensors.load_file"],
     "fastensor.load_into": ["safetensors+copy_"],
     "fastensor.save_file": ["safetensors.save_file", "torch.save"],
+}
+
+
+# fastensor subject with an option -> the same without it (the option's cost)
+OVERHEAD = {
+    "fastensor.load_file(verify)": "fastensor.load_file",
+    "fastensor.save_file(checksum)": "fastensor.save_file",
 }
 
 
@@ -120,6 +132,8 @@ def loader(subject: str, files: dict[str, str], model):
             return lambda: ft.load_file(files["ours"])
         if subject == "fastensor.load_file(st file)":
             return lambda: ft.load_file(files["st"])
+        if subject == "fastensor.load_file(verify)":
+            return lambda: ft.load_file(files["checked"], verify=True)
         if subject == "fastensor.load_into":
 
             def into():
@@ -216,10 +230,10 @@ def child_save(subject: str, files: dict[str, str], scale: float, gpt2_medium) -
     sd = gpt2_medium(scale)
     out = files["out"]
     t0 = time.perf_counter()
-    if subject == "fastensor.save_file":
+    if subject.startswith("fastensor.save_file"):
         import fastensor.torch as ft
 
-        ft.save_file(sd, out)
+        ft.save_file(sd, out, checksum=subject.endswith("(checksum)"))
     elif subject == "safetensors.save_file":
         import safetensors.torch as st
 
@@ -285,10 +299,12 @@ def prepare(base: Path, scale: float) -> dict[str, str]:
         "ours": str(base / "ours.safetensors"),
         "st": str(base / "st.safetensors"),
         "pt": str(base / "torch.pt"),
+        "checked": str(base / "checked.safetensors"),
         "out": str(base / "out.bin"),
     }
     sd = gpt2_medium(scale)
     ft.save_file(sd, files["ours"])
+    ft.save_file(sd, files["checked"], checksum=True)
     st.save_file(sd, files["st"])
     torch.save(sd, files["pt"])
     for k in ("st", "pt"):
@@ -316,6 +332,16 @@ def report(times: dict[str, list[float]], args, cache_note: str, missing: list[s
                 continue
             ratios = [a / o for o, a in zip(times[ours], times[anchor], strict=True)]
             lines.append(f"| {ours} | {SUBJECTS[anchor][1]} | {fmt_ratio(ratios)} |")
+    overheads = [(o, b) for o, b in OVERHEAD.items() if o in times and b in times]
+    if overheads:
+        lines += ["", "| option | its cost: median of per-round (with / without - 1) (range) |"]
+        lines += ["|---|---|"]
+        for with_, without in overheads:
+            costs = [w / o - 1 for w, o in zip(times[with_], times[without], strict=True)]
+            lines.append(
+                f"| {SUBJECTS[with_][1]} | **{statistics.median(costs):+.1%}** "
+                f"({min(costs):+.1%} to {max(costs):+.1%}) |"
+            )
     lines += [
         "",
         "| subject | median s | min s | max s | every round (s) |",
@@ -361,7 +387,7 @@ def main() -> None:
         order = subjects[:]
         rng.shuffle(order)
         for s in order:
-            cache_note = drop_caches([files["ours"], files["st"], files["pt"]])
+            cache_note = drop_caches([files[k] for k in ("ours", "st", "pt", "checked")])
             time.sleep(0.2)
             t = run_child(s, files, args.scale)
             times[s].append(t["seconds"])

@@ -259,19 +259,27 @@ impl PyEngine {
     /// bytes that keeps the loaded memory alive (unmapped or freed when the last tensor
     /// dies), the file's metadata, and whether the file was mapped. `versioned`: capsules of
     /// version 1 of the protocol (numpy makes writable arrays only from those), else
-    /// unversioned ones (what `torch.from_dlpack` takes).
-    #[pyo3(signature = (path, names=None, versioned=false))]
+    /// unversioned ones (what `torch.from_dlpack` takes). `verify`: every tensor checked
+    /// against the checksum the file stores (see `fastensor::checkpoint::load_verified`).
+    #[pyo3(signature = (path, names=None, versioned=false, verify=false))]
     fn load_new(
         &self,
         py: Python<'_>,
         path: PathBuf,
         names: Option<Vec<String>>,
         versioned: bool,
+        verify: bool,
     ) -> PyResult<Loaded> {
         let ckpt = py
-            .detach(|| match &names {
-                None => checkpoint::load(&self.engine, &path),
-                Some(n) => checkpoint::load_selected(&self.engine, &path, n),
+            .detach(|| {
+                let names: Option<Vec<&str>> = names
+                    .as_ref()
+                    .map(|n| n.iter().map(String::as_str).collect());
+                match (&names, verify) {
+                    (_, true) => checkpoint::load_verified(&self.engine, &path, names.as_deref()),
+                    (None, false) => checkpoint::load(&self.engine, &path),
+                    (Some(n), false) => checkpoint::load_selected(&self.engine, &path, n),
+                }
             })
             .py_err()?;
         let (mut arena, entries, metadata) = ckpt.into_parts();

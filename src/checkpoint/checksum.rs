@@ -171,12 +171,7 @@ impl Checksums {
                 if got == *want {
                     return Ok(());
                 }
-                Err(corrupt(format!(
-                    "tensor `{name}`: checksum mismatch (stored {want:08x}, read {got:08x}): \
-                     its bytes changed since the save"
-                ))
-                .with_path(path)
-                .with_offset(range.start))
+                Err(Self::mismatch(path, name, *want, got, range.start))
             }
             _ => Ok(()),
         }
@@ -201,6 +196,23 @@ impl Checksums {
         }
     }
 
+    /// The tensor starting at file offset `start`: its file end, name and stored checksum.
+    pub(crate) fn at(&self, start: u64) -> Option<(u64, &str, u32)> {
+        self.by_start
+            .get(&start)
+            .map(|(end, name, sum)| (*end, name.as_str(), *sum))
+    }
+
+    /// The error of a tensor whose bytes do not match: names the file and the tensor.
+    pub(crate) fn mismatch(path: &Path, name: &str, want: u32, got: u32, at: u64) -> Error {
+        corrupt(format!(
+            "tensor `{name}`: checksum mismatch (stored {want:08x}, read {got:08x}): \
+             its bytes changed since the save"
+        ))
+        .with_path(path)
+        .with_offset(at)
+    }
+
     /// How many tensors have a checksum.
     pub fn len(&self) -> usize {
         self.by_start.len()
@@ -222,6 +234,38 @@ impl CheckpointFile {
         self.checksums = Some(Checksums::from_header(self.header(), self.path())?);
         Ok(self)
     }
+}
+
+/// Checks every tensor of a loaded checkpoint against the checksums its metadata stores
+/// (in parallel); errors as [`Checksums::from_header`] and [`Checksums::check`].
+pub(crate) fn check_loaded(ckpt: &super::Checkpoint) -> Result<()> {
+    let path = ckpt.path();
+    let value = ckpt.metadata().get(CHECKSUMS_KEY).ok_or_else(|| {
+        Error::new(
+            ErrorKind::InvalidInput,
+            format!(
+                "no checksums to verify against (no `{CHECKSUMS_KEY}` in the metadata): \
+                 the file was saved without checksums"
+            ),
+        )
+        .with_path(path)
+    })?;
+    let sums = decode(value).map_err(|e| e.with_path(path))?;
+    let tensors: Vec<_> = ckpt.iter().filter(|(_, b)| !b.is_empty()).collect();
+    parallel::for_each(tensors, IO_THREADS, |(desc, bytes)| {
+        let name = &desc.name;
+        let &want = sums.get(name).ok_or_else(|| {
+            corrupt(format!(
+                "tensor `{name}` has no checksum in `{CHECKSUMS_KEY}`"
+            ))
+            .with_path(path)
+        })?;
+        let got = checksum(bytes);
+        if got != want {
+            return Err(Checksums::mismatch(path, name, want, got, 0));
+        }
+        Ok(())
+    })
 }
 
 /// What [`verify_file`] checked.

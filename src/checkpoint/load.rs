@@ -271,7 +271,7 @@ pub(crate) fn retry_changed<T>(mut attempt: impl FnMut() -> Result<T>) -> Result
 /// keeps changing the error is [`ErrorKind::Changed`].
 pub fn load<O: FileOpener + ?Sized>(opener: &O, path: &Path) -> Result<Checkpoint> {
     if opener.maps_new_loads(path) {
-        return retry_changed(|| super::mapped::load(path, &|_, _| true));
+        return retry_changed(|| super::mapped::load(path, &|_, _| true, false));
     }
     retry_changed(|| {
         let file = opener.open_file(path, OpenMode::Read)?;
@@ -292,31 +292,8 @@ where
 {
     let names: Vec<S> = names.into_iter().collect();
     if opener.maps_new_loads(path) {
-        return retry_changed(|| {
-            let wanted = std::cell::OnceCell::new();
-            super::mapped::load(path, &|header, i| {
-                let wanted = wanted.get_or_init(|| {
-                    let mut w = vec![false; header.entries().len()];
-                    for name in &names {
-                        if let Some(j) = header.position(name.as_ref()) {
-                            w[j] = true;
-                        }
-                    }
-                    w
-                });
-                wanted[i]
-            })
-            .and_then(|ckpt| {
-                match names.iter().find(|n| ckpt.tensor(n.as_ref()).is_none()) {
-                    Some(n) => Err(Error::new(
-                        ErrorKind::NotFound,
-                        format!("no tensor `{}` in the checkpoint", n.as_ref()),
-                    )
-                    .with_path(path)),
-                    None => Ok(ckpt),
-                }
-            })
-        });
+        let names: Vec<&str> = names.iter().map(AsRef::as_ref).collect();
+        return retry_changed(|| mapped_selected(path, &names, false));
     }
     retry_changed(|| {
         let file = opener.open_file(path, OpenMode::Read)?;
@@ -328,6 +305,57 @@ where
         let spans = merged_spans(&header, &wanted);
         read_spans(&*file, path, header, spans, |i| wanted[i])
     })
+}
+
+/// A mapped load of the tensors `names` of `path` (see `mapped.rs`); a name the file lacks
+/// is [`ErrorKind::NotFound`].
+fn mapped_selected(path: &Path, names: &[&str], verify: bool) -> Result<Checkpoint> {
+    let wanted = std::cell::OnceCell::new();
+    let keep = |header: &Header, i: usize| {
+        let wanted = wanted.get_or_init(|| {
+            let mut w = vec![false; header.entries().len()];
+            for name in names {
+                if let Some(j) = header.position(name) {
+                    w[j] = true;
+                }
+            }
+            w
+        });
+        wanted[i]
+    };
+    let ckpt = super::mapped::load(path, &keep, verify)?;
+    match names.iter().find(|n| ckpt.tensor(n).is_none()) {
+        Some(n) => Err(Error::new(
+            ErrorKind::NotFound,
+            format!("no tensor `{n}` in the checkpoint"),
+        )
+        .with_path(path)),
+        None => Ok(ckpt),
+    }
+}
+
+/// [`load`] (all tensors) or [`load_selected`] (`names`), every tensor loaded checked
+/// against the checksum the file's header stores ([`super::checksum`]): as its bytes are
+/// brought in where the file is mapped, right after the read otherwise. A mismatch is
+/// [`ErrorKind::Corrupt`] naming the file and the tensor; a file saved without checksums is
+/// [`ErrorKind::InvalidInput`].
+pub fn load_verified<O: FileOpener + ?Sized>(
+    opener: &O,
+    path: &Path,
+    names: Option<&[&str]>,
+) -> Result<Checkpoint> {
+    if opener.maps_new_loads(path) {
+        return retry_changed(|| match names {
+            None => super::mapped::load(path, &|_, _| true, true),
+            Some(names) => mapped_selected(path, names, true),
+        });
+    }
+    let ckpt = match names {
+        None => load(opener, path)?,
+        Some(names) => load_selected(opener, path, names.iter().copied())?,
+    };
+    super::checksum::check_loaded(&ckpt)?;
+    Ok(ckpt)
 }
 
 /// The file ranges of the `wanted` entries, neighbours closer than [`MERGE_GAP`] merged.

@@ -2,6 +2,7 @@
 //! fills page-cache pages that the tensors then use as they are (no zeroing of fresh memory,
 //! no copy), brought in by several threads at once before the load returns.
 
+use super::checksum::Checksums;
 use super::header::Header;
 use super::load::{read_header, Checkpoint};
 use super::{Arena, IO_THREADS};
@@ -12,6 +13,7 @@ use std::fs::File;
 use std::ops::Range;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 
 /// Bytes one worker brings in at a time.
 const WINDOW: u64 = 16 << 20;
@@ -19,8 +21,15 @@ const WINDOW: u64 = 16 << 20;
 /// Maps the whole file at `path` (opened once: header and bytes come from the same file,
 /// whatever is renamed over the path meanwhile) and brings in the file ranges of the
 /// entries `keep` accepts, several windows at once; the checkpoint holds those entries.
-/// A file that shrinks during the load is [`ErrorKind::Changed`].
-pub(crate) fn load(path: &Path, keep: &dyn Fn(&Header, usize) -> bool) -> Result<Checkpoint> {
+/// A file that shrinks during the load is [`ErrorKind::Changed`]. With `verify`, every kept
+/// tensor is checked against the checksum the header stores (see [`Checksums`]), each
+/// window's share computed by the thread that brought it in, from a copy the kernel makes
+/// (so that a page cut from the file is an error there too).
+pub(crate) fn load(
+    path: &Path,
+    keep: &dyn Fn(&Header, usize) -> bool,
+    verify: bool,
+) -> Result<Checkpoint> {
     let file = PlainFile {
         file: crate::atomic::open_regular(path)?,
         path: path.to_path_buf(),
@@ -39,7 +48,15 @@ pub(crate) fn load(path: &Path, keep: &dyn Fn(&Header, usize) -> bool) -> Result
         .iter()
         .map(|&i| header.file_range(&header.entries()[i]))
         .collect();
-    bring_in(&map, &merged(&ranges), path)?;
+    let sums = if verify {
+        Some(Checksums::from_header(&header, path)?)
+    } else {
+        None
+    };
+    let pieces = bring_in(&map, &merged(&ranges), &ranges, sums.is_some(), path)?;
+    if let Some(sums) = &sums {
+        check(sums, &ranges, pieces, path)?;
+    }
     let (all, metadata) = header.into_parts();
     let mut entries = Vec::with_capacity(kept.len());
     let mut all = all.into_iter().enumerate();
@@ -88,11 +105,31 @@ fn merged(ranges: &[Range<u64>]) -> Vec<Range<u64>> {
     out
 }
 
-/// Brings the pages of `ranges` of the mapping into memory, [`WINDOW`] bytes per job on
+/// The CRC-32C of `len` bytes of tensor `tensor` from `offset` within it, computed by the
+/// thread that brought them in.
+struct Piece {
+    tensor: usize,
+    offset: u64,
+    len: u64,
+    crc: u32,
+}
+
+/// Bytes copied out at a time for a checksum.
+const COPY_CHUNK: usize = 1 << 20;
+
+/// Brings the pages of `spans` of the mapping into memory, [`WINDOW`] bytes per job on
 /// [`IO_THREADS`] threads: each window is read into the page cache and mapped
-/// (`MADV_POPULATE_READ`), then touched from the same thread.
-fn bring_in(map: &memmap2::MmapMut, ranges: &[Range<u64>], path: &Path) -> Result<()> {
-    let windows: Vec<(usize, usize)> = ranges
+/// (`MADV_POPULATE_READ`), then touched from the same thread; with `checksums`, touched by
+/// copying the bytes of the `tensors` (file ranges, in file order) it holds and hashing
+/// them, one [`Piece`] per tensor and window.
+fn bring_in(
+    map: &memmap2::MmapMut,
+    spans: &[Range<u64>],
+    tensors: &[Range<u64>],
+    checksums: bool,
+    path: &Path,
+) -> Result<Vec<Piece>> {
+    let windows: Vec<(usize, usize)> = spans
         .iter()
         .flat_map(|r| {
             let start = align_down(r.start, 4096);
@@ -101,6 +138,7 @@ fn bring_in(map: &memmap2::MmapMut, ranges: &[Range<u64>], path: &Path) -> Resul
                 .map(move |at| (at as usize, (r.end - at).min(WINDOW) as usize))
         })
         .collect();
+    let pieces = Mutex::new(Vec::new());
     parallel::for_each(windows, IO_THREADS, |(at, n)| {
         let mem = &map[at..at + n];
         let failed = |e: std::io::Error| {
@@ -116,8 +154,66 @@ fn bring_in(map: &memmap2::MmapMut, ranges: &[Range<u64>], path: &Path) -> Resul
             Err(e) if e.kind() == std::io::ErrorKind::Unsupported => {}
             Err(e) => return Err(failed(e)),
         }
-        fastensor_sys::populate::touch(mem).map_err(failed)
-    })
+        if !checksums {
+            return fastensor_sys::populate::touch(mem).map_err(failed);
+        }
+        let window = at as u64..(at + n) as u64;
+        let mut mine = Vec::new();
+        let mut scratch = vec![0u8; COPY_CHUNK.min(n)];
+        let first = tensors.partition_point(|t| t.end <= window.start);
+        for (i, t) in tensors.iter().enumerate().skip(first) {
+            if t.start >= window.end {
+                break;
+            }
+            let (from, to) = (t.start.max(window.start), t.end.min(window.end));
+            let mut crc = 0u32;
+            let mut pos = from;
+            while pos < to {
+                let len = ((to - pos) as usize).min(scratch.len());
+                let src = &map[pos as usize..pos as usize + len];
+                fastensor_sys::populate::copy_out(src, &mut scratch[..len]).map_err(failed)?;
+                crc = crc32c::crc32c_append(crc, &scratch[..len]);
+                pos += len as u64;
+            }
+            mine.push(Piece {
+                tensor: i,
+                offset: from - t.start,
+                len: to - from,
+                crc,
+            });
+        }
+        pieces
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .extend(mine);
+        Ok(())
+    })?;
+    Ok(pieces.into_inner().unwrap_or_else(|p| p.into_inner()))
+}
+
+/// Checks each tensor's pieces, joined in order, against its stored checksum.
+fn check(
+    sums: &Checksums,
+    tensors: &[Range<u64>],
+    mut pieces: Vec<Piece>,
+    path: &Path,
+) -> Result<()> {
+    pieces.sort_unstable_by_key(|p| (p.tensor, p.offset));
+    let mut pieces = pieces.into_iter().peekable();
+    for (i, t) in tensors.iter().enumerate() {
+        let (mut crc, mut covered) = (0u32, 0u64);
+        while let Some(p) = pieces.next_if(|p| p.tensor == i) {
+            crc = crc32c::crc32c_combine(crc, p.crc, p.len as usize);
+            covered += p.len;
+        }
+        let Some((_, name, want)) = sums.at(t.start) else {
+            continue; // an empty tensor: nothing to check
+        };
+        if covered != t.end - t.start || crc != want {
+            return Err(Checksums::mismatch(path, name, want, crc, t.start));
+        }
+    }
+    Ok(())
 }
 
 /// `EFAULT`: a page of the range could not be brought in (past the end of the file).

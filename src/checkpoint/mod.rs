@@ -34,7 +34,10 @@ pub use checksum::{verify_file, Checksums, Verified, CHECKSUMS_KEY};
 pub use header::{
     parse_header, Header, HeaderEntry, DATA_ALIGN, MAX_HEADER_LEN, MAX_RANK, METADATA_KEY,
 };
-pub use load::{load, load_into, load_selected, open, Checkpoint, CheckpointFile, CheckpointParts};
+pub use load::{
+    load, load_into, load_selected, load_verified, open, Checkpoint, CheckpointFile,
+    CheckpointParts,
+};
 pub use save::{save, save_section, save_with_metadata, TensorView};
 pub use sharded::{
     load_into_sharded, load_selected_sharded, load_sharded, open_sharded, read_ranges,

@@ -23,14 +23,16 @@ if TYPE_CHECKING:
     import torch
 
 
-def load_host(native, path: str, names: list[str] | None = None) -> dict[str, torch.Tensor]:
+def load_host(
+    native, path: str, names: list[str] | None = None, verify: bool = False
+) -> dict[str, torch.Tensor]:
     """The tensors of ``path`` (all in file order, or ``names`` in their order) in new host
-    memory, as torch tensors."""
+    memory, as torch tensors; with ``verify``, each checked against its stored checksum."""
     import torch
 
     from ._torch_dtypes import FROM_NAME, torch_shape
 
-    tensors, _metadata, _mapped = native.load_new(path, names)
+    tensors, _metadata, _mapped = native.load_new(path, names, verify=verify)
     out: dict[str, torch.Tensor] = {}
     for name, dtype, shape, capsule in tensors:
         dt = FROM_NAME.get(dtype)
@@ -66,13 +68,13 @@ class _Exported:
 
 
 def load_host_numpy(
-    native, path: str, from_name: dict, names: list[str] | None = None
+    native, path: str, from_name: dict, names: list[str] | None = None, verify: bool = False
 ) -> dict[str, np.ndarray]:
     """:func:`load_host` for numpy: writable arrays (``from_name``: dtype name -> numpy
     dtype)."""
     import numpy as np
 
-    tensors, _metadata, _mapped = native.load_new(path, names, versioned=True)
+    tensors, _metadata, _mapped = native.load_new(path, names, versioned=True, verify=verify)
     out: dict[str, np.ndarray] = {}
     for name, dtype, shape, capsule in tensors:
         dt = from_name.get(dtype)

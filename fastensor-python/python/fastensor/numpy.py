@@ -188,10 +188,7 @@ def load_file(
             tensor.
     """
     path = fspath(filename)
-    if not verify:
-        return load_host_numpy(engine_or_default(engine), path, _FROM_NAME)
-    file = open_file(engine_or_default(engine), path, verify)
-    return _read_new(file, path, file.entries())
+    return load_host_numpy(engine_or_default(engine), path, _FROM_NAME, verify=verify)
 
 
 @retry_changed

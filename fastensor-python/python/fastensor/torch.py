@@ -269,18 +269,26 @@ def _empty_for(entry, path: str, device: torch.device) -> tuple[torch.Tensor, to
         raise err from exc
 
 
+def _on_cpu(device: str | torch.device) -> bool:
+    return torch.device(device).type == "cpu"
+
+
 def _load_new(
-    engine, path: str, names: list[str] | None, device: str | torch.device
+    engine,
+    path: str,
+    names: list[str] | None,
+    device: str | torch.device,
+    verify: bool = False,
 ) -> dict[str, torch.Tensor]:
     """The tensors of ``path`` (all, or ``names``) on ``device``, as one job: into host
     memory through one native call (see ``_host_load``), to a GPU directly where a backend
     takes device memory, else through host memory."""
     dev = torch.device(device)
     if dev.type == "cpu":
-        return load_host(engine, path, names)
+        return load_host(engine, path, names, verify)
     if dev.type == "cuda" and not _takes_device_memory(engine):
         _warn_staged_once("loads to CUDA")
-        host = load_host(engine, path, names)
+        host = load_host(engine, path, names, verify)
         return {k: v.to(dev) for k, v in host.items()}
     file = engine.open(path)
     entries = file.entries()
@@ -345,9 +353,9 @@ def load_file(
     engine = engine_or_default(engine)
     if isinstance(device, int):
         device = f"cuda:{device}"
-    if verify:
+    if verify and not _on_cpu(device):
         return load_torch_verified(engine, path, device)
-    return _load_new(engine, path, None, device)
+    return _load_new(engine, path, None, device, verify)
 
 
 @retry_changed
