@@ -500,12 +500,12 @@ fn save_section_writes_what_save_writes() {
     let backend = DirectBackend::default();
     let (a, b) = (dir.path().join("a"), dir.path().join("b"));
     checkpoint::save_with_metadata(&backend, &a, &views, &meta).unwrap();
-    checkpoint::save_section(&backend, &b, &descs, section.as_mem(), &meta).unwrap();
+    checkpoint::save_section(&backend, &b, &descs, section.as_mem(), &meta, false).unwrap();
     assert_eq!(std::fs::read(&a).unwrap(), std::fs::read(&b).unwrap());
 
     let short = section.as_mem().slice(0, section.len() - 1);
     let c = dir.path().join("c");
-    let err = checkpoint::save_section(&backend, &c, &descs, short, &meta).unwrap_err();
+    let err = checkpoint::save_section(&backend, &c, &descs, short, &meta, false).unwrap_err();
     assert_eq!(err.kind(), ErrorKind::InvalidInput);
     assert!(!c.exists());
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 2);

@@ -266,3 +266,31 @@ fn a_verified_mapped_load_checks_tensors_that_span_windows() {
     assert_eq!(err.kind(), ErrorKind::Corrupt);
     assert!(err.to_string().contains("`w0`"), "{err}");
 }
+
+#[test]
+fn a_save_computing_checksums_while_it_writes_stores_what_stamp_computes() {
+    let dir = tempfile::tempdir().unwrap();
+    let (stamped, checked) = (
+        dir.path().join("a.safetensors"),
+        dir.path().join("b.safetensors"),
+    );
+    let s = sample();
+    save_stamped(&stamped, &s);
+    let views: Vec<_> = s
+        .iter()
+        .map(|(d, b)| TensorView::new(d.clone(), b))
+        .collect();
+    let meta = BTreeMap::from([("format".to_string(), "pt".to_string())]);
+    let engine = fastensor::Engine::new().unwrap();
+    checkpoint::save_checked(&engine, &checked, &views, &meta).unwrap();
+    let a = checkpoint::inspect(&stamped).unwrap();
+    let b = checkpoint::inspect(&checked).unwrap();
+    assert_eq!(a.metadata(), b.metadata());
+    assert_eq!(
+        std::fs::read(&stamped).unwrap(),
+        std::fs::read(&checked).unwrap()
+    );
+    checkpoint::verify_file(&engine, &checked).unwrap();
+    let loaded = checkpoint::load_verified(&engine, &checked, None).unwrap();
+    assert_eq!(loaded.tensor("big").unwrap().1, &s[6].1[..]);
+}

@@ -197,14 +197,17 @@ impl PyEngine {
         py.detach(|| self.engine.save_profile()).py_err()
     }
 
-    /// Saves tensors given as raw memory specs to `path` (durable and atomic).
-    #[pyo3(signature = (path, specs, metadata=None))]
+    /// Saves tensors given as raw memory specs to `path` (durable and atomic); with
+    /// `checksum`, a checksum of every tensor, computed while the data is written, is stored
+    /// in the metadata (see `fastensor::checkpoint::save_checked`).
+    #[pyo3(signature = (path, specs, metadata=None, checksum=false))]
     fn save(
         &self,
         py: Python<'_>,
         path: PathBuf,
         specs: Vec<SaveSpec<'_>>,
         metadata: Option<BTreeMap<String, String>>,
+        checksum: bool,
     ) -> PyResult<()> {
         let metadata = metadata.unwrap_or_default();
         let mut lender = Lender::new(Access::Read);
@@ -214,20 +217,26 @@ impl PyEngine {
         py.detach(|| {
             // SAFETY: `lender` keeps every tensor's memory lent until after this closure.
             let views = unsafe { views(&tensors) };
-            checkpoint::save_with_metadata(&self.engine, &path, &views, &metadata)
+            if checksum {
+                checkpoint::save_checked(&self.engine, &path, &views, &metadata)
+            } else {
+                checkpoint::save_with_metadata(&self.engine, &path, &views, &metadata)
+            }
         })
         .py_err()
     }
 
     /// Copies host tensors into staging memory (returning then), and saves the copy to
-    /// `path` in the background. The returned handle's `wait()` gives the outcome.
-    #[pyo3(signature = (path, specs, metadata=None))]
+    /// `path` in the background. The returned handle's `wait()` gives the outcome. With
+    /// `checksum`, as `save` (computed in the background).
+    #[pyo3(signature = (path, specs, metadata=None, checksum=false))]
     fn save_async(
         &self,
         py: Python<'_>,
         path: PathBuf,
         specs: Vec<SaveSpec<'_>>,
         metadata: Option<BTreeMap<String, String>>,
+        checksum: bool,
     ) -> PyResult<SaveHandle> {
         let metadata = metadata.unwrap_or_default();
         let mut lender = Lender::new(Access::Read);
@@ -248,6 +257,7 @@ impl PyEngine {
             path,
             snapshot,
             metadata,
+            checksum,
         )
         .py_err()
     }

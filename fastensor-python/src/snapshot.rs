@@ -198,14 +198,15 @@ pub struct SaveHandle {
 }
 
 impl SaveHandle {
-    /// Starts the background save of `snapshot` to `path`; fails when no thread can be
-    /// started for it.
+    /// Starts the background save of `snapshot` to `path` (with a checksum of every tensor
+    /// when `checksums`); fails when no thread can be started for it.
     pub fn spawn(
         engine: Engine,
         pool: Arc<StagingPool>,
         path: PathBuf,
         snapshot: Snapshot,
         metadata: BTreeMap<String, String>,
+        checksums: bool,
     ) -> Result<SaveHandle> {
         let outcome = Arc::new(Outcome {
             state: Mutex::new(State::Running),
@@ -235,6 +236,7 @@ impl SaveHandle {
                     &snapshot.descs,
                     snapshot.buffer[..snapshot.len].into(),
                     &metadata,
+                    checksums,
                 );
                 pool.give_back(snapshot.buffer);
                 *done.state.lock().unwrap_or_else(|p| p.into_inner()) = match result {

@@ -38,7 +38,7 @@ pub use load::{
     load, load_into, load_selected, load_verified, open, Checkpoint, CheckpointFile,
     CheckpointParts,
 };
-pub use save::{save, save_section, save_with_metadata, TensorView};
+pub use save::{save, save_checked, save_section, save_with_metadata, TensorView};
 pub use sharded::{
     load_into_sharded, load_selected_sharded, load_sharded, open_sharded, read_ranges,
     save_sharded, save_sharded_with_metadata, ShardedCheckpoint, ShardedFile, ShardedIndex,

@@ -3,6 +3,7 @@
 //! buffers where they are aligned and through staging buffers where they are not (small
 //! tensors are coalesced, never written one by one).
 
+use super::checksum::{self, CHECKSUMS_KEY};
 use super::header::{self, DATA_ALIGN};
 use super::{validate, FileOpener};
 use crate::atomic::AtomicFile;
@@ -62,7 +63,19 @@ pub fn save_with_metadata<O: FileOpener + ?Sized>(
     tensors: &[TensorView<'_>],
     metadata: &BTreeMap<String, String>,
 ) -> Result<()> {
-    save_tensors(opener, path, &Views(tensors), metadata)
+    save_tensors(opener, path, &Views(tensors), metadata, false)
+}
+
+/// [`save_with_metadata`], and a checksum of every tensor (CRC-32C, computed while the data
+/// is written) stored in the metadata under
+/// [`CHECKSUMS_KEY`](super::checksum::CHECKSUMS_KEY) (replacing any there).
+pub fn save_checked<O: FileOpener + ?Sized>(
+    opener: &O,
+    path: &Path,
+    tensors: &[TensorView<'_>],
+    metadata: &BTreeMap<String, String>,
+) -> Result<()> {
+    save_tensors(opener, path, &Views(tensors), metadata, true)
 }
 
 /// Tensors to save: descriptors and bytes, by index.
@@ -98,13 +111,15 @@ impl<'s: 'a, 'a> Tensors<'a> for Views<'s, 'a> {
 /// layout of a safetensors data section), with a `__metadata__` map, like
 /// [`save_with_metadata`]. `data` is written in large requests straight from memory where it
 /// is aligned (a page-aligned buffer is, whole), never tensor by tensor. `data` must hold
-/// exactly the tensors' bytes, else [`ErrorKind::InvalidInput`].
+/// exactly the tensors' bytes, else [`ErrorKind::InvalidInput`]. With `checksums`, as
+/// [`save_checked`].
 pub fn save_section<O: FileOpener + ?Sized>(
     opener: &O,
     path: &Path,
     descs: &[TensorDesc],
     data: MemRef<'_>,
     metadata: &BTreeMap<String, String>,
+    checksums: bool,
 ) -> Result<()> {
     let mut starts = Vec::with_capacity(descs.len() + 1);
     let mut at = 0u64;
@@ -132,6 +147,7 @@ pub fn save_section<O: FileOpener + ?Sized>(
             data,
         },
         metadata,
+        checksums,
     )
 }
 
@@ -165,29 +181,71 @@ pub(crate) fn save_tensors<'a, O: FileOpener + ?Sized>(
     path: &Path,
     tensors: &dyn Tensors<'a>,
     metadata: &BTreeMap<String, String>,
+    checksums: bool,
 ) -> Result<()> {
     let offsets = layout(tensors).map_err(|e| e.with_path(path))?;
+    let views: Vec<TensorView<'a>> = if checksums {
+        (0..tensors.count())
+            .map(|i| TensorView::new(tensors.desc(i).clone(), tensors.data(i)))
+            .collect()
+    } else {
+        Vec::new()
+    };
+    // The header is laid out with a placeholder of the checksums' exact length (8 hex
+    // digits a tensor) and written once they are known, after the data.
+    let with_sums = |sums: &BTreeMap<String, u32>| {
+        let mut m = metadata.clone();
+        m.insert(CHECKSUMS_KEY.to_string(), checksum::encode(sums));
+        m
+    };
+    let layout_metadata = if checksums {
+        with_sums(&views.iter().map(|v| (v.desc.name.clone(), 0)).collect())
+    } else {
+        metadata.clone()
+    };
     let tensor = |i: usize| (tensors.desc(i), offsets[i].clone());
-    let mut counter = header::Counter::default();
-    {
+    let header_bytes = |meta: &BTreeMap<String, String>| {
+        let mut counter = header::Counter::default();
         // The encoder writes a few bytes at a time: through a buffer.
         let mut out = std::io::BufWriter::with_capacity(64 << 10, &mut counter);
-        header::write_json(&mut out, offsets.len(), tensor, metadata)
+        header::write_json(&mut out, offsets.len(), tensor, meta)
             .and_then(|()| std::io::Write::flush(&mut out))
             .expect("counting never fails");
-    }
-    let data_start = header::padded_len(counter.0);
+        drop(out);
+        counter.0
+    };
+    let data_start = header::padded_len(header_bytes(&layout_metadata));
     let total = data_start + offsets.last().map_or(0, |r| r.end);
 
     let temp = AtomicFile::new(path)?;
     let written = (|| {
         let file = opener.open_file(&temp.path(), OpenMode::Truncate)?;
+        // The checksums are computed while the data is written (reading the same memory).
+        let sums = std::thread::scope(|scope| {
+            let hashing = checksums.then(|| scope.spawn(|| checksum::compute(&views)));
+            let wrote = write_data(&*file, data_start, tensors, &offsets);
+            let sums = hashing.map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)));
+            wrote.and(sums.transpose())
+        })?;
+        let metadata = match &sums {
+            Some(sums) => {
+                let m = with_sums(sums);
+                if header_bytes(&m) != header_bytes(&layout_metadata) {
+                    return Err(Error::new(
+                        ErrorKind::Unsupported,
+                        "the checksums changed the header's length (a bug): not saved",
+                    ));
+                }
+                m
+            }
+            None => layout_metadata.clone(),
+        };
         let mut out = HeaderWriter::new(&*file)?;
         let header_len = data_start - 8;
         let encoded = {
             let mut buffered = std::io::BufWriter::with_capacity(64 << 10, &mut out);
             std::io::Write::write_all(&mut buffered, &header_len.to_le_bytes())
-                .and_then(|()| header::write_json(&mut buffered, offsets.len(), tensor, metadata))
+                .and_then(|()| header::write_json(&mut buffered, offsets.len(), tensor, &metadata))
                 .and_then(|()| std::io::Write::flush(&mut buffered))
         };
         encoded.map_err(|e| {
@@ -195,7 +253,6 @@ pub(crate) fn save_tensors<'a, O: FileOpener + ?Sized>(
                 .unwrap_or_else(|| Error::io(e, "cannot write the header"))
         })?;
         out.finish(data_start)?;
-        write_data(&*file, data_start, tensors, &offsets)?;
         if file.len()? != total {
             file.set_len(total)?;
         }

@@ -113,6 +113,6 @@ pub fn write_table(header: &Header, out: &mut dyn Write) -> std::io::Result<()> 
 /// through the fast path, so `dst` gets an aligned data section. Returns the data bytes.
 pub fn copy<O: FileOpener + ?Sized>(opener: &O, src: &Path, dst: &Path) -> Result<u64> {
     let ckpt = load(opener, src)?;
-    save_tensors(opener, dst, &&ckpt, ckpt.metadata())?;
+    save_tensors(opener, dst, &&ckpt, ckpt.metadata(), false)?;
     Ok(ckpt.data_bytes())
 }

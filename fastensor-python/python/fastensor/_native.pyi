@@ -31,7 +31,11 @@ class Engine:
     def new_loads(self) -> tuple[int, int]: ...
     def decisions(self) -> dict[str, int]: ...
     def load_new(
-        self, path: str, names: Sequence[str] | None = None
+        self,
+        path: str,
+        names: Sequence[str] | None = None,
+        versioned: bool = False,
+        verify: bool = False,
     ) -> tuple[list[tuple[str, str, list[int], object]], dict[str, str], bool]: ...
     def pin(self, backend: str | None = None) -> None: ...
     @property
@@ -41,10 +45,18 @@ class Engine:
     def report(self) -> str: ...
     def save_profile(self) -> None: ...
     def save(
-        self, path: str, specs: Sequence[SaveSpec], metadata: Mapping[str, str] | None = None
+        self,
+        path: str,
+        specs: Sequence[SaveSpec],
+        metadata: Mapping[str, str] | None = None,
+        checksum: bool = False,
     ) -> None: ...
     def save_async(
-        self, path: str, specs: Sequence[SaveSpec], metadata: Mapping[str, str] | None = None
+        self,
+        path: str,
+        specs: Sequence[SaveSpec],
+        metadata: Mapping[str, str] | None = None,
+        checksum: bool = False,
     ) -> SaveHandle: ...
     def open(self, path: str) -> CheckpointFile: ...
     @property

@@ -70,7 +70,6 @@ from torch.distributed.checkpoint.storage import StorageReader, StorageWriter, W
 from torch.futures import Future
 
 from . import _native
-from ._checksum import stamp
 from ._common import PathLike, fspath
 from ._engine import Engine, engine_or_default
 
@@ -219,7 +218,7 @@ class Writer(StorageWriter, BlockingAsyncStager):
                 specs.append((str(i), "U8", [n], raw))
             try:
                 meta = {"format": "fastensor-dcp"}
-                self.engine.save(path, specs, stamp(specs, meta) if self._checksum else meta)
+                self.engine.save(path, specs, meta, checksum=self._checksum)
             finally:
                 del specs, raw
                 for v in views:

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping
 import numpy as np
 
 from . import _bytes, _native
-from ._checksum import open_file, stamp
+from ._checksum import open_file
 from ._common import (
     HUGE_PAGE,
     IO_ALIGN,
@@ -102,7 +102,7 @@ def save_file(
     engine = engine_or_default(engine)
     meta = check_metadata(metadata, path)
     specs = _save_specs(tensor_dict, path)
-    engine.save(path, specs, stamp(specs, meta) if checksum else meta)
+    engine.save(path, specs, meta, checksum=checksum)
 
 
 def save_file_async(
@@ -120,7 +120,7 @@ def save_file_async(
     meta = check_metadata(metadata, path)
     watch_pending_saves()
     specs = _save_specs(tensor_dict, path)
-    return engine.save_async(path, specs, stamp(specs, meta) if checksum else meta)
+    return engine.save_async(path, specs, meta, checksum=checksum)
 
 
 def _place_new(entry, path: str) -> tuple[np.ndarray, np.ndarray, int]:

@@ -26,7 +26,7 @@ import torch
 
 from . import _bytes, _native
 from ._allocator import allocator_stats, caching_allocator, empty_cache
-from ._checksum import load_torch_verified, open_file, stamp
+from ._checksum import load_torch_verified, open_file
 from ._common import (
     HUGE_PAGE,
     IO_ALIGN,
@@ -190,7 +190,7 @@ def save_file(
     engine = engine_or_default(engine)
     meta = check_metadata(metadata, path)
     specs = _save_specs(tensors, path, engine, host_only=checksum)
-    engine.save(path, specs, stamp(specs, meta) if checksum else meta)
+    engine.save(path, specs, meta, checksum=checksum)
 
 
 def save_file_async(
@@ -215,7 +215,7 @@ def save_file_async(
     meta = check_metadata(metadata, path)
     watch_pending_saves()
     specs = _save_specs(tensors, path, engine, host_only=True)
-    return engine.save_async(path, specs, stamp(specs, meta) if checksum else meta)
+    return engine.save_async(path, specs, meta, checksum=checksum)
 
 
 def _torch_dtype(path: str, name: str, dtype: str) -> torch.dtype:
