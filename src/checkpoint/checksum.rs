@@ -48,8 +48,16 @@ fn hash_threads() -> usize {
 /// The checksum of every tensor, by name, computed in parallel. Tensors in device memory
 /// cannot be read here: [`ErrorKind::Unsupported`] (copy them to the host first).
 pub fn compute(tensors: &[TensorView<'_>]) -> Result<BTreeMap<String, u32>> {
+    compute_on(tensors, hash_threads())
+}
+
+/// [`compute`] on at most `threads` threads.
+pub(crate) fn compute_on(
+    tensors: &[TensorView<'_>],
+    threads: usize,
+) -> Result<BTreeMap<String, u32>> {
     let sums = Mutex::new(BTreeMap::new());
-    parallel::for_each(tensors.iter().collect(), hash_threads(), |t| {
+    parallel::for_each(tensors.iter().collect(), threads, |t| {
         let MemRef::Host(bytes) = t.data else {
             return Err(Error::new(
                 ErrorKind::Unsupported,

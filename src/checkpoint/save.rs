@@ -222,7 +222,8 @@ pub(crate) fn save_tensors<'a, O: FileOpener + ?Sized>(
         let file = opener.open_file(&temp.path(), OpenMode::Truncate)?;
         // The checksums are computed while the data is written (reading the same memory).
         let sums = std::thread::scope(|scope| {
-            let hashing = checksums.then(|| scope.spawn(|| checksum::compute(&views)));
+            // One thread: the writes' own threads (and a copier) keep the others busy.
+            let hashing = checksums.then(|| scope.spawn(|| checksum::compute_on(&views, 1)));
             let wrote = write_data(&*file, data_start, tensors, &offsets);
             let sums = hashing.map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)));
             wrote.and(sums.transpose())
