@@ -264,14 +264,18 @@ pub(crate) fn retry_changed<T>(mut attempt: impl FnMut() -> Result<T>) -> Result
 /// One decision for the whole load: where the opener maps new loads
 /// ([`FileOpener::maps_new_loads`], the engine's default) the file is mapped copy-on-write
 /// and its pages brought in by several threads (see [`Arena`] for what a mapping shares
-/// with the file); otherwise the data section is read into one page-aligned arena of its own. When the data
+/// with the file); otherwise, or where the file system cannot map the file, the data section
+/// is read into one page-aligned arena of its own. When the data
 /// section is not aligned in the file (files written by other tools), the arena is offset so
 /// that file and memory alignments still match and direct I/O still copies nothing. A file
 /// replaced (renamed over) during the load is loaded again, whole (up to 3 tries); when it
 /// keeps changing the error is [`ErrorKind::Changed`].
 pub fn load<O: FileOpener + ?Sized>(opener: &O, path: &Path) -> Result<Checkpoint> {
     if opener.maps_new_loads(path) {
-        return retry_changed(|| super::mapped::load(path, &|_, _| true, false));
+        let mapped = retry_changed(|| super::mapped::load(path, &|_, _| true, false));
+        if let Some(done) = super::mapped::mappable(mapped) {
+            return done;
+        }
     }
     retry_changed(|| {
         let file = opener.open_file(path, OpenMode::Read)?;
@@ -292,8 +296,11 @@ where
 {
     let names: Vec<S> = names.into_iter().collect();
     if opener.maps_new_loads(path) {
-        let names: Vec<&str> = names.iter().map(AsRef::as_ref).collect();
-        return retry_changed(|| mapped_selected(path, &names, false));
+        let wanted: Vec<&str> = names.iter().map(AsRef::as_ref).collect();
+        let mapped = retry_changed(|| mapped_selected(path, &wanted, false));
+        if let Some(done) = super::mapped::mappable(mapped) {
+            return done;
+        }
     }
     retry_changed(|| {
         let file = opener.open_file(path, OpenMode::Read)?;
@@ -345,10 +352,13 @@ pub fn load_verified<O: FileOpener + ?Sized>(
     names: Option<&[&str]>,
 ) -> Result<Checkpoint> {
     if opener.maps_new_loads(path) {
-        return retry_changed(|| match names {
+        let mapped = retry_changed(|| match names {
             None => super::mapped::load(path, &|_, _| true, true),
             Some(names) => mapped_selected(path, names, true),
         });
+        if let Some(done) = super::mapped::mappable(mapped) {
+            return done;
+        }
     }
     let ckpt = match names {
         None => load(opener, path)?,

@@ -70,10 +70,12 @@ pub(crate) fn load(
 }
 
 /// Why the file could not be mapped: out of memory (the mapping is charged as memory that
-/// may be written) names the size and the largest tensor.
+/// may be written) names the size and the largest tensor; anything else is
+/// [`ErrorKind::Unsupported`] (see [`mappable`]).
 fn map_failed(e: std::io::Error, header: &Header) -> Error {
     if e.raw_os_error() != Some(rustix::io::Errno::NOMEM.raw_os_error()) {
-        return Error::io(e, "cannot map the file");
+        // A file system that cannot map files: the load reads the file instead.
+        return Error::new(ErrorKind::Unsupported, "the file cannot be mapped").with_source(e);
     }
     let largest = header.entries().iter().max_by_key(|e| e.byte_len());
     let what = largest.map_or(String::new(), |e| {
@@ -91,6 +93,15 @@ fn map_failed(e: std::io::Error, header: &Header) -> Error {
         ),
     )
     .with_source(e)
+}
+
+/// `Some` outcome of a mapped load, `None` when the file cannot be mapped (its file system
+/// refuses: [`ErrorKind::Unsupported`]) and is to be read instead.
+pub(crate) fn mappable(outcome: Result<Checkpoint>) -> Option<Result<Checkpoint>> {
+    match outcome {
+        Err(e) if e.kind() == ErrorKind::Unsupported => None,
+        done => Some(done),
+    }
 }
 
 /// `ranges` (in file order) with neighbours less than a window apart joined.
