@@ -214,25 +214,6 @@ impl std::io::Read for FileReader<'_> {
     }
 }
 
-/// The job of `reqs` (sorted by offset; see [`BackendFile::begin_read_job`]), `None` when
-/// they go to more than one kind of memory or there are none.
-pub(crate) fn job_of(reqs: &[Request<'_>], fresh: bool) -> Option<JobShape> {
-    let (first, _) = reqs.first()?;
-    let memory = reqs[0].1.kind();
-    if reqs.iter().any(|(_, d)| d.kind() != memory) {
-        return None;
-    }
-    Some(JobShape {
-        bytes: reqs.iter().map(|(r, _)| r.end - r.start).sum(),
-        requests: reqs.len(),
-        largest: reqs.iter().map(|(r, _)| r.end - r.start).max().unwrap_or(0),
-        in_flight: IO_THREADS as u32,
-        memory,
-        fresh,
-        first_offset: first.start,
-    })
-}
-
 fn truncated(path: &Path, offset: u64) -> Error {
     Error::new(
         ErrorKind::Corrupt,
@@ -297,7 +278,7 @@ where
     let names: Vec<S> = names.into_iter().collect();
     if opener.maps_new_loads(path) {
         let wanted: Vec<&str> = names.iter().map(AsRef::as_ref).collect();
-        let mapped = retry_changed(|| mapped_selected(path, &wanted, false));
+        let mapped = retry_changed(|| super::mapped::load_named(path, &wanted, false));
         if let Some(done) = super::mapped::mappable(mapped) {
             return done;
         }
@@ -314,33 +295,6 @@ where
     })
 }
 
-/// A mapped load of the tensors `names` of `path` (see `mapped.rs`); a name the file lacks
-/// is [`ErrorKind::NotFound`].
-fn mapped_selected(path: &Path, names: &[&str], verify: bool) -> Result<Checkpoint> {
-    let wanted = std::cell::OnceCell::new();
-    let keep = |header: &Header, i: usize| {
-        let wanted = wanted.get_or_init(|| {
-            let mut w = vec![false; header.entries().len()];
-            for name in names {
-                if let Some(j) = header.position(name) {
-                    w[j] = true;
-                }
-            }
-            w
-        });
-        wanted[i]
-    };
-    let ckpt = super::mapped::load(path, &keep, verify)?;
-    match names.iter().find(|n| ckpt.tensor(n).is_none()) {
-        Some(n) => Err(Error::new(
-            ErrorKind::NotFound,
-            format!("no tensor `{n}` in the checkpoint"),
-        )
-        .with_path(path)),
-        None => Ok(ckpt),
-    }
-}
-
 /// [`load`] (all tensors) or [`load_selected`] (`names`), every tensor loaded checked
 /// against the checksum the file's header stores ([`super::checksum`]): as its bytes are
 /// brought in where the file is mapped, right after the read otherwise. A mismatch is
@@ -354,7 +308,7 @@ pub fn load_verified<O: FileOpener + ?Sized>(
     if opener.maps_new_loads(path) {
         let mapped = retry_changed(|| match names {
             None => super::mapped::load(path, &|_, _| true, true),
-            Some(names) => mapped_selected(path, names, true),
+            Some(names) => super::mapped::load_named(path, names, true),
         });
         if let Some(done) = super::mapped::mappable(mapped) {
             return done;
@@ -571,7 +525,7 @@ impl CheckpointFile {
     /// Reads each request's file range into its destination (`reqs` sorted by offset).
     pub(super) fn execute(&self, reqs: Vec<Request<'_>>) -> Result<()> {
         let path = self.path.as_path();
-        let job = job_of(&reqs, false);
+        let job = super::plan::job_of(&reqs, false);
         let job_file = job.and_then(|j| self.file.begin_read_job(&j));
         let file: &dyn BackendFile = job_file.as_deref().unwrap_or(&*self.file);
         let jobs = plan_reads(reqs);

@@ -69,6 +69,33 @@ pub(crate) fn load(
     Checkpoint::from_parts(path, Arena::mapped(map), entries, metadata)
 }
 
+/// A mapped load of the tensors `names` of `path` ([`load`] of those); a name the file
+/// lacks is [`ErrorKind::NotFound`].
+pub(crate) fn load_named(path: &Path, names: &[&str], verify: bool) -> Result<Checkpoint> {
+    let wanted = std::cell::OnceCell::new();
+    let keep = |header: &Header, i: usize| {
+        let wanted = wanted.get_or_init(|| {
+            let mut w = vec![false; header.entries().len()];
+            for name in names {
+                if let Some(j) = header.position(name) {
+                    w[j] = true;
+                }
+            }
+            w
+        });
+        wanted[i]
+    };
+    let ckpt = load(path, &keep, verify)?;
+    match names.iter().find(|n| ckpt.tensor(n).is_none()) {
+        Some(n) => Err(Error::new(
+            ErrorKind::NotFound,
+            format!("no tensor `{n}` in the checkpoint"),
+        )
+        .with_path(path)),
+        None => Ok(ckpt),
+    }
+}
+
 /// Why the file could not be mapped: out of memory (the mapping is charged as memory that
 /// may be written) names the size and the largest tensor; anything else is
 /// [`ErrorKind::Unsupported`] (see [`mappable`]).

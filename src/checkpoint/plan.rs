@@ -2,7 +2,9 @@
 //! as one staged span, the rest one by one. Linear in the number of requests.
 
 use super::load::{Request, ALIGN};
+use super::IO_THREADS;
 use crate::core::align::align_down;
+use crate::core::ReadJob as JobShape;
 use crate::{BackendFile, Error, HostBuffer, MemMut, Result};
 use std::ops::Range;
 
@@ -101,6 +103,25 @@ impl<'a> Staged<'a> {
         }
         Ok(())
     }
+}
+
+/// The job of `reqs` (sorted by offset; see [`BackendFile::begin_read_job`]), `None` when
+/// they go to more than one kind of memory or there are none.
+pub(crate) fn job_of(reqs: &[Request<'_>], fresh: bool) -> Option<JobShape> {
+    let (first, _) = reqs.first()?;
+    let memory = reqs[0].1.kind();
+    if reqs.iter().any(|(_, d)| d.kind() != memory) {
+        return None;
+    }
+    Some(JobShape {
+        bytes: reqs.iter().map(|(r, _)| r.end - r.start).sum(),
+        requests: reqs.len(),
+        largest: reqs.iter().map(|(r, _)| r.end - r.start).max().unwrap_or(0),
+        in_flight: IO_THREADS as u32,
+        memory,
+        fresh,
+        first_offset: first.start,
+    })
 }
 
 #[cfg(test)]

@@ -49,35 +49,40 @@
 //!   recorded (a stream's reads are recorded once per run). Asking costs a lock, a context
 //!   key and a scan of the candidates, a few hundred nanoseconds per transfer.
 
+mod builder;
 mod decisions;
 mod file;
+mod opener;
 mod probe;
 mod report;
 mod reread;
 mod stream;
 mod tune;
+mod usage;
 mod write_run;
 
+pub use builder::EngineBuilder;
 pub use file::EngineFile;
 pub use probe::{evict, SystemClock};
 pub use report::{BackendUsage, Report};
 pub use tune::{default_profile_path, tune, TuneOptions, TuneOutcome};
 
 use fastensor_core::{
-    Capabilities, Direction, Error, ErrorKind, Knobs, MemoryKind, OpenMode, Registry, Result,
-    SharedBackend, TransferContext,
+    Capabilities, Direction, Error, ErrorKind, MemoryKind, OpenMode, Result, SharedBackend,
+    TransferContext,
 };
 use fastensor_select::{
-    Choice, Clock, ContextKey, Dictionary, Epochs, Fingerprint, Objective, Observation, Selector,
-    SelectorConfig, SelectorStats, Warning,
+    Choice, Clock, ContextKey, Dictionary, Epochs, Observation, Selector, SelectorConfig,
+    SelectorStats, Warning,
 };
-use fastensor_sys::fork::{self, ForkMutex, ForkRwLock};
+use fastensor_sys::fork::{ForkMutex, ForkRwLock};
 use std::collections::BTreeMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
+pub(crate) use usage::{InFlight, InFlightCount, Usage};
 
 /// One backend the engine may use.
 #[derive(Clone)]
@@ -104,52 +109,6 @@ impl Candidate {
     /// stays cached).
     pub(crate) fn keeps_cache(&self) -> bool {
         self.caps.read && !self.caps.bypasses_page_cache
-    }
-}
-
-/// What one backend moved through an engine: every transfer, measured by the selector or
-/// not. Atomic counters: counting costs a transfer no lock.
-#[derive(Debug, Default)]
-pub(crate) struct Usage {
-    transfers: AtomicU64,
-    bytes: AtomicU64,
-    wall_ns: AtomicU64,
-    /// CPU time of the transfers whose CPU clock was read.
-    cpu_ns: AtomicU64,
-    /// Bytes of those transfers.
-    cpu_bytes: AtomicU64,
-}
-
-impl Usage {
-    /// Counts a transfer of `bytes` taking `wall`, and `cpu` when it was read.
-    fn add(&self, bytes: u64, wall: Duration, cpu: Option<Duration>) {
-        let nanos = |d: Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
-        self.transfers.fetch_add(1, Ordering::Relaxed);
-        self.bytes.fetch_add(bytes, Ordering::Relaxed);
-        self.wall_ns.fetch_add(nanos(wall), Ordering::Relaxed);
-        if let Some(cpu) = cpu {
-            self.cpu_ns.fetch_add(nanos(cpu), Ordering::Relaxed);
-            self.cpu_bytes.fetch_add(bytes, Ordering::Relaxed);
-        }
-    }
-
-    /// Transfers, bytes, wall time, and the CPU time of all the transfers: that of the ones
-    /// measured, scaled to every byte.
-    pub(crate) fn totals(&self) -> (u64, u64, Duration, Duration) {
-        let bytes = self.bytes.load(Ordering::Relaxed);
-        let cpu_bytes = self.cpu_bytes.load(Ordering::Relaxed);
-        let cpu = Duration::from_nanos(self.cpu_ns.load(Ordering::Relaxed));
-        let cpu = if cpu_bytes == 0 {
-            Duration::ZERO
-        } else {
-            cpu.mul_f64(bytes as f64 / cpu_bytes as f64)
-        };
-        (
-            self.transfers.load(Ordering::Relaxed),
-            bytes,
-            Duration::from_nanos(self.wall_ns.load(Ordering::Relaxed)),
-            cpu,
-        )
     }
 }
 
@@ -563,322 +522,5 @@ impl Engine {
     /// old file's mode kept).
     pub fn save_profile_to(&self, path: &Path) -> Result<()> {
         crate::atomic::write(path, self.dictionary().to_toml().as_bytes())
-    }
-}
-
-/// Settings of an [`Engine`].
-#[derive(Default)]
-pub struct EngineBuilder {
-    registry: Option<Registry>,
-    extra: Vec<SharedBackend>,
-    allowed: Option<Vec<String>>,
-    profile: Option<PathBuf>,
-    config: SelectorConfig,
-    clock: Option<Arc<dyn Clock>>,
-    pinned: Option<String>,
-    no_cache_probe: bool,
-    no_mapped_loads: bool,
-}
-
-impl fmt::Debug for EngineBuilder {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("EngineBuilder")
-            .field("registry", &self.registry)
-            .field("allowed", &self.allowed)
-            .field("profile", &self.profile)
-            .field("config", &self.config)
-            .field("pinned", &self.pinned)
-            .finish()
-    }
-}
-
-impl EngineBuilder {
-    /// Starts from this registry instead of every compiled-in backend.
-    pub fn registry(mut self, registry: Registry) -> Self {
-        self.registry = Some(registry);
-        self
-    }
-
-    /// Adds a backend (to the compiled-in ones, or to the registry given).
-    pub fn backend(mut self, backend: SharedBackend) -> Self {
-        self.extra.push(backend);
-        self
-    }
-
-    /// Allows only these backends (an unknown name fails `build`).
-    pub fn backends<S: Into<String>>(mut self, names: impl IntoIterator<Item = S>) -> Self {
-        self.allowed = Some(names.into_iter().map(Into::into).collect());
-        self
-    }
-
-    /// Loads the dictionary from `path` when it exists and applies (see
-    /// [`Engine::load_warning`]), and saves to it with [`Engine::save_profile`].
-    pub fn profile(mut self, path: impl Into<PathBuf>) -> Self {
-        self.profile = Some(path.into());
-        self
-    }
-
-    /// What to minimise (default: wall time).
-    pub fn objective(mut self, objective: Objective) -> Self {
-        self.config.objective = objective;
-        self
-    }
-
-    /// Exploration and drift settings (the objective set before is kept unless `config`
-    /// changes it).
-    pub fn selector_config(mut self, config: SelectorConfig) -> Self {
-        self.config = config;
-        self
-    }
-
-    /// Samples every candidate gets per context before the choice (default 3).
-    pub fn min_samples(mut self, n: usize) -> Self {
-        self.config.min_samples = n.max(1);
-        self
-    }
-
-    /// The time source (default [`SystemClock`]); tests pass a virtual clock.
-    pub fn clock(mut self, clock: impl Clock + 'static) -> Self {
-        self.clock = Some(Arc::new(clock));
-        self
-    }
-
-    /// Uses this backend for every transfer.
-    pub fn pin(mut self, backend: impl Into<String>) -> Self {
-        self.pinned = Some(backend.into());
-        self
-    }
-
-    /// Whether loads of whole checkpoints into new host memory may map the file (on by
-    /// default; see [`Engine::maps_new_loads`](fastensor_core::FileOpener::maps_new_loads)).
-    pub fn mapped_loads(mut self, on: bool) -> Self {
-        self.no_mapped_loads = !on;
-        self
-    }
-
-    /// Turns off the page-cache probe of reads (then every read context is `Unknown`).
-    pub fn probe_page_cache(mut self, on: bool) -> Self {
-        self.no_cache_probe = !on;
-        self
-    }
-
-    /// Builds the engine. Fails when no allowed backend is available, when an allowed or
-    /// pinned name is unknown, or when the profile is corrupt.
-    pub fn build(self) -> Result<Engine> {
-        let mut registry = self.registry.unwrap_or_else(crate::registry);
-        for b in self.extra {
-            registry.register(b)?;
-        }
-        if let Some(allowed) = &self.allowed {
-            registry.retain_names(allowed)?;
-        }
-        let mut unavailable = Vec::new();
-        let mut candidates = Vec::new();
-        for entry in registry.entries() {
-            match entry.backend.probe() {
-                fastensor_core::Availability::Available => candidates.push(Candidate {
-                    caps: entry.backend.capabilities(),
-                    backend: entry.backend.clone(),
-                }),
-                other => unavailable.push(format!("{}: {other}", entry.backend.name())),
-            }
-        }
-        if candidates.is_empty() {
-            return Err(Error::new(
-                ErrorKind::Unavailable,
-                format!(
-                    "no backend is available{}",
-                    if unavailable.is_empty() {
-                        String::new()
-                    } else {
-                        format!(" ({})", unavailable.join("; "))
-                    }
-                ),
-            ));
-        }
-        let (selector, warning) = match &self.profile {
-            Some(path) => Selector::load(path, self.config.clone())?,
-            None => {
-                let mut s = Selector::new(self.config.clone());
-                s.set_fingerprint(Fingerprint::this_machine());
-                (s, None)
-            }
-        };
-        let (candidates, warning) = apply_knobs(candidates, selector.knobs(), warning);
-        let mut selector = selector;
-        selector.reuse_mut().set_keeping(
-            candidates
-                .iter()
-                .filter(|c| c.keeps_cache())
-                .map(|c| c.name().to_string()),
-        );
-        let usage = candidates.iter().map(|_| Usage::default()).collect();
-        let inner = Inner {
-            candidates,
-            objective_uses_cpu: selector.objective_uses_cpu(),
-            transfers: AtomicU64::new(0),
-            reads: reread::ReadCounts::default(),
-            epochs: Default::default(),
-            reused: Default::default(),
-            windows: ForkMutex::default(),
-            built: (self.config.clone(), selector.dictionary()),
-            selector: ForkMutex::new(selector),
-            clock: self.clock.unwrap_or_else(|| Arc::new(SystemClock::new())),
-            pinned: ForkRwLock::new(None),
-            built_pin: self.pinned.clone(),
-            profile: self.profile,
-            in_flight: InFlightCount::default(),
-            detect_cache: !self.no_cache_probe,
-            mapped_loads: !self.no_mapped_loads,
-            new_loads: Default::default(),
-            jobs: AtomicU64::new(0),
-            usage,
-            warning,
-        };
-        let engine = Engine {
-            inner: Arc::new(inner),
-        };
-        if let Some(p) = &self.pinned {
-            engine.pin(Some(p))?;
-        }
-        Ok(engine)
-    }
-}
-
-/// Runs each candidate with the knob settings the profile holds for it. A backend that
-/// refuses its settings keeps its defaults, and the reason becomes the load warning.
-fn apply_knobs(
-    candidates: Vec<Candidate>,
-    knobs: &BTreeMap<String, BTreeMap<String, String>>,
-    mut warning: Option<Warning>,
-) -> (Vec<Candidate>, Option<Warning>) {
-    let candidates = candidates
-        .into_iter()
-        .map(|c| {
-            let Some(settings) = knobs.get(c.name()).filter(|k| !k.is_empty()) else {
-                return c;
-            };
-            match c.backend.with_knobs(&Knobs::from(settings.clone())) {
-                Ok(backend) => Candidate {
-                    caps: backend.capabilities(),
-                    backend,
-                },
-                Err(e) => {
-                    warning.get_or_insert(Warning {
-                        message: format!("ignoring the profile's knobs for `{}`: {e}", c.name()),
-                    });
-                    c
-                }
-            }
-        })
-        .collect();
-    (candidates, warning)
-}
-
-/// The requests in flight through an engine, counted in the process that started them: in
-/// a child made by `fork` the count starts from none (the requests of the parent's threads
-/// never end there). One word: the low 32 bits of the [`fork::generation`] that counted,
-/// then the count.
-#[derive(Debug, Default)]
-pub(crate) struct InFlightCount(AtomicU64);
-
-impl InFlightCount {
-    /// Applies `step` to this process's count; returns the new count.
-    fn update(&self, step: impl Fn(u32) -> u32) -> u32 {
-        let generation = fork::generation() as u32;
-        let mut now = self.0.load(Ordering::SeqCst);
-        loop {
-            let mine = (now >> 32) as u32 == generation;
-            let n = step(if mine { now as u32 } else { 0 });
-            let next = (u64::from(generation) << 32) | u64::from(n);
-            match self
-                .0
-                .compare_exchange_weak(now, next, Ordering::SeqCst, Ordering::SeqCst)
-            {
-                Ok(_) => return n,
-                Err(seen) => now = seen,
-            }
-        }
-    }
-}
-
-/// Counts a request in flight for as long as it lives.
-pub(crate) struct InFlight<'a>(&'a InFlightCount);
-
-impl<'a> InFlight<'a> {
-    pub(crate) fn enter(counter: &'a InFlightCount) -> (Self, u32) {
-        let n = counter.update(|n| n.saturating_add(1));
-        (InFlight(counter), n)
-    }
-}
-
-impl Drop for InFlight<'_> {
-    fn drop(&mut self) {
-        self.0.update(|n| n.saturating_sub(1));
-    }
-}
-
-/// Checkpoints opened through the engine pick their backend per transfer, and their
-/// transfers are tagged with the checkpoint purpose.
-impl fastensor_core::FileOpener for Engine {
-    fn open_file(
-        &self,
-        path: &Path,
-        mode: OpenMode,
-    ) -> Result<Box<dyn fastensor_core::BackendFile>> {
-        let file = self.open(path, mode)?;
-        file.set_purpose(fastensor_core::Purpose::Checkpoint);
-        Ok(Box::new(file))
-    }
-
-    /// A load into new host memory maps the file unless a backend is pinned, mapped loads
-    /// were turned off ([`EngineBuilder::mapped_loads`]), or none of the engine's backends
-    /// reads local files through the page cache (`posix`, `mmap`: without them the caller
-    /// chose to bypass it, or the engine's files are not local files). Mapping never costs
-    /// more device reads than reading, and spares what reading into new memory costs on
-    /// top: the kernel zeroing every page before the read overwrites it.
-    fn maps_new_loads(&self, _path: &Path) -> bool {
-        const PAGE_CACHE_READERS: [&str; 2] = ["posix", "mmap"];
-        let inner = &self.inner;
-        let map = inner.mapped_loads
-            && inner.pinned.read().is_none()
-            && inner
-                .candidates
-                .iter()
-                .any(|c| PAGE_CACHE_READERS.contains(&c.name()));
-        inner.new_loads[usize::from(!map)].fetch_add(1, Ordering::Relaxed);
-        map
-    }
-}
-
-impl Engine {
-    /// Loads of whole checkpoints into new host memory decided so far: how many mapped the
-    /// file, how many read it through a backend.
-    pub fn new_loads(&self) -> (u64, u64) {
-        let [m, r] = &self.inner.new_loads;
-        (m.load(Ordering::Relaxed), r.load(Ordering::Relaxed))
-    }
-
-    /// Jobs of reads (checkpoint loads read through a backend) decided so far: each chose
-    /// one backend for all its reads.
-    pub fn read_jobs(&self) -> u64 {
-        self.inner.jobs.load(Ordering::Relaxed)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn usage_scales_the_measured_cpu_time_to_every_byte() {
-        let u = Usage::default();
-        assert_eq!(u.totals(), (0, 0, Duration::ZERO, Duration::ZERO));
-        let ms = Duration::from_millis;
-        u.add(1 << 20, ms(1), Some(ms(2)));
-        u.add(1 << 20, ms(1), None);
-        u.add(2 << 20, ms(2), None);
-        // 2 ms of CPU measured over 1 MiB of 4: 8 ms in all.
-        assert_eq!(u.totals(), (3, 4 << 20, ms(4), ms(8)));
     }
 }

@@ -1,0 +1,220 @@
+//! Building an [`Engine`]: the backends allowed, the profile, the selector's settings.
+
+use super::{reread, Candidate, Engine, InFlightCount, Inner, SystemClock, Usage};
+use fastensor_core::{Error, ErrorKind, Knobs, Registry, Result, SharedBackend};
+use fastensor_select::{Clock, Fingerprint, Objective, Selector, SelectorConfig, Warning};
+use fastensor_sys::fork::{ForkMutex, ForkRwLock};
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::PathBuf;
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+
+/// Settings of an [`Engine`].
+#[derive(Default)]
+pub struct EngineBuilder {
+    registry: Option<Registry>,
+    extra: Vec<SharedBackend>,
+    allowed: Option<Vec<String>>,
+    profile: Option<PathBuf>,
+    config: SelectorConfig,
+    clock: Option<Arc<dyn Clock>>,
+    pinned: Option<String>,
+    no_cache_probe: bool,
+    no_mapped_loads: bool,
+}
+
+impl fmt::Debug for EngineBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("EngineBuilder")
+            .field("registry", &self.registry)
+            .field("allowed", &self.allowed)
+            .field("profile", &self.profile)
+            .field("config", &self.config)
+            .field("pinned", &self.pinned)
+            .finish()
+    }
+}
+
+impl EngineBuilder {
+    /// Starts from this registry instead of every compiled-in backend.
+    pub fn registry(mut self, registry: Registry) -> Self {
+        self.registry = Some(registry);
+        self
+    }
+
+    /// Adds a backend (to the compiled-in ones, or to the registry given).
+    pub fn backend(mut self, backend: SharedBackend) -> Self {
+        self.extra.push(backend);
+        self
+    }
+
+    /// Allows only these backends (an unknown name fails `build`).
+    pub fn backends<S: Into<String>>(mut self, names: impl IntoIterator<Item = S>) -> Self {
+        self.allowed = Some(names.into_iter().map(Into::into).collect());
+        self
+    }
+
+    /// Loads the dictionary from `path` when it exists and applies (see
+    /// [`Engine::load_warning`]), and saves to it with [`Engine::save_profile`].
+    pub fn profile(mut self, path: impl Into<PathBuf>) -> Self {
+        self.profile = Some(path.into());
+        self
+    }
+
+    /// What to minimise (default: wall time).
+    pub fn objective(mut self, objective: Objective) -> Self {
+        self.config.objective = objective;
+        self
+    }
+
+    /// Exploration and drift settings (the objective set before is kept unless `config`
+    /// changes it).
+    pub fn selector_config(mut self, config: SelectorConfig) -> Self {
+        self.config = config;
+        self
+    }
+
+    /// Samples every candidate gets per context before the choice (default 3).
+    pub fn min_samples(mut self, n: usize) -> Self {
+        self.config.min_samples = n.max(1);
+        self
+    }
+
+    /// The time source (default [`SystemClock`]); tests pass a virtual clock.
+    pub fn clock(mut self, clock: impl Clock + 'static) -> Self {
+        self.clock = Some(Arc::new(clock));
+        self
+    }
+
+    /// Uses this backend for every transfer.
+    pub fn pin(mut self, backend: impl Into<String>) -> Self {
+        self.pinned = Some(backend.into());
+        self
+    }
+
+    /// Whether loads of whole checkpoints into new host memory may map the file (on by
+    /// default; see [`Engine::maps_new_loads`](fastensor_core::FileOpener::maps_new_loads)).
+    pub fn mapped_loads(mut self, on: bool) -> Self {
+        self.no_mapped_loads = !on;
+        self
+    }
+
+    /// Turns off the page-cache probe of reads (then every read context is `Unknown`).
+    pub fn probe_page_cache(mut self, on: bool) -> Self {
+        self.no_cache_probe = !on;
+        self
+    }
+
+    /// Builds the engine. Fails when no allowed backend is available, when an allowed or
+    /// pinned name is unknown, or when the profile is corrupt.
+    pub fn build(self) -> Result<Engine> {
+        let mut registry = self.registry.unwrap_or_else(crate::registry);
+        for b in self.extra {
+            registry.register(b)?;
+        }
+        if let Some(allowed) = &self.allowed {
+            registry.retain_names(allowed)?;
+        }
+        let mut unavailable = Vec::new();
+        let mut candidates = Vec::new();
+        for entry in registry.entries() {
+            match entry.backend.probe() {
+                fastensor_core::Availability::Available => candidates.push(Candidate {
+                    caps: entry.backend.capabilities(),
+                    backend: entry.backend.clone(),
+                }),
+                other => unavailable.push(format!("{}: {other}", entry.backend.name())),
+            }
+        }
+        if candidates.is_empty() {
+            return Err(Error::new(
+                ErrorKind::Unavailable,
+                format!(
+                    "no backend is available{}",
+                    if unavailable.is_empty() {
+                        String::new()
+                    } else {
+                        format!(" ({})", unavailable.join("; "))
+                    }
+                ),
+            ));
+        }
+        let (selector, warning) = match &self.profile {
+            Some(path) => Selector::load(path, self.config.clone())?,
+            None => {
+                let mut s = Selector::new(self.config.clone());
+                s.set_fingerprint(Fingerprint::this_machine());
+                (s, None)
+            }
+        };
+        let (candidates, warning) = apply_knobs(candidates, selector.knobs(), warning);
+        let mut selector = selector;
+        selector.reuse_mut().set_keeping(
+            candidates
+                .iter()
+                .filter(|c| c.keeps_cache())
+                .map(|c| c.name().to_string()),
+        );
+        let usage = candidates.iter().map(|_| Usage::default()).collect();
+        let inner = Inner {
+            candidates,
+            objective_uses_cpu: selector.objective_uses_cpu(),
+            transfers: AtomicU64::new(0),
+            reads: reread::ReadCounts::default(),
+            epochs: Default::default(),
+            reused: Default::default(),
+            windows: ForkMutex::default(),
+            built: (self.config.clone(), selector.dictionary()),
+            selector: ForkMutex::new(selector),
+            clock: self.clock.unwrap_or_else(|| Arc::new(SystemClock::new())),
+            pinned: ForkRwLock::new(None),
+            built_pin: self.pinned.clone(),
+            profile: self.profile,
+            in_flight: InFlightCount::default(),
+            detect_cache: !self.no_cache_probe,
+            mapped_loads: !self.no_mapped_loads,
+            new_loads: Default::default(),
+            jobs: AtomicU64::new(0),
+            usage,
+            warning,
+        };
+        let engine = Engine {
+            inner: Arc::new(inner),
+        };
+        if let Some(p) = &self.pinned {
+            engine.pin(Some(p))?;
+        }
+        Ok(engine)
+    }
+}
+
+/// Runs each candidate with the knob settings the profile holds for it. A backend that
+/// refuses its settings keeps its defaults, and the reason becomes the load warning.
+fn apply_knobs(
+    candidates: Vec<Candidate>,
+    knobs: &BTreeMap<String, BTreeMap<String, String>>,
+    mut warning: Option<Warning>,
+) -> (Vec<Candidate>, Option<Warning>) {
+    let candidates = candidates
+        .into_iter()
+        .map(|c| {
+            let Some(settings) = knobs.get(c.name()).filter(|k| !k.is_empty()) else {
+                return c;
+            };
+            match c.backend.with_knobs(&Knobs::from(settings.clone())) {
+                Ok(backend) => Candidate {
+                    caps: backend.capabilities(),
+                    backend,
+                },
+                Err(e) => {
+                    warning.get_or_insert(Warning {
+                        message: format!("ignoring the profile's knobs for `{}`: {e}", c.name()),
+                    });
+                    c
+                }
+            }
+        })
+        .collect();
+    (candidates, warning)
+}
