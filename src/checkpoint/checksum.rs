@@ -143,17 +143,7 @@ impl Checksums {
     /// checksums); a value that does not parse, or a non-empty tensor without a checksum,
     /// [`ErrorKind::Corrupt`].
     pub fn from_header(header: &Header, path: &Path) -> Result<Checksums> {
-        let value = header.metadata().get(CHECKSUMS_KEY).ok_or_else(|| {
-            Error::new(
-                ErrorKind::InvalidInput,
-                format!(
-                    "no checksums to verify against (no `{CHECKSUMS_KEY}` in the metadata): \
-                     the file was saved without checksums"
-                ),
-            )
-            .with_path(path)
-        })?;
-        let sums = decode(value).map_err(|e| e.with_path(path))?;
+        let sums = stored(header.metadata(), path)?;
         let mut by_start = HashMap::with_capacity(header.entries().len());
         for e in header.entries().iter().filter(|e| e.byte_len() > 0) {
             let name = &e.desc.name;
@@ -244,11 +234,11 @@ impl CheckpointFile {
     }
 }
 
-/// Checks every tensor of a loaded checkpoint against the checksums its metadata stores
-/// (in parallel); errors as [`Checksums::from_header`] and [`Checksums::check`].
-pub(crate) fn check_loaded(ckpt: &super::Checkpoint) -> Result<()> {
-    let path = ckpt.path();
-    let value = ckpt.metadata().get(CHECKSUMS_KEY).ok_or_else(|| {
+/// The checksums `metadata` (of the file at `path`) stores, by tensor name: none is
+/// [`ErrorKind::InvalidInput`] (the file was saved without checksums), a value that does
+/// not parse [`ErrorKind::Corrupt`].
+fn stored(metadata: &BTreeMap<String, String>, path: &Path) -> Result<HashMap<String, u32>> {
+    let value = metadata.get(CHECKSUMS_KEY).ok_or_else(|| {
         Error::new(
             ErrorKind::InvalidInput,
             format!(
@@ -258,7 +248,14 @@ pub(crate) fn check_loaded(ckpt: &super::Checkpoint) -> Result<()> {
         )
         .with_path(path)
     })?;
-    let sums = decode(value).map_err(|e| e.with_path(path))?;
+    decode(value).map_err(|e| e.with_path(path))
+}
+
+/// Checks every tensor of a loaded checkpoint against the checksums its metadata stores
+/// (in parallel); errors as [`Checksums::from_header`] and [`Checksums::check`].
+pub(crate) fn check_loaded(ckpt: &super::Checkpoint) -> Result<()> {
+    let path = ckpt.path();
+    let sums = stored(ckpt.metadata(), path)?;
     let tensors: Vec<_> = ckpt.iter().filter(|(_, b)| !b.is_empty()).collect();
     parallel::for_each(tensors, IO_THREADS, |(desc, bytes)| {
         let name = &desc.name;

@@ -13,6 +13,7 @@ replaced by rename, never written in place.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ._common import unknown_dtype
@@ -21,6 +22,38 @@ from .errors import _invalid
 if TYPE_CHECKING:
     import numpy as np
     import torch
+
+
+def _load(
+    native,
+    path: str,
+    names: list[str] | None,
+    verify: bool,
+    versioned: bool,
+    framework: str,
+    make: Callable[[str, str, list[int], Any], Any],
+) -> dict[str, Any]:
+    """The tensors of ``path`` (all in file order, or ``names`` in their order), each made
+    by ``make(name, dtype, shape, capsule)``; ``None`` from it means a dtype ``framework``
+    cannot hold, and an error it raises becomes one naming the file and the tensor."""
+    tensors, _metadata, _mapped = native.load_new(path, names, versioned=versioned, verify=verify)
+    out: dict[str, Any] = {}
+    for name, dtype, shape, capsule in tensors:
+        try:
+            made = make(name, dtype, shape, capsule)
+        except (RuntimeError, ValueError) as exc:
+            err = _invalid(
+                f"{path}: tensor `{name}` ({dtype}, shape {shape}) cannot be made in "
+                f"{framework}: {exc}",
+                path,
+            )
+            raise err from exc
+        if made is None:
+            raise unknown_dtype(path, name, dtype, framework)
+        out[name] = made
+    if names is not None:
+        return {n: out[n] for n in names}
+    return out
 
 
 def load_host(
@@ -32,24 +65,13 @@ def load_host(
 
     from ._torch_dtypes import FROM_NAME, torch_shape
 
-    tensors, _metadata, _mapped = native.load_new(path, names, verify=verify)
-    out: dict[str, torch.Tensor] = {}
-    for name, dtype, shape, capsule in tensors:
+    def make(name: str, dtype: str, shape: list[int], capsule: Any) -> torch.Tensor | None:
         dt = FROM_NAME.get(dtype)
         if dt is None:
-            raise unknown_dtype(path, name, dtype, f"torch {torch.__version__}")
-        raw = torch.from_dlpack(capsule)
-        try:
-            out[name] = raw.view(dt).view(torch_shape(dtype, shape))
-        except (RuntimeError, ValueError) as exc:
-            err = _invalid(
-                f"{path}: tensor `{name}` ({dtype}, shape {shape}) cannot be made in torch: {exc}",
-                path,
-            )
-            raise err from exc
-    if names is not None:
-        return {n: out[n] for n in names}
-    return out
+            return None
+        return torch.from_dlpack(capsule).view(dt).view(torch_shape(dtype, shape))
+
+    return _load(native, path, names, verify, False, f"torch {torch.__version__}", make)
 
 
 class _Exported:
@@ -71,24 +93,13 @@ def load_host_numpy(
     native, path: str, from_name: dict, names: list[str] | None = None, verify: bool = False
 ) -> dict[str, np.ndarray]:
     """:func:`load_host` for numpy: writable arrays (``from_name``: dtype name -> numpy
-    dtype)."""
+    dtype; numpy makes writable arrays only from version 1 capsules)."""
     import numpy as np
 
-    tensors, _metadata, _mapped = native.load_new(path, names, versioned=True, verify=verify)
-    out: dict[str, np.ndarray] = {}
-    for name, dtype, shape, capsule in tensors:
+    def make(name: str, dtype: str, shape: list[int], capsule: Any) -> np.ndarray | None:
         dt = from_name.get(dtype)
         if dt is None:
-            raise unknown_dtype(path, name, dtype, "numpy")
-        raw = np.from_dlpack(_Exported(capsule))
-        try:
-            out[name] = raw.view(dt).reshape(tuple(shape))
-        except ValueError as exc:
-            err = _invalid(
-                f"{path}: tensor `{name}` ({dtype}, shape {shape}) cannot be made in numpy: {exc}",
-                path,
-            )
-            raise err from exc
-    if names is not None:
-        return {n: out[n] for n in names}
-    return out
+            return None
+        return np.from_dlpack(_Exported(capsule)).view(dt).reshape(tuple(shape))
+
+    return _load(native, path, names, verify, True, "numpy", make)
