@@ -11,7 +11,6 @@ use crate::core::parallel;
 use crate::{BackendFile, Error, ErrorKind, MemMut, MemRef, Result};
 use std::fs::File;
 use std::ops::Range;
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
@@ -281,16 +280,8 @@ impl BackendFile for PlainFile {
         let MemMut::Host(buf) = dst else {
             return Err(Error::new(ErrorKind::Unsupported, "host memory only"));
         };
-        let mut done = 0;
-        while done < buf.len() {
-            match self.file.read_at(&mut buf[done..], offset + done as u64) {
-                Ok(0) => break,
-                Ok(n) => done += n,
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(Error::io(e, "cannot read").with_path(&self.path)),
-            }
-        }
-        Ok(done)
+        fastensor_sys::pread_full(&self.file, buf, offset)
+            .map_err(|e| Error::io(e, "cannot read").with_path(&self.path))
     }
     fn write_at(&self, _offset: u64, _src: MemRef<'_>) -> Result<()> {
         Err(Error::new(ErrorKind::Unsupported, "opened for reading").with_path(&self.path))

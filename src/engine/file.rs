@@ -475,24 +475,14 @@ impl BackendFile for EngineFile {
     /// Through the file's plain read-only descriptor where it has one (no backend choice,
     /// no measurement), else as any read.
     fn read_metadata_at(&self, offset: u64, dst: &mut [u8]) -> Result<usize> {
-        use std::os::unix::fs::FileExt;
         let Some(f) = self.probe_file() else {
             return self.read_at(offset, MemMut::Host(dst));
         };
-        let mut done = 0;
-        while done < dst.len() {
-            match f.read_at(&mut dst[done..], offset + done as u64) {
-                Ok(0) => break,
-                Ok(n) => done += n,
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(e) => {
-                    return Err(Error::io(e, "cannot read the file's header")
-                        .with_path(&self.path)
-                        .with_offset(offset))
-                }
-            }
-        }
-        Ok(done)
+        fastensor_sys::pread_full(f, dst, offset).map_err(|e| {
+            Error::io(e, "cannot read the file's header")
+                .with_path(&self.path)
+                .with_offset(offset)
+        })
     }
 
     /// One backend for the whole job, measured whole (see `file/job.rs`).
