@@ -42,6 +42,9 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import fresh  # noqa: E402 (the bench's own helpers, beside this file)
+
 # subject -> (group, description)
 SUBJECTS = {
     "lightning save: fastensor": ("lightning", "fastensor.lightning.CheckpointIO save"),
@@ -390,21 +393,10 @@ def _dcp(subject: str, base: Path, out: str) -> float:
 
 
 def drop_caches(base: Path) -> str:
-    """Drops the page cache: all of it where permitted, else the scratch files'."""
-    os.sync()
-    try:
-        with open("/proc/sys/vm/drop_caches", "w") as f:
-            f.write("1")
-        return "dropped (/proc/sys/vm/drop_caches)"
-    except OSError:
-        for root, _, files in os.walk(base):
-            for name in files:
-                fd = os.open(os.path.join(root, name), os.O_RDONLY)
-                try:
-                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-                finally:
-                    os.close(fd)
-        return "scratch files' pages dropped (POSIX_FADV_DONTNEED; libraries stay cached)"
+    """Drops the page cache: all of it where permitted, else the scratch files' (see
+    ``fresh.drop_caches``)."""
+    files = [os.path.join(root, name) for root, _, names in os.walk(base) for name in names]
+    return fresh.drop_caches(files)
 
 
 def run_child(subject: str, base: Path, size: str) -> dict:

@@ -4,14 +4,13 @@
 
 use super::checksum::Checksums;
 use super::header::Header;
-use super::load::{read_header, Checkpoint};
+use super::load::{read_header_with, Checkpoint};
 use super::{Arena, IO_THREADS};
 use crate::core::align::align_down;
 use crate::core::parallel;
-use crate::{BackendFile, Error, ErrorKind, MemMut, MemRef, Result};
-use std::fs::File;
+use crate::{Error, ErrorKind, Result};
 use std::ops::Range;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Mutex;
 
 /// Bytes one worker brings in at a time.
@@ -29,16 +28,21 @@ pub(crate) fn load(
     keep: &dyn Fn(&Header, usize) -> bool,
     verify: bool,
 ) -> Result<Checkpoint> {
-    let file = PlainFile {
-        file: crate::atomic::open_regular(path)?,
-        path: path.to_path_buf(),
+    let file = crate::atomic::open_regular(path)?;
+    let file_len = file
+        .metadata()
+        .map_err(|e| Error::io(e, "cannot stat").with_path(path))?
+        .len();
+    let read_at = |at: u64, buf: &mut [u8]| {
+        fastensor_sys::pread_full(&file, buf, at)
+            .map_err(|e| Error::io(e, "cannot read").with_path(path))
     };
-    let header = read_header(&file, path)?;
+    let header = read_header_with(file_len, &read_at, path)?;
     let len = usize::try_from(header.file_len()).map_err(|_| {
         Error::new(ErrorKind::OutOfMemory, "the file does not fit in memory").with_path(path)
     })?;
     // What a file changed in place does to the mapping: see `Arena`.
-    let map = fastensor_sys::populate::map_private(&file.file, len)
+    let map = fastensor_sys::populate::map_private(&file, len)
         .map_err(|e| map_failed(e, &header).with_path(path))?;
     let kept: Vec<usize> = (0..header.entries().len())
         .filter(|&i| keep(&header, i))
@@ -256,46 +260,4 @@ fn check(
 /// `EFAULT`: a page of the range could not be brought in (past the end of the file).
 fn libc_efault() -> i32 {
     rustix::io::Errno::FAULT.raw_os_error()
-}
-
-/// The file the header is read from, as a [`BackendFile`] (reads only).
-struct PlainFile {
-    file: File,
-    path: PathBuf,
-}
-
-impl std::fmt::Debug for PlainFile {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("PlainFile")
-            .field("path", &self.path)
-            .finish()
-    }
-}
-
-impl BackendFile for PlainFile {
-    fn path(&self) -> &Path {
-        &self.path
-    }
-    fn read_at(&self, offset: u64, dst: MemMut<'_>) -> Result<usize> {
-        let MemMut::Host(buf) = dst else {
-            return Err(Error::new(ErrorKind::Unsupported, "host memory only"));
-        };
-        fastensor_sys::pread_full(&self.file, buf, offset)
-            .map_err(|e| Error::io(e, "cannot read").with_path(&self.path))
-    }
-    fn write_at(&self, _offset: u64, _src: MemRef<'_>) -> Result<()> {
-        Err(Error::new(ErrorKind::Unsupported, "opened for reading").with_path(&self.path))
-    }
-    fn sync(&self) -> Result<()> {
-        Ok(())
-    }
-    fn len(&self) -> Result<u64> {
-        self.file
-            .metadata()
-            .map(|m| m.len())
-            .map_err(|e| Error::io(e, "cannot stat").with_path(&self.path))
-    }
-    fn set_len(&self, _len: u64) -> Result<()> {
-        Err(Error::new(ErrorKind::Unsupported, "opened for reading").with_path(&self.path))
-    }
 }
