@@ -8,12 +8,14 @@ import os
 import re
 import subprocess
 import sys
+import threading
 
 import pytest
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+import fastensor  # noqa: E402
 import fastensor.transformers as ft  # noqa: E402
 from transformers import (  # noqa: E402
     AutoModelForCausalLM,
@@ -179,6 +181,33 @@ def test_errors(tmp_path):
         ft.from_pretrained(GPT2LMHeadModel, tmp_path)
     with pytest.raises(ValueError, match="state_dict"):
         ft.from_pretrained(GPT2LMHeadModel, tmp_path, state_dict={})
+
+
+def test_a_load_error_reaches_the_caller(tmp_path):
+    gpt2().save_pretrained(tmp_path)
+    weights = tmp_path / "model.safetensors"
+    with open(weights, "r+b") as f:
+        f.truncate(weights.stat().st_size // 2)
+    with pytest.raises(fastensor.SafetensorError, match="model.safetensors"):
+        ft.from_pretrained(GPT2LMHeadModel, tmp_path)
+
+
+def test_weights_in_flight_wait_for_the_load():
+    from fastensor.transformers import _WeightsInFlight
+
+    release = threading.Event()
+
+    def load():
+        release.wait()
+        return {"a": 1}
+
+    weights = _WeightsInFlight(load)
+    assert not weights.resolved
+    release.set()
+    assert sorted(weights.items()) == [("a", 1)] and weights.resolved
+    failing = _WeightsInFlight(lambda: 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        len(failing)
 
 
 def test_import_fastensor_needs_no_framework():

@@ -12,8 +12,9 @@ read by the engine from the directory's ``model.safetensors`` or sharded checkpo
     ft.save_pretrained(model, "out/gpt2-copy", max_shard_size="2GB")
 
 The model is built by transformers itself, on the meta device without initialising any
-weight (as its ``from_pretrained`` builds it), and adopts the tensors the engine loaded
-without copying them (a cast to another ``dtype`` copies, as in transformers); the keyword
+weight (as its ``from_pretrained`` builds it), while the engine loads the weights on
+threads of its own; the model then adopts the tensors the engine loaded without copying
+them (a cast to another ``dtype`` copies, as in transformers); the keyword
 arguments are ``from_pretrained``'s. ``device_map`` naming one device (``"cuda:0"``) loads
 straight onto it; any other map loads onto the CPU and transformers places the weights.
 ``path`` is a local directory (a Hub repository is fetched first, e.g. with
@@ -30,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import threading
 from collections.abc import Mapping
 from typing import Any
 
@@ -104,6 +106,59 @@ def _load_weights(path: str, device: torch.device, engine: Engine | None) -> dic
     return _fst.load_file(path, device=device, engine=engine)
 
 
+class _WeightsInFlight(dict):
+    """The state dict handed to transformers while the engine is still loading it.
+
+    The load runs on a thread of its own (the engine's calls release the GIL) while
+    transformers reads the config and builds the model; every method of the dict waits
+    for the load first and raises its error, if any. :attr:`resolved` tells whether any
+    was called: code that reached the underlying storage without them saw it empty.
+    """
+
+    def __init__(self, load: Any) -> None:
+        super().__init__()
+        self.resolved = False
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(load,), daemon=True)
+        self._thread.start()
+
+    def _run(self, load: Any) -> None:
+        try:
+            dict.update(self, load())
+        except BaseException as exc:  # raised again where the weights are first read
+            self._error = exc
+
+    def wait(self) -> None:
+        """Waits for the load; raises its error."""
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+
+    def weights(self) -> dict:
+        """The loaded weights as a plain ``dict`` (waits for the load)."""
+        self.wait()
+        return dict.copy(self)
+
+
+def _waiting(name: str) -> Any:
+    def method(self: _WeightsInFlight, *args: Any, **kwargs: Any) -> Any:
+        self.wait()
+        self.resolved = True
+        return getattr(dict, name)(self, *args, **kwargs)
+
+    method.__name__ = name
+    return method
+
+
+for _name in (
+    "items", "keys", "values", "get", "copy", "pop", "popitem", "setdefault", "update",
+    "__iter__", "__len__", "__contains__", "__getitem__", "__setitem__", "__delitem__",
+    "__reversed__", "__or__", "__repr__", "__eq__", "__ne__",
+):  # fmt: skip
+    setattr(_WeightsInFlight, _name, _waiting(_name))
+del _name
+
+
 def from_pretrained(
     model_class: Any,
     pretrained_model_name_or_path: PathLike,
@@ -137,11 +192,18 @@ def from_pretrained(
         model_class = _concrete_class(model_class, path, kwargs)
     kwargs.pop("use_safetensors", None)
     device = _single_device(kwargs.get("device_map"))
-    state_dict = _load_weights(weights, device or torch.device("cpu"), engine)
+    target = device or torch.device("cpu")
+    state_dict = _WeightsInFlight(lambda: _load_weights(weights, target, engine))
     if kwargs.get("config") is None:
         kwargs["config"] = path  # read (with subfolder and config kwargs) as from_pretrained does
     generation_config = kwargs.get("generation_config")
-    out = model_class.from_pretrained(None, *model_args, state_dict=state_dict, **kwargs)
+    try:
+        out = model_class.from_pretrained(None, *model_args, state_dict=state_dict, **kwargs)
+    finally:
+        state_dict._thread.join()  # no load left running behind an error
+    if not state_dict.resolved:  # (a transformers that read the dict's storage directly)
+        plain = state_dict.weights()
+        out = model_class.from_pretrained(None, *model_args, state_dict=plain, **kwargs)
     del state_dict
     model = out[0] if isinstance(out, tuple) else out
     model.config.name_or_path = path
