@@ -6,6 +6,10 @@
 //! Every test forks, so they run one at a time (the static lock below): a child only has
 //! the thread that forked, and that thread must not be racing another test's.
 
+#[path = "../fastensor-sys/tests/child/mod.rs"]
+mod child;
+
+use child::fork;
 use fastensor::checkpoint::{self, TensorView};
 use fastensor::{DType, Engine, MemMut, TensorDesc};
 use std::path::Path;
@@ -101,53 +105,12 @@ fn check_read(file: &checkpoint::CheckpointFile, seed: u8) -> Result<(), String>
     Ok(())
 }
 
-/// A forked child: runs `work` (a panic counts as failure) and leaves with `_exit`, never
-/// returning into the test harness.
-fn fork(work: impl FnOnce() -> Result<(), String>) -> libc::pid_t {
-    // SAFETY: fork has no memory-safety preconditions; the child runs only `work` and then
-    // `_exit`, and never returns into the harness's code.
-    let pid = unsafe { libc::fork() };
-    assert!(pid >= 0, "fork failed: {}", std::io::Error::last_os_error());
-    if pid == 0 {
-        let code = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(work)) {
-            Ok(Ok(())) => 0,
-            Ok(Err(msg)) => {
-                eprintln!("child {}: {msg}", std::process::id());
-                1
-            }
-            Err(_) => 2,
-        };
-        // SAFETY: ends the child at once, running no destructor or exit handler of the
-        // parent's state.
-        unsafe { libc::_exit(code) };
-    }
-    pid
-}
-
-/// Waits for the child `pid` until `deadline`; kills it and fails when it has not exited.
+/// Waits for the child `pid` until `deadline`; kills it and fails when it has not exited,
+/// and fails when it did not exit with 0.
 fn wait(pid: libc::pid_t, deadline: Instant) -> Result<(), String> {
-    loop {
-        let mut status = 0;
-        // SAFETY: `status` is a valid out-pointer; `pid` is a child of this process.
-        let r = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
-        if r == pid {
-            if libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0 {
-                return Ok(());
-            }
-            return Err(format!("child {pid} failed (wait status {status:#x})"));
-        }
-        if r < 0 {
-            return Err(format!("waitpid: {}", std::io::Error::last_os_error()));
-        }
-        if Instant::now() > deadline {
-            // SAFETY: `pid` is this process's child, not yet reaped.
-            unsafe {
-                libc::kill(pid, libc::SIGKILL);
-                libc::waitpid(pid, &mut status, 0);
-            }
-            return Err(format!("child {pid} hung: killed"));
-        }
-        std::thread::sleep(Duration::from_millis(5));
+    match child::wait(pid, deadline)? {
+        0 => Ok(()),
+        code => Err(format!("child {pid} failed (exit code {code})")),
     }
 }
 
@@ -277,6 +240,8 @@ fn a_fork_while_another_thread_saves_leaves_a_working_child() {
         }
         let stop = Arc::new(AtomicBool::new(false));
         let (done_tx, done) = mpsc::channel();
+        // A token each time the saver starts a save (dropped while one is waiting).
+        let (started_tx, started) = mpsc::sync_channel(1);
         {
             let (engine, stop) = (engine.clone(), stop.clone());
             let path = dir.path().join(format!("loop-{name}.safetensors"));
@@ -286,6 +251,7 @@ fn a_fork_while_another_thread_saves_leaves_a_working_child() {
                     if stop.load(Ordering::Relaxed) {
                         break Ok(n);
                     }
+                    let _ = started_tx.try_send(());
                     if let Err(e) =
                         save(&engine, &path, 3).and_then(|()| check_load(&engine, &path, 3))
                     {
@@ -298,8 +264,15 @@ fn a_fork_while_another_thread_saves_leaves_a_working_child() {
         }
         let mut failures = Vec::new();
         for i in 0..12 {
-            // Let the saver get well into a save.
-            std::thread::sleep(Duration::from_millis(7 + 3 * i));
+            // Fork once the saver has started another save; none started since the last fork
+            // is left over to count.
+            while started.try_recv().is_ok() {}
+            if started.recv_timeout(HANG).is_err() {
+                break; // the saver has stopped: `done` says why
+            }
+            // This delay is the scenario, not an ordering: it varies how far into the save the
+            // fork lands, and whatever the save holds then, the child must work.
+            std::thread::sleep(Duration::from_millis(3 * (i % 7)));
             let (child_engine, path) = (
                 engine.clone(),
                 dir.path().join(format!("child-{name}-{i}.safetensors")),

@@ -2,24 +2,47 @@
 //! instrumentation), scheduling and prefetch, error propagation from a failing backend, and
 //! removal of the swap file after drop and after a panic.
 
-use fastensor::offload::{OffloadConfig, OffloadStore};
+mod support;
+
+use fastensor::offload::{Handle, OffloadConfig, OffloadStore};
 use fastensor::{Engine, ErrorKind, HostBuffer, Registry};
 use fastensor_testkit::faulty::{Fault, Faulty, Op, When};
 use fastensor_testkit::MemoryBackend;
+use std::path::Path;
 use std::sync::Arc;
+use support::gate::{Gate, Gated};
 
 /// Deterministic content for tensor `seed` of `len` bytes.
 fn tensor(seed: u64, len: usize) -> HostBuffer {
     let mut b = HostBuffer::new(len).unwrap();
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    for chunk in b.chunks_mut(8) {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        let bytes = x.to_le_bytes();
-        chunk.copy_from_slice(&bytes[..chunk.len()]);
-    }
+    fastensor_testkit::data::fill(&mut b, seed);
     b
+}
+
+/// A store's settings in `dir`: a 1 MiB budget, and every tensor goes to the swap file.
+fn swapping(dir: &Path) -> OffloadConfig {
+    OffloadConfig::new(dir, 1 << 20).small_threshold(0)
+}
+
+/// A store over the memory engine, [`swapping`] in a new directory (alive as long as the
+/// store), prefetching `prefetch_depth` tensors, and the handles of `n` tensors `l0`, `l1`, ...
+/// put in it by [`put_written`].
+fn written_store(prefetch_depth: usize, n: u64) -> (tempfile::TempDir, OffloadStore, Vec<Handle>) {
+    let dir = tempfile::tempdir().unwrap();
+    let config = swapping(dir.path()).prefetch_depth(prefetch_depth);
+    let store = OffloadStore::new(&memory_engine(), config).unwrap();
+    let hs = put_written(&store, n, "l");
+    (dir, store, hs)
+}
+
+/// Puts `n` tensors of 8 KiB, `{prefix}{i}` holding `tensor(i, 8192)`, and waits until they
+/// are written.
+fn put_written(store: &OffloadStore, n: u64, prefix: &str) -> Vec<Handle> {
+    let hs = (0..n)
+        .map(|i| store.put(tensor(i, 8192), format!("{prefix}{i}")).unwrap())
+        .collect();
+    store.flush();
+    hs
 }
 
 fn memory_engine() -> Engine {
@@ -155,15 +178,7 @@ fn swap_file_removed_after_panic() {
 
 #[test]
 fn backward_order_prefetches_next_tensors() {
-    let dir = tempfile::tempdir().unwrap();
-    let config = OffloadConfig::new(dir.path(), 1 << 20)
-        .small_threshold(0)
-        .prefetch_depth(4);
-    let store = OffloadStore::new(&memory_engine(), config).unwrap();
-    let hs: Vec<_> = (0..10u64)
-        .map(|i| store.put(tensor(i, 8192), format!("l{i}")).unwrap())
-        .collect();
-    store.flush();
+    let (_dir, store, hs) = written_store(4, 10);
     assert_eq!(store.stats().held_bytes, 0, "written tensors leave memory");
     assert!(store.get(&hs[9]).unwrap()[..] == tensor(9, 8192)[..]);
     store.flush();
@@ -182,13 +197,7 @@ fn backward_order_prefetches_next_tensors() {
 
 #[test]
 fn hint_order_and_explicit_prefetch() {
-    let dir = tempfile::tempdir().unwrap();
-    let config = OffloadConfig::new(dir.path(), 1 << 20).small_threshold(0);
-    let store = OffloadStore::new(&memory_engine(), config).unwrap();
-    let hs: Vec<_> = (0..10u64)
-        .map(|i| store.put(tensor(i, 8192), format!("l{i}")).unwrap())
-        .collect();
-    store.flush();
+    let (_dir, store, hs) = written_store(4, 10);
     store.prefetch(&[&hs[3]]);
     store.flush();
     assert!(store.get(&hs[3]).unwrap()[..] == tensor(3, 8192)[..]);
@@ -210,9 +219,7 @@ fn hint_order_and_explicit_prefetch() {
 fn write_failure_surfaces_on_get_and_next_put() {
     let (engine, faulty) = faulty_engine(Fault::new(Op::Write, When::Nth(5), ErrorKind::Io));
     let dir = tempfile::tempdir().unwrap();
-    let config = OffloadConfig::new(dir.path(), 1 << 20)
-        .small_threshold(0)
-        .io_threads(1);
+    let config = swapping(dir.path()).io_threads(1);
     let store = OffloadStore::new(&engine, config).unwrap();
     // The failed write of act-4 surfaces on the first put after it completes: one of the
     // later puts below, or the one after the flush. A put that reports it stores nothing.
@@ -262,12 +269,9 @@ fn write_failure_surfaces_on_get_and_next_put() {
 fn read_failure_surfaces_on_get() {
     let (engine, faulty) = faulty_engine(Fault::new(Op::Read, When::From(1), ErrorKind::Io));
     let dir = tempfile::tempdir().unwrap();
-    let config = OffloadConfig::new(dir.path(), 1 << 20).small_threshold(0);
+    let config = swapping(dir.path());
     let store = OffloadStore::new(&engine, config).unwrap();
-    let hs: Vec<_> = (0..6u64)
-        .map(|i| store.put(tensor(i, 8192), format!("feat-{i}")).unwrap())
-        .collect();
-    store.flush();
+    let hs = put_written(&store, 6, "feat-");
     for (i, h) in hs.iter().enumerate().rev() {
         let e = store.get(h).unwrap_err();
         assert_eq!(e.kind(), ErrorKind::Io);
@@ -373,39 +377,37 @@ fn a_store_keeps_page_cache_backends_where_no_direct_one_opens_the_file() {
     assert!(store.stats().bytes_written >= len as u64);
 }
 
-/// An engine whose only backend sleeps `call_ms` per transfer: writes stay queued behind it.
-fn slow_engine(call_ms: u64) -> Engine {
-    use fastensor_testkit::throttled::{Cost, Costs, Throttled, Timing};
-    let slow = Throttled::new(
-        "slow",
-        Arc::new(MemoryBackend::new()),
-        Costs::uniform(Cost::new(call_ms * 1_000_000, 0.0)),
-        Timing::Sleep,
-    );
-    Engine::builder()
+/// An engine whose only backend holds its first write at the gate returned: later writes
+/// stay queued behind it until the gate is released.
+fn gated_engine() -> (Engine, Gate) {
+    let (gated, gate) = Gated::new("gated", Arc::new(MemoryBackend::new()));
+    let engine = Engine::builder()
         .registry(Registry::new())
-        .backend(Arc::new(slow))
-        .pin("slow")
+        .backend(Arc::new(gated))
+        .pin("gated")
         .build()
-        .unwrap()
+        .unwrap();
+    (engine, gate)
 }
 
 #[test]
 fn a_discarded_tensor_is_not_written_if_its_write_had_not_started() {
     let dir = tempfile::tempdir().unwrap();
-    let config = OffloadConfig::new(dir.path(), 1 << 20)
-        .small_threshold(0)
-        .io_threads(1);
-    let store = OffloadStore::new(&slow_engine(300), config).unwrap();
+    let config = swapping(dir.path()).io_threads(1);
+    let (engine, gate) = gated_engine();
+    let store = OffloadStore::new(&engine, config).unwrap();
     let first = store.put(tensor(1, 8192), "first").unwrap();
+    // The single I/O thread is in the first write, held at the gate; the second waits in the
+    // queue.
+    gate.wait_entered();
     let second = store.put(tensor(2, 8192), "second").unwrap();
-    // The single I/O thread sleeps in the first write; the second waits in the queue.
     store.discard(&second);
     assert_eq!(
         store.stats().held_bytes,
         8192,
         "only the first is still held"
     );
+    gate.release();
     store.flush();
     let s = store.stats();
     // The first, expected next, stays in memory once written.
@@ -420,15 +422,7 @@ fn a_discarded_tensor_is_not_written_if_its_write_had_not_started() {
 
 #[test]
 fn expect_backward_prefetches_the_last_tensors_before_any_get() {
-    let dir = tempfile::tempdir().unwrap();
-    let config = OffloadConfig::new(dir.path(), 1 << 20)
-        .small_threshold(0)
-        .prefetch_depth(3);
-    let store = OffloadStore::new(&memory_engine(), config).unwrap();
-    let hs: Vec<_> = (0..8u64)
-        .map(|i| store.put(tensor(i, 8192), format!("l{i}")).unwrap())
-        .collect();
-    store.flush();
+    let (_dir, store, hs) = written_store(3, 8);
     assert_eq!(
         store.stats().prefetches,
         0,
@@ -448,15 +442,7 @@ fn expect_backward_prefetches_the_last_tensors_before_any_get() {
 
 #[test]
 fn discarding_moves_the_prefetch_past_the_tensor() {
-    let dir = tempfile::tempdir().unwrap();
-    let config = OffloadConfig::new(dir.path(), 1 << 20)
-        .small_threshold(0)
-        .prefetch_depth(2);
-    let store = OffloadStore::new(&memory_engine(), config).unwrap();
-    let hs: Vec<_> = (0..6u64)
-        .map(|i| store.put(tensor(i, 8192), format!("l{i}")).unwrap())
-        .collect();
-    store.flush();
+    let (_dir, store, hs) = written_store(2, 6);
     // The caller had the last two in memory: the prefetch goes on with the ones before.
     store.discard(&hs[5]);
     store.discard(&hs[4]);

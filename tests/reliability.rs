@@ -2,35 +2,18 @@
 //! replaced nor block a read, modes survive a save, nothing is left behind, and a header's
 //! memory stays bounded. Saves through symbolic links: `tests/save_symlinks.rs`.
 
+mod support;
+
 use fastensor::checkpoint::{self, TensorView};
 use fastensor::posix::PosixBackend;
 use fastensor::{DType, Engine, ErrorKind, TensorDesc};
+use fastensor_testkit::ok_or_skip;
+use fastensor_testkit::skip::{is_root, skip, Mount};
 use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
 use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
-
-fn is_root() -> bool {
-    rustix::process::geteuid().is_root()
-}
-
-fn save_small(path: &Path, value: u8) -> fastensor::Result<()> {
-    let data = [value; 64];
-    let t = [TensorView::new(
-        TensorDesc::new("w", DType::U8, [64]),
-        &data[..],
-    )];
-    checkpoint::save(&PosixBackend, path, &t)
-}
-
-fn names_in(dir: &Path) -> Vec<String> {
-    let mut v: Vec<String> = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .collect();
-    v.sort();
-    v
-}
+use support::{names_in, save_small};
 
 fn mkfifo(path: &Path) {
     let st = Command::new("mkfifo").arg(path).status().unwrap();
@@ -55,10 +38,10 @@ fn a_save_refuses_a_fifo_a_directory_and_a_device() {
         if st.success() {
             targets.push(dev.clone());
         } else {
-            println!("skipped the character device: mknod failed");
+            skip("the character device case: mknod failed");
         }
     } else {
-        println!("skipped the character device: not root");
+        skip("the character device case: needs root (mknod)");
     }
     for t in &targets {
         let err = save_small(t, 1).unwrap_err();
@@ -95,7 +78,7 @@ fn a_replaced_file_keeps_its_mode_and_owner() {
         std::os::unix::fs::chown(&path, Some(65534), Some(65534)).unwrap();
         Some((65534, 65534))
     } else {
-        println!("owner not checked: not root");
+        skip("the owner check: needs root (chown to another user)");
         None
     };
     save_small(&path, 2).unwrap();
@@ -182,42 +165,12 @@ fn reads_refuse_a_fifo_and_a_device_without_blocking() {
     assert!(msgs[0].contains("FIFO") && msgs[3].contains("character device"));
 }
 
-/// A tmpfs of `size` mounted on a new directory (unmounted on drop); `None`, with the reason
-/// printed, when not root or when mounting fails.
-fn small_fs(size: &str) -> Option<SmallFs> {
-    if !is_root() {
-        println!("skipped: mounting a small file system needs root");
-        return None;
-    }
-    let dir = tempfile::tempdir().unwrap();
-    let ok = Command::new("mount")
-        .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
-        .arg(dir.path())
-        .status()
-        .is_ok_and(|s| s.success());
-    if !ok {
-        println!("skipped: cannot mount a tmpfs");
-        return None;
-    }
-    Some(SmallFs(dir))
-}
-
-struct SmallFs(tempfile::TempDir);
-
-impl Drop for SmallFs {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg(self.0.path()).status();
-    }
-}
-
 #[test]
 fn an_offload_store_on_a_full_disk_keeps_the_os_cause() {
     use fastensor::offload::{OffloadConfig, OffloadStore};
-    let Some(fs) = small_fs("2m") else {
-        return;
-    };
+    let fs = ok_or_skip!(Mount::new("tmpfs", "size=2m"));
     let engine = Engine::new().unwrap();
-    let config = OffloadConfig::new(fs.0.path(), 1 << 20).small_threshold(0);
+    let config = OffloadConfig::new(fs.path(), 1 << 20).small_threshold(0);
     let store = OffloadStore::new(&engine, config).unwrap();
     let mut handles = Vec::new();
     let mut failed = None;
@@ -245,10 +198,8 @@ fn an_offload_store_on_a_full_disk_keeps_the_os_cause() {
 
 #[test]
 fn a_profile_save_on_a_full_disk_keeps_the_old_file_and_says_so() {
-    let Some(fs) = small_fs("1m") else {
-        return;
-    };
-    let path = fs.0.path().join("profile.toml");
+    let fs = ok_or_skip!(Mount::new("tmpfs", "size=1m"));
+    let path = fs.path().join("profile.toml");
     std::fs::write(&path, b"old").unwrap();
     let err = fastensor::atomic::write(&path, &vec![b'x'; 2 << 20]).unwrap_err();
     let msg = err.to_string();
@@ -256,7 +207,7 @@ fn a_profile_save_on_a_full_disk_keeps_the_old_file_and_says_so() {
     assert!(msg.contains("no space left on device"), "{msg}");
     assert!(msg.contains(&*path.to_string_lossy()), "{msg}");
     assert_eq!(std::fs::read(&path).unwrap(), b"old");
-    assert_eq!(names_in(fs.0.path()), ["profile.toml"]);
+    assert_eq!(names_in(fs.path()), ["profile.toml"]);
 }
 
 /// Peak RSS of this process so far (`VmHWM`), in MB.

@@ -2,27 +2,20 @@
 //! file, never followed, so a save cannot be steered onto another file by a link (such as
 //! one that another user planted in a sticky, world-writable directory like `/tmp`).
 
-use fastensor::checkpoint::{self, TensorView};
-use fastensor::posix::PosixBackend;
-use fastensor::{DType, Engine, TensorDesc};
+mod support;
+
+use fastensor::Engine;
+use fastensor_testkit::skip::is_root;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use support::{names_in, save_small, value_at};
 
-fn save_small(path: &Path, value: u8) -> fastensor::Result<()> {
-    let data = [value; 64];
-    let t = [TensorView::new(
-        TensorDesc::new("w", DType::U8, [64]),
-        &data[..],
-    )];
-    checkpoint::save(&PosixBackend, path, &t)
-}
-
-/// The value of the 64 bytes of tensor `w` saved at `path`.
-fn value_at(path: &Path) -> u8 {
-    let back = checkpoint::load(&PosixBackend, path).unwrap();
-    let w = back.tensor("w").unwrap().1;
-    assert!(w.iter().all(|&b| b == w[0]));
-    w[0]
+/// A new directory `name` in `dir`, and a symbolic link `link` in `dir` to it.
+fn linked_dir(dir: &Path, name: &str, link: &str) -> (PathBuf, PathBuf) {
+    let (target, link) = (dir.join(name), dir.join(link));
+    std::fs::create_dir(&target).unwrap();
+    std::os::unix::fs::symlink(&target, &link).unwrap();
+    (target, link)
 }
 
 fn is_regular_file(path: &Path) -> bool {
@@ -30,15 +23,6 @@ fn is_regular_file(path: &Path) -> bool {
         .unwrap()
         .file_type()
         .is_file()
-}
-
-fn names_in(dir: &Path) -> Vec<String> {
-    let mut v: Vec<String> = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .collect();
-    v.sort();
-    v
 }
 
 #[test]
@@ -92,10 +76,7 @@ fn a_save_to_a_dangling_symlink_replaces_the_link_and_creates_nothing_else() {
 #[test]
 fn a_save_to_a_symlink_to_a_directory_replaces_the_link_and_leaves_the_directory() {
     let dir = tempfile::tempdir().unwrap();
-    let sub = dir.path().join("sub");
-    std::fs::create_dir(&sub).unwrap();
-    let link = dir.path().join("to-dir.safetensors");
-    std::os::unix::fs::symlink(&sub, &link).unwrap();
+    let (sub, link) = linked_dir(dir.path(), "sub", "to-dir.safetensors");
     save_small(&link, 4).unwrap();
     assert!(is_regular_file(&link));
     assert!(std::fs::symlink_metadata(&sub).unwrap().is_dir());
@@ -105,10 +86,7 @@ fn a_save_to_a_symlink_to_a_directory_replaces_the_link_and_leaves_the_directory
 #[test]
 fn a_symlinked_directory_on_the_way_is_followed() {
     let dir = tempfile::tempdir().unwrap();
-    let real = dir.path().join("real");
-    std::fs::create_dir(&real).unwrap();
-    let via = dir.path().join("via");
-    std::os::unix::fs::symlink(&real, &via).unwrap();
+    let (real, via) = linked_dir(dir.path(), "real", "via");
     save_small(&via.join("c.safetensors"), 5).unwrap();
     assert!(is_regular_file(&real.join("c.safetensors")));
     assert_eq!(value_at(&real.join("c.safetensors")), 5);
@@ -123,9 +101,8 @@ fn a_symlinked_directory_on_the_way_is_followed() {
 /// file elsewhere. The file must not change; the link is replaced by a new file of root's.
 #[test]
 fn a_planted_symlink_in_a_sticky_directory_does_not_redirect_a_save_as_root() {
-    if !rustix::process::geteuid().is_root() {
-        println!("SKIPPED a_planted_symlink_in_a_sticky_directory_does_not_redirect_a_save_as_root: needs root (lchown to another user)");
-        return;
+    if !is_root() {
+        fastensor_testkit::skip!("needs root (lchown to another user)");
     }
     let dir = tempfile::tempdir().unwrap();
     let secret = dir.path().join("secret");

@@ -1,23 +1,11 @@
 //! `fastensor bench` sweeps and reports: the JSON schema, CSV, the SVG chart, the profile
 //! knobs, `bench compare`, the budget, and energy (unavailable here, or from a fake RAPL tree).
 
+mod common;
+
+use common::{failed, fastensor, ok, run};
 use serde_json::Value;
 use std::path::Path;
-use std::process::{Command, Output};
-
-fn fastensor() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_fastensor"))
-}
-
-fn ok(out: Output) -> String {
-    assert!(
-        out.status.success(),
-        "{}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
-}
 
 fn read_json(path: &Path) -> Value {
     serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
@@ -226,14 +214,7 @@ fn compare_with_itself_is_one_everywhere() {
     let a = dir.path().join("a.json");
     sweep(dir.path(), &["--json", a.to_str().unwrap()]);
     let cmp = dir.path().join("cmp.json");
-    let table = ok(fastensor()
-        .args(["bench", "compare"])
-        .arg(&a)
-        .arg(&a)
-        .arg("--json")
-        .arg(&cmp)
-        .output()
-        .unwrap());
+    let table = ok(run("bench compare", &[&a, &a, "--json".as_ref(), &cmp]));
     assert!(
         table.contains("geometric mean of GB/s ratios: 1.00"),
         "{table}"
@@ -263,14 +244,7 @@ fn compare_with_itself_is_one_everywhere() {
     // A report of another schema is refused, naming the file.
     let old = dir.path().join("old.json");
     std::fs::write(&old, r#"{"schema": "fastensor-bench/1", "cells": []}"#).unwrap();
-    let out = fastensor()
-        .args(["bench", "compare"])
-        .arg(&old)
-        .arg(&a)
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("old.json"));
+    assert!(failed(run("bench compare", &[&old, &a])).contains("old.json"));
 }
 
 #[test]
@@ -278,19 +252,10 @@ fn a_spent_budget_reports_what_ran() {
     let dir = tempfile::tempdir().unwrap();
     let json = dir.path().join("r.json");
     let svg = dir.path().join("r.svg");
-    let out = fastensor()
-        .args([
-            "bench", "run", "--sizes", "4K", "--repeat", "1", "--budget", "0s",
-        ])
-        .args(["--backends", "posix", "--random-reads", "0", "--json"])
-        .arg(&json)
-        .arg("--plot")
-        .arg(&svg)
-        .arg("--dir")
-        .arg(dir.path())
-        .output()
-        .unwrap();
-    let table = ok(out);
+    let table = ok(run(
+        "bench run --sizes 4K --repeat 1 --budget 0s --backends posix --random-reads 0 --json",
+        &[&json, "--plot".as_ref(), &svg, "--dir".as_ref(), dir.path()],
+    ));
     assert!(table.contains("budget spent: measured 0 of"), "{table}");
     let r = read_json(&json);
     assert_eq!(r["budget"]["exhausted"], true);
@@ -307,20 +272,8 @@ fn unknown_knobs_and_knobs_of_unmeasured_backends_are_refused() {
         ("uring:qd=1", "not among the backends measured"),
         ("posix:threads=1", "backend `posix` has no knobs"),
     ] {
-        let out = fastensor()
-            .args([
-                "bench",
-                "--backends",
-                "posix,posix-direct",
-                "--knobs",
-                knobs,
-            ])
-            .arg("--dir")
-            .arg(dir.path())
-            .output()
-            .unwrap();
-        assert!(!out.status.success());
-        let err = String::from_utf8_lossy(&out.stderr);
+        let args = format!("bench --backends posix,posix-direct --knobs {knobs} --dir");
+        let err = failed(run(&args, &[dir.path()]));
         assert!(err.contains(expect), "{knobs}: {err}");
     }
 }

@@ -1,39 +1,20 @@
 //! `fastensor tune`, `profile show` and `ckpt ...`, run as a user runs them.
 
-use std::process::{Command, Output};
+mod common;
 
-fn fastensor() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_fastensor"))
-}
-
-fn ok(out: Output) -> String {
-    assert!(
-        out.status.success(),
-        "stdout:\n{}\nstderr:\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
-}
+use common::{failed, names, ok, run};
 
 #[test]
 fn tune_writes_a_profile_that_profile_show_prints() {
     let dir = tempfile::tempdir().unwrap();
     let profile = dir.path().join("p.toml");
-    let out = ok(fastensor()
-        .args(["tune", "--sizes", "4K,64K", "--max-rounds", "4", "--dir"])
-        .arg(dir.path())
-        .arg("--profile")
-        .arg(&profile)
-        .output()
-        .unwrap());
+    let out = ok(run(
+        "tune --sizes 4K,64K --max-rounds 4 --dir",
+        &[dir.path(), "--profile".as_ref(), &profile],
+    ));
     assert!(out.contains("profile written to"), "{out}");
     assert!(profile.exists());
-    let shown = ok(fastensor()
-        .args(["profile", "show"])
-        .arg(&profile)
-        .output()
-        .unwrap());
+    let shown = ok(run("profile show", &[&profile]));
     assert!(shown.contains("fastensor dictionary"), "{shown}");
     for line in ["read", "write"] {
         assert!(
@@ -42,10 +23,7 @@ fn tune_writes_a_profile_that_profile_show_prints() {
         );
     }
     // Nothing but the profile is left in the directory.
-    let left: Vec<_> = std::fs::read_dir(dir.path())
-        .unwrap()
-        .map(|e| e.unwrap().file_name())
-        .collect();
+    let left = names(dir.path());
     assert_eq!(left.len(), 1, "{left:?}");
 }
 
@@ -54,24 +32,14 @@ fn profile_show_of_a_corrupt_file_names_it() {
     let dir = tempfile::tempdir().unwrap();
     let bad = dir.path().join("bad.toml");
     std::fs::write(&bad, "this is [not a profile").unwrap();
-    let out = fastensor()
-        .args(["profile", "show"])
-        .arg(&bad)
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    let err = String::from_utf8(out.stderr).unwrap();
+    let err = failed(run("profile show", &[&bad]));
     assert!(err.contains("bad.toml"), "{err}");
 }
 
 #[test]
 fn ckpt_bench_copy_and_inspect() {
     let dir = tempfile::tempdir().unwrap();
-    let out = ok(fastensor()
-        .args(["ckpt", "bench", "--scale", "0.005", "--dir"])
-        .arg(dir.path())
-        .output()
-        .unwrap());
+    let out = ok(run("ckpt bench --scale 0.005 --dir", &[dir.path()]));
     for row in [
         "fastensor",
         "safetensors crate",
@@ -96,11 +64,7 @@ fn ckpt_bench_copy_and_inspect() {
     file.extend_from_slice(header);
     file.extend((0..19u8).collect::<Vec<_>>());
     std::fs::write(&src, &file).unwrap();
-    let table = ok(fastensor()
-        .args(["ckpt", "inspect"])
-        .arg(&src)
-        .output()
-        .unwrap());
+    let table = ok(run("ckpt inspect", &[&src]));
     let row_a = table
         .lines()
         .find(|l| l.starts_with("a "))
@@ -111,12 +75,7 @@ fn ckpt_bench_copy_and_inspect() {
     );
     assert!(table.contains("data not aligned"), "{table}");
     let dst = dir.path().join("copy.safetensors");
-    ok(fastensor()
-        .args(["ckpt", "copy"])
-        .arg(&src)
-        .arg(&dst)
-        .output()
-        .unwrap());
+    ok(run("ckpt copy", &[&src, &dst]));
     let copied = std::fs::read(&dst).unwrap();
     let hlen = u64::from_le_bytes(copied[..8].try_into().unwrap()) as usize;
     assert_eq!((8 + hlen) % 4096, 0, "the copy's data section is aligned");
@@ -125,13 +84,5 @@ fn ckpt_bench_copy_and_inspect() {
     // A truncated file is refused with its name.
     let cut = dir.path().join("cut.safetensors");
     std::fs::write(&cut, &file[..file.len() - 5]).unwrap();
-    let out = fastensor()
-        .args(["ckpt", "inspect"])
-        .arg(&cut)
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    assert!(String::from_utf8(out.stderr)
-        .unwrap()
-        .contains("cut.safetensors"));
+    assert!(failed(run("ckpt inspect", &[&cut])).contains("cut.safetensors"));
 }

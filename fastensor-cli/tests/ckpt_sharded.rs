@@ -3,21 +3,9 @@
 use fastensor::checkpoint::{self, sharded, TensorView};
 use fastensor::posix::PosixBackend;
 use fastensor::{DType, TensorDesc};
-use std::process::{Command, Output};
+mod common;
 
-fn fastensor() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_fastensor"))
-}
-
-fn ok(out: Output) -> String {
-    assert!(
-        out.status.success(),
-        "stdout:\n{}\nstderr:\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
-}
+use common::{failed, ok, run};
 
 #[test]
 fn inspect_and_copy_accept_a_directory_or_an_index() {
@@ -35,30 +23,17 @@ fn inspect_and_copy_accept_a_directory_or_an_index() {
         .collect();
     checkpoint::save_sharded(&PosixBackend, &src, &views, 150_000).unwrap();
 
-    let by_dir = ok(fastensor()
-        .args(["ckpt", "inspect"])
-        .arg(&src)
-        .output()
-        .unwrap());
+    let by_dir = ok(run("ckpt inspect", &[&src]));
     assert!(by_dir.contains("3 shards, 6 tensors"), "{by_dir}");
     assert!(
         by_dir.contains("model-00002-of-00003.safetensors"),
         "{by_dir}"
     );
-    let by_index = ok(fastensor()
-        .args(["ckpt", "inspect"])
-        .arg(src.join(sharded::INDEX_NAME))
-        .output()
-        .unwrap());
+    let by_index = ok(run("ckpt inspect", &[&src.join(sharded::INDEX_NAME)]));
     assert_eq!(by_dir, by_index);
 
     let dst = dir.path().join("dst");
-    let out = ok(fastensor()
-        .args(["ckpt", "copy"])
-        .arg(src.join(sharded::INDEX_NAME))
-        .arg(&dst)
-        .output()
-        .unwrap());
+    let out = ok(run("ckpt copy", &[&src.join(sharded::INDEX_NAME), &dst]));
     assert!(out.contains("copied 393216 bytes"), "{out}");
     let back = checkpoint::load_sharded(&PosixBackend, &dst).unwrap();
     assert_eq!(back.index().shard_names().len(), 3);
@@ -66,11 +41,5 @@ fn inspect_and_copy_accept_a_directory_or_an_index() {
         assert_eq!(back.tensor(&d.name).unwrap().1, &b[..]);
     }
 
-    let missing = fastensor()
-        .args(["ckpt", "inspect"])
-        .arg(dir.path())
-        .output()
-        .unwrap();
-    assert!(!missing.status.success());
-    assert!(String::from_utf8_lossy(&missing.stderr).contains("index"));
+    assert!(failed(run("ckpt inspect", &[dir.path()])).contains("index"));
 }

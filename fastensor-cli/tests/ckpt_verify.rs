@@ -4,23 +4,15 @@
 use fastensor::checkpoint::{self, checksum, TensorView};
 use fastensor::posix::PosixBackend;
 use fastensor::{DType, TensorDesc};
-use std::collections::BTreeMap;
-use std::process::Command;
+mod common;
 
-fn fastensor() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_fastensor"))
-}
+use common::{ok, run, text};
+use std::collections::BTreeMap;
 
 /// `(success, stdout + stderr)` of `fastensor ckpt verify path`.
 fn verify(path: &std::path::Path) -> (bool, String) {
-    let out = fastensor()
-        .args(["ckpt", "verify"])
-        .arg(path)
-        .output()
-        .unwrap();
-    let text =
-        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
-    (out.status.success(), text)
+    let out = run("ckpt verify", &[path]);
+    (out.status.success(), text(&out))
 }
 
 #[test]
@@ -88,13 +80,7 @@ fn inspect_lists_every_dtype() {
         .map(|(d, b)| TensorView::new(d.clone(), b))
         .collect();
     checkpoint::save(&PosixBackend, &path, &views).unwrap();
-    let out = fastensor()
-        .args(["ckpt", "inspect"])
-        .arg(&path)
-        .output()
-        .unwrap();
-    assert!(out.status.success());
-    let text = String::from_utf8(out.stdout).unwrap();
+    let text = ok(run("ckpt inspect", &[&path]));
     for d in DType::ALL {
         let line = text
             .lines()

@@ -1,16 +1,12 @@
 //! The `fastensor` command, run as a user runs it.
 
-use std::process::Command;
+mod common;
 
-fn fastensor() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_fastensor"))
-}
+use common::{failed, names, ok, run};
 
 #[test]
 fn backends_lists_the_posix_family_as_available() {
-    let out = fastensor().arg("backends").output().unwrap();
-    assert!(out.status.success());
-    let text = String::from_utf8(out.stdout).unwrap();
+    let text = ok(run("backends", &[]));
     for name in ["posix ", "posix-direct", "mmap"] {
         let line = text
             .lines()
@@ -26,34 +22,11 @@ fn bench_writes_a_table_json_and_csv() {
     let dir = tempfile::tempdir().unwrap();
     let json = dir.path().join("out.json");
     let csv = dir.path().join("out.csv");
-    let out = fastensor()
-        .args([
-            "bench",
-            "--sizes",
-            "4K,1M",
-            "--repeat",
-            "1",
-            "--backends",
-            "posix,posix-direct,mmap",
-            "--random-reads",
-            "200",
-            "--random-file",
-            "8M",
-            "--dir",
-        ])
-        .arg(dir.path())
-        .arg("--json")
-        .arg(&json)
-        .arg("--csv")
-        .arg(&csv)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let table = String::from_utf8(out.stdout).unwrap();
+    let table = ok(run(
+        "bench --sizes 4K,1M --repeat 1 --backends posix,posix-direct,mmap --random-reads 200 \
+         --random-file 8M --dir",
+        &[dir.path(), "--json".as_ref(), &json, "--csv".as_ref(), &csv],
+    ));
     assert!(
         table.contains("x posix") && table.contains("CPU s/GiB"),
         "{table}"
@@ -103,34 +76,20 @@ fn bench_writes_a_table_json_and_csv() {
     let csv = std::fs::read_to_string(&csv).unwrap();
     assert_eq!(csv.lines().count(), 1 + cells.len());
     // Nothing left behind in the bench directory but the reports.
-    let left: Vec<_> = std::fs::read_dir(dir.path())
-        .unwrap()
-        .map(|e| e.unwrap().file_name())
-        .collect();
+    let left = names(dir.path());
     assert_eq!(left.len(), 2, "{left:?}");
 }
 
 #[test]
 fn bench_on_a_missing_directory_fails_clearly() {
-    let out = fastensor()
-        .args(["bench", "--quick", "--dir", "/nonexistent/fastensor"])
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    let err = String::from_utf8(out.stderr).unwrap();
+    let err = failed(run("bench --quick --dir /nonexistent/fastensor", &[]));
     assert!(err.contains("/nonexistent/fastensor"), "{err}");
 }
 
 #[test]
 fn bench_with_an_unknown_backend_lists_the_known_ones() {
     let dir = tempfile::tempdir().unwrap();
-    let out = fastensor()
-        .args(["bench", "--backends", "nope", "--dir"])
-        .arg(dir.path())
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    let err = String::from_utf8(out.stderr).unwrap();
+    let err = failed(run("bench --backends nope --dir", &[dir.path()]));
     assert!(
         err.contains("no backend named `nope`") && err.contains("posix-direct"),
         "{err}"
@@ -139,10 +98,5 @@ fn bench_with_an_unknown_backend_lists_the_known_ones() {
 
 #[test]
 fn bad_sizes_are_refused_by_the_parser() {
-    let out = fastensor()
-        .args(["bench", "--sizes", "12Q", "--dir", "/tmp"])
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    assert!(String::from_utf8(out.stderr).unwrap().contains("12Q"));
+    assert!(failed(run("bench --sizes 12Q --dir /tmp", &[])).contains("12Q"));
 }

@@ -2,11 +2,14 @@
 //! their format, settings that cannot be measured are refused up front, odd sizes skip the
 //! `raw` row with the reason, and `--dir` that is a file says so.
 
+mod common;
+
+use common::{fastensor, stderr};
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::Output;
 
 fn bench(dir: &Path, extra: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_fastensor"))
+    fastensor()
         .args([
             "bench",
             "--repeat",
@@ -21,10 +24,6 @@ fn bench(dir: &Path, extra: &[&str]) -> Output {
         .args(extra)
         .output()
         .unwrap()
-}
-
-fn stderr(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
 #[test]

@@ -2,14 +2,15 @@
 //! full disk. The destination is always the old or the new checkpoint, whole, and nothing
 //! else is left in its directory.
 
+mod common;
+
+use common::{failed, fastensor, names, ok, run};
+use fastensor_testkit::ok_or_skip;
+use fastensor_testkit::skip::Mount;
 use std::io::Write;
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
-
-fn fastensor() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_fastensor"))
-}
 
 /// A safetensors file of `tensors` tensors of `each` bytes, filled from `seed`.
 fn checkpoint(path: &Path, tensors: usize, each: usize, seed: u8) {
@@ -35,28 +36,9 @@ fn checkpoint(path: &Path, tensors: usize, each: usize, seed: u8) {
     f.flush().unwrap();
 }
 
-fn names(dir: &Path) -> Vec<String> {
-    let mut v: Vec<String> = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .collect();
-    v.sort();
-    v
-}
-
 /// Runs `fastensor ckpt copy src dst` to completion; fails the test if it fails.
 fn copy(src: &Path, dst: &Path) {
-    let st = fastensor()
-        .args(["ckpt", "copy"])
-        .arg(src)
-        .arg(dst)
-        .output()
-        .unwrap();
-    assert!(
-        st.status.success(),
-        "{}",
-        String::from_utf8_lossy(&st.stderr)
-    );
+    ok(run("ckpt copy", &[src, dst]));
 }
 
 #[test]
@@ -91,6 +73,8 @@ fn sigkill_during_copy_leaves_the_old_or_the_new_checkpoint_and_nothing_else() {
             .stderr(Stdio::null())
             .spawn()
             .unwrap();
+        // The delay is the scenario, not an ordering: the kill lands wherever the copy has got
+        // to (not started, mid-write, renamed, done), and every outcome is checked below.
         std::thread::sleep(delay);
         let _ = child.kill(); // SIGKILL
         child.wait().unwrap();
@@ -128,49 +112,16 @@ fn sigkill_during_copy_leaves_the_old_or_the_new_checkpoint_and_nothing_else() {
     );
 }
 
-fn is_root() -> bool {
-    Command::new("id")
-        .arg("-u")
-        .output()
-        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
-}
-
 #[test]
 fn a_full_disk_keeps_the_old_checkpoint_and_says_so() {
-    if !is_root() {
-        println!("skipped: mounting a small file system needs root");
-        return;
-    }
-    let mnt = tempfile::tempdir().unwrap();
-    let mounted = Command::new("mount")
-        .args(["-t", "tmpfs", "-o", "size=12m", "tmpfs"])
-        .arg(mnt.path())
-        .status();
-    if !mounted.is_ok_and(|s| s.success()) {
-        println!("skipped: cannot mount a tmpfs");
-        return;
-    }
-    struct Unmount<'a>(&'a Path);
-    impl Drop for Unmount<'_> {
-        fn drop(&mut self) {
-            let _ = Command::new("umount").arg(self.0).status();
-        }
-    }
-    let _unmount = Unmount(mnt.path());
+    let mnt = ok_or_skip!(Mount::new("tmpfs", "size=12m"));
     let src_dir = tempfile::tempdir().unwrap();
     let src = src_dir.path().join("big.safetensors");
     checkpoint(&src, 8, 1 << 20, 3);
     let dst = mnt.path().join("model.safetensors");
     checkpoint(&dst, 4, 1 << 20, 4);
     let old = std::fs::read(&dst).unwrap();
-    let out = fastensor()
-        .args(["ckpt", "copy"])
-        .arg(&src)
-        .arg(&dst)
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "a copy onto a full disk succeeded");
+    let err = failed(run("ckpt copy", &[&src, &dst]));
     assert!(err.contains("no space left on device"), "{err}");
     assert!(
         err.contains(&*dst.to_string_lossy()),

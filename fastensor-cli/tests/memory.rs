@@ -1,15 +1,17 @@
 //! Peak memory of `ckpt inspect` and `ckpt copy` on hostile but legal headers: at most 4 times
 //! the header's length plus a constant, measured as the child process's peak RSS.
 
+mod common;
+
+use common::{failed, fastensor, run};
 use fastensor_testkit::data::hostile_header;
-use std::process::Command;
 
 /// The constant of the bound: the process itself, the copy's staging buffers.
 const CONSTANT_MB: f64 = 40.0;
 
 /// Runs `fastensor args...`; returns its exit status's success and its peak RSS in MB.
 fn peak_rss_mb(args: &[&std::ffi::OsStr]) -> (bool, f64) {
-    let child = Command::new(env!("CARGO_BIN_EXE_fastensor"))
+    let child = fastensor()
         .args(args)
         .stdout(std::process::Stdio::null())
         .spawn()
@@ -65,12 +67,6 @@ fn a_shape_of_more_than_64_dimensions_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let src = dir.path().join("deep.safetensors");
     hostile_header(&src, 0.001, 65);
-    let out = Command::new(env!("CARGO_BIN_EXE_fastensor"))
-        .args(["ckpt", "inspect"])
-        .arg(&src)
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = failed(run("ckpt inspect", &[&src]));
     assert!(err.contains("more than 64 dimensions"), "{err}");
 }

@@ -1,22 +1,11 @@
 //! Profiles that cannot be used: `tune` does not overwrite them without `--force`,
 //! `profile show` says so, bad values are refused, and an empty `FASTENSOR_PROFILE` is unset.
 
+mod common;
+
+use common::{assert_says, fastensor, run, text};
 use std::path::Path;
 use std::process::{Command, Output};
-
-fn fastensor() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_fastensor"));
-    c.env_remove("FASTENSOR_PROFILE");
-    c
-}
-
-fn text(out: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
-}
 
 fn tune(dir: &Path, profile: &Path, force: bool) -> Output {
     let mut c = fastensor();
@@ -63,12 +52,10 @@ fn tune_does_not_overwrite_what_is_no_usable_profile_without_force() {
         let p = dir.path().join(format!("{name}.toml"));
         std::fs::write(&p, content).unwrap();
         let out = tune(dir.path(), &p, false);
-        assert!(!out.status.success(), "{name}: overwritten: {}", text(&out));
-        assert!(text(&out).contains("--force"), "{name}: {}", text(&out));
+        assert_says(&out, false, "--force", name);
         assert_eq!(&std::fs::read_to_string(&p).unwrap(), content, "{name}");
         let out = tune(dir.path(), &p, true);
-        assert!(out.status.success(), "{name}: {}", text(&out));
-        assert!(text(&out).contains(".bak"), "{name}: {}", text(&out));
+        assert_says(&out, true, ".bak", name);
         let bak = dir.path().join(format!("{name}.toml.bak"));
         assert_eq!(&std::fs::read_to_string(bak).unwrap(), content, "{name}");
         assert!(std::fs::read_to_string(&p)
@@ -85,13 +72,8 @@ fn tune_does_not_overwrite_what_is_no_usable_profile_without_force() {
         good.replace(&kernel, "kernel = \"0.0.1-another-machine\""),
     )
     .unwrap();
-    let out = fastensor()
-        .args(["profile", "show"])
-        .arg(&p)
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", text(&out));
-    assert!(text(&out).contains("would not use it"), "{}", text(&out));
+    let out = run("profile show", &[&p]);
+    assert_says(&out, true, "would not use it", "another machine's profile");
 }
 
 #[test]
@@ -122,36 +104,22 @@ fn bad_values_in_a_profile_are_refused() {
         assert_ne!(content, &good, "{name}: the case changed nothing");
         let p = dir.path().join(format!("{name}.toml"));
         std::fs::write(&p, content).unwrap();
-        let out = fastensor()
-            .args(["profile", "show"])
-            .arg(&p)
-            .output()
-            .unwrap();
-        assert!(!out.status.success(), "{name}: accepted: {}", text(&out));
-        assert!(
-            text(&out).contains("not a valid fastensor dictionary"),
-            "{name}: {}",
-            text(&out)
-        );
+        let out = run("profile show", &[&p]);
+        assert_says(&out, false, "not a valid fastensor dictionary", name);
     }
 }
 
 #[test]
 fn an_empty_fastensor_profile_is_unset() {
     let home = tempfile::tempdir().unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_fastensor"))
+    let out = fastensor()
         .args(["profile", "show"])
         .env("FASTENSOR_PROFILE", "")
         .env_remove("XDG_CACHE_HOME")
         .env("HOME", home.path())
         .output()
         .unwrap();
-    assert!(!out.status.success());
-    assert!(
-        text(&out).contains(".cache/fastensor/profile.toml"),
-        "{}",
-        text(&out)
-    );
+    assert_says(&out, false, ".cache/fastensor/profile.toml", "empty");
 }
 
 #[test]
@@ -159,13 +127,7 @@ fn a_deeply_nested_profile_error_is_not_one_huge_line() {
     let dir = tempfile::tempdir().unwrap();
     let p = dir.path().join("deep.toml");
     std::fs::write(&p, format!("x = {}", "[".repeat(100_000))).unwrap();
-    let out = fastensor()
-        .args(["profile", "show"])
-        .arg(&p)
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = common::failed(run("profile show", &[&p]));
     assert!(
         err.contains("not a valid fastensor dictionary"),
         "{}",
@@ -195,14 +157,17 @@ fn tune_and_profile_show_refuse_a_fifo_at_once() {
             child.arg("--force");
         }
         let out = run_briefly(child);
-        assert!(!out.status.success());
-        assert!(text(&out).contains("not a regular file"), "{}", text(&out));
+        assert_says(
+            &out,
+            false,
+            "not a regular file",
+            &format!("tune, force {force}"),
+        );
     }
     let mut show = fastensor();
     show.args(["profile", "show"]).arg(&fifo);
     let out = run_briefly(show);
-    assert!(!out.status.success());
-    assert!(text(&out).contains("not a regular file"), "{}", text(&out));
+    assert_says(&out, false, "not a regular file", "profile show");
     use std::os::unix::fs::FileTypeExt;
     assert!(std::fs::metadata(&fifo).unwrap().file_type().is_fifo());
     assert_eq!(

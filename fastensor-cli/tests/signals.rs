@@ -1,20 +1,13 @@
 //! SIGINT and SIGTERM during `bench`, `tune` and `ckpt bench`: the scratch files go, and the
 //! process ends with the status the signal gives (130 for SIGINT, 143 for SIGTERM).
 
+mod common;
+
+use common::{fastensor, names};
 use std::os::unix::process::ExitStatusExt;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-
-/// Names in `dir`, sorted.
-fn names(dir: &Path) -> Vec<String> {
-    let mut v: Vec<String> = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .collect();
-    v.sort();
-    v
-}
 
 /// Starts `fastensor args` in `dir`, waits until `started` says its scratch is there (or
 /// `wait` has passed), sends `signal`, and returns what is left in `dir`.
@@ -24,7 +17,7 @@ fn interrupt(
     signal: &str,
     started: impl Fn(&[String], u32) -> bool,
 ) -> Vec<String> {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_fastensor"))
+    let mut child = fastensor()
         .args(args)
         .arg("--dir")
         .arg(dir)
@@ -41,6 +34,8 @@ fn interrupt(
         if let Some(status) = child.try_wait().unwrap() {
             panic!("{args:?} ended before the signal: {status}");
         }
+        // A poll of the condition above, bounded by the deadline: the signal goes only once
+        // it holds, however long that takes.
         std::thread::sleep(Duration::from_millis(5));
     }
     let st = Command::new("kill")

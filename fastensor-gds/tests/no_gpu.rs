@@ -1,24 +1,21 @@
 //! Without CUDA nothing panics: probing, opening, allocating and copying give errors that
-//! say why. On a machine with a GPU these checks are skipped (the conformance tests cover it).
+//! say why. Where the CUDA driver loads (a GPU, or the CUDA stand-in) these checks skip,
+//! saying so (the conformance tests cover that machine).
 
 use fastensor_core::{Availability, Backend, ErrorKind, OpenMode};
 use fastensor_gds::{cuda, DeviceBuffer, GdsBackend, GdsConfig, StagedBackend};
 use std::panic::catch_unwind;
 
-fn no_cuda() -> bool {
-    let missing = cuda::driver().is_err();
-    if !missing {
-        eprintln!("CUDA is available here: the no-GPU checks do not apply");
-    }
-    missing
-}
+/// Why the no-GPU checks cannot run here: the CUDA driver loads.
+const CUDA_HERE: &str = "the CUDA driver loads here (a GPU or the CUDA stand-in): the no-GPU \
+                         checks do not apply";
 
 #[test]
 fn nothing_panics_without_cuda() {
+    if cuda::driver().is_ok() {
+        fastensor_testkit::skip!("{CUDA_HERE}");
+    }
     let result = catch_unwind(|| {
-        if !no_cuda() {
-            return;
-        }
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("f.bin");
         std::fs::write(&path, [1u8; 100]).unwrap();
@@ -59,8 +56,8 @@ fn nothing_panics_without_cuda() {
 
 #[test]
 fn an_explicit_cufile_path_is_reported() {
-    if !no_cuda() {
-        return;
+    if cuda::driver().is_ok() {
+        fastensor_testkit::skip!("{CUDA_HERE}");
     }
     let b = GdsBackend::new(GdsConfig {
         cufile_path: Some("/opt/nowhere/libcufile.so.0".into()),

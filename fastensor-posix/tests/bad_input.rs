@@ -1,10 +1,12 @@
 //! Bad input on real file systems: each case gives a typed error naming the file, never a
-//! panic. Cases that need root (mounting a small file system, `chattr +i`) print why they are
-//! skipped when the machine does not allow them.
+//! panic. Cases that need root (mounting a small file system, `chattr +i`) skip, saying why,
+//! when the machine does not allow them.
 
 use fastensor_core::{Backend, ErrorKind, HostBuffer, OpenMode};
 use fastensor_posix::{DirectBackend, MmapBackend, PosixBackend};
-use std::path::{Path, PathBuf};
+use fastensor_testkit::ok_or_skip;
+use fastensor_testkit::skip::Mount;
+use std::path::Path;
 use std::process::Command;
 
 fn backends() -> Vec<Box<dyn Backend>> {
@@ -13,40 +15,6 @@ fn backends() -> Vec<Box<dyn Backend>> {
         Box::new(DirectBackend::default()),
         Box::new(MmapBackend),
     ]
-}
-
-/// A mount of `fstype` (with `options`) that is unmounted when dropped.
-struct Mount {
-    path: PathBuf,
-    _dir: tempfile::TempDir,
-}
-
-impl Mount {
-    fn new(fstype: &str, options: &str) -> Option<Mount> {
-        let dir = tempfile::tempdir().ok()?;
-        let ok = Command::new("mount")
-            .args(["-t", fstype, "-o", options, "none"])
-            .arg(dir.path())
-            .output()
-            .is_ok_and(|o| o.status.success());
-        if !ok {
-            eprintln!("skipped: cannot mount {fstype} here (needs root)");
-            return None;
-        }
-        Some(Mount {
-            path: dir.path().to_path_buf(),
-            _dir: dir,
-        })
-    }
-    fn path(&self) -> &Path {
-        &self.path
-    }
-}
-
-impl Drop for Mount {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg(&self.path).status();
-    }
 }
 
 #[test]
@@ -58,25 +26,25 @@ fn a_file_system_refusing_o_direct_gives_unsupported() {
     assert_eq!(err.kind(), ErrorKind::Unsupported, "{err}");
     assert!(err.to_string().contains("/proc/self/status"), "{err}");
     assert!(err.to_string().contains("O_DIRECT"), "{err}");
-    // ramfs refuses it too, for files we create.
-    if let Some(m) = Mount::new("ramfs", "mode=755") {
-        let path = m.path().join("t.bin");
-        let err = DirectBackend::default()
-            .open(&path, OpenMode::Create)
-            .unwrap_err();
-        assert_eq!(err.kind(), ErrorKind::Unsupported, "{err}");
-        assert!(err.to_string().contains("t.bin"), "{err}");
-        // The page-cache backend works there.
-        let f = PosixBackend.open(&path, OpenMode::Create).unwrap();
-        f.write_at(0, b"hello"[..].into()).unwrap();
-    }
+}
+
+/// ramfs refuses O_DIRECT too, for files we create; the page-cache backend works there.
+#[test]
+fn ramfs_refuses_o_direct_and_takes_page_cache_writes() {
+    let m = ok_or_skip!(Mount::new("ramfs", "mode=755"));
+    let path = m.path().join("t.bin");
+    let err = DirectBackend::default()
+        .open(&path, OpenMode::Create)
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Unsupported, "{err}");
+    assert!(err.to_string().contains("t.bin"), "{err}");
+    let f = PosixBackend.open(&path, OpenMode::Create).unwrap();
+    f.write_at(0, b"hello"[..].into()).unwrap();
 }
 
 #[test]
 fn a_full_disk_gives_storage_full_naming_the_file() {
-    let Some(m) = Mount::new("tmpfs", "size=1m") else {
-        return;
-    };
+    let m = ok_or_skip!(Mount::new("tmpfs", "size=1m"));
     let data = HostBuffer::new(4 << 20).unwrap();
     for b in backends() {
         if !b.capabilities().write {
@@ -106,8 +74,9 @@ fn an_immutable_file_refuses_writers() {
         .status()
         .is_ok_and(|s| s.success());
     if !frozen {
-        eprintln!("skipped: chattr +i is not available here");
-        return;
+        fastensor_testkit::skip!(
+            "chattr +i is not available here (needs root and a file system with the attribute)"
+        );
     }
     for b in backends() {
         for mode in [OpenMode::ReadWrite, OpenMode::Truncate] {

@@ -3,7 +3,9 @@
 //! for, its value never dropped) while a free one keeps its value.
 //!
 //! Every test forks, so they run one at a time (the static lock below). Children report
-//! through their exit status only.
+//! through their exit status (`child`, shared with the root crate's fork tests).
+
+mod child;
 
 use fastensor_sys::fork::{generation, ForkMutex, ForkOnceLock, ForkRwLock};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -18,44 +20,16 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
 
 /// Forks a child that exits with 0 when `check` holds, 1 when not, 2 on a panic.
 fn fork(check: impl FnOnce() -> bool) -> libc::pid_t {
-    // SAFETY: fork has no memory-safety preconditions; the child runs only `check` and then
-    // `_exit`, and never returns into the harness's code.
-    let pid = unsafe { libc::fork() };
-    assert!(pid >= 0, "fork failed: {}", std::io::Error::last_os_error());
-    if pid == 0 {
-        let code = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(check)) {
-            Ok(true) => 0,
-            Ok(false) => 1,
-            Err(_) => 2,
-        };
-        // SAFETY: ends the child at once, running nothing of the parent's state.
-        unsafe { libc::_exit(code) };
-    }
-    pid
+    child::fork(|| {
+        check()
+            .then_some(())
+            .ok_or_else(|| "the check failed".into())
+    })
 }
 
 /// The child's exit code; a child still running after 20 s is killed and fails the test.
 fn exit_code(pid: libc::pid_t) -> i32 {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let mut status = 0;
-        // SAFETY: `status` is a valid out-pointer; `pid` is a child of this process.
-        let r = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
-        assert!(r >= 0, "waitpid: {}", std::io::Error::last_os_error());
-        if r == pid {
-            assert!(libc::WIFEXITED(status), "child died: status {status:#x}");
-            return libc::WEXITSTATUS(status);
-        }
-        if Instant::now() > deadline {
-            // SAFETY: `pid` is this process's child, not yet reaped.
-            unsafe {
-                libc::kill(pid, libc::SIGKILL);
-                libc::waitpid(pid, &mut status, 0);
-            }
-            panic!("the child hung");
-        }
-        std::thread::sleep(Duration::from_millis(2));
-    }
+    child::wait(pid, Instant::now() + Duration::from_secs(20)).unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// A thread holding a lock until [`Holder::release`].

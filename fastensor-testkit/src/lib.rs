@@ -13,6 +13,7 @@ pub mod conformance;
 pub mod data;
 pub mod faulty;
 mod memory_backend;
+pub mod skip;
 pub mod test_memory;
 pub mod throttled;
 

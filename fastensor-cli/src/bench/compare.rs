@@ -1,9 +1,9 @@
 //! `fastensor bench compare A.json B.json`: the ratio B/A of every metric, cell by cell.
 
 use super::metric::Metric;
+use super::render::{cell_row, cell_table};
 use super::report::{Cell, Report, SCHEMA};
 use crate::sizes::format_size;
-use crate::table::Table;
 use clap::Args;
 use fastensor::{Error, ErrorKind, Result};
 use serde::Serialize;
@@ -162,30 +162,23 @@ pub fn run(args: CompareArgs) -> Result<()> {
         args.b.display(),
         b.machine.kernel
     );
-    let mut t = Table::new(&[
-        "size",
-        "dir",
-        "cache",
-        "backend",
-        "GB/s",
-        "CPU s/GiB",
-        "p50",
-        "p99",
-        "CPU J/GiB",
-    ]);
+    let mut t = cell_table(&["GB/s", "CPU s/GiB", "p50", "p99", "CPU J/GiB"]);
     let f = super::render::ratio;
     for r in &cmp.cells {
-        t.row(vec![
-            format_size(r.bytes),
-            r.direction.clone(),
-            r.cache.map_or("-", |c| c.as_str()).to_string(),
-            r.label.clone(),
-            f(r.gbps_median),
-            f(r.cpu_s_per_gib),
-            f(r.latency_p50_us),
-            f(r.latency_p99_us),
-            f(r.energy_cpu_j_per_gib),
-        ]);
+        let ratios = [
+            r.gbps_median,
+            r.cpu_s_per_gib,
+            r.latency_p50_us,
+            r.latency_p99_us,
+            r.energy_cpu_j_per_gib,
+        ];
+        t.row(cell_row(
+            r.bytes,
+            &r.direction,
+            r.cache,
+            &r.label,
+            ratios.map(f),
+        ));
     }
     print!("{t}");
     println!("geometric mean of GB/s ratios: {}", f(cmp.gbps_geomean));

@@ -1,7 +1,8 @@
 //! The table and CSV renderings of a [`Report`].
 
+use super::measure::Cache;
 use super::metric::Metric;
-use super::report::{Cell, Report};
+use super::report::Report;
 use crate::sizes::format_size;
 use crate::table::Table;
 
@@ -14,17 +15,32 @@ fn metric(m: &Metric, digits: usize) -> String {
     m.get().map_or("-".to_string(), |v| format!("{v:.digits$}"))
 }
 
-fn cache(c: &Cell) -> &'static str {
-    c.cache.map_or("-", |c| c.as_str())
+/// The first columns of the tables of cells, which say what a row measured; then `columns`.
+pub(super) fn cell_table(columns: &[&str]) -> Table {
+    Table::new(&[&["size", "dir", "cache", "backend"], columns].concat())
+}
+
+/// A row of a [`cell_table`]: what the cell measured (its size, direction, cache state and
+/// label), then `values`.
+pub(super) fn cell_row(
+    bytes: u64,
+    direction: &str,
+    cache: Option<Cache>,
+    label: &str,
+    values: impl IntoIterator<Item = String>,
+) -> Vec<String> {
+    let key = [
+        format_size(bytes),
+        direction.to_string(),
+        cache.map_or("-", |c| c.as_str()).to_string(),
+        label.to_string(),
+    ];
+    key.into_iter().chain(values).collect()
 }
 
 /// The human-readable table of the cells.
 pub fn table(report: &Report) -> Table {
-    let mut t = Table::new(&[
-        "size",
-        "dir",
-        "cache",
-        "backend",
+    let mut t = cell_table(&[
         "GB/s",
         "min..max",
         "x posix",
@@ -35,20 +51,22 @@ pub fn table(report: &Report) -> Table {
         "CPU J/GiB",
     ]);
     for c in &report.cells {
-        t.row(vec![
-            format_size(c.bytes),
-            c.direction.clone(),
-            cache(c).to_string(),
-            c.label.clone(),
-            format!("{:.3}", c.gbps_median),
-            format!("{:.3}..{:.3}", c.gbps_min, c.gbps_max),
-            ratio(c.ratio_to_posix),
-            ratio(c.ratio_to_raw),
-            format!("{:.3}", c.cpu_s_per_gib),
-            metric(&c.latency_p50_us, 0),
-            metric(&c.latency_p99_us, 0),
-            metric(&c.energy_cpu_j_per_gib, 2),
-        ]);
+        t.row(cell_row(
+            c.bytes,
+            &c.direction,
+            c.cache,
+            &c.label,
+            [
+                format!("{:.3}", c.gbps_median),
+                format!("{:.3}..{:.3}", c.gbps_min, c.gbps_max),
+                ratio(c.ratio_to_posix),
+                ratio(c.ratio_to_raw),
+                format!("{:.3}", c.cpu_s_per_gib),
+                metric(&c.latency_p50_us, 0),
+                metric(&c.latency_p99_us, 0),
+                metric(&c.energy_cpu_j_per_gib, 2),
+            ],
+        ));
     }
     t
 }

@@ -39,7 +39,7 @@ pub fn run(dir: &Path, scale: f64, rounds: usize) -> Result<()> {
     let descs = bench::gpt2_medium(scale);
     let bufs = bench::state_dict(&descs)?;
     let views = bench::views(&descs, &bufs);
-    let bytes: u64 = views.iter().map(|t| t.data.len() as u64).sum();
+    let bytes = bench::tensor_bytes(&views);
     println!(
         "state dict: {} tensors, {:.1} MiB (scale {scale}), dir {}",
         views.len(),
@@ -228,10 +228,9 @@ fn safetensors_measure(
     views: &[fastensor::checkpoint::TensorView<'_>],
     consume: impl FnOnce(&SafeTensors<'_>),
 ) -> Result<Row> {
-    let bytes = views.iter().map(|t| t.data.len() as u64).sum();
     bench::measure(
         label,
-        bytes,
+        bench::tensor_bytes(views),
         path,
         || {
             let st: Vec<(String, StView<'_>)> = views

@@ -256,20 +256,32 @@ pub const DISK_LABEL: &str = "disk (raw O_DIRECT)";
 /// The label of [`DiskLimit::fresh`] (the limit of a load into new memory).
 pub const DISK_FRESH_LABEL: &str = "limit into fresh memory";
 
+/// The bytes of `tensors`' data.
+pub fn tensor_bytes(tensors: &[TensorView<'_>]) -> u64 {
+    tensors.iter().map(|t| t.data.len() as u64).sum()
+}
+
+/// A row `label` of fastensor's [`save`] of `tensors` through `opener`, then `load`.
+fn fastensor_measure<O: FileOpener + ?Sized>(
+    label: &str,
+    opener: &O,
+    path: &Path,
+    tensors: &[TensorView<'_>],
+    load: impl FnOnce() -> Result<()>,
+) -> Result<Row> {
+    let write = || save(opener, path, tensors);
+    measure(label, tensor_bytes(tensors), path, write, load)
+}
+
 /// fastensor: [`save`] and [`load`] through `opener`.
 pub fn fastensor_row<O: FileOpener + ?Sized>(
     opener: &O,
     path: &Path,
     tensors: &[TensorView<'_>],
 ) -> Result<Row> {
-    let bytes = tensors.iter().map(|t| t.data.len() as u64).sum();
-    measure(
-        "fastensor",
-        bytes,
-        path,
-        || save(opener, path, tensors),
-        || load(opener, path).map(|c| assert_eq!(c.len(), tensors.len())),
-    )
+    fastensor_measure("fastensor", opener, path, tensors, || {
+        load(opener, path).map(|c| assert_eq!(c.len(), tensors.len()))
+    })
 }
 
 /// fastensor loading into existing memory: [`save`], then [`load_into`] `dests` (one buffer
@@ -281,31 +293,23 @@ pub fn fastensor_into_row<O: FileOpener + ?Sized>(
     tensors: &[TensorView<'_>],
     dests: &mut [HostBuffer],
 ) -> Result<Row> {
-    let bytes = tensors.iter().map(|t| t.data.len() as u64).sum();
-    measure(
-        "fastensor, into existing",
-        bytes,
-        path,
-        || save(opener, path, tensors),
-        || {
-            let targets = tensors
-                .iter()
-                .zip(dests.iter_mut())
-                .map(|(t, d)| (t.desc.name.as_str(), d.as_mem_mut()))
-                .collect();
-            load_into(opener, path, targets).map(|_| ())
-        },
-    )
+    fastensor_measure("fastensor, into existing", opener, path, tensors, || {
+        let targets = tensors
+            .iter()
+            .zip(dests.iter_mut())
+            .map(|(t, d)| (t.desc.name.as_str(), d.as_mem_mut()))
+            .collect();
+        load_into(opener, path, targets).map(|_| ())
+    })
 }
 
 /// The plain way: one buffered `write` per tensor into the page cache, `fsync`, and a
 /// buffered read of the whole file. `prefix` is written first (e.g. a header).
 pub fn buffered_row(path: &Path, prefix: &[u8], tensors: &[TensorView<'_>]) -> Result<Row> {
-    let bytes = tensors.iter().map(|t| t.data.len() as u64).sum();
     let io = |e: std::io::Error| Error::io(e, "buffered I/O").with_path(path);
     measure(
         "plain buffered + fsync",
-        bytes,
+        tensor_bytes(tensors),
         path,
         || {
             let mut f = File::create(path).map_err(io)?;
