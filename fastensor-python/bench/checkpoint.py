@@ -25,6 +25,7 @@ import fastensor
 import fastensor.torch as ft
 import safetensors.torch as st
 import torch
+from _util import drop_file_cache, durable, touch
 
 
 def gpt2_medium_shapes(scale: float) -> dict[str, tuple[int, ...]]:
@@ -77,37 +78,6 @@ class Model(torch.nn.Module):
                     mod.add_module(part, torch.nn.Module())
                 mod = getattr(mod, part)
             mod.register_parameter(leaf, torch.nn.Parameter(torch.zeros(shape)))
-
-
-def fsync_path(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def durable(path: Path) -> None:
-    fsync_path(path)
-    fsync_path(path.parent)
-
-
-def drop_cache(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
-
-
-def touch(tensors) -> None:
-    """Reads one byte of every page of every tensor (so lazily mapped data is read)."""
-    s = 0
-    for t in tensors:
-        if t.numel():
-            s += int(t.reshape(-1).view(torch.uint8)[::4096].sum())
-    return s
 
 
 def main() -> None:
@@ -169,7 +139,7 @@ def main() -> None:
         return time.perf_counter() - t0
 
     def timed_load(path: Path, fn) -> float:
-        drop_cache(path)
+        drop_file_cache([path])
         gc.collect()
         t0 = time.perf_counter()
         result = fn(path)

@@ -38,33 +38,9 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
+from _util import drop_file_cache, files_under, touch
+
 ROWS, COLS = 2048, 1792  # per full matrix (float32): 14.7 MB
-
-
-def drop_cache(directory: Path) -> None:
-    """Drops the page cache of every file under ``directory`` (synced first)."""
-    for root, _, files in os.walk(directory):
-        for f in files:
-            fd = os.open(os.path.join(root, f), os.O_RDONLY)
-            try:
-                os.fdatasync(fd)
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            finally:
-                os.close(fd)
-
-
-def touch(tensors) -> None:
-    """Reads one byte of every page of every tensor (``safetensors.torch.load_file`` maps
-    the file and reads it lazily: a load is timed until the bytes are in memory)."""
-    for v in tensors.values():
-        if v.numel():
-            v.reshape(-1).view(torch_uint8())[::4096].sum()
-
-
-def torch_uint8():
-    import torch
-
-    return torch.uint8
 
 
 def worker(rank: int, world: int, args: argparse.Namespace, port: int) -> None:
@@ -105,7 +81,7 @@ def worker(rank: int, world: int, args: argparse.Namespace, port: int) -> None:
     def cold(path: Path) -> None:
         dist.barrier()
         if rank == 0:
-            drop_cache(path)
+            drop_file_cache(files_under(path))
         dist.barrier()
 
     results: dict[str, list[float]] = {}
@@ -167,7 +143,7 @@ def worker(rank: int, world: int, args: argparse.Namespace, port: int) -> None:
 
             def load() -> None:
                 if rank == 0:
-                    touch(ft.load_sharded(path))
+                    touch(ft.load_sharded(path).values())
         else:
 
             def save() -> None:
@@ -201,7 +177,7 @@ def worker(rank: int, world: int, args: argparse.Namespace, port: int) -> None:
                 out = {}
                 for name in sorted(set(index["weight_map"].values())):
                     out.update(st.load_file(str(path / name)))
-                touch(out)
+                touch(out.values())
 
         record(f"hf {label} save", timed(save))
         cold(path)

@@ -30,6 +30,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from _util import drop_caches, durable, fmt_ratio, touch
+
 HERE = Path(__file__).resolve().parent
 
 # name -> (kind, description)
@@ -100,7 +102,7 @@ def child(subject: str, files: dict[str, str], scale: float) -> dict:
     import torch
 
     sys.path.insert(0, str(HERE))
-    from checkpoint import Model, gpt2_medium, gpt2_medium_shapes, touch
+    from checkpoint import Model, gpt2_medium, gpt2_medium_shapes
 
     touch([torch.zeros(1 << 16)])  # touch's own kernels loaded before the clock starts
     kind = SUBJECTS[subject][0]
@@ -161,7 +163,6 @@ def loader(subject: str, files: dict[str, str], model):
         from fastsafetensors import fastsafe_open
 
         def fss():
-            from checkpoint import touch
 
             with fastsafe_open(filenames=[files["st"]], nogds=True, device="cpu") as f:
                 tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (no __iter__)
@@ -248,33 +249,7 @@ def child_save(subject: str, files: dict[str, str], scale: float, gpt2_medium) -
     return {"seconds": elapsed, "user": usage.user, "sys": usage.system}
 
 
-def durable(path: str) -> None:
-    for p in (path, os.path.dirname(path)):
-        fd = os.open(p, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
 # ---------------------------------------------------------------- the driver
-
-
-def drop_caches(files: list[str]) -> str:
-    """Drops the page cache: all of it where permitted, else the files'."""
-    os.sync()
-    try:
-        with open("/proc/sys/vm/drop_caches", "w") as f:
-            f.write("1")
-        return "dropped (/proc/sys/vm/drop_caches)"
-    except OSError:
-        for p in files:
-            fd = os.open(p, os.O_RDONLY)
-            try:
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            finally:
-                os.close(fd)
-        return "files' pages dropped (POSIX_FADV_DONTNEED; the libraries stay cached)"
 
 
 def run_child(subject: str, files: dict[str, str], scale: float) -> dict:
@@ -310,10 +285,6 @@ def prepare(base: Path, scale: float) -> dict[str, str]:
     for k in ("st", "pt"):
         durable(files[k])
     return files
-
-
-def fmt_ratio(values: list[float]) -> str:
-    return f"**{statistics.median(values):.2f}x** ({min(values):.2f}-{max(values):.2f})"
 
 
 def report(times: dict[str, list[float]], args, cache_note: str, missing: list[str]) -> str:

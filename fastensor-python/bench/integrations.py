@@ -43,7 +43,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import fresh  # noqa: E402 (the bench's own helpers, beside this file)
+import _util  # noqa: E402 (the bench's own helpers, beside this file)
+from _util import fmt_ratio, fsync_tree, touch  # noqa: E402
 
 # subject -> (group, description)
 SUBJECTS = {
@@ -122,34 +123,6 @@ def gpt2_config(size: str):
     from transformers import GPT2Config
 
     return GPT2Config(n_positions=1024, bos_token_id=0, eos_token_id=0, **SIZES[size])
-
-
-def touch(tensors) -> int:
-    """Reads one byte of every page of every tensor."""
-    import torch
-
-    s = 0
-    for t in tensors:
-        if t.numel() and t.device.type == "cpu":
-            s += int(t.detach().reshape(-1).view(torch.uint8)[::4096].sum())
-    return s
-
-
-def fsync_tree(path: str) -> None:
-    """fsyncs every file and directory under ``path`` (and ``path``'s parent)."""
-    paths = [os.path.dirname(os.path.abspath(path))]
-    if os.path.isdir(path):
-        for root, _, files in os.walk(path):
-            paths.append(root)
-            paths += [os.path.join(root, f) for f in files]
-    else:
-        paths.append(path)
-    for p in paths:
-        fd = os.open(p, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
 
 
 def lightning_module(size: str):
@@ -394,9 +367,8 @@ def _dcp(subject: str, base: Path, out: str) -> float:
 
 def drop_caches(base: Path) -> str:
     """Drops the page cache: all of it where permitted, else the scratch files' (see
-    ``fresh.drop_caches``)."""
-    files = [os.path.join(root, name) for root, _, names in os.walk(base) for name in names]
-    return fresh.drop_caches(files)
+    ``_util.drop_caches``)."""
+    return _util.drop_caches(_util.files_under(base))
 
 
 def run_child(subject: str, base: Path, size: str) -> dict:
@@ -407,10 +379,6 @@ def run_child(subject: str, base: Path, size: str) -> dict:
     if done.returncode != 0:
         raise SystemExit(f"{subject} failed:\n{done.stderr[-4000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
-
-
-def fmt_ratio(values: list[float]) -> str:
-    return f"**{statistics.median(values):.2f}x** (min {min(values):.2f}, max {max(values):.2f})"
 
 
 def report(times: dict, args, cache_note: str, prepared: dict) -> str:

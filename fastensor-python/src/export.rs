@@ -1,10 +1,10 @@
 //! DLPack capsules this crate hands out: a one-dimensional `uint8` host tensor over memory
 //! an owner keeps alive, in the unversioned protocol (what `torch.from_dlpack` takes as a
-//! capsule) or version 1 (which numpy needs to make the array writable). `torch.from_dlpack` (or numpy's) makes the capsule a tensor whose
-//! storage holds the owner; when the tensor dies the owner is dropped (the memory freed,
-//! recycled or unmapped, as the owner's `Drop` says). A capsule no consumer took drops its
-//! owner when it is collected. No byte is copied.
-
+//! capsule) or version 1 (which numpy needs to make the array writable). `torch.from_dlpack`
+//! (or numpy's) makes the capsule a tensor whose storage holds the owner; when the tensor
+//! dies the owner is dropped (the memory freed, recycled or unmapped, as the owner's `Drop`
+//! says). A capsule no consumer took drops its owner when it is collected. No byte is
+//! copied.
 use crate::dlpack::{
     DlDataType, DlDevice, DlManagedTensor, DlManagedTensorVersioned, DlTensor, DlVersion, DLTENSOR,
     DLTENSOR_VERSIONED, KDL_CPU, KDL_UINT,
@@ -12,79 +12,92 @@ use crate::dlpack::{
 use pyo3::exceptions::PyValueError;
 use pyo3::ffi;
 use pyo3::prelude::*;
-use std::ffi::c_void;
+use std::ffi::{c_void, CStr};
 
 /// What keeps a capsule's memory alive: dropped (from any thread) when the tensor dies.
 pub type Owner = Box<dyn Send>;
 
+/// One of the two DLPack protocols a capsule speaks: its managed-tensor struct and the
+/// capsule's name before a consumer takes it.
+trait Protocol: Sized + 'static {
+    /// The capsule's name while no consumer has taken it.
+    const NAME: &'static CStr;
+
+    /// The managed tensor over `dl_tensor`, freed by `deleter` (no manager context; for
+    /// version 1, flags 0: writable, not a copy).
+    fn managed(dl_tensor: DlTensor, deleter: unsafe extern "C" fn(*mut Self)) -> Self;
+
+    /// Its `DLTensor`.
+    fn dl_tensor(&mut self) -> &mut DlTensor;
+}
+
+impl Protocol for DlManagedTensor {
+    const NAME: &'static CStr = DLTENSOR;
+
+    fn managed(dl_tensor: DlTensor, deleter: unsafe extern "C" fn(*mut Self)) -> Self {
+        DlManagedTensor {
+            dl_tensor,
+            manager_ctx: std::ptr::null_mut(),
+            deleter: Some(deleter),
+        }
+    }
+
+    fn dl_tensor(&mut self) -> &mut DlTensor {
+        &mut self.dl_tensor
+    }
+}
+
+impl Protocol for DlManagedTensorVersioned {
+    const NAME: &'static CStr = DLTENSOR_VERSIONED;
+
+    fn managed(dl_tensor: DlTensor, deleter: unsafe extern "C" fn(*mut Self)) -> Self {
+        DlManagedTensorVersioned {
+            version: DlVersion { major: 1, minor: 0 },
+            manager_ctx: std::ptr::null_mut(),
+            deleter: Some(deleter),
+            flags: 0,
+            dl_tensor,
+        }
+    }
+
+    fn dl_tensor(&mut self) -> &mut DlTensor {
+        &mut self.dl_tensor
+    }
+}
+
 /// A managed tensor with its shape and the owner of its memory (`tensor` first: a pointer
-/// to a `Managed` is a pointer to its `DlManagedTensor`).
+/// to a `Managed<T>` is a pointer to its `T`).
 #[repr(C)]
-struct Managed {
-    tensor: DlManagedTensor,
+struct Managed<T> {
+    tensor: T,
     shape: [i64; 1],
     strides: [i64; 1],
     _owner: Owner,
 }
 
-/// The DLPack deleter: frees the `Managed`, dropping its owner.
+/// The DLPack deleter: frees the `Managed<T>`, dropping its owner.
 ///
 /// # Safety
-/// `p` must come from [`capsule`] and not be deleted before.
-unsafe extern "C" fn delete_managed(p: *mut DlManagedTensor) {
+/// `p` must come from [`capsule_of`] (for the same `T`) and not be deleted before.
+unsafe extern "C" fn delete_managed<T: Protocol>(p: *mut T) {
     if !p.is_null() {
-        // SAFETY: the caller's contract: `p` is the `Box<Managed>` leaked by `capsule`.
-        drop(unsafe { Box::from_raw(p.cast::<Managed>()) });
+        // SAFETY: the caller's contract: `p` is the `Box<Managed<T>>` leaked by `capsule_of`.
+        drop(unsafe { Box::from_raw(p.cast::<Managed<T>>()) });
     }
 }
 
 /// The capsule destructor: frees the tensor when no consumer took it (a consumer renames the
-/// capsule `used_dltensor` and calls the deleter itself).
+/// capsule `used_dltensor` or `used_dltensor_versioned` and calls the deleter itself).
 ///
 /// # Safety
-/// Called by Python with a capsule made by `capsule`.
-unsafe extern "C" fn capsule_destructor(cap: *mut ffi::PyObject) {
-    // SAFETY: `cap` is a live capsule; a capsule still named `dltensor` was never consumed
-    // and holds the pointer `capsule` gave it.
+/// Called by Python with a capsule made by `capsule_of::<T>`.
+unsafe extern "C" fn capsule_destructor<T: Protocol>(cap: *mut ffi::PyObject) {
+    // SAFETY: `cap` is a live capsule; one still under its first name was never consumed
+    // and holds the pointer `capsule_of` gave it.
     unsafe {
-        if ffi::PyCapsule_IsValid(cap, DLTENSOR.as_ptr()) == 1 {
-            let p = ffi::PyCapsule_GetPointer(cap, DLTENSOR.as_ptr()).cast::<DlManagedTensor>();
-            delete_managed(p);
-        }
-    }
-}
-
-/// A version 1 managed tensor with its shape and owner (`tensor` first).
-#[repr(C)]
-struct ManagedVersioned {
-    tensor: DlManagedTensorVersioned,
-    shape: [i64; 1],
-    strides: [i64; 1],
-    _owner: Owner,
-}
-
-/// The deleter of a version 1 capsule.
-///
-/// # Safety
-/// `p` must come from [`capsule_versioned`] and not be deleted before.
-unsafe extern "C" fn delete_versioned(p: *mut DlManagedTensorVersioned) {
-    if !p.is_null() {
-        // SAFETY: the caller's contract: `p` is the box leaked by `capsule_versioned`.
-        drop(unsafe { Box::from_raw(p.cast::<ManagedVersioned>()) });
-    }
-}
-
-/// The destructor of a version 1 capsule no consumer took.
-///
-/// # Safety
-/// Called by Python with a capsule made by `capsule_versioned`.
-unsafe extern "C" fn versioned_destructor(cap: *mut ffi::PyObject) {
-    // SAFETY: as `capsule_destructor`, for the versioned name.
-    unsafe {
-        if ffi::PyCapsule_IsValid(cap, DLTENSOR_VERSIONED.as_ptr()) == 1 {
-            let p = ffi::PyCapsule_GetPointer(cap, DLTENSOR_VERSIONED.as_ptr())
-                .cast::<DlManagedTensorVersioned>();
-            delete_versioned(p);
+        if ffi::PyCapsule_IsValid(cap, T::NAME.as_ptr()) == 1 {
+            let p = ffi::PyCapsule_GetPointer(cap, T::NAME.as_ptr()).cast::<T>();
+            delete_managed::<T>(p);
         }
     }
 }
@@ -124,83 +137,49 @@ pub fn tensor_capsule(
     versioned: bool,
 ) -> PyResult<Py<PyAny>> {
     if versioned {
-        capsule_versioned(py, data, len, owner)
+        capsule_of::<DlManagedTensorVersioned>(py, data, len, owner)
     } else {
-        capsule(py, data, len, owner)
+        capsule_of::<DlManagedTensor>(py, data, len, owner)
     }
 }
 
-/// [`tensor_capsule`] in version 1 of the protocol (flags 0: writable, not a copy).
-fn capsule_versioned(
+/// [`tensor_capsule`] in the unversioned protocol.
+pub fn capsule(py: Python<'_>, data: *mut u8, len: usize, owner: Owner) -> PyResult<Py<PyAny>> {
+    capsule_of::<DlManagedTensor>(py, data, len, owner)
+}
+
+/// [`tensor_capsule`] in the protocol `T`.
+fn capsule_of<T: Protocol>(
     py: Python<'_>,
     data: *mut u8,
     len: usize,
     owner: Owner,
 ) -> PyResult<Py<PyAny>> {
     let len = i64::try_from(len).map_err(|_| PyValueError::new_err("tensor too large"))?;
-    let mut m = Box::new(ManagedVersioned {
-        tensor: DlManagedTensorVersioned {
-            version: DlVersion { major: 1, minor: 0 },
-            manager_ctx: std::ptr::null_mut(),
-            deleter: Some(delete_versioned),
-            flags: 0,
-            dl_tensor: host_bytes(data),
-        },
-        shape: [len],
-        strides: [1],
-        _owner: owner,
-    });
-    // The box never moves: pointers into it stay valid until the deleter frees it.
-    m.tensor.dl_tensor.shape = m.shape.as_mut_ptr();
-    m.tensor.dl_tensor.strides = m.strides.as_mut_ptr();
-    let p = Box::into_raw(m);
-    // SAFETY: `p` is a valid `ManagedVersioned` whose first field is the managed tensor;
-    // the name is a static C string; on failure the box is freed below.
-    let cap = unsafe {
-        ffi::PyCapsule_New(
-            p.cast::<c_void>(),
-            DLTENSOR_VERSIONED.as_ptr(),
-            Some(versioned_destructor),
-        )
-    };
-    if cap.is_null() {
-        // SAFETY: the capsule was not made, so `p` is still ours alone.
-        unsafe { delete_versioned(p.cast::<DlManagedTensorVersioned>()) };
-        return Err(PyErr::fetch(py));
-    }
-    // SAFETY: `cap` is a new, owned reference.
-    Ok(unsafe { Bound::from_owned_ptr(py, cap) }.unbind())
-}
-
-/// [`tensor_capsule`] in the unversioned protocol.
-pub fn capsule(py: Python<'_>, data: *mut u8, len: usize, owner: Owner) -> PyResult<Py<PyAny>> {
-    let len = i64::try_from(len).map_err(|_| PyValueError::new_err("tensor too large"))?;
     let mut m = Box::new(Managed {
-        tensor: DlManagedTensor {
-            dl_tensor: host_bytes(data),
-            manager_ctx: std::ptr::null_mut(),
-            deleter: Some(delete_managed),
-        },
+        tensor: T::managed(host_bytes(data), delete_managed::<T>),
         shape: [len],
         strides: [1],
         _owner: owner,
     });
     // The box never moves: pointers into it stay valid until the deleter frees it.
-    m.tensor.dl_tensor.shape = m.shape.as_mut_ptr();
-    m.tensor.dl_tensor.strides = m.strides.as_mut_ptr();
+    let (shape, strides) = (m.shape.as_mut_ptr(), m.strides.as_mut_ptr());
+    let dl = m.tensor.dl_tensor();
+    dl.shape = shape;
+    dl.strides = strides;
     let p = Box::into_raw(m);
-    // SAFETY: `p` is a valid `Managed` whose first field is the `DlManagedTensor`; the name
+    // SAFETY: `p` is a valid `Managed<T>` whose first field is the managed tensor; the name
     // is a static C string; on failure the box is freed below.
     let cap = unsafe {
         ffi::PyCapsule_New(
             p.cast::<c_void>(),
-            DLTENSOR.as_ptr(),
-            Some(capsule_destructor),
+            T::NAME.as_ptr(),
+            Some(capsule_destructor::<T>),
         )
     };
     if cap.is_null() {
         // SAFETY: the capsule was not made, so `p` is still ours alone.
-        unsafe { delete_managed(p.cast::<DlManagedTensor>()) };
+        unsafe { delete_managed::<T>(p.cast::<T>()) };
         return Err(PyErr::fetch(py));
     }
     // SAFETY: `cap` is a new, owned reference.

@@ -8,6 +8,7 @@ and a deadline after which every rank is killed; a failure reports every rank's 
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 import socket
 import time
 from pathlib import Path
@@ -22,6 +23,18 @@ def _context():
         _ctx = mp.get_context("forkserver")
         _ctx.set_forkserver_preload(_PRELOAD)
     return _ctx
+
+
+def rank_environment(rank: int, world: int, port: int) -> None:
+    """Sets the environment ``torch.distributed``'s ``env://`` start reads for ``rank`` of
+    ``world`` (rendezvous on localhost ``port``), with no fastensor profile learnt into."""
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK=str(rank),
+        WORLD_SIZE=str(world),
+        FASTENSOR_PROFILE="",
+    )
 
 
 def free_port() -> int:

@@ -23,6 +23,8 @@ import traceback
 from datetime import timedelta
 from pathlib import Path
 
+import _dist
+import _tiny_models
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
@@ -32,22 +34,7 @@ from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tenso
 
 
 def tiny_llama():
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    cfg = LlamaConfig(
-        hidden_size=64,
-        intermediate_size=96,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=300,
-        max_position_embeddings=64,
-        bos_token_id=0,
-        eos_token_id=0,
-        pad_token_id=0,
-    )
-    return LlamaForCausalLM(cfg).eval()
+    return _tiny_models.tiny_llama(intermediate_size=96, vocab_size=300).eval()
 
 
 def reference() -> dict[str, torch.Tensor]:
@@ -142,13 +129,7 @@ def scenario(d: Path, rank: int, world: int) -> None:
 
 def entry(rank: int, directory: str, world: int, port: int) -> None:
     """A rank's entry (``torch.multiprocessing`` start): its output to a log file."""
-    os.environ.update(
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-        RANK=str(rank),
-        WORLD_SIZE=str(world),
-        FASTENSOR_PROFILE="",
-    )
+    _dist.rank_environment(rank, world, port)
     log = open(Path(directory) / f"rank{rank}.log", "w", buffering=1)  # noqa: SIM115
     sys.stdout = sys.stderr = log
     t0 = time.monotonic()

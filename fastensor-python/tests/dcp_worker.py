@@ -23,6 +23,7 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
+import _dist
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
@@ -255,13 +256,7 @@ def run(scenario: str, directory: Path, rank: int, world: int) -> None:
 
 def entry(scenario: str, directory: str, rank: int, world: int, port: int, log: str) -> None:
     """A forked rank's entry: environment, output to ``log``, then :func:`run`."""
-    os.environ.update(
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-        RANK=str(rank),
-        WORLD_SIZE=str(world),
-        FASTENSOR_PROFILE="",
-    )
+    _dist.rank_environment(rank, world, port)
     fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     os.dup2(fd, 1)
     os.dup2(fd, 2)

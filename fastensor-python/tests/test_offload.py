@@ -348,20 +348,34 @@ def test_larger_than_budget_and_bad_devices(tmp_path):
     assert swap_files(tmp_path) == []
 
 
-def test_a_killed_process_leaves_no_swap_file(tmp_path):
-    code = textwrap.dedent(
-        f"""
-        import os, signal, torch
-        from fastensor.torch import offload
-        a = torch.randn(1024, 1024, requires_grad=True)
-        with offload(dir={str(tmp_path)!r}) as stats:
-            y = a.exp()
-            print(stats.swap_path, flush=True)
-            os.kill(os.getpid(), signal.SIGKILL)
-        """
+def run_offload_script(tmp_path, inside: str = "", after: str = "") -> subprocess.CompletedProcess:
+    """Runs a new Python process that offloads ``a.exp()`` to ``tmp_path`` in a ``with
+    offload(...) as stats`` block ending with ``inside``, then runs ``after``."""
+    code = (
+        textwrap.dedent(
+            f"""
+            import os, signal, torch
+            from fastensor.torch import offload
+            a = torch.randn(1024, 1024, requires_grad=True)
+            with offload(dir={str(tmp_path)!r}) as stats:
+                y = a.exp()
+            """
+        )
+        + textwrap.indent(textwrap.dedent(inside), "    ")
+        + textwrap.dedent(after)
     )
     env = dict(os.environ, FASTENSOR_PROFILE="")
-    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+
+
+def test_a_killed_process_leaves_no_swap_file(tmp_path):
+    p = run_offload_script(
+        tmp_path,
+        """
+        print(stats.swap_path, flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+        """,
+    )
     assert p.returncode == -signal.SIGKILL, p.stderr
     # The swap file had no name: the kill left nothing in the directory.
     assert os.listdir(tmp_path) == []
@@ -373,18 +387,8 @@ def test_a_killed_process_leaves_no_swap_file(tmp_path):
 
 
 def test_swap_file_removed_when_the_process_exits_with_a_live_graph(tmp_path):
-    code = textwrap.dedent(
-        f"""
-        import torch
-        from fastensor.torch import offload
-        a = torch.randn(1024, 1024, requires_grad=True)
-        with offload(dir={str(tmp_path)!r}):
-            y = a.exp()
-        raise SystemExit(3)  # exits with the graph (and its store) alive
-        """
-    )
-    env = dict(os.environ, FASTENSOR_PROFILE="")
-    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    # The process exits with the graph (and its store) alive.
+    p = run_offload_script(tmp_path, after="raise SystemExit(3)\n")
     assert p.returncode == 3, p.stderr
     assert swap_files(tmp_path) == []
 

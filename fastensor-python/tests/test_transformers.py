@@ -17,44 +17,20 @@ transformers = pytest.importorskip("transformers")
 
 import fastensor  # noqa: E402
 import fastensor.transformers as ft  # noqa: E402
+from _tiny_models import tiny_gpt2, tiny_llama  # noqa: E402
 from transformers import (  # noqa: E402
     AutoModelForCausalLM,
-    GPT2Config,
     GPT2LMHeadModel,
-    LlamaConfig,
     LlamaForCausalLM,
 )
 
 
 def gpt2() -> GPT2LMHeadModel:
-    torch.manual_seed(0)
-    cfg = GPT2Config(
-        n_layer=2,
-        n_embd=64,
-        n_head=4,
-        vocab_size=500,
-        n_positions=64,
-        bos_token_id=0,
-        eos_token_id=0,
-    )
-    return GPT2LMHeadModel(cfg)
+    return tiny_gpt2()
 
 
 def llama() -> LlamaForCausalLM:
-    torch.manual_seed(0)
-    cfg = LlamaConfig(
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=500,
-        max_position_embeddings=64,
-        bos_token_id=0,
-        eos_token_id=0,
-        pad_token_id=0,
-    )
-    return LlamaForCausalLM(cfg).to(torch.bfloat16)
+    return tiny_llama().to(torch.bfloat16)
 
 
 MODELS = {"gpt2": gpt2, "llama-bf16": llama}

@@ -7,7 +7,7 @@ import os
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar, Union
 
-from .errors import FileChangedError, _invalid
+from .errors import FileChangedError, OutOfMemoryError, _invalid
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -133,3 +133,39 @@ def unknown_dtype(path: str, name: str, dtype: str, framework: str) -> Exception
     return _invalid(
         f"{path}: tensor `{name}` has dtype {dtype}, which {framework} cannot hold", path
     )
+
+
+def allocation_error(
+    path: str, entry, exc: BaseException, framework: str, out_of_memory: bool = False
+) -> Exception:
+    """The fastensor error for a tensor of ``path`` that ``framework`` could not make:
+    :class:`OutOfMemoryError` when memory ran out (``out_of_memory``, ``exc`` a
+    ``MemoryError``, or a message saying so), else an invalid-input error naming the tensor,
+    its dtype and shape."""
+    name, dtype, shape, _, nbytes = entry
+    if out_of_memory or isinstance(exc, MemoryError) or "can't allocate memory" in str(exc):
+        err: Exception = OutOfMemoryError(
+            f"{path}: tensor `{name}` ({nbytes} bytes) cannot be allocated: {exc}"
+        )
+    else:
+        err = _invalid(
+            f"{path}: tensor `{name}` ({dtype}, shape {shape}) cannot be made in {framework}: "
+            f"{exc}",
+            path,
+        )
+    err.path = path  # type: ignore[attr-defined]
+    return err
+
+
+def read_new(file, entries, empty_for: Callable[[Any], tuple[Any, Any, int]]) -> dict[str, Any]:
+    """The tensors ``entries`` (name, dtype, shape, offset, bytes) of the open ``file``, each
+    in new memory made by ``empty_for(entry)`` (the tensor, the ``uint8`` buffer holding
+    it, its byte offset there), filled by one ``read_into``."""
+    out, targets = {}, []
+    for e in entries:
+        t, raw, at = empty_for(e)
+        out[e[0]] = t
+        if e[4]:
+            targets.append((e[0], raw, at, e[4]))
+    file.read_into(targets)
+    return out

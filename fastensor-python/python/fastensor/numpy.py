@@ -19,18 +19,20 @@ from ._common import (
     HUGE_PAGE,
     IO_ALIGN,
     PathLike,
+    allocation_error,
     check_metadata,
     check_names,
     fspath,
     huge_page_pad,
     pad_for,
+    read_new,
     retry_changed,
     unknown_dtype,
 )
 from ._engine import Engine, engine_or_default, watch_pending_saves
 from ._host_load import load_host_numpy
 from ._safe_open import SafeOpenBase
-from .errors import OutOfMemoryError, _invalid
+from .errors import _invalid
 
 __all__ = [
     "load",
@@ -149,29 +151,11 @@ def _empty_for(entry, path: str) -> tuple[np.ndarray, np.ndarray, int]:
     try:
         return _place_new(entry, path)
     except (ValueError, MemoryError) as exc:
-        name, dtype, shape, _, nbytes = entry
-        if isinstance(exc, MemoryError):
-            err = OutOfMemoryError(
-                f"{path}: tensor `{name}` ({nbytes} bytes) cannot be allocated: {exc}"
-            )
-        else:
-            err = _invalid(
-                f"{path}: tensor `{name}` ({dtype}, shape {shape}) cannot be made in numpy: {exc}",
-                path,
-            )
-        err.path = path
-        raise err from exc
+        raise allocation_error(path, entry, exc, "numpy") from exc
 
 
 def _read_new(file, path: str, entries) -> dict[str, np.ndarray]:
-    out, targets = {}, []
-    for e in entries:
-        a, raw, at = _empty_for(e, path)
-        out[e[0]] = a
-        if e[4]:
-            targets.append((e[0], raw, at, e[4]))
-    file.read_into(targets)
-    return out
+    return read_new(file, entries, lambda e: _empty_for(e, path))
 
 
 @retry_changed

@@ -31,10 +31,12 @@ from ._common import (
     HUGE_PAGE,
     IO_ALIGN,
     PathLike,
+    allocation_error,
     check_metadata,
     fspath,
     huge_page_pad,
     pad_for,
+    read_new,
     retry_changed,
     unknown_dtype,
 )
@@ -54,7 +56,7 @@ from ._torch_checks import check_savable
 from ._torch_dtypes import FROM_NAME as _FROM_NAME
 from ._torch_dtypes import TO_NAME as _TO_NAME
 from ._torch_dtypes import header_shape, torch_shape
-from .errors import OutOfMemoryError, _invalid
+from .errors import _invalid
 
 __all__ = [
     "LoadResult",
@@ -254,19 +256,8 @@ def _empty_for(entry, path: str, device: torch.device) -> tuple[torch.Tensor, to
     try:
         return _place_new(entry, path, device)
     except (RuntimeError, ValueError, MemoryError) as exc:
-        name, dtype, shape, _, nbytes = entry
-        out_of_memory = isinstance(exc, MemoryError | torch.cuda.OutOfMemoryError)
-        if out_of_memory or "can't allocate memory" in str(exc):
-            err = OutOfMemoryError(
-                f"{path}: tensor `{name}` ({nbytes} bytes) cannot be allocated: {exc}"
-            )
-        else:
-            err = _invalid(
-                f"{path}: tensor `{name}` ({dtype}, shape {shape}) cannot be made in torch: {exc}",
-                path,
-            )
-        err.path = path
-        raise err from exc
+        oom = isinstance(exc, torch.cuda.OutOfMemoryError)
+        raise allocation_error(path, entry, exc, "torch", out_of_memory=oom) from exc
 
 
 def _on_cpu(device: str | torch.device) -> bool:
@@ -308,15 +299,7 @@ def _read_new(
         _warn_staged_once("loads to CUDA")
         host = _read_new(file, path, entries, "cpu", engine)
         return {k: v.to(dev) for k, v in host.items()}
-    out: dict[str, torch.Tensor] = {}
-    targets = []
-    for e in entries:
-        t, raw, at = _empty_for(e, path, dev)
-        out[e[0]] = t
-        if e[4]:
-            targets.append((e[0], raw, at, e[4]))
-    file.read_into(targets)
-    return out
+    return read_new(file, entries, lambda e: _empty_for(e, path, dev))
 
 
 @retry_changed
