@@ -147,12 +147,12 @@ impl Run {
 
     /// The wall time a warm-up run is judged by when it is offered to rule its path out
     /// (see `Selector::record_if_far`): its own, but for small reads (under
-    /// [`LARGE`](crate::engine::LARGE) each) through a path that keeps the page cache, that
+    /// [`LARGE`](super::LARGE) each) through a path that keeps the page cache, that
     /// of its other reads scaled to the whole run (`None` for a single such read). Such a
     /// path waits for its readahead now and then, and one wait decides a short run's mean;
     /// a path slow on every read is still ruled out.
     pub(crate) fn far_test_wall(&self, keeps_cache: bool) -> Option<Duration> {
-        let small = self.bytes < u64::from(self.transfers) * crate::engine::LARGE;
+        let small = self.bytes < u64::from(self.transfers) * super::LARGE;
         if !(keeps_cache && small && self.ctx.direction == Direction::Read) {
             return Some(self.wall);
         }
@@ -163,7 +163,7 @@ impl Run {
 
     /// CPU time of the run: that of the reads whose CPU time was read, scaled to all the
     /// run's bytes (a stream's reads read the CPU clock one in several, see
-    /// `Inner::reads_cpu`); `None` when none was read.
+    /// `Measurer::reads_cpu`); `None` when none was read.
     pub(crate) fn cpu(&self) -> Option<Duration> {
         (self.cpu_bytes > 0).then(|| {
             self.cpu_read
@@ -206,7 +206,7 @@ impl Run {
 impl ReadStream {
     /// Reads of at least this many bytes in a `Cached` stream are each probed again (a probe
     /// costs about half a microsecond, a few percent of such a read from the cache); smaller
-    /// ones every [`LARGE`](crate::engine::LARGE) bytes.
+    /// ones every [`LARGE`](super::LARGE) bytes.
     pub(crate) const REPROBE_EACH: u64 = 64 << 10;
 
     /// No stream yet, in a file on a device whose readahead window is `window` bytes.
@@ -240,7 +240,7 @@ impl ReadStream {
 
     /// The page-cache state a read of `len` bytes at `offset` is keyed by, asking `probe`
     /// only where needed: at a stream's first read; in a stream that started cached, at
-    /// every read of [`Self::REPROBE_EACH`] or more and every [`LARGE`](crate::engine::LARGE)
+    /// every read of [`Self::REPROBE_EACH`] or more and every [`LARGE`](super::LARGE)
     /// bytes otherwise (it turns cold where the cached bytes end); and in a cold stream,
     /// every `LARGE` bytes of bytes read before (`reread`), so that a second pass turns
     /// cached where an earlier pass left the bytes cached. Where the stream's last read went
@@ -265,7 +265,7 @@ impl ReadStream {
         }
         let previous = continues.then_some(self.last_path);
         if continues {
-            let far = offset.saturating_sub(self.probed_at) >= crate::engine::LARGE;
+            let far = offset.saturating_sub(self.probed_at) >= super::LARGE;
             let due = match self.cache {
                 CacheState::Cached => len as u64 >= Self::REPROBE_EACH || far,
                 CacheState::Cold if far => {
