@@ -32,13 +32,20 @@ impl EngineFile {
         let largest = requests.iter().map(|r| r.dst.len()).max().unwrap_or(0);
         let count = requests.len();
         let first = offset..offset + len as u64;
-        self.batch(Direction::Read, largest, memory, first, count, |h, range| {
-            let piece = &mut requests[range];
-            h.read_batch(piece)?;
-            let moved = piece.iter().map(|r| r.done).sum();
-            let wanted = piece.iter().map(|r| r.dst.len()).sum();
-            Ok((moved, wanted))
-        })
+        self.batch(
+            Direction::Read,
+            largest,
+            memory,
+            first,
+            count,
+            |h, range| {
+                let piece = &mut requests[range];
+                h.read_batch(piece)?;
+                let moved = piece.iter().map(|r| r.done).sum();
+                let wanted = piece.iter().map(|r| r.dst.len()).sum();
+                Ok((moved, wanted))
+            },
+        )
     }
 
     /// Writes every request, as [`EngineFile::read_batch`] reads (a durable purpose's
@@ -58,17 +65,24 @@ impl EngineFile {
         let largest = requests.iter().map(|r| r.src.len()).max().unwrap_or(0);
         let count = requests.len();
         let first = offset..offset + first.src.len() as u64;
-        self.batch(Direction::Write, largest, memory, first, count, |h, range| {
-            let piece = &requests[range];
-            h.write_batch(piece)?;
-            if durable {
-                for r in piece {
-                    self.write_back(r.offset, r.src.len())?;
+        self.batch(
+            Direction::Write,
+            largest,
+            memory,
+            first,
+            count,
+            |h, range| {
+                let piece = &requests[range];
+                h.write_batch(piece)?;
+                if durable {
+                    for r in piece {
+                        self.write_back(r.offset, r.src.len())?;
+                    }
                 }
-            }
-            let moved = piece.iter().map(|r| r.src.len()).sum();
-            Ok((moved, moved))
-        })
+                let moved = piece.iter().map(|r| r.src.len()).sum();
+                Ok((moved, moved))
+            },
+        )
     }
 
     /// Runs `count` requests through `op` (a range of them on a handle: bytes moved and
@@ -107,18 +121,19 @@ impl EngineFile {
                 };
                 done..end
             };
-            done = self.run(
-                &mut ticket,
-                pinned,
-                &mut last_err,
-                |h, exploring| {
-                    let range = piece(exploring);
-                    let end = range.end;
-                    op(h, range).map(|(moved, wanted)| (moved, wanted, end))
-                },
-                |&(moved, wanted, _)| (moved, wanted),
-            )?
-            .2;
+            done = self
+                .run(
+                    &mut ticket,
+                    pinned,
+                    &mut last_err,
+                    |h, exploring| {
+                        let range = piece(exploring);
+                        let end = range.end;
+                        op(h, range).map(|(moved, wanted)| (moved, wanted, end))
+                    },
+                    |&(moved, wanted, _)| (moved, wanted),
+                )?
+                .2;
         }
         Ok(())
     }

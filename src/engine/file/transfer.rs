@@ -6,7 +6,9 @@ use super::{refusal, EngineFile, Handle};
 use crate::engine::decisions::Question;
 use crate::engine::measure::{Shape, Ticket, What};
 use crate::engine::Candidate;
-use fastensor_core::{BackendFile, Direction, Error, ErrorKind, MemoryKind, Result, TransferContext};
+use fastensor_core::{
+    BackendFile, Direction, Error, ErrorKind, MemoryKind, Result, TransferContext,
+};
 
 impl EngineFile {
     /// Runs one transfer of `bytes` at `offset` through `op` (`moved`: the bytes it moved):

@@ -72,7 +72,10 @@ impl Measurer {
                 // cache, joins a run; an exploration's through a path that bypasses it is
                 // recorded alone, after the run in progress (see `write_run.rs`).
                 let [a, b] = if t.exploring && !keeps_cache {
-                    [state.writes.take(), Some(Run::start(measured(), t.path, None))]
+                    [
+                        state.writes.take(),
+                        Some(Run::start(measured(), t.path, None)),
+                    ]
                 } else {
                     state.writes.add(measured(), t.path)
                 };

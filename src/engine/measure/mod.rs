@@ -286,7 +286,11 @@ impl Measurer {
             }
             Shape::Job {
                 in_flight, probe, ..
-            } => (None, *in_flight, (self.cache_state(file, probe.clone()), None)),
+            } => (
+                None,
+                *in_flight,
+                (self.cache_state(file, probe.clone()), None),
+            ),
         };
         let ctx = TransferContext {
             direction,
@@ -351,7 +355,7 @@ impl Measurer {
         };
         if let Shape::Job { .. } = ticket.shape {
             // A job that failed or read nothing measures nothing.
-            if done.is_none_or(|(moved, _)| moved == 0) {
+            if !matches!(done, Some((moved, _)) if moved > 0) {
                 return;
             }
         }
@@ -398,8 +402,7 @@ impl Measurer {
     /// The measurement state of `file`, locked (a fresh one after a fork that caught it
     /// locked).
     fn state<'f>(&self, file: &'f impl MeasuredFile) -> MutexGuard<'f, FileState> {
-        file.state()
-            .lock_or(|| self.file_state(file.location()))
+        file.state().lock_or(|| self.file_state(file.location()))
     }
 
     /// The page-cache state a read of `range` is keyed by outside streams.
