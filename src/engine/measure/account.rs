@@ -2,6 +2,7 @@
 //! (gathered into a stream's or writes' run, recorded, or offered only to rule a path far
 //! behind out).
 
+use super::learn::Take;
 use super::stream::{Measured, Run};
 use super::{MeasuredFile, Measurer, Ticket, LARGE};
 use fastensor_core::{CacheState, Direction};
@@ -90,7 +91,7 @@ impl Measurer {
             self.record_run(run);
         }
         if first_far {
-            self.record_if_far(ctx, t.path, n, t.wall, t.cpu);
+            self.record(Take::IfFar, ctx, t.path, n, t.wall, t.cpu);
         }
     }
 
@@ -100,12 +101,14 @@ impl Measurer {
     pub(super) fn account_batch(&self, file: &impl MeasuredFile, ticket: &Ticket<'_>, t: Timed) {
         let bytes = t.moved as u64;
         self.add_usage(t.path, bytes, t.wall, t.cpu);
-        let first = self.state(file).first_use(t.path);
-        if first {
-            self.record_if_far(&ticket.ctx, t.path, bytes, t.wall, t.cpu);
+        let take = if self.state(file).first_use(t.path) {
+            Take::IfFar
         } else if t.moved == t.wanted {
-            self.record(&ticket.ctx, t.path, bytes, t.wall, t.cpu);
-        }
+            Take::Observe
+        } else {
+            return;
+        };
+        self.record(take, &ticket.ctx, t.path, bytes, t.wall, t.cpu);
     }
 
     /// Accounts for a job, recorded as its `at_once` reads in flight saw it (each one's bytes
@@ -113,7 +116,7 @@ impl Measurer {
     pub(super) fn account_job(&self, ticket: &Ticket<'_>, at_once: u32, t: Timed) {
         let bytes = t.moved as u64;
         let per_read = t.wall.saturating_mul(at_once.max(1));
-        self.record(&ticket.ctx, t.path, bytes, per_read, None);
+        self.record(Take::Observe, &ticket.ctx, t.path, bytes, per_read, None);
         self.add_usage(t.path, bytes, t.wall, None);
     }
 }

@@ -9,6 +9,16 @@ use std::sync::atomic::Ordering;
 use std::sync::MutexGuard;
 use std::time::Duration;
 
+/// How the selector takes a measurement.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Take {
+    /// As an observation of its path.
+    Observe,
+    /// Only if it shows its path far behind the leader (see [`Selector::record_if_far`]):
+    /// a warm-up, or a handle's first transfer, which pays one-off costs.
+    IfFar,
+}
+
 impl Measurer {
     /// The selector, locked (one as built after a fork that caught it locked).
     pub(crate) fn selector(&self) -> MutexGuard<'_, Selector> {
@@ -94,30 +104,11 @@ impl Measurer {
         self.publish(&sel);
     }
 
-    /// Offers the selector a measurement through the candidate `path` that counts only if
-    /// it shows that path far behind the leader (see [`Selector::record_if_far`]).
-    pub(super) fn record_if_far(
-        &self,
-        ctx: &TransferContext,
-        path: usize,
-        bytes: u64,
-        wall: Duration,
-        cpu: Option<Duration>,
-    ) {
-        let backend = &self.paths[path].0;
-        self.learn(bytes, |sel| {
-            // Unread: the candidate's last measured CPU cost per byte (as for a transfer).
-            let cpu = cpu.unwrap_or_else(|| {
-                Duration::from_nanos((sel.cpu_per_byte(ctx, backend) * bytes as f64) as u64)
-            });
-            sel.record_if_far(ctx, backend, Observation { bytes, wall, cpu });
-        });
-    }
-
-    /// Records a transfer of `bytes` through the candidate `path`: its wall time, and its
-    /// CPU time when it was read.
+    /// Tells the selector a transfer of `bytes` through the candidate `path`, taken as
+    /// `take` says: its wall time, and its CPU time when it was read.
     pub(super) fn record(
         &self,
+        take: Take,
         ctx: &TransferContext,
         path: usize,
         bytes: u64,
@@ -125,25 +116,35 @@ impl Measurer {
         cpu: Option<Duration>,
     ) {
         let backend = &self.paths[path].0;
-        self.learn(bytes, |sel| {
-            // The fingerprint is cloned only when it gains a device (`add_location` skips
-            // unknown and known ones), not on every transfer.
-            let device = &ctx.location.device;
-            if !device.is_empty()
-                && !sel
-                    .fingerprint()
-                    .devices
-                    .iter()
-                    .any(|d| &d.device == device)
-            {
-                let mut fp = sel.fingerprint().clone();
-                fp.add_location(&ctx.location);
-                sel.set_fingerprint(fp);
+        self.learn(bytes, |sel| match take {
+            Take::IfFar => {
+                // Unread: the candidate's last measured CPU cost per byte (as for a
+                // transfer).
+                let cpu = cpu.unwrap_or_else(|| {
+                    Duration::from_nanos((sel.cpu_per_byte(ctx, backend) * bytes as f64) as u64)
+                });
+                sel.record_if_far(ctx, backend, Observation { bytes, wall, cpu });
             }
-            match cpu {
-                Some(cpu) => sel.record(ctx, backend, Observation { bytes, wall, cpu }),
-                None => {
-                    sel.record_wall_only(ctx, backend, bytes, wall);
+            Take::Observe => {
+                // The fingerprint is cloned only when it gains a device (`add_location`
+                // skips unknown and known ones), not on every transfer.
+                let device = &ctx.location.device;
+                if !device.is_empty()
+                    && !sel
+                        .fingerprint()
+                        .devices
+                        .iter()
+                        .any(|d| &d.device == device)
+                {
+                    let mut fp = sel.fingerprint().clone();
+                    fp.add_location(&ctx.location);
+                    sel.set_fingerprint(fp);
+                }
+                match cpu {
+                    Some(cpu) => sel.record(ctx, backend, Observation { bytes, wall, cpu }),
+                    None => {
+                        sel.record_wall_only(ctx, backend, bytes, wall);
+                    }
                 }
             }
         });
@@ -155,12 +156,14 @@ impl Measurer {
         let Some(&(_, keeps_cache)) = self.paths.get(run.path) else {
             return;
         };
-        if run.warm_up {
-            if let Some(wall) = run.far_test_wall(keeps_cache) {
-                self.record_if_far(&run.ctx, run.path, run.bytes, wall, run.cpu());
+        let (take, wall) = if run.warm_up {
+            match run.far_test_wall(keeps_cache) {
+                Some(wall) => (Take::IfFar, wall),
+                None => return,
             }
         } else {
-            self.record(&run.ctx, run.path, run.bytes, run.wall, run.cpu());
-        }
+            (Take::Observe, run.wall)
+        };
+        self.record(take, &run.ctx, run.path, run.bytes, wall, run.cpu());
     }
 }

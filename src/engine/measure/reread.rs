@@ -97,7 +97,7 @@ impl ReadRanges {
 /// One file's reads as the engine's counters take them (see [`Counters::add_reads`]): the
 /// bytes a file reads for the first time count once it reads some bytes again, or when it
 /// is closed without having done so, so that a file's first pass does not lower the re-read
-/// rate while it lasts (see `docs/lab/selection.md`, "Re-read rate").
+/// rate while it lasts (see `docs/lab/measurement.md`).
 #[derive(Debug, Default)]
 pub(crate) struct FileReads {
     ranges: ReadRanges,

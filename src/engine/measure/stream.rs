@@ -332,8 +332,59 @@ impl ReadStream {
         exploring: bool,
         measured: Option<Measured>,
     ) -> [Option<Run>; 5] {
-        let [a, b, c, d] =
-            self.finish_runs(continued, range, path, keeps_cache, exploring, measured);
+        let [a, b, c, d] = 'runs: {
+            let read = range.end - range.start;
+            let same = continued && path == self.last_path;
+            // Whether `path` took the stream over from another path (rather than starting it).
+            let took_over = if same { self.took_over } else { continued };
+            let warming = continued && (exploring || took_over) && !self.warm(path, keeps_cache);
+            self.last_keeps_cache = keeps_cache;
+            self.took_over = took_over;
+            if same {
+                self.path_bytes += read;
+                self.path_reads = self.path_reads.saturating_add(1);
+            } else {
+                self.path_bytes = read;
+                self.path_reads = 1;
+            }
+            self.end = range.end;
+            self.last_path = path;
+            // A warm-up run ends with the first read that is not part of it, or once it holds 8
+            // reads or 4 MiB (so that a path far behind is ruled out early).
+            let warmed = self.warming.take_if(|w| !warming || w.path != path);
+            if warming {
+                if let Some(m) = measured {
+                    match self.warming.as_mut() {
+                        Some(w) if w.takes(&m.ctx, path) => w.add(&m),
+                        _ => {
+                            let mut w = Run::start(m, path, None);
+                            w.warm_up = true;
+                            self.warming = Some(w);
+                        }
+                    }
+                }
+                let full = self.warming.take_if(|w| w.full());
+                break 'runs [self.run.take(), None, warmed, full];
+            }
+            let Some(m) = measured else {
+                break 'runs [self.run.take(), None, warmed, None];
+            };
+            if let Some(run) = self.run.as_mut() {
+                if continued && run.takes(&m.ctx, path) {
+                    run.add(&m);
+                    let ended = self.run.take_if(|r| r.full());
+                    break 'runs [ended, None, warmed, None];
+                }
+            }
+            let ended = self.run.take();
+            let run = Run::start(m, path, keeps_cache.then_some(self.window));
+            if run.full() {
+                [ended, Some(run), warmed, None]
+            } else {
+                self.run = Some(run);
+                [ended, None, warmed, None]
+            }
+        };
         let mut ended = [a, b, c, d, None];
         for slot in ended.iter_mut() {
             if let Some(run) = slot.take_if(|r| !r.warm_up) {
@@ -389,69 +440,6 @@ impl ReadStream {
             }
         }
         self.window_held = false;
-    }
-
-    /// [`ReadStream::finish`] before the pairing of readahead windows.
-    fn finish_runs(
-        &mut self,
-        continued: bool,
-        range: std::ops::Range<u64>,
-        path: usize,
-        keeps_cache: bool,
-        exploring: bool,
-        measured: Option<Measured>,
-    ) -> [Option<Run>; 4] {
-        let read = range.end - range.start;
-        let same = continued && path == self.last_path;
-        // Whether `path` took the stream over from another path (rather than starting it).
-        let took_over = if same { self.took_over } else { continued };
-        let warming = continued && (exploring || took_over) && !self.warm(path, keeps_cache);
-        self.last_keeps_cache = keeps_cache;
-        self.took_over = took_over;
-        if same {
-            self.path_bytes += read;
-            self.path_reads = self.path_reads.saturating_add(1);
-        } else {
-            self.path_bytes = read;
-            self.path_reads = 1;
-        }
-        self.end = range.end;
-        self.last_path = path;
-        // A warm-up run ends with the first read that is not part of it, or once it holds 8
-        // reads or 4 MiB (so that a path far behind is ruled out early).
-        let warmed = self.warming.take_if(|w| !warming || w.path != path);
-        if warming {
-            if let Some(m) = measured {
-                match self.warming.as_mut() {
-                    Some(w) if w.takes(&m.ctx, path) => w.add(&m),
-                    _ => {
-                        let mut w = Run::start(m, path, None);
-                        w.warm_up = true;
-                        self.warming = Some(w);
-                    }
-                }
-            }
-            let full = self.warming.take_if(|w| w.full());
-            return [self.run.take(), None, warmed, full];
-        }
-        let Some(m) = measured else {
-            return [self.run.take(), None, warmed, None];
-        };
-        if let Some(run) = self.run.as_mut() {
-            if continued && run.takes(&m.ctx, path) {
-                run.add(&m);
-                let ended = self.run.take_if(|r| r.full());
-                return [ended, None, warmed, None];
-            }
-        }
-        let ended = self.run.take();
-        let run = Run::start(m, path, keeps_cache.then_some(self.window));
-        if run.full() {
-            [ended, Some(run), warmed, None]
-        } else {
-            self.run = Some(run);
-            [ended, None, warmed, None]
-        }
     }
 
     /// Whether a read through `path` continuing the stream finds `path` warmed up in it
