@@ -88,7 +88,7 @@ const FALLBACK_WINDOW: u64 = 8 << 20;
 /// with (the selector's dictionary as built, no device windows).
 pub(crate) struct Measurer {
     selector: ForkMutex<Selector>,
-    /// The selector's [`Epochs`] as last seen (`state`, `choices`), readable without its
+    /// The selector's [`Epochs`](fastensor_select::Epochs) as last seen (`state`, `choices`), readable without its
     /// lock.
     epochs: [AtomicU64; 2],
     /// Event counters, the requests in flight among them (see [`Count`]).
