@@ -167,7 +167,7 @@ pub(crate) struct What {
 }
 
 /// How a transfer is made up, which decides its context and how it is accounted for.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub(crate) enum Shape {
     /// One read or write at `offset`: a read continues the file's stream or starts one;
     /// measured alone or in a run.
@@ -377,7 +377,7 @@ impl Measurer {
             wall,
             cpu,
         };
-        match ticket.shape.clone() {
+        match ticket.shape {
             Shape::Single { offset } => self.account_single(file, ticket, offset, timed),
             Shape::Batch { .. } => self.account_batch(file, ticket, timed),
             Shape::Job { at_once, .. } => self.account_job(ticket, at_once, timed),
