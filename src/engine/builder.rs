@@ -1,13 +1,13 @@
 //! Building an [`Engine`]: the backends allowed, the profile, the selector's settings.
 
-use super::{reread, Candidate, Engine, InFlightCount, Inner, SystemClock, Usage};
+use super::measure::Measurer;
+use super::{Candidate, Engine, Inner, SystemClock};
 use fastensor_core::{Error, ErrorKind, Knobs, Registry, Result, SharedBackend};
 use fastensor_select::{Clock, Fingerprint, Objective, Selector, SelectorConfig, Warning};
-use fastensor_sys::fork::{ForkMutex, ForkRwLock};
+use fastensor_sys::fork::ForkRwLock;
 use std::collections::BTreeMap;
 use std::fmt;
 use std::path::PathBuf;
-use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
 /// Settings of an [`Engine`].
@@ -149,34 +149,21 @@ impl EngineBuilder {
             }
         };
         let (candidates, warning) = apply_knobs(candidates, selector.knobs(), warning);
-        let mut selector = selector;
-        selector.reuse_mut().set_keeping(
-            candidates
-                .iter()
-                .filter(|c| c.keeps_cache())
-                .map(|c| c.name().to_string()),
+        let clock = self.clock.unwrap_or_else(|| Arc::new(SystemClock::new()));
+        let measurer = Measurer::new(
+            selector,
+            self.config.clone(),
+            &candidates,
+            clock,
+            !self.no_cache_probe,
         );
-        let usage = candidates.iter().map(|_| Usage::default()).collect();
         let inner = Inner {
             candidates,
-            objective_uses_cpu: selector.objective_uses_cpu(),
-            transfers: AtomicU64::new(0),
-            reads: reread::ReadCounts::default(),
-            epochs: Default::default(),
-            reused: Default::default(),
-            windows: ForkMutex::default(),
-            built: (self.config.clone(), selector.dictionary()),
-            selector: ForkMutex::new(selector),
-            clock: self.clock.unwrap_or_else(|| Arc::new(SystemClock::new())),
+            measurer,
             pinned: ForkRwLock::new(None),
             built_pin: self.pinned.clone(),
             profile: self.profile,
-            in_flight: InFlightCount::default(),
-            detect_cache: !self.no_cache_probe,
             mapped_loads: !self.no_mapped_loads,
-            new_loads: Default::default(),
-            jobs: AtomicU64::new(0),
-            usage,
             warning,
         };
         let engine = Engine {

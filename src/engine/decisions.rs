@@ -1,7 +1,7 @@
 //! The selector's answers, kept per file between transfers.
 //!
 //! Asking the selector costs a lock, a context key built and looked up, and a scan of the
-//! candidates: a few hundred nanoseconds, a third of a cached 4 KiB read. Its answer changes
+//! candidates (see `docs/lab/measurement.md`). Its answer changes
 //! only when what it knows changes, which it tells through its [`Epochs`]: a choice stands
 //! while no context's choice changed (most transfers of a tuned workload), an exploration's
 //! answer while nothing at all was recorded (the reads of a stream explored in runs). So a

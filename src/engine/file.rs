@@ -1,30 +1,26 @@
-//! A file opened through the engine: every transfer picks its backend.
+//! A file opened through the engine: every transfer picks its backend (`file/transfer.rs`),
+//! and the engine's measurer learns from it.
 
 use super::decisions::Decisions;
-use super::reread::FileReads;
-use super::stream::{Measured, ReadStream, Run};
-use super::write_run::WriteRun;
-use super::{probe, Candidate, Inner};
+use super::measure::{FileState, MeasuredFile};
+use super::{Candidate, Inner};
 use fastensor_core::{
-    BackendFile, CacheState, Direction, Error, ErrorKind, FileLocation, MemMut, MemRef, MemoryKind,
-    OpenMode, Purpose, ReadRequest, Result, WriteRequest,
+    BackendFile, Direction, Error, ErrorKind, FileLocation, MemMut, MemRef, MemoryKind, OpenMode,
+    Purpose, ReadRequest, Result, WriteRequest,
 };
 use fastensor_sys::fork::{ForkMutex, ForkOnceLock, ForkRwLock};
-use std::collections::BTreeSet;
 use std::fmt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-mod account;
 mod batch;
+mod handles;
 mod identity;
 mod job;
 mod transfer;
 
+use handles::{Handle, Handles};
 use identity::{not_regular, replaced, FileId};
-
-type Handle = Arc<dyn BackendFile>;
 
 /// A file whose `read_at` / `write_at` choose a backend per transfer, time it (wall and CPU)
 /// and tell the selector. Backend handles are opened lazily and kept; all backends reach the
@@ -40,45 +36,51 @@ pub struct EngineFile {
     path: PathBuf,
     writable: bool,
     location: Arc<FileLocation>,
-    /// Per candidate of the engine (same order): its handle, once opened, and whether it
-    /// was opened writable.
-    handles: ForkRwLock<Vec<Option<(Handle, bool)>>>,
-    /// Backends that refused this file (e.g. `O_DIRECT` on tmpfs).
-    refused: ForkMutex<BTreeSet<String>>,
-    pinned: ForkRwLock<Option<String>>,
-    purpose: ForkRwLock<Purpose>,
-    probe_fd: ForkOnceLock<Option<std::fs::File>>,
     /// The file first opened (`None` when the path names no file of the local file
     /// systems, e.g. for an in-memory backend): every handle opened later must reach it.
     identity: Option<FileId>,
-    /// The sequential read stream in progress (see [`ReadStream`]).
-    stream: ForkMutex<ReadStream>,
-    /// The bytes read so far (to tell reading again from reading for the first time).
-    read_ranges: ForkMutex<FileReads>,
-    /// Bit `i`: a transfer went through the engine's candidate `i` (the first one through a
-    /// handle pays its set-up: a mapping's first page faults, a ring's registration).
-    used: AtomicU64,
+    /// The backends' handles on the file, and the backends that refused it.
+    handles: ForkRwLock<Handles>,
+    /// The file's own pin and the purpose its transfers carry.
+    settings: ForkRwLock<Settings>,
+    /// A plain read-only descriptor (see [`EngineFile::probe_file`]).
+    probe_fd: ForkOnceLock<Option<std::fs::File>>,
+    /// What the measurer keeps of this file (its stream, the bytes it read, its writes).
+    measures: ForkMutex<FileState>,
     /// The selector's last answers for this file (see `decisions.rs`).
     decisions: ForkMutex<Decisions>,
-    /// The chosen writes measured but not yet recorded (see `write_run.rs`).
-    write_run: ForkMutex<WriteRun>,
+}
+
+/// A file's settings: its own pin (`None`: the engine's pin or the selector), and the
+/// purpose its transfers carry.
+#[derive(Debug, Default)]
+struct Settings {
+    pin: Option<String>,
+    purpose: Purpose,
 }
 
 impl Drop for EngineFile {
-    /// Records the stream reads and the writes measured but not yet recorded, and counts
-    /// the bytes read once (see `FileReads`).
+    /// Gives the measurer what it measured but did not record yet.
     fn drop(&mut self) {
-        // `None`: inherited from a parent whose thread held the lock (nothing to record).
-        let read_once = self.read_ranges.get_mut().map_or(0, FileReads::finish);
-        self.engine.reads.add(read_once, 0);
-        let [read, window] = self
-            .stream
-            .get_mut()
-            .map_or([None, None], ReadStream::take_runs);
-        let writes = self.write_run.get_mut().and_then(WriteRun::take);
-        for run in [read, window, writes].into_iter().flatten() {
-            self.record_run(run);
-        }
+        self.engine.measurer.close(self.measures.get_mut());
+    }
+}
+
+impl MeasuredFile for EngineFile {
+    fn state(&self) -> &ForkMutex<FileState> {
+        &self.measures
+    }
+
+    fn location(&self) -> &Arc<FileLocation> {
+        &self.location
+    }
+
+    fn purpose(&self) -> Purpose {
+        self.settings.read().purpose
+    }
+
+    fn probe_file(&self) -> Option<&std::fs::File> {
+        EngineFile::probe_file(self)
     }
 }
 
@@ -105,24 +107,19 @@ impl EngineFile {
             return Err(not_regular(kind).with_path(path));
         }
         let location = Arc::new(location_of(path));
-        let window = engine.read_ahead_window(&location.device);
-        let handles = vec![None; engine.candidates.len()];
+        let measures = engine.measurer.file_state(&location);
+        let handles = Handles::new(engine.candidates.len());
         let mut file = EngineFile {
             engine,
             path: path.to_path_buf(),
             writable: mode.writable(),
             location,
-            handles: ForkRwLock::new(handles),
-            refused: ForkMutex::default(),
-            pinned: ForkRwLock::default(),
-            purpose: ForkRwLock::new(Purpose::General),
-            probe_fd: ForkOnceLock::new(),
             identity: None,
-            stream: ForkMutex::new(ReadStream::new(window)),
-            read_ranges: ForkMutex::default(),
-            used: AtomicU64::new(0),
+            handles: ForkRwLock::new(handles),
+            settings: ForkRwLock::default(),
+            probe_fd: ForkOnceLock::new(),
+            measures: ForkMutex::new(measures),
             decisions: ForkMutex::default(),
-            write_run: ForkMutex::default(),
         };
         // Open one handle now, in the requested mode: creation and truncation happen once,
         // and a missing file or a refused permission is reported here.
@@ -160,11 +157,11 @@ impl EngineFile {
                         }
                     }
                     file.identity = after;
-                    file.handles_mut()[i] = Some((Arc::from(h), mode.writable()));
+                    file.handles_mut().open[i] = Some((Arc::from(h), mode.writable()));
                     return Ok(file);
                 }
                 Err(e) if refusal(e.kind()) => {
-                    file.refused().insert(c.name().to_string());
+                    file.handles_mut().refused.insert(c.name().to_string());
                     last = Some(e);
                 }
                 Err(e) => return Err(e),
@@ -173,29 +170,10 @@ impl EngineFile {
         Err(last.expect("at least one candidate was tried"))
     }
 
-    fn handles_mut(&self) -> std::sync::RwLockWriteGuard<'_, Vec<Option<(Handle, bool)>>> {
-        self.handles.write_or(|| self.no_handles())
-    }
-
-    fn handles(&self) -> std::sync::RwLockReadGuard<'_, Vec<Option<(Handle, bool)>>> {
-        self.handles.read_or(|| self.no_handles())
-    }
-
-    /// One empty handle slot per candidate of the engine.
-    fn no_handles(&self) -> Vec<Option<(Handle, bool)>> {
-        vec![None; self.engine.candidates.len()]
-    }
-
-    /// The read stream in progress (a fresh one after a fork that caught it locked).
-    fn stream(&self) -> std::sync::MutexGuard<'_, ReadStream> {
-        self.stream
-            .lock_or(|| ReadStream::new(self.engine.read_ahead_window(&self.location.device)))
-    }
-
     /// Notes that `backend` refused this file: it is no longer offered, and the answers
     /// kept for the candidates offered before are forgotten.
     fn refuse(&self, backend: &str) {
-        self.refused().insert(backend.to_string());
+        self.handles_mut().refused.insert(backend.to_string());
         self.decisions.lock().clear();
     }
 
@@ -225,10 +203,6 @@ impl EngineFile {
         any
     }
 
-    fn refused(&self) -> std::sync::MutexGuard<'_, BTreeSet<String>> {
-        self.refused.lock()
-    }
-
     /// The file system and device of the file.
     pub fn location(&self) -> &FileLocation {
         &self.location
@@ -239,7 +213,7 @@ impl EngineFile {
         if let Some(name) = backend {
             self.engine.candidate(name)?;
         }
-        *self.pinned.write() = backend.map(String::from);
+        self.settings.write().pin = backend.map(String::from);
         Ok(())
     }
 
@@ -248,165 +222,7 @@ impl EngineFile {
     /// is measured until its bytes have reached the device, so the selector compares
     /// buffered and direct writes at their true cost.
     pub fn set_purpose(&self, purpose: Purpose) {
-        *self.purpose.write() = purpose;
-    }
-
-    /// The backends that have an open handle on this file.
-    pub fn open_backends(&self) -> Vec<String> {
-        let mut names: Vec<String> = self
-            .handles()
-            .iter()
-            .zip(&self.engine.candidates)
-            .filter(|(h, _)| h.is_some())
-            .map(|(_, c)| c.name().to_string())
-            .collect();
-        names.sort();
-        names
-    }
-
-    /// The handle of the engine's candidate at `index`, opened when first needed and kept.
-    fn handle(&self, index: usize) -> Result<Handle> {
-        if let Some(Some((h, _))) = self.handles().get(index) {
-            return Ok(h.clone());
-        }
-        let c = &self.engine.candidates[index];
-        let writable = self.writable && c.caps.write;
-        let mode = if writable {
-            OpenMode::ReadWrite
-        } else {
-            OpenMode::Read
-        };
-        let h: Handle = Arc::from(c.backend.open(&self.path, mode)?);
-        self.check_identity()?;
-        let mut handles = self.handles_mut();
-        let entry = handles[index].get_or_insert((h, writable));
-        Ok(entry.0.clone())
-    }
-
-    /// Fails unless the path still names the file first opened: a handle opened by path
-    /// after a rename over it would reach another file (a load would mix two checkpoints).
-    fn check_identity(&self) -> Result<()> {
-        let Some(first) = &self.identity else {
-            return Ok(());
-        };
-        match FileId::of(&self.path) {
-            Some(now) if now.same_file(first) => Ok(()),
-            Some(_) => Err(replaced(&self.path, "since it was opened")),
-            None => Err(Error::new(
-                ErrorKind::NotFound,
-                "the file was removed or renamed since it was opened: open it again",
-            )
-            .with_path(&self.path)),
-        }
-    }
-
-    /// Whether this is the first transfer through the engine's candidate `index` on this
-    /// file (noting that it happened). That transfer pays its handle's one-off set-up,
-    /// whenever the handle was opened (the handle opened with the file included): a
-    /// mapping's first page faults, a ring's first submission. Candidates past the 64th are
-    /// never taken for first.
-    fn first_use(&self, index: usize) -> bool {
-        let Some(bit) = u32::try_from(index).ok().and_then(|i| 1u64.checked_shl(i)) else {
-            return false;
-        };
-        self.used.load(Ordering::Relaxed) & bit == 0
-            && self.used.fetch_or(bit, Ordering::Relaxed) & bit == 0
-    }
-
-    fn any_handle(&self, writable: bool) -> Result<Handle> {
-        if let Some((h, _)) = self
-            .handles()
-            .iter()
-            .flatten()
-            .find(|(_, w)| *w || !writable)
-        {
-            return Ok(h.clone());
-        }
-        let index = self
-            .engine
-            .candidates
-            .iter()
-            .position(|c| !writable || c.caps.write)
-            .ok_or_else(|| {
-                Error::new(ErrorKind::Unsupported, "no available backend can write")
-                    .with_path(&self.path)
-            })?;
-        self.handle(index)
-    }
-
-    fn cache_state(&self, offset: u64, len: usize) -> CacheState {
-        if !self.engine.detect_cache {
-            return CacheState::Unknown;
-        }
-        match self.probe_file() {
-            Some(f) => probe::cache_state(f, offset, len),
-            None => CacheState::Unknown,
-        }
-    }
-
-    /// The page-cache state a read is keyed by (see [`ReadStream::begin`]), and for a read
-    /// that continues the stream the backend of the stream's last read.
-    fn read_cache_state(&self, offset: u64, len: usize) -> (CacheState, Option<usize>) {
-        let mut stream = self.stream();
-        let reread = || self.read_ranges.lock().covers(offset, offset + len as u64);
-        let read_through_cache = || {
-            self.read_ranges
-                .lock()
-                .covers_through_cache(offset, offset + len as u64)
-        };
-        stream.begin(
-            offset,
-            len,
-            reread,
-            || self.cache_state(offset, len),
-            read_through_cache,
-            |range| self.cached_range(range),
-        )
-    }
-
-    /// Whether every byte of `range` is in the page cache; `None` when that cannot be told
-    /// (no probe, or the range runs past the end of the file).
-    fn cached_range(&self, range: std::ops::Range<u64>) -> Option<bool> {
-        if !self.engine.detect_cache {
-            return None;
-        }
-        probe::cached_range(self.probe_file()?, range)
-    }
-
-    /// Records a run of reads or writes as one observation (a warm-up run only when it shows
-    /// its path far behind the leader, see [`Run::warm_up`]).
-    fn record_run(&self, run: Run) {
-        let Some(c) = self.engine.candidates.get(run.path) else {
-            return;
-        };
-        if run.warm_up {
-            if let Some(wall) = run.far_test_wall(c.keeps_cache()) {
-                self.engine
-                    .record_if_far(&run.ctx, c.name(), run.bytes, wall, run.cpu());
-            }
-        } else {
-            self.engine
-                .record(&run.ctx, c.name(), run.bytes, run.wall, run.cpu());
-        }
-    }
-
-    /// Records a useful write through the candidate `path`: a chosen one in a run of writes,
-    /// and so an exploration's through a path that keeps the page cache; an exploration's
-    /// through a path that bypasses it alone (after the run in progress, so the selector
-    /// learns in order). See `write_run.rs`.
-    fn record_write(&self, measured: Measured, path: usize, exploring: bool) {
-        let alone = exploring && !self.engine.candidates[path].keeps_cache();
-        let ended = {
-            let mut runs = self.write_run.lock();
-            if alone {
-                [runs.take(), Some(Run::start(measured, path, None))]
-            } else {
-                runs.add(measured, path)
-            }
-        };
-        for run in ended.into_iter().flatten() {
-            self.record_run(run);
-        }
+        self.settings.write().purpose = purpose;
     }
 
     /// A read-only descriptor of the file for cheap questions (page-cache residency) and
@@ -499,8 +315,7 @@ impl BackendFile for EngineFile {
     fn sync(&self) -> Result<()> {
         let handles: Vec<Handle> = self
             .handles()
-            .iter()
-            .flatten()
+            .all()
             .filter(|(_, w)| *w)
             .map(|(h, _)| h.clone())
             .collect();
@@ -525,7 +340,7 @@ impl BackendFile for EngineFile {
         }
         let h = self.any_handle(true)?;
         h.set_len(len)?;
-        for slot in self.handles_mut().iter_mut() {
+        for slot in self.handles_mut().open.iter_mut() {
             if slot
                 .as_ref()
                 .is_some_and(|(other, _)| !Arc::ptr_eq(other, &h))

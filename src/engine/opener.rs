@@ -1,9 +1,9 @@
 //! The engine as the opener of checkpoint files: per-load and per-file decisions.
 
+use super::measure::Count;
 use super::Engine;
 use fastensor_core::{OpenMode, Result};
 use std::path::Path;
-use std::sync::atomic::Ordering;
 
 /// Checkpoints opened through the engine pick their backend per transfer, and their
 /// transfers are tagged with the checkpoint purpose.
@@ -33,7 +33,11 @@ impl fastensor_core::FileOpener for Engine {
                 .candidates
                 .iter()
                 .any(|c| PAGE_CACHE_READERS.contains(&c.name()));
-        inner.new_loads[usize::from(!map)].fetch_add(1, Ordering::Relaxed);
+        inner.measurer.count(if map {
+            Count::MappedLoads
+        } else {
+            Count::ReadLoads
+        });
         map
     }
 }
@@ -42,13 +46,16 @@ impl Engine {
     /// Loads of whole checkpoints into new host memory decided so far: how many mapped the
     /// file, how many read it through a backend.
     pub fn new_loads(&self) -> (u64, u64) {
-        let [m, r] = &self.inner.new_loads;
-        (m.load(Ordering::Relaxed), r.load(Ordering::Relaxed))
+        let measurer = &self.inner.measurer;
+        (
+            measurer.counted(Count::MappedLoads),
+            measurer.counted(Count::ReadLoads),
+        )
     }
 
     /// Jobs of reads (checkpoint loads read through a backend) decided so far: each chose
     /// one backend for all its reads.
     pub fn read_jobs(&self) -> u64 {
-        self.inner.jobs.load(Ordering::Relaxed)
+        self.inner.measurer.counted(Count::Jobs)
     }
 }

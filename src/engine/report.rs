@@ -57,7 +57,7 @@ impl Report {
         let mut usage: Vec<BackendUsage> = inner
             .candidates
             .iter()
-            .zip(&inner.usage)
+            .zip(inner.measurer.usage())
             .filter_map(|(c, u)| {
                 let (transfers, bytes, wall, cpu) = u.totals();
                 (transfers > 0).then(|| BackendUsage {
@@ -70,12 +70,12 @@ impl Report {
             })
             .collect();
         usage.sort_by(|a, b| a.name.cmp(&b.name));
-        let sel = engine.inner.selector();
+        let sel = inner.measurer.selector();
         Report {
             backends: engine.backend_names(),
             pinned: engine.pinned(),
             usage,
-            stats: engine.inner.stats(&sel),
+            stats: inner.measurer.stats(&sel),
             dictionary: sel.dictionary(),
             warning: engine.inner.warning.clone(),
         }

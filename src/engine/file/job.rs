@@ -2,19 +2,20 @@
 //! chosen once for the whole job and measured whole (see `BackendFile::begin_read_job`).
 //!
 //! The choice, in order: the pinned backend; the backend the selector has found best for
-//! the job's context (one of its reads, with its reads in flight); an exploration the selector asks for, when the job is small (at most
+//! the job's context (one of its reads, with its reads in flight); an exploration the
+//! selector asks for, when the job is small (at most
 //! [`EXPLORE_JOB_MAX`]) and does not send a cold read through the page cache into fresh
 //! memory; else a default that suits the context (a direct path for cold reads, the page
 //! cache for cached ones). A large job never pays for an exploration: those contexts are
 //! learned from small jobs and from `fastensor tune`.
 
 use super::{refusal, EngineFile, Handle};
+use crate::engine::measure::{Shape, Ticket, What};
 use fastensor_core::{
     BackendFile, CacheState, Direction, MemMut, MemRef, ReadJob, Result, TransferContext,
 };
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::Duration;
 
 /// The largest job that may be an exploration's measurement.
 pub(crate) const EXPLORE_JOB_MAX: u64 = 64 << 20;
@@ -28,31 +29,33 @@ impl EngineFile {
     /// The file a job's reads go through: one backend for all of them (see the module).
     /// `None` when no backend fits (the per-transfer path then reports why).
     pub(crate) fn begin_job(&self, job: &ReadJob) -> Option<JobFile<'_>> {
-        let probe_len = job.largest.min(EXPLORE_JOB_MAX) as usize;
+        let probe_len = job.largest.min(EXPLORE_JOB_MAX);
         // Keyed as one of the job's reads with the job's reads in flight: what `fastensor
         // tune` and single transfers teach the selector applies to the job, and the job's
         // measurement (all its bytes over its wall time) to them.
-        let ctx = TransferContext {
+        let shape = Shape::Job {
+            in_flight: job.in_flight,
+            at_once: job
+                .in_flight
+                .min(u32::try_from(job.requests).unwrap_or(u32::MAX)),
+            probe: job.first_offset..job.first_offset.saturating_add(probe_len),
+        };
+        let what = What {
             direction: Direction::Read,
             bytes: job.largest.max(1),
             memory: job.memory,
-            location: self.location.clone(),
-            in_flight: job.in_flight,
-            purpose: *self.purpose.read(),
-            cache: self.cache_state(job.first_offset, probe_len),
+            shape,
         };
-        let index = self.job_path(&ctx, job)?;
+        let measurer = &self.engine.measurer;
+        let mut ticket = measurer.before(self, what);
+        let index = self.job_path(ticket.ctx(), job)?;
         let handle = self.handle(index).ok()?;
-        self.engine.count_job();
+        measurer.start(&mut ticket, index, false);
         Some(JobFile {
             file: self,
             index,
             handle,
-            start: self.engine.clock.wall(),
-            in_flight: job
-                .in_flight
-                .min(u32::try_from(job.requests).unwrap_or(u32::MAX)),
-            ctx,
+            ticket,
             bytes: AtomicU64::new(0),
             failed: AtomicBool::new(false),
         })
@@ -67,12 +70,9 @@ impl EngineFile {
         }
         let candidates = &self.engine.candidates;
         let offered: Vec<usize> = {
-            let refused = self.refused();
+            let handles = self.handles();
             (0..candidates.len())
-                .filter(|&i| {
-                    let c = &candidates[i];
-                    c.fits(ctx.direction, ctx.memory) && !refused.contains(c.name())
-                })
+                .filter(|&i| candidates[i].offered(ctx, &handles.refused))
                 .collect()
         };
         let named = |name: &str| {
@@ -81,12 +81,13 @@ impl EngineFile {
                 .copied()
                 .find(|&i| candidates[i].name() == name)
         };
-        if let Some(best) = self.engine.best_for(ctx).and_then(|n| named(&n)) {
+        let measurer = &self.engine.measurer;
+        if let Some(best) = measurer.best_for(ctx).and_then(|n| named(&n)) {
             return Some(best);
         }
         if job.bytes <= EXPLORE_JOB_MAX {
             let names: Vec<&str> = offered.iter().map(|&i| candidates[i].name()).collect();
-            if let (Some(choice), _) = self.engine.choose(ctx, &names, None) {
+            if let (Some(choice), _) = measurer.choose(ctx, &names, None) {
                 let index = named(&choice.backend)?;
                 let cold = ctx.cache != CacheState::Cached;
                 if !(choice.exploring && job.fresh && cold && candidates[index].keeps_cache()) {
@@ -105,16 +106,13 @@ impl EngineFile {
     }
 }
 
-/// The reads of one job through the backend chosen for it; dropped, it records the job as
-/// one measurement (bytes read, wall time from its start) unless a read failed.
+/// The reads of one job through the backend chosen for it; dropped, it gives the measurer
+/// the job's bytes (one measurement over the job's wall time) unless a read failed.
 pub(crate) struct JobFile<'f> {
     file: &'f EngineFile,
     index: usize,
     handle: Handle,
-    ctx: TransferContext,
-    start: Duration,
-    /// Reads of the job in flight at once (at most its reads).
-    in_flight: u32,
+    ticket: Ticket<'f>,
     bytes: AtomicU64,
     failed: AtomicBool,
 }
@@ -130,18 +128,10 @@ impl std::fmt::Debug for JobFile<'_> {
 
 impl Drop for JobFile<'_> {
     fn drop(&mut self) {
-        let bytes = *self.bytes.get_mut();
-        if *self.failed.get_mut() || bytes == 0 {
-            return;
-        }
-        let engine = &self.file.engine;
-        let wall = engine.clock.wall().saturating_sub(self.start);
-        let name = engine.candidates[self.index].name();
-        // Recorded as the reads in flight saw it (each one's bytes over its own time), as
-        // single transfers in the same context are.
-        let per_read = wall.saturating_mul(self.in_flight.max(1));
-        engine.record(&self.ctx, name, bytes, per_read, None);
-        engine.add_usage(self.index, bytes, wall, None);
+        let bytes = *self.bytes.get_mut() as usize;
+        let done = (!*self.failed.get_mut()).then_some((bytes, bytes));
+        let file = self.file;
+        file.engine.measurer.after(file, &mut self.ticket, done);
     }
 }
 

@@ -1,39 +1,95 @@
-//! One transfer through an engine file: its context, the backend chosen for it (pinned,
-//! kept, or the selector's answer), the handle, the timing, and what the selector is told.
+//! One transfer through an engine file, top to bottom: the measurer's ticket (the context),
+//! the backend picked for it (pinned, kept, or the selector's answer), its handle, the
+//! backend's call, the measurer's accounting; on a refusal, another backend.
 
-use super::account::Done;
 use super::{refusal, EngineFile, Handle};
 use crate::engine::decisions::Question;
-use crate::engine::{Candidate, InFlight};
+use crate::engine::measure::{Shape, Ticket, What};
+use crate::engine::Candidate;
 use fastensor_core::{
-    BackendFile, CacheState, Direction, Error, ErrorKind, MemoryKind, Result, TransferContext,
+    BackendFile, Direction, Error, ErrorKind, MemoryKind, Result, TransferContext,
 };
 
 impl EngineFile {
-    /// The context of a transfer, and for a read that continues a stream the backend of
-    /// the stream's last read.
-    pub(super) fn context(
+    /// Runs one transfer of `bytes` at `offset` through `op` (`moved`: the bytes it moved):
+    /// the measurer gives its context, a backend is picked and its handle opened, `op` runs
+    /// on it (a durable write until its bytes reached the device), and the measurer
+    /// accounts for it; on a refusal, another backend is tried.
+    pub(super) fn transfer<T>(
         &self,
         direction: Direction,
-        bytes: u64,
+        bytes: usize,
         memory: MemoryKind,
-        in_flight: u32,
         offset: u64,
-    ) -> (TransferContext, Option<usize>) {
-        let (cache, previous) = match direction {
-            Direction::Read => self.read_cache_state(offset, bytes as usize),
-            Direction::Write => (CacheState::Unknown, None),
-        };
-        let ctx = TransferContext {
+        mut op: impl FnMut(&dyn BackendFile) -> Result<T>,
+        moved: impl Fn(&T) -> usize,
+    ) -> Result<T> {
+        self.check_writable(direction, Some(offset))?;
+        let shape = Shape::Single { offset };
+        let what = What {
             direction,
-            bytes,
+            bytes: bytes as u64,
             memory,
-            location: self.location.clone(),
-            in_flight,
-            purpose: *self.purpose.read(),
-            cache,
+            shape,
         };
-        (ctx, previous)
+        let mut ticket = self.engine.measurer.before(self, what);
+        let durable = direction == Direction::Write && ticket.ctx().purpose.durable_writes();
+        let pinned = self.pinned_index()?;
+        let mut last_err = None;
+        self.run(
+            &mut ticket,
+            pinned,
+            &mut last_err,
+            |h, _| match op(h) {
+                // A durable write costs what it takes to reach the device.
+                Ok(v) if durable => self.write_back(offset, bytes).map(|()| v),
+                other => other,
+            },
+            |v| (moved(v), bytes),
+        )
+    }
+
+    /// Runs `op` (given whether the pick is an exploration's measurement) on the backend
+    /// picked for `ticket`, between the measurer's clock start and its accounting (`done`:
+    /// the bytes moved and wanted); a backend that refuses is set aside and another picked
+    /// (`last_err`: why the last one failed).
+    pub(super) fn run<T>(
+        &self,
+        ticket: &mut Ticket<'_>,
+        pinned: Option<usize>,
+        last_err: &mut Option<Error>,
+        mut op: impl FnMut(&dyn BackendFile, bool) -> Result<T>,
+        done: impl Fn(&T) -> (usize, usize),
+    ) -> Result<T> {
+        let measurer = &self.engine.measurer;
+        loop {
+            let (path, exploring, handle) =
+                self.pick(ticket.ctx(), ticket.stay(), pinned, last_err)?;
+            measurer.start(ticket, path, exploring);
+            let result = op(handle.as_ref(), exploring);
+            measurer.after(self, ticket, result.as_ref().ok().map(&done));
+            match result {
+                Ok(v) => return Ok(v),
+                Err(e) if refusal(e.kind()) => {
+                    self.refuse(self.engine.candidates[path].name());
+                    *last_err = Some(e);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Fails for a write to a file opened read-only.
+    pub(super) fn check_writable(&self, direction: Direction, offset: Option<u64>) -> Result<()> {
+        if direction == Direction::Write && !self.writable {
+            let e = Error::new(ErrorKind::PermissionDenied, "the file was opened read-only")
+                .with_path(&self.path);
+            return Err(match offset {
+                Some(offset) => e.with_offset(offset),
+                None => e,
+            });
+        }
+        Ok(())
     }
 
     /// The selector's answer for a transfer in `ctx` continuing a stream last read through
@@ -47,25 +103,26 @@ impl EngineFile {
         stay: Option<usize>,
     ) -> Option<(usize, bool)> {
         let question = Question::of(ctx, stay);
-        let kept = self.decisions.lock().get(&question, self.engine.epochs());
+        let measurer = &self.engine.measurer;
+        let kept = self.decisions.lock().get(&question, measurer.epochs());
         if let Some((path, exploring)) = kept {
-            self.engine.count_reused(exploring);
+            measurer.count_reused(exploring);
             return Some((path, exploring));
         }
         let candidates = &self.engine.candidates;
         let (names, indices): (Vec<&str>, Vec<usize>) = {
-            let refused = self.refused();
+            let handles = self.handles();
             candidates
                 .iter()
                 .enumerate()
-                .filter(|(_, c)| c.fits(ctx.direction, ctx.memory) && !refused.contains(c.name()))
+                .filter(|(_, c)| c.offered(ctx, &handles.refused))
                 .map(|(i, c)| (c.name(), i))
                 .unzip()
         };
         // A read continuing a stream stays on the stream's path while that path is being
         // explored.
         let stay_name = stay.and_then(|i| candidates.get(i)).map(Candidate::name);
-        let (choice, epochs) = self.engine.choose(ctx, &names, stay_name);
+        let (choice, epochs) = measurer.choose(ctx, &names, stay_name);
         let choice = choice?;
         let path = names
             .iter()
@@ -82,7 +139,7 @@ impl EngineFile {
     /// candidates.
     pub(super) fn pinned_index(&self) -> Result<Option<usize>> {
         let index = |name: &str| self.engine.candidate_index(name).map(Some);
-        if let Some(name) = self.pinned.read().as_deref() {
+        if let Some(name) = self.settings.read().pin.as_deref() {
             return index(name);
         }
         let engine = self.engine.pinned();
@@ -144,7 +201,7 @@ impl EngineFile {
             .with_backend(name)
             .with_path(&self.path));
         }
-        if self.refused().contains(name) {
+        if self.handles().refused.contains(name) {
             return Err(last_err.take().unwrap_or_else(|| {
                 Error::new(
                     ErrorKind::Unsupported,
@@ -155,80 +212,5 @@ impl EngineFile {
             }));
         }
         Ok((index, false))
-    }
-
-    /// Runs one transfer: choose, open, time, record; on a refusal, tries another backend.
-    pub(super) fn transfer<T>(
-        &self,
-        direction: Direction,
-        bytes: usize,
-        memory: MemoryKind,
-        offset: u64,
-        mut op: impl FnMut(&dyn BackendFile) -> Result<T>,
-        moved: impl Fn(&T) -> usize,
-    ) -> Result<T> {
-        if direction == Direction::Write && !self.writable {
-            return Err(
-                Error::new(ErrorKind::PermissionDenied, "the file was opened read-only")
-                    .with_path(&self.path)
-                    .with_offset(offset),
-            );
-        }
-        let (_guard, in_flight) = InFlight::enter(&self.engine.in_flight);
-        let (ctx, stream_previous) =
-            self.context(direction, bytes as u64, memory, in_flight, offset);
-        let durable = direction == Direction::Write && ctx.purpose.durable_writes();
-        let pinned = self.pinned_index()?;
-        let mut last_err: Option<Error> = None;
-        loop {
-            let (path, exploring, handle) =
-                self.pick(&ctx, stream_previous, pinned, &mut last_err)?;
-            let chosen = &self.engine.candidates[path];
-            let clock = &*self.engine.clock;
-            // A stream's reads are measured in runs, whose CPU time a share of their small
-            // reads gives (see `Run::cpu`).
-            let sampled =
-                exploring && (stream_previous.is_none() || bytes as u64 >= crate::engine::LARGE);
-            let start = if self.engine.reads_cpu(sampled) {
-                Some(clock.now())
-            } else {
-                None
-            };
-            let start_wall = start.map_or_else(|| clock.wall(), |s| s.wall);
-            let result = match op(handle.as_ref()) {
-                // A durable write costs what it takes to reach the device.
-                Ok(v) if durable => self.write_back(offset, bytes).map(|()| v),
-                other => other,
-            };
-            let (wall, cpu) = match start {
-                Some(start) => {
-                    let (wall, cpu) = clock.now().since(start);
-                    (wall, Some(cpu))
-                }
-                None => (clock.wall().saturating_sub(start_wall), None),
-            };
-            match result {
-                Ok(v) => {
-                    let done = Done {
-                        ctx,
-                        stay: stream_previous,
-                        path,
-                        exploring,
-                        offset,
-                        wanted: bytes,
-                        moved: moved(&v),
-                        wall,
-                        cpu,
-                    };
-                    self.account(done);
-                    return Ok(v);
-                }
-                Err(e) if refusal(e.kind()) => {
-                    self.refuse(chosen.name());
-                    last_err = Some(e);
-                }
-                Err(e) => return Err(e),
-            }
-        }
     }
 }

@@ -1,5 +1,5 @@
-//! Counters an engine keeps without locks: what each backend moved, and the requests in
-//! flight.
+//! Counters an engine keeps without locks: what each backend moved, events, and the
+//! requests in flight.
 
 use fastensor_sys::fork;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -51,26 +51,62 @@ impl Usage {
     }
 }
 
-/// The requests in flight through an engine, counted in the process that started them: in
-/// a child made by `fork` the count starts from none (the requests of the parent's threads
-/// never end there). One word: the low 32 bits of the [`fork::generation`] that counted,
-/// then the count.
-#[derive(Debug, Default)]
-pub(crate) struct InFlightCount(AtomicU64);
+/// The engine's event counters, one slot each (see [`Counters`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Count {
+    /// Loads into new host memory that mapped the file.
+    MappedLoads,
+    /// Loads into new host memory read through a backend.
+    ReadLoads,
+    /// Jobs of reads given one backend each (see `file/job.rs`).
+    Jobs,
+    /// Transfers timed (paces the CPU clock readings of exploiting transfers).
+    Transfers,
+    /// Choices answered from a file's kept answers.
+    Reused,
+    /// Of those, explorations.
+    ReusedExploring,
+    /// Bytes read for the first time (as files count them, see `reread.rs`).
+    FirstReads,
+    /// Bytes read again.
+    AgainReads,
+    /// The requests in flight, tagged with the process that counted them (see
+    /// [`InFlight`]).
+    InFlight,
+}
 
-impl InFlightCount {
-    /// Applies `step` to this process's count; returns the new count.
-    fn update(&self, step: impl Fn(u32) -> u32) -> u32 {
+impl Count {
+    const ALL: usize = Count::InFlight as usize + 1;
+}
+
+/// Counters of events, without locks: counting costs a transfer no lock.
+#[derive(Debug, Default)]
+pub(crate) struct Counters([AtomicU64; Count::ALL]);
+
+impl Counters {
+    /// Adds `n` to the counter `c`.
+    pub(crate) fn add(&self, c: Count, n: u64) -> u64 {
+        self.0[c as usize].fetch_add(n, Ordering::Relaxed)
+    }
+
+    /// The counter `c`.
+    pub(crate) fn get(&self, c: Count) -> u64 {
+        self.0[c as usize].load(Ordering::Relaxed)
+    }
+
+    /// Applies `step` to this process's count of requests in flight; returns the new count.
+    /// In a child made by `fork` the count starts from none (the requests of the parent's
+    /// threads never end there): the slot holds the low 32 bits of the
+    /// [`fork::generation`] that counted, then the count.
+    fn update_in_flight(&self, step: impl Fn(u32) -> u32) -> u32 {
+        let slot = &self.0[Count::InFlight as usize];
         let generation = fork::generation() as u32;
-        let mut now = self.0.load(Ordering::SeqCst);
+        let mut now = slot.load(Ordering::SeqCst);
         loop {
             let mine = (now >> 32) as u32 == generation;
             let n = step(if mine { now as u32 } else { 0 });
             let next = (u64::from(generation) << 32) | u64::from(n);
-            match self
-                .0
-                .compare_exchange_weak(now, next, Ordering::SeqCst, Ordering::SeqCst)
-            {
+            match slot.compare_exchange_weak(now, next, Ordering::SeqCst, Ordering::SeqCst) {
                 Ok(_) => return n,
                 Err(seen) => now = seen,
             }
@@ -79,18 +115,19 @@ impl InFlightCount {
 }
 
 /// Counts a request in flight for as long as it lives.
-pub(crate) struct InFlight<'a>(&'a InFlightCount);
+pub(crate) struct InFlight<'a>(&'a Counters);
 
 impl<'a> InFlight<'a> {
-    pub(crate) fn enter(counter: &'a InFlightCount) -> (Self, u32) {
-        let n = counter.update(|n| n.saturating_add(1));
-        (InFlight(counter), n)
+    /// Counts a request in flight; with the count, this one included.
+    pub(crate) fn enter(counters: &'a Counters) -> (Self, u32) {
+        let n = counters.update_in_flight(|n| n.saturating_add(1));
+        (InFlight(counters), n)
     }
 }
 
 impl Drop for InFlight<'_> {
     fn drop(&mut self) {
-        self.0.update(|n| n.saturating_sub(1));
+        self.0.update_in_flight(|n| n.saturating_sub(1));
     }
 }
 

@@ -1,25 +1,18 @@
 //! Runs of writes: consecutive writes through one path in one context, recorded as one
 //! observation.
 //!
-//! Recording a measurement takes the selector's lock and updates its estimates; a 4 KiB
-//! write to the page cache costs 4-6 µs, and recording writes in runs took the engine's
-//! overhead on such writes from +1060..1424 ns to +500..929 ns over a raw `pwrite`
-//! (`engine_overhead`, three interleaved runs each). The writes the selector
-//! chose are therefore gathered into runs of up to [`Run::MAX_TRANSFERS`] writes and
-//! [`Run::MAX_WRITE_BYTES`] bytes. A run's observation is its writes' mean cost, what a
-//! stream of such writes takes; larger writes, whose record costs under 0.1% of them, are
-//! each recorded alone.
+//! Recording a measurement takes the selector's lock and updates its estimates, a cost of
+//! the order of a small write to the page cache. The writes the selector chose are
+//! therefore gathered into runs of up to [`Run::MAX_TRANSFERS`] writes and
+//! [`Run::MAX_WRITE_BYTES`] bytes; a run's observation is its writes' mean cost, and larger
+//! writes are each a run of their own.
 //!
 //! An exploration's writes through a path that keeps the page cache are gathered into runs
-//! too (the selector, learning nothing until the run ends, keeps choosing that path): the
-//! cost of such a write is bimodal, a memory copy or a wait for memory. On this project's
-//! test machine (a virtual machine that hands free memory back to its host), 64 KiB
-//! buffered writes took 14-20 µs each, with one in eight or so at 60-190 µs, and the first
-//! one after a pause up to 389 µs; a direct write took about 130 µs. A single sample, which
-//! a look at a dropped path is judged on, dropped the page-cache path again in a context
-//! where it wrote 5 times faster over a whole phase. An exploration's writes through a
-//! path that bypasses the page cache, whose cost is steady, are recorded one by one, so
-//! that one far behind is dropped after a single write.
+//! too (the selector, learning nothing until the run ends, keeps choosing that path): such a
+//! write costs either a memory copy or a wait for memory, and a single sample does not tell
+//! which. An exploration's writes through a path that bypasses the page cache, whose cost is
+//! steady, are recorded one by one, so that one far behind is dropped after a single write.
+//! The measurements behind these rules: `docs/lab/measurement.md`.
 
 use super::stream::{Measured, Run};
 

@@ -11,9 +11,9 @@ use std::time::{Duration, Instant};
 /// would compete with a direct read of the same bytes. Pages still being read ahead count
 /// as present there, so a range found present is confirmed by a one-byte non-blocking read
 /// of its last page (the one most likely still in flight; present, so this read starts no
-/// readahead of its own): without it, a stream read through the page cache found the pages
-/// its own readahead had asked for "cached", and stayed keyed cached while it read from the
-/// device. `Unknown` where the kernel answers neither.
+/// readahead of its own), so that a stream read through the page cache is not keyed cached
+/// while its own readahead is still reading from the device. `Unknown` where the kernel
+/// answers neither.
 pub(crate) fn cache_state(file: &File, offset: u64, len: usize) -> CacheState {
     match fastensor_sys::cached_pages(file, offset, len as u64) {
         Some((cached, pages)) if cached >= pages => {

@@ -1,8 +1,8 @@
 //! Which bytes of a file were read already: how much of a workload's reading is reading
 //! again (see [`fastensor_select::Reuse`]).
 
+use super::usage::{Count, Counters};
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 /// The byte ranges of one file read so far, merged, up to [`ReadRanges::MAX_RANGES`] of
 /// them (past that, new ranges are not tracked: a file read at random in small pieces
@@ -94,13 +94,10 @@ impl ReadRanges {
     }
 }
 
-/// One file's reads as the engine's [`ReadCounts`] take them: the bytes a file reads for
-/// the first time count once it reads some bytes again, or when it is closed without
-/// having done so. Counted as they came, the first pass over each new file pulled the rate
-/// down while it lasted, that is while the reads whose paths the rate judges were running:
-/// in a workload reading every file twice, 1.0 before a 256 MiB file's first pass and 0.2
-/// at its end, which made a cold read through the page cache (whose bytes the second pass
-/// finds cached) look worse than a direct one.
+/// One file's reads as the engine's counters take them (see [`Counters::add_reads`]): the
+/// bytes a file reads for the first time count once it reads some bytes again, or when it
+/// is closed without having done so, so that a file's first pass does not lower the re-read
+/// rate while it lasts (see `docs/lab/measurement.md`).
 #[derive(Debug, Default)]
 pub(crate) struct FileReads {
     ranges: ReadRanges,
@@ -149,30 +146,24 @@ impl FileReads {
 
 /// Bytes read for the first time and read again, over an engine's life (as its files
 /// count them, see [`FileReads`]).
-#[derive(Debug, Default)]
-pub(crate) struct ReadCounts {
-    first: AtomicU64,
-    again: AtomicU64,
-}
-
-impl ReadCounts {
+impl Counters {
     /// Counts `first` bytes read for the first time and `again` bytes read again.
-    pub(crate) fn add(&self, first: u64, again: u64) {
+    pub(crate) fn add_reads(&self, first: u64, again: u64) {
         if first > 0 {
-            self.first.fetch_add(first, Ordering::Relaxed);
+            self.add(Count::FirstReads, first);
         }
         if again > 0 {
-            self.again.fetch_add(again, Ordering::Relaxed);
+            self.add(Count::AgainReads, again);
         }
     }
 
     /// The share of first-read bytes that were read again (0 before any read).
-    pub(crate) fn rate(&self) -> f64 {
-        let first = self.first.load(Ordering::Relaxed);
+    pub(crate) fn reread_rate(&self) -> f64 {
+        let first = self.get(Count::FirstReads);
         if first == 0 {
             return 0.0;
         }
-        self.again.load(Ordering::Relaxed) as f64 / first as f64
+        self.get(Count::AgainReads) as f64 / first as f64
     }
 }
 
@@ -267,37 +258,37 @@ mod tests {
 
     #[test]
     fn the_rate_is_again_over_first() {
-        let c = ReadCounts::default();
-        assert_eq!(c.rate(), 0.0);
-        c.add(100, 0);
-        c.add(50, 50);
-        assert_eq!(c.rate(), 50.0 / 150.0);
+        let c = Counters::default();
+        assert_eq!(c.reread_rate(), 0.0);
+        c.add_reads(100, 0);
+        c.add_reads(50, 50);
+        assert_eq!(c.reread_rate(), 50.0 / 150.0);
     }
 
     #[test]
     fn a_files_first_reads_count_once_it_reads_again_or_closes() {
-        let counts = ReadCounts::default();
-        let count = |(first, again): (u64, u64)| counts.add(first, again);
+        let counts = Counters::default();
+        let count = |(first, again): (u64, u64)| counts.add_reads(first, again);
         // A file read twice, 100 bytes: the rate stays 1.0 through a second file's first
         // pass, which counts when it reads again.
         let mut a = FileReads::default();
         count(a.add(0, 100, false));
-        assert_eq!(counts.rate(), 0.0);
+        assert_eq!(counts.reread_rate(), 0.0);
         count(a.add(0, 60, false));
-        assert_eq!(counts.rate(), 0.6);
+        assert_eq!(counts.reread_rate(), 0.6);
         count(a.add(60, 100, false));
-        assert_eq!(counts.rate(), 1.0);
+        assert_eq!(counts.reread_rate(), 1.0);
         let mut b = FileReads::default();
         count(b.add(0, 300, false));
-        assert_eq!(counts.rate(), 1.0);
+        assert_eq!(counts.reread_rate(), 1.0);
         count(b.add(0, 100, false));
-        assert_eq!(counts.rate(), 200.0 / 400.0);
+        assert_eq!(counts.reread_rate(), 200.0 / 400.0);
         // A file closed after one pass counts then.
         let mut c = FileReads::default();
         count(c.add(0, 400, false));
-        assert_eq!(counts.rate(), 0.5);
-        counts.add(c.finish(), 0);
-        assert_eq!(counts.rate(), 200.0 / 800.0);
+        assert_eq!(counts.reread_rate(), 0.5);
+        counts.add_reads(c.finish(), 0);
+        assert_eq!(counts.reread_rate(), 200.0 / 800.0);
         assert_eq!(c.finish(), 0);
         // Nothing is left to count for a file that read again.
         assert_eq!(b.finish(), 0);

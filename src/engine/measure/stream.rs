@@ -147,12 +147,12 @@ impl Run {
 
     /// The wall time a warm-up run is judged by when it is offered to rule its path out
     /// (see `Selector::record_if_far`): its own, but for small reads (under
-    /// [`LARGE`](crate::engine::LARGE) each) through a path that keeps the page cache, that
+    /// [`LARGE`](super::LARGE) each) through a path that keeps the page cache, that
     /// of its other reads scaled to the whole run (`None` for a single such read). Such a
     /// path waits for its readahead now and then, and one wait decides a short run's mean;
     /// a path slow on every read is still ruled out.
     pub(crate) fn far_test_wall(&self, keeps_cache: bool) -> Option<Duration> {
-        let small = self.bytes < u64::from(self.transfers) * crate::engine::LARGE;
+        let small = self.bytes < u64::from(self.transfers) * super::LARGE;
         if !(keeps_cache && small && self.ctx.direction == Direction::Read) {
             return Some(self.wall);
         }
@@ -163,7 +163,7 @@ impl Run {
 
     /// CPU time of the run: that of the reads whose CPU time was read, scaled to all the
     /// run's bytes (a stream's reads read the CPU clock one in several, see
-    /// `Inner::reads_cpu`); `None` when none was read.
+    /// `Measurer::reads_cpu`); `None` when none was read.
     pub(crate) fn cpu(&self) -> Option<Duration> {
         (self.cpu_bytes > 0).then(|| {
             self.cpu_read
@@ -206,7 +206,7 @@ impl Run {
 impl ReadStream {
     /// Reads of at least this many bytes in a `Cached` stream are each probed again (a probe
     /// costs about half a microsecond, a few percent of such a read from the cache); smaller
-    /// ones every [`LARGE`](crate::engine::LARGE) bytes.
+    /// ones every [`LARGE`](super::LARGE) bytes.
     pub(crate) const REPROBE_EACH: u64 = 64 << 10;
 
     /// No stream yet, in a file on a device whose readahead window is `window` bytes.
@@ -240,7 +240,7 @@ impl ReadStream {
 
     /// The page-cache state a read of `len` bytes at `offset` is keyed by, asking `probe`
     /// only where needed: at a stream's first read; in a stream that started cached, at
-    /// every read of [`Self::REPROBE_EACH`] or more and every [`LARGE`](crate::engine::LARGE)
+    /// every read of [`Self::REPROBE_EACH`] or more and every [`LARGE`](super::LARGE)
     /// bytes otherwise (it turns cold where the cached bytes end); and in a cold stream,
     /// every `LARGE` bytes of bytes read before (`reread`), so that a second pass turns
     /// cached where an earlier pass left the bytes cached. Where the stream's last read went
@@ -265,7 +265,7 @@ impl ReadStream {
         }
         let previous = continues.then_some(self.last_path);
         if continues {
-            let far = offset.saturating_sub(self.probed_at) >= crate::engine::LARGE;
+            let far = offset.saturating_sub(self.probed_at) >= super::LARGE;
             let due = match self.cache {
                 CacheState::Cached => len as u64 >= Self::REPROBE_EACH || far,
                 CacheState::Cold if far => {
@@ -332,8 +332,59 @@ impl ReadStream {
         exploring: bool,
         measured: Option<Measured>,
     ) -> [Option<Run>; 5] {
-        let [a, b, c, d] =
-            self.finish_runs(continued, range, path, keeps_cache, exploring, measured);
+        let [a, b, c, d] = 'runs: {
+            let read = range.end - range.start;
+            let same = continued && path == self.last_path;
+            // Whether `path` took the stream over from another path (rather than starting it).
+            let took_over = if same { self.took_over } else { continued };
+            let warming = continued && (exploring || took_over) && !self.warm(path, keeps_cache);
+            self.last_keeps_cache = keeps_cache;
+            self.took_over = took_over;
+            if same {
+                self.path_bytes += read;
+                self.path_reads = self.path_reads.saturating_add(1);
+            } else {
+                self.path_bytes = read;
+                self.path_reads = 1;
+            }
+            self.end = range.end;
+            self.last_path = path;
+            // A warm-up run ends with the first read that is not part of it, or once it holds 8
+            // reads or 4 MiB (so that a path far behind is ruled out early).
+            let warmed = self.warming.take_if(|w| !warming || w.path != path);
+            if warming {
+                if let Some(m) = measured {
+                    match self.warming.as_mut() {
+                        Some(w) if w.takes(&m.ctx, path) => w.add(&m),
+                        _ => {
+                            let mut w = Run::start(m, path, None);
+                            w.warm_up = true;
+                            self.warming = Some(w);
+                        }
+                    }
+                }
+                let full = self.warming.take_if(|w| w.full());
+                break 'runs [self.run.take(), None, warmed, full];
+            }
+            let Some(m) = measured else {
+                break 'runs [self.run.take(), None, warmed, None];
+            };
+            if let Some(run) = self.run.as_mut() {
+                if continued && run.takes(&m.ctx, path) {
+                    run.add(&m);
+                    let ended = self.run.take_if(|r| r.full());
+                    break 'runs [ended, None, warmed, None];
+                }
+            }
+            let ended = self.run.take();
+            let run = Run::start(m, path, keeps_cache.then_some(self.window));
+            if run.full() {
+                [ended, Some(run), warmed, None]
+            } else {
+                self.run = Some(run);
+                [ended, None, warmed, None]
+            }
+        };
         let mut ended = [a, b, c, d, None];
         for slot in ended.iter_mut() {
             if let Some(run) = slot.take_if(|r| !r.warm_up) {
@@ -389,69 +440,6 @@ impl ReadStream {
             }
         }
         self.window_held = false;
-    }
-
-    /// [`ReadStream::finish`] before the pairing of readahead windows.
-    fn finish_runs(
-        &mut self,
-        continued: bool,
-        range: std::ops::Range<u64>,
-        path: usize,
-        keeps_cache: bool,
-        exploring: bool,
-        measured: Option<Measured>,
-    ) -> [Option<Run>; 4] {
-        let read = range.end - range.start;
-        let same = continued && path == self.last_path;
-        // Whether `path` took the stream over from another path (rather than starting it).
-        let took_over = if same { self.took_over } else { continued };
-        let warming = continued && (exploring || took_over) && !self.warm(path, keeps_cache);
-        self.last_keeps_cache = keeps_cache;
-        self.took_over = took_over;
-        if same {
-            self.path_bytes += read;
-            self.path_reads = self.path_reads.saturating_add(1);
-        } else {
-            self.path_bytes = read;
-            self.path_reads = 1;
-        }
-        self.end = range.end;
-        self.last_path = path;
-        // A warm-up run ends with the first read that is not part of it, or once it holds 8
-        // reads or 4 MiB (so that a path far behind is ruled out early).
-        let warmed = self.warming.take_if(|w| !warming || w.path != path);
-        if warming {
-            if let Some(m) = measured {
-                match self.warming.as_mut() {
-                    Some(w) if w.takes(&m.ctx, path) => w.add(&m),
-                    _ => {
-                        let mut w = Run::start(m, path, None);
-                        w.warm_up = true;
-                        self.warming = Some(w);
-                    }
-                }
-            }
-            let full = self.warming.take_if(|w| w.full());
-            return [self.run.take(), None, warmed, full];
-        }
-        let Some(m) = measured else {
-            return [self.run.take(), None, warmed, None];
-        };
-        if let Some(run) = self.run.as_mut() {
-            if continued && run.takes(&m.ctx, path) {
-                run.add(&m);
-                let ended = self.run.take_if(|r| r.full());
-                return [ended, None, warmed, None];
-            }
-        }
-        let ended = self.run.take();
-        let run = Run::start(m, path, keeps_cache.then_some(self.window));
-        if run.full() {
-            [ended, Some(run), warmed, None]
-        } else {
-            self.run = Some(run);
-            [ended, None, warmed, None]
-        }
     }
 
     /// Whether a read through `path` continuing the stream finds `path` warmed up in it

@@ -13,22 +13,35 @@ fn read(bytes: u64, cache: CacheState) -> Measured {
     }
 }
 
+/// `s.begin` for a read of `len` at `off` in a stream that never reads through the page
+/// cache: the bytes read before or not (`reread`), found in `state` by a probe counted in
+/// `probes`.
+fn begin_direct(
+    s: &mut ReadStream,
+    (off, len): (u64, usize),
+    reread: bool,
+    state: CacheState,
+    probes: &std::cell::Cell<u32>,
+) -> (CacheState, Option<usize>) {
+    s.begin(
+        off,
+        len,
+        || reread,
+        || {
+            probes.set(probes.get() + 1);
+            state
+        },
+        || panic!("no stream here reads through the page cache"),
+        |_| panic!("no stream here reads through the page cache"),
+    )
+}
+
 #[test]
 fn a_stream_carries_its_first_probe_and_a_cached_one_reprobes() {
     let mut s = ReadStream::new(WINDOW);
     let probes = std::cell::Cell::new(0);
     let begin = |s: &mut ReadStream, off: u64, len: usize, state: CacheState| {
-        s.begin(
-            off,
-            len,
-            || true,
-            || {
-                probes.set(probes.get() + 1);
-                state
-            },
-            || panic!("no stream here reads through the page cache"),
-            |_| panic!("no stream here reads through the page cache"),
-        )
+        begin_direct(s, (off, len), true, state, &probes)
     };
     assert_eq!(
         begin(&mut s, 0, 4096, CacheState::Cold),
@@ -61,17 +74,7 @@ fn a_cold_stream_through_a_direct_path_reprobes_bytes_read_before() {
     const MIB: u64 = 1 << 20;
     let probes = std::cell::Cell::new(0);
     let begin = |s: &mut ReadStream, off: u64, reread: bool, state: CacheState| {
-        s.begin(
-            off,
-            MIB as usize,
-            || reread,
-            || {
-                probes.set(probes.get() + 1);
-                state
-            },
-            || panic!("no stream here reads through the page cache"),
-            |_| panic!("no stream here reads through the page cache"),
-        )
+        begin_direct(s, (off, MIB as usize), reread, state, &probes)
     };
     // A second pass through a direct path: its first MiB cold, the next cached (an
     // earlier pass read it through the page cache), then cold again.
