@@ -20,12 +20,14 @@
 mod arena;
 pub mod checksum;
 mod header;
+mod into_arena;
 mod load;
 mod mapped;
 mod plan;
 mod save;
 pub mod sharded;
 mod slice;
+mod source;
 mod tools;
 mod validate;
 
@@ -44,6 +46,7 @@ pub use sharded::{
     save_sharded, save_sharded_with_metadata, ShardedCheckpoint, ShardedFile, ShardedIndex,
 };
 pub use slice::{slice_runs, DimSelection};
+pub use source::CheckpointSource;
 pub use tools::{copy, format_table, inspect, rows, write_table, InspectRow};
 
 pub use crate::core::FileOpener;

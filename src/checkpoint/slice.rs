@@ -3,6 +3,7 @@
 //! file's read planner (small runs close together are read as one staged request).
 
 use super::load::CheckpointFile;
+use super::plan::{How, Request};
 use crate::{Error, ErrorKind, MemMut, Result, TensorDesc};
 use std::ops::Range;
 
@@ -169,10 +170,14 @@ impl CheckpointFile {
         let mut reqs = Vec::with_capacity(runs.len());
         for r in runs {
             let (piece, tail) = std::mem::take(&mut rest).split_at_mut((r.end - r.start) as usize);
-            reqs.push((start + r.start..start + r.end, MemMut::Host(piece)));
+            reqs.push(Request::at(0, start + r.start, MemMut::Host(piece)));
             rest = tail;
         }
-        self.execute(reqs)
+        let how = How {
+            fresh: false,
+            windows: false,
+        };
+        self.source().read(&mut reqs, how)
     }
 }
 
