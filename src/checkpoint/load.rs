@@ -308,9 +308,9 @@ pub fn load_into<O: FileOpener + ?Sized>(
     mut targets: Vec<(&str, MemMut<'_>)>,
 ) -> Result<Header> {
     retry_changed(|| {
-        let file = open_once(opener, path)?;
-        file.source.fill(&mut targets)?;
-        let (mut files, _) = file.source.into_parts();
+        let source = CheckpointSource::single(opener, path)?;
+        source.fill(&mut targets)?;
+        let (mut files, _) = source.into_parts();
         Ok(files
             .swap_remove(0)
             .header
@@ -322,44 +322,37 @@ pub fn load_into<O: FileOpener + ?Sized>(
 /// the same open file, as many as the caller wants (what `safe_open` is in Python). A
 /// [`CheckpointSource`] of one file.
 #[derive(Debug)]
-pub struct CheckpointFile {
-    source: CheckpointSource,
-}
+pub struct CheckpointFile(CheckpointSource);
 
 /// Opens the safetensors file at `path` and validates its header; nothing else is read. A
 /// file replaced (renamed over) while it is opened is opened again (up to 3 tries); one
 /// replaced later makes reads that would reach the new file fail with
 /// [`ErrorKind::Changed`] (the header read belongs to the file first opened).
 pub fn open<O: FileOpener + ?Sized>(opener: &O, path: &Path) -> Result<CheckpointFile> {
-    retry_changed(|| open_once(opener, path))
-}
-
-fn open_once<O: FileOpener + ?Sized>(opener: &O, path: &Path) -> Result<CheckpointFile> {
-    let source = CheckpointSource::single(opener, path)?;
-    Ok(CheckpointFile { source })
+    retry_changed(|| CheckpointSource::single(opener, path).map(CheckpointFile))
 }
 
 impl CheckpointFile {
     /// The file's validated header: every tensor's descriptor and place, and the metadata.
     pub fn header(&self) -> &Header {
-        self.source.files()[0].header()
+        self.0.files()[0].header()
     }
 
     /// The path the file was opened at.
     pub fn path(&self) -> &Path {
-        self.source.path()
+        self.0.path()
     }
 
     /// The file as a [`CheckpointSource`].
     pub fn source(&self) -> &CheckpointSource {
-        &self.source
+        &self.0
     }
 
     /// Fills each `(name, destination)` pair with that tensor's bytes: see
     /// [`CheckpointSource::read_into`] (one file: the requests go out in file order,
     /// several in flight).
     pub fn read_into(&self, targets: Vec<(&str, MemMut<'_>)>) -> Result<()> {
-        self.source.read_into(targets)
+        self.0.read_into(targets)
     }
 
     /// This file, its reads verified from now on: every tensor read whole by
@@ -368,7 +361,6 @@ impl CheckpointFile {
     /// [`ErrorKind::Corrupt`] naming the file and the tensor. Errors as
     /// [`Checksums::from_header`](super::Checksums::from_header).
     pub fn verifying(self) -> Result<CheckpointFile> {
-        let source = self.source.verifying()?;
-        Ok(CheckpointFile { source })
+        self.0.verifying().map(CheckpointFile)
     }
 }

@@ -277,8 +277,11 @@ fn job_of(reqs: &[Request<'_>], fresh: bool) -> Option<JobShape> {
 mod tests {
     use super::*;
 
-    /// The jobs of host requests `(file, start, len)` as `(read alone, file, [(start, end)])`.
-    fn plan_of(reqs: &[(usize, u64, u64)], windows: bool) -> Vec<(bool, usize, Vec<(u64, u64)>)> {
+    /// A planned read: whether it is read alone, its file, and its `(start, end)` ranges.
+    type Planned = (bool, usize, Vec<(u64, u64)>);
+
+    /// The jobs of host requests `(file, start, len)`.
+    fn plan_of(reqs: &[(usize, u64, u64)], windows: bool) -> Vec<Planned> {
         let mut bufs: Vec<Vec<u8>> = reqs.iter().map(|&(_, _, n)| vec![0; n as usize]).collect();
         let mut reqs: Vec<Request<'_>> = reqs
             .iter()

@@ -16,9 +16,7 @@ use std::path::Path;
 /// of its tensors into caller buffers across all shards at once. A [`CheckpointSource`] of
 /// the index's shards.
 #[derive(Debug)]
-pub struct ShardedFile {
-    source: CheckpointSource,
-}
+pub struct ShardedFile(CheckpointSource);
 
 /// Opens the sharded checkpoint at `path` (a directory or an index file): validates the
 /// index and every shard's header (read in parallel). A tensor of the weight map missing
@@ -27,50 +25,45 @@ pub struct ShardedFile {
 /// while it is opened makes the whole checkpoint be opened again (up to 3 tries; then
 /// [`ErrorKind::Changed`](crate::ErrorKind::Changed)).
 pub fn open_sharded<O: FileOpener + ?Sized>(opener: &O, path: &Path) -> Result<ShardedFile> {
-    retry_changed(|| open_once(opener, path))
-}
-
-fn open_once<O: FileOpener + ?Sized>(opener: &O, path: &Path) -> Result<ShardedFile> {
-    let source = CheckpointSource::sharded(opener, path)?;
-    Ok(ShardedFile { source })
+    retry_changed(|| CheckpointSource::sharded(opener, path).map(ShardedFile))
 }
 
 impl ShardedFile {
     /// The parsed index.
     pub fn index(&self) -> &ShardedIndex {
-        self.source.index().expect("a sharded source has an index")
+        self.0.index().expect("a sharded source has an index")
     }
 
     /// The checkpoint as a [`CheckpointSource`].
     pub fn source(&self) -> &CheckpointSource {
-        &self.source
+        &self.0
     }
 
     /// The shards' paths, in sorted order.
     pub fn shard_paths(&self) -> Vec<&Path> {
-        self.source.paths()
+        self.0.paths()
     }
 
     /// The shards' headers, in the order of [`shard_paths`](Self::shard_paths).
     pub fn headers(&self) -> Vec<&Header> {
-        self.source.headers()
+        self.0.headers()
     }
 
     /// Every tensor of the weight map: its shard's index, its header entry and its absolute
     /// file range, shard by shard in file order.
     pub fn entries(&self) -> Vec<(usize, &HeaderEntry, Range<u64>)> {
-        self.source.entries()
+        self.0.entries()
     }
 
     /// The `__metadata__` of the first shard (our writer gives every shard the same).
     pub fn metadata(&self) -> BTreeMap<String, String> {
-        self.source.metadata()
+        self.0.metadata()
     }
 
     /// Fills each `(name, destination)` pair with that tensor's bytes, with the requests of
     /// every shard in flight together: see [`CheckpointSource::read_into`].
     pub fn read_into(&self, targets: Vec<(&str, MemMut<'_>)>) -> Result<()> {
-        self.source.read_into(targets)
+        self.0.read_into(targets)
     }
 
     /// This checkpoint, its reads verified from now on: every tensor read by
@@ -79,14 +72,13 @@ impl ShardedFile {
     /// shard and the tensor. Errors as
     /// [`Checksums::from_header`](crate::checkpoint::Checksums::from_header), for any shard.
     pub fn verifying(self) -> Result<ShardedFile> {
-        let source = self.source.verifying()?;
-        Ok(ShardedFile { source })
+        self.0.verifying().map(ShardedFile)
     }
 
     /// Loads every tensor of the weight map into one arena (see [`load_sharded`]).
     pub(super) fn load_all(self) -> Result<ShardedCheckpoint> {
-        let tensors = load_chosen(&self.source, &self.source.tensors(), 0)?;
-        Ok(ShardedCheckpoint::new(self.source, tensors))
+        let tensors = load_chosen(&self.0, &self.0.tensors(), 0)?;
+        Ok(ShardedCheckpoint::new(self.0, tensors))
     }
 }
 
@@ -154,7 +146,7 @@ impl std::ops::Deref for ShardedCheckpoint {
 /// shard replaced (renamed over) during the load makes the whole load start again (up to 3
 /// tries; then [`ErrorKind::Changed`](crate::ErrorKind::Changed)).
 pub fn load_sharded<O: FileOpener + ?Sized>(opener: &O, path: &Path) -> Result<ShardedCheckpoint> {
-    retry_changed(|| open_once(opener, path)?.load_all())
+    retry_changed(|| ShardedFile(CheckpointSource::sharded(opener, path)?).load_all())
 }
 
 /// Loads only the tensors `names` of the sharded checkpoint at `path`, only their bytes
