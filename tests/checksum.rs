@@ -2,9 +2,12 @@
 //! a flipped byte in any tensor, a truncated shard and swapped tensors are each caught and
 //! named.
 
+mod common;
+
+use common::{buffers, targets, views};
 use fastensor::checkpoint::{self, checksum, TensorView, CHECKSUMS_KEY};
 use fastensor::posix::PosixBackend;
-use fastensor::{DType, ErrorKind, MemMut, TensorDesc};
+use fastensor::{DType, ErrorKind, TensorDesc};
 use std::collections::BTreeMap;
 use std::path::Path;
 
@@ -24,10 +27,7 @@ fn sample() -> Vec<(TensorDesc, Vec<u8>)> {
 }
 
 fn save_stamped(path: &Path, s: &[(TensorDesc, Vec<u8>)]) {
-    let views: Vec<_> = s
-        .iter()
-        .map(|(d, b)| TensorView::new(d.clone(), b))
-        .collect();
+    let views = views(s);
     let mut meta = BTreeMap::from([("format".to_string(), "pt".to_string())]);
     checksum::stamp(&views, &mut meta).unwrap();
     checkpoint::save_with_metadata(&PosixBackend, path, &views, &meta).unwrap();
@@ -36,13 +36,8 @@ fn save_stamped(path: &Path, s: &[(TensorDesc, Vec<u8>)]) {
 /// Reads every tensor of `path` through a verifying open file.
 fn read_verified(path: &Path, s: &[(TensorDesc, Vec<u8>)]) -> fastensor::Result<()> {
     let file = checkpoint::open(&PosixBackend, path)?.verifying()?;
-    let mut bufs: Vec<Vec<u8>> = s.iter().map(|(_, b)| vec![0; b.len()]).collect();
-    let targets = s
-        .iter()
-        .zip(bufs.iter_mut())
-        .map(|((d, _), b)| (d.name.as_str(), MemMut::Host(b)))
-        .collect();
-    file.read_into(targets)
+    let mut bufs = buffers(s, 0);
+    file.read_into(targets(s, &mut bufs))
 }
 
 fn flip_byte(path: &Path, offset: u64) {
@@ -119,10 +114,7 @@ fn sharded_checkpoints_keep_each_shards_checksums_and_a_truncated_shard_is_named
     let dir = tempfile::tempdir().unwrap();
     let ckpt = dir.path().join("ckpt");
     let s = sample();
-    let views: Vec<_> = s
-        .iter()
-        .map(|(d, b)| TensorView::new(d.clone(), b))
-        .collect();
+    let views = views(&s);
     let mut meta = BTreeMap::new();
     checksum::stamp(&views, &mut meta).unwrap();
     let b = PosixBackend;
@@ -136,13 +128,8 @@ fn sharded_checkpoints_keep_each_shards_checksums_and_a_truncated_shard_is_named
     // Verified reads across shards, then a flipped byte in the big tensor's shard.
     let read_all = || -> fastensor::Result<()> {
         let file = checkpoint::open_sharded(&b, &ckpt)?.verifying()?;
-        let mut bufs: Vec<Vec<u8>> = s.iter().map(|(_, b)| vec![0; b.len()]).collect();
-        let targets = s
-            .iter()
-            .zip(bufs.iter_mut())
-            .map(|((d, _), b)| (d.name.as_str(), MemMut::Host(b)))
-            .collect();
-        file.read_into(targets)
+        let mut bufs = buffers(&s, 0);
+        file.read_into(targets(&s, &mut bufs))
     };
     read_all().unwrap();
     let big_name = &file.index().weight_map["big"];
@@ -225,10 +212,7 @@ fn verified_loads_into_new_memory_catch_a_flipped_byte_mapped_or_read() {
         flip_byte(&path, at);
     }
     let plain = dir.path().join("plain.safetensors");
-    let views: Vec<_> = s
-        .iter()
-        .map(|(d, b)| TensorView::new(d.clone(), b))
-        .collect();
+    let views = views(&s);
     checkpoint::save(&PosixBackend, &plain, &views).unwrap();
     for loaded in load_verified_both(&plain) {
         assert_eq!(loaded.unwrap_err().kind(), ErrorKind::InvalidInput);
@@ -276,10 +260,7 @@ fn a_save_computing_checksums_while_it_writes_stores_what_stamp_computes() {
     );
     let s = sample();
     save_stamped(&stamped, &s);
-    let views: Vec<_> = s
-        .iter()
-        .map(|(d, b)| TensorView::new(d.clone(), b))
-        .collect();
+    let views = views(&s);
     let meta = BTreeMap::from([("format".to_string(), "pt".to_string())]);
     let engine = fastensor::Engine::new().unwrap();
     checkpoint::save_checked(&engine, &checked, &views, &meta).unwrap();

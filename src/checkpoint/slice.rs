@@ -4,6 +4,7 @@
 
 use super::load::CheckpointFile;
 use super::plan::{How, Request};
+use super::source::wrong_len;
 use crate::{Error, ErrorKind, MemMut, Result, TensorDesc};
 use std::ops::Range;
 
@@ -26,6 +27,13 @@ impl DimSelection {
             count: size,
             step: 1,
         }
+    }
+}
+
+/// `(start, count, step)`.
+impl From<(u64, u64, u64)> for DimSelection {
+    fn from((start, count, step): (u64, u64, u64)) -> DimSelection {
+        DimSelection { start, count, step }
     }
 }
 
@@ -157,14 +165,8 @@ impl CheckpointFile {
         };
         let want: u64 = runs.iter().map(|r| r.end - r.start).sum();
         if want != rest.len() as u64 {
-            return Err(Error::new(
-                ErrorKind::InvalidInput,
-                format!(
-                    "the slice of `{name}` is {want} bytes but its destination holds {}",
-                    rest.len()
-                ),
-            )
-            .with_path(path));
+            let what = format!("the slice of `{name}`");
+            return Err(wrong_len(&what, want, rest.len()).with_path(path));
         }
         let start = header.file_range(entry).start;
         let mut reqs = Vec::with_capacity(runs.len());
@@ -196,9 +198,7 @@ mod tests {
     }
 
     fn sel(v: &[(u64, u64, u64)]) -> Vec<DimSelection> {
-        v.iter()
-            .map(|&(start, count, step)| DimSelection { start, count, step })
-            .collect()
+        v.iter().copied().map(DimSelection::from).collect()
     }
 
     #[test]

@@ -269,15 +269,9 @@ impl CheckpointSource {
             let at = self.locate(name)?;
             let (entry, range) = self.entry(at);
             if dst.len() as u64 != entry.byte_len() {
-                return Err(Error::new(
-                    ErrorKind::InvalidInput,
-                    format!(
-                        "tensor `{name}` is {} bytes but its destination holds {}",
-                        entry.byte_len(),
-                        dst.len()
-                    ),
-                )
-                .with_path(&self.files[at.0].path));
+                let what = format!("tensor `{name}`");
+                let e = wrong_len(&what, entry.byte_len(), dst.len());
+                return Err(e.with_path(&self.files[at.0].path));
             }
             reqs.push(Request {
                 file: at.0,
@@ -307,6 +301,15 @@ impl CheckpointSource {
             _ => (self.files, None),
         }
     }
+}
+
+/// The error of a destination of `got` bytes for `what`, which is `want` bytes:
+/// [`ErrorKind::InvalidInput`].
+pub(crate) fn wrong_len(what: &str, want: u64, got: usize) -> Error {
+    Error::new(
+        ErrorKind::InvalidInput,
+        format!("{what} is {want} bytes but its destination holds {got}"),
+    )
 }
 
 impl SourceFile {
