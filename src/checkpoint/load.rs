@@ -307,15 +307,13 @@ pub fn load_into<O: FileOpener + ?Sized>(
     path: &Path,
     mut targets: Vec<(&str, MemMut<'_>)>,
 ) -> Result<Header> {
-    retry_changed(|| {
-        let source = CheckpointSource::single(opener, path)?;
-        source.fill(&mut targets)?;
-        let (mut files, _) = source.into_parts();
-        Ok(files
-            .swap_remove(0)
-            .header
-            .expect("a checkpoint file has a header"))
-    })
+    let source =
+        CheckpointSource::fill_anew(|| CheckpointSource::single(opener, path), &mut targets)?;
+    let (mut files, _) = source.into_parts();
+    Ok(files
+        .swap_remove(0)
+        .header
+        .expect("a checkpoint file has a header"))
 }
 
 /// A safetensors file opened once: its validated header, and reads of its tensors through

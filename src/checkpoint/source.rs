@@ -6,7 +6,7 @@
 
 use super::checksum::Checksums;
 use super::header::{Header, HeaderEntry};
-use super::load::read_header;
+use super::load::{read_header, retry_changed};
 use super::plan::{execute, How, Request};
 use super::sharded::{corrupt, read_index, ShardedIndex};
 use super::{FileOpener, IO_THREADS};
@@ -287,6 +287,20 @@ impl CheckpointSource {
                 windows,
             },
         )
+    }
+
+    /// Opens a source with `open` and fills `targets` from it ([`fill`](Self::fill)); a
+    /// source whose file is replaced (renamed over) meanwhile is opened and read again,
+    /// every destination filled anew (see [`retry_changed`]). Returns the source read.
+    pub(crate) fn fill_anew(
+        open: impl Fn() -> Result<CheckpointSource>,
+        targets: &mut [(&str, MemMut<'_>)],
+    ) -> Result<CheckpointSource> {
+        retry_changed(|| {
+            let source = open()?;
+            source.fill(targets)?;
+            Ok(source)
+        })
     }
 
     /// Reads `reqs` (ranges of this source's files) through the planner.

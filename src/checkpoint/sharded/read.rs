@@ -181,10 +181,8 @@ pub fn load_into_sharded<O: FileOpener + ?Sized>(
     path: &Path,
     mut targets: Vec<(&str, MemMut<'_>)>,
 ) -> Result<ShardedIndex> {
-    retry_changed(|| {
-        let source = CheckpointSource::sharded(opener, path)?;
-        source.fill(&mut targets)?;
-        let (_, index) = source.into_parts();
-        Ok(index.expect("a sharded source has an index"))
-    })
+    let source =
+        CheckpointSource::fill_anew(|| CheckpointSource::sharded(opener, path), &mut targets)?;
+    let (_, index) = source.into_parts();
+    Ok(index.expect("a sharded source has an index"))
 }
