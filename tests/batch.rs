@@ -1,82 +1,17 @@
 //! Batches through an engine file, with throttled backends on a virtual clock: one backend
 //! is chosen for the batch's context, and its own batch path moves the batch.
 
+mod common;
+
+use common::{Hooked, Hooks};
 use fastensor::core::{ReadRequest, WriteRequest};
 use fastensor::select::ClockReading;
-use fastensor::{
-    Availability, Backend, BackendFile, Capabilities, Engine, MemMut, MemRef, OpenMode, Registry,
-    Result,
-};
+use fastensor::{Backend, Engine, OpenMode, Registry};
 use fastensor_testkit::throttled::{Cost, Costs, Throttled, VirtualClock};
 use fastensor_testkit::MemoryBackend;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-
-/// A throttled backend that counts its batch calls and the requests they carried.
-struct Counting {
-    inner: Arc<Throttled>,
-    batches: Arc<AtomicU64>,
-    batched: Arc<AtomicU64>,
-}
-
-struct CountingFile {
-    inner: Box<dyn BackendFile>,
-    batches: Arc<AtomicU64>,
-    batched: Arc<AtomicU64>,
-}
-
-impl Backend for Counting {
-    fn name(&self) -> &str {
-        self.inner.name()
-    }
-    fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
-    }
-    fn probe(&self) -> Availability {
-        self.inner.probe()
-    }
-    fn open(&self, path: &Path, mode: OpenMode) -> Result<Box<dyn BackendFile>> {
-        Ok(Box::new(CountingFile {
-            inner: self.inner.open(path, mode)?,
-            batches: self.batches.clone(),
-            batched: self.batched.clone(),
-        }))
-    }
-}
-
-impl BackendFile for CountingFile {
-    fn path(&self) -> &Path {
-        self.inner.path()
-    }
-    fn read_at(&self, offset: u64, dst: MemMut<'_>) -> Result<usize> {
-        self.inner.read_at(offset, dst)
-    }
-    fn write_at(&self, offset: u64, src: MemRef<'_>) -> Result<()> {
-        self.inner.write_at(offset, src)
-    }
-    fn read_batch(&self, requests: &mut [ReadRequest<'_>]) -> Result<()> {
-        self.batches.fetch_add(1, Ordering::Relaxed);
-        self.batched
-            .fetch_add(requests.len() as u64, Ordering::Relaxed);
-        self.inner.read_batch(requests)
-    }
-    fn write_batch(&self, requests: &[WriteRequest<'_>]) -> Result<()> {
-        self.batches.fetch_add(1, Ordering::Relaxed);
-        self.batched
-            .fetch_add(requests.len() as u64, Ordering::Relaxed);
-        self.inner.write_batch(requests)
-    }
-    fn sync(&self) -> Result<()> {
-        self.inner.sync()
-    }
-    fn len(&self) -> Result<u64> {
-        self.inner.len()
-    }
-    fn set_len(&self, len: u64) -> Result<()> {
-        self.inner.set_len(len)
-    }
-}
 
 struct Setup {
     engine: Engine,
@@ -106,11 +41,14 @@ fn setup() -> Setup {
             Costs::uniform(cost),
             &clock,
         ));
-        let (batches, batched) = (Arc::default(), Arc::default());
-        builder = builder.backend(Arc::new(Counting {
+        let (batches, batched): (Arc<AtomicU64>, Arc<AtomicU64>) = Default::default();
+        let hooks = Hooks {
+            batches: Some((batches.clone(), batched.clone())),
+            ..Hooks::default()
+        };
+        builder = builder.backend(Arc::new(Hooked {
             inner: t.clone(),
-            batches: Arc::clone(&batches),
-            batched: Arc::clone(&batched),
+            hooks,
         }));
         paths.push((t, batches, batched));
     }
@@ -122,6 +60,14 @@ fn setup() -> Setup {
 
 const PAGE: usize = 4096;
 const REQUESTS: usize = 1000;
+
+/// Reads of every page of `back`, page `i` from file offset `i * PAGE`.
+fn page_reads(back: &mut [u8]) -> Vec<ReadRequest<'_>> {
+    back.chunks_mut(PAGE)
+        .enumerate()
+        .map(|(i, c)| ReadRequest::new((i * PAGE) as u64, c))
+        .collect()
+}
 
 #[test]
 fn a_batch_is_explored_in_pieces_then_moved_by_the_choices_own_batch() {
@@ -141,11 +87,7 @@ fn a_batch_is_explored_in_pieces_then_moved_by_the_choices_own_batch() {
     file.write_batch(&writes).unwrap();
     // Read back as one batch, every request filled with its page.
     let mut back = vec![0u8; REQUESTS * PAGE];
-    let mut reads: Vec<ReadRequest<'_>> = back
-        .chunks_mut(PAGE)
-        .enumerate()
-        .map(|(i, c)| ReadRequest::new((i * PAGE) as u64, c))
-        .collect();
+    let mut reads = page_reads(&mut back);
     file.read_batch(&mut reads).unwrap();
     assert!(reads.iter().all(|r| r.done == PAGE));
     drop(reads);
@@ -174,11 +116,7 @@ fn a_batch_is_explored_in_pieces_then_moved_by_the_choices_own_batch() {
         a_batched.load(Ordering::Relaxed),
     );
     let b_calls = b.calls();
-    let mut reads: Vec<ReadRequest<'_>> = back
-        .chunks_mut(PAGE)
-        .enumerate()
-        .map(|(i, c)| ReadRequest::new((i * PAGE) as u64, c))
-        .collect();
+    let mut reads = page_reads(&mut back);
     file.read_batch(&mut reads).unwrap();
     assert_eq!(a_batches.load(Ordering::Relaxed), batches + 1);
     assert_eq!(a_batched.load(Ordering::Relaxed), batched + REQUESTS as u64);

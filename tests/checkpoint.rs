@@ -1,11 +1,12 @@
 //! End-to-end tests of `fastensor::checkpoint`: round trips through every POSIX backend,
 //! atomic saves, selective loads, loads into caller buffers, validation errors.
 
-use fastensor::checkpoint::{self, FileOpener, TensorView};
+mod common;
+
+use common::{buffers, targets, views, Hooked, Hooks};
+use fastensor::checkpoint::{self, TensorView};
 use fastensor::posix::{DirectBackend, PosixBackend};
-use fastensor::{
-    Backend, BackendFile, DType, Error, ErrorKind, MemMut, MemRef, OpenMode, Result, TensorDesc,
-};
+use fastensor::{Backend, DType, Error, ErrorKind, MemMut, TensorDesc};
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -41,12 +42,6 @@ fn sample() -> Vec<(TensorDesc, Vec<u8>)> {
         bytes(6 << 20, 5),
     ));
     out
-}
-
-fn views(s: &[(TensorDesc, Vec<u8>)]) -> Vec<TensorView<'_>> {
-    s.iter()
-        .map(|(d, b)| TensorView::new(d.clone(), b))
-        .collect()
 }
 
 fn backends() -> Vec<Arc<dyn Backend>> {
@@ -126,9 +121,12 @@ fn saving_over_keeps_old_until_rename_and_errors_leave_nothing() {
     let before = std::fs::read(&path).unwrap();
 
     // A write failure half way: the old file stays, the temporary file is removed.
-    let failing = Failing {
+    let failing = Hooked {
         inner: Arc::new(DirectBackend::default()),
-        budget: Arc::new(AtomicU64::new(8 << 20)),
+        hooks: Hooks {
+            budget: Some(Arc::new(AtomicU64::new(8 << 20))),
+            ..Hooks::default()
+        },
     };
     let bigger: Vec<(TensorDesc, Vec<u8>)> = vec![(
         TensorDesc::new("x", DType::U8, [30 << 20]),
@@ -182,9 +180,13 @@ fn selected_loads_read_only_what_they_need() {
     let path = dir.path().join("s.safetensors");
     let s = sample();
     checkpoint::save(&DirectBackend::default(), &path, &views(&s)).unwrap();
-    let counting = Counting {
+    let read = Arc::new(AtomicU64::new(0));
+    let counting = Hooked {
         inner: Arc::new(DirectBackend::default()),
-        read: Arc::new(AtomicU64::new(0)),
+        hooks: Hooks {
+            read: Some(read.clone()),
+            ..Hooks::default()
+        },
     };
     let ckpt = checkpoint::load_selected(&counting, &path, ["scalar", "t.F32", "empty"]).unwrap();
     assert_eq!(ckpt.len(), 3);
@@ -193,7 +195,7 @@ fn selected_loads_read_only_what_they_need() {
         assert!(ckpt.tensor(name).unwrap().1 == &want[..], "{name}");
     }
     assert!(ckpt.tensor("big").is_none());
-    let read = counting.read.load(Ordering::Relaxed);
+    let read = read.load(Ordering::Relaxed);
     assert!(read < 1 << 20, "read {read} bytes for a few small tensors");
 
     let ckpt = checkpoint::load_selected(&counting, &path, ["big"]).unwrap();
@@ -215,15 +217,8 @@ fn load_into_fills_caller_buffers() {
     let path = dir.path().join("i.safetensors");
     let s = sample();
     checkpoint::save(&PosixBackend, &path, &views(&s)).unwrap();
-    let mut bufs: Vec<Vec<u8>> = s
-        .iter()
-        .map(|(d, _)| vec![0; d.byte_len().unwrap() as usize])
-        .collect();
-    let targets: Vec<(&str, MemMut<'_>)> = s
-        .iter()
-        .zip(bufs.iter_mut())
-        .map(|((d, _), b)| (d.name.as_str(), MemMut::from(b)))
-        .collect();
+    let mut bufs = buffers(&s, 0);
+    let targets = targets(&s, &mut bufs);
     let header = checkpoint::load_into(&DirectBackend::default(), &path, targets).unwrap();
     assert_eq!(header.entries().len(), s.len());
     for ((d, want), got) in s.iter().zip(&bufs) {
@@ -388,81 +383,6 @@ fn empty_checkpoint_round_trips() {
     assert_eq!(std::fs::metadata(&p).unwrap().len(), 4096);
 }
 
-/// Counts the bytes read through it.
-struct Counting {
-    inner: Arc<dyn Backend>,
-    read: Arc<AtomicU64>,
-}
-
-impl FileOpener for Counting {
-    fn open_file(&self, path: &Path, mode: OpenMode) -> Result<Box<dyn BackendFile>> {
-        let inner = self.inner.open(path, mode)?;
-        Ok(Box::new(Wrapped {
-            inner,
-            read: Some(self.read.clone()),
-            budget: None,
-        }))
-    }
-}
-
-/// Fails writes once `budget` bytes are spent (like a full disk).
-struct Failing {
-    inner: Arc<dyn Backend>,
-    budget: Arc<AtomicU64>,
-}
-
-impl FileOpener for Failing {
-    fn open_file(&self, path: &Path, mode: OpenMode) -> Result<Box<dyn BackendFile>> {
-        let inner = self.inner.open(path, mode)?;
-        Ok(Box::new(Wrapped {
-            inner,
-            read: None,
-            budget: Some(self.budget.clone()),
-        }))
-    }
-}
-
-struct Wrapped {
-    inner: Box<dyn BackendFile>,
-    read: Option<Arc<AtomicU64>>,
-    budget: Option<Arc<AtomicU64>>,
-}
-
-impl BackendFile for Wrapped {
-    fn path(&self) -> &Path {
-        self.inner.path()
-    }
-    fn read_at(&self, offset: u64, dst: MemMut<'_>) -> Result<usize> {
-        let n = self.inner.read_at(offset, dst)?;
-        if let Some(c) = &self.read {
-            c.fetch_add(n as u64, Ordering::Relaxed);
-        }
-        Ok(n)
-    }
-    fn write_at(&self, offset: u64, src: MemRef<'_>) -> Result<()> {
-        if let Some(b) = &self.budget {
-            let len = src.len() as u64;
-            if b.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |left| {
-                left.checked_sub(len)
-            })
-            .is_err()
-            {
-                return Err(Error::new(ErrorKind::StorageFull, "no space left (test)"));
-            }
-        }
-        self.inner.write_at(offset, src)
-    }
-    fn sync(&self) -> Result<()> {
-        self.inner.sync()
-    }
-    fn len(&self) -> Result<u64> {
-        self.inner.len()
-    }
-    fn set_len(&self, len: u64) -> Result<()> {
-        self.inner.set_len(len)
-    }
-}
-
 #[test]
 fn round_trip_through_the_engine() {
     let dir = tempfile::tempdir().unwrap();
@@ -492,10 +412,7 @@ fn save_section_writes_what_save_writes() {
         at += b.len();
     }
     let descs: Vec<TensorDesc> = tensors.iter().map(|(d, _)| d.clone()).collect();
-    let views: Vec<TensorView<'_>> = tensors
-        .iter()
-        .map(|(d, b)| TensorView::new(d.clone(), &b[..]))
-        .collect();
+    let views = views(&tensors);
     let meta = BTreeMap::from([("k".to_string(), "v".to_string())]);
     let backend = DirectBackend::default();
     let (a, b) = (dir.path().join("a"), dir.path().join("b"));

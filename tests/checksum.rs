@@ -2,11 +2,15 @@
 //! a flipped byte in any tensor, a truncated shard and swapped tensors are each caught and
 //! named.
 
+mod common;
+
+use common::{buffers, targets, views};
 use fastensor::checkpoint::{self, checksum, TensorView, CHECKSUMS_KEY};
 use fastensor::posix::PosixBackend;
-use fastensor::{DType, ErrorKind, MemMut, TensorDesc};
+use fastensor::{DType, ErrorKind, TensorDesc};
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use tempfile::TempDir;
 
 /// Tensors `t0`, `t1`, ... of distinct bytes (the last a 3 MiB one), and an empty one.
 fn sample() -> Vec<(TensorDesc, Vec<u8>)> {
@@ -24,25 +28,33 @@ fn sample() -> Vec<(TensorDesc, Vec<u8>)> {
 }
 
 fn save_stamped(path: &Path, s: &[(TensorDesc, Vec<u8>)]) {
-    let views: Vec<_> = s
-        .iter()
-        .map(|(d, b)| TensorView::new(d.clone(), b))
-        .collect();
+    let views = views(s);
     let mut meta = BTreeMap::from([("format".to_string(), "pt".to_string())]);
     checksum::stamp(&views, &mut meta).unwrap();
     checkpoint::save_with_metadata(&PosixBackend, path, &views, &meta).unwrap();
 }
 
+/// [`sample`] saved stamped as `c.safetensors` in a new directory.
+fn stamped_sample() -> (TempDir, PathBuf, Vec<(TensorDesc, Vec<u8>)>) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("c.safetensors");
+    let s = sample();
+    save_stamped(&path, &s);
+    (dir, path, s)
+}
+
 /// Reads every tensor of `path` through a verifying open file.
 fn read_verified(path: &Path, s: &[(TensorDesc, Vec<u8>)]) -> fastensor::Result<()> {
     let file = checkpoint::open(&PosixBackend, path)?.verifying()?;
-    let mut bufs: Vec<Vec<u8>> = s.iter().map(|(_, b)| vec![0; b.len()]).collect();
-    let targets = s
-        .iter()
-        .zip(bufs.iter_mut())
-        .map(|((d, _), b)| (d.name.as_str(), MemMut::Host(b)))
-        .collect();
-    file.read_into(targets)
+    let mut bufs = buffers(s, 0);
+    file.read_into(targets(s, &mut bufs))
+}
+
+/// Reads every tensor of the sharded checkpoint at `dir` through a verifying open file.
+fn read_sharded_verified(dir: &Path, s: &[(TensorDesc, Vec<u8>)]) -> fastensor::Result<()> {
+    let file = checkpoint::open_sharded(&PosixBackend, dir)?.verifying()?;
+    let mut bufs = buffers(s, 0);
+    file.read_into(targets(s, &mut bufs))
 }
 
 fn flip_byte(path: &Path, offset: u64) {
@@ -53,10 +65,7 @@ fn flip_byte(path: &Path, offset: u64) {
 
 #[test]
 fn a_flipped_byte_in_any_tensor_is_caught_and_named() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("c.safetensors");
-    let s = sample();
-    save_stamped(&path, &s);
+    let (_dir, path, s) = stamped_sample();
     let ok = checkpoint::verify_file(&PosixBackend, &path).unwrap();
     assert_eq!(ok.tensors, s.len());
     read_verified(&path, &s).unwrap();
@@ -119,10 +128,7 @@ fn sharded_checkpoints_keep_each_shards_checksums_and_a_truncated_shard_is_named
     let dir = tempfile::tempdir().unwrap();
     let ckpt = dir.path().join("ckpt");
     let s = sample();
-    let views: Vec<_> = s
-        .iter()
-        .map(|(d, b)| TensorView::new(d.clone(), b))
-        .collect();
+    let views = views(&s);
     let mut meta = BTreeMap::new();
     checksum::stamp(&views, &mut meta).unwrap();
     let b = PosixBackend;
@@ -134,16 +140,7 @@ fn sharded_checkpoints_keep_each_shards_checksums_and_a_truncated_shard_is_named
         checkpoint::verify_file(&b, shard).unwrap();
     }
     // Verified reads across shards, then a flipped byte in the big tensor's shard.
-    let read_all = || -> fastensor::Result<()> {
-        let file = checkpoint::open_sharded(&b, &ckpt)?.verifying()?;
-        let mut bufs: Vec<Vec<u8>> = s.iter().map(|(_, b)| vec![0; b.len()]).collect();
-        let targets = s
-            .iter()
-            .zip(bufs.iter_mut())
-            .map(|((d, _), b)| (d.name.as_str(), MemMut::Host(b)))
-            .collect();
-        file.read_into(targets)
-    };
+    let read_all = || read_sharded_verified(&ckpt, &s);
     read_all().unwrap();
     let big_name = &file.index().weight_map["big"];
     let big_shard = shards
@@ -175,6 +172,26 @@ fn sharded_checkpoints_keep_each_shards_checksums_and_a_truncated_shard_is_named
 }
 
 #[test]
+fn a_verified_sharded_read_checks_a_tensor_read_in_windows() {
+    let dir = tempfile::tempdir().unwrap();
+    // 9 MiB: read in 8 MiB windows, checked whole after the reads.
+    let huge: Vec<u8> = (0..9u32 << 20).map(|j| (j % 251) as u8).collect();
+    let s = vec![(TensorDesc::new("huge", DType::U8, [9 << 20]), huge)];
+    let mut meta = BTreeMap::new();
+    checksum::stamp(&views(&s), &mut meta).unwrap();
+    checkpoint::save_sharded_with_metadata(&PosixBackend, dir.path(), &views(&s), 1, &meta)
+        .unwrap();
+    read_sharded_verified(dir.path(), &s).unwrap();
+    let shard = dir.path().join(checkpoint::sharded::shard_name(0, 1));
+    let header = checkpoint::inspect(&shard).unwrap();
+    let r = header.file_range(header.get("huge").unwrap());
+    flip_byte(&shard, r.start + (8 << 20) + 3);
+    let e = read_sharded_verified(dir.path(), &s).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Corrupt, "{e}");
+    assert!(e.to_string().contains("`huge`"), "{e}");
+}
+
+#[test]
 fn a_file_saved_without_checksums_cannot_be_verified() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("plain.safetensors");
@@ -197,10 +214,7 @@ fn load_verified_both(path: &Path) -> Vec<fastensor::Result<checkpoint::Checkpoi
 
 #[test]
 fn verified_loads_into_new_memory_catch_a_flipped_byte_mapped_or_read() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("c.safetensors");
-    let s = sample();
-    save_stamped(&path, &s);
+    let (dir, path, s) = stamped_sample();
     for (i, loaded) in load_verified_both(&path).into_iter().enumerate() {
         let ckpt = loaded.unwrap_or_else(|e| panic!("load {i}: {e}"));
         assert_eq!(ckpt.tensor("big").unwrap().1, &s[6].1[..]);
@@ -225,10 +239,7 @@ fn verified_loads_into_new_memory_catch_a_flipped_byte_mapped_or_read() {
         flip_byte(&path, at);
     }
     let plain = dir.path().join("plain.safetensors");
-    let views: Vec<_> = s
-        .iter()
-        .map(|(d, b)| TensorView::new(d.clone(), b))
-        .collect();
+    let views = views(&s);
     checkpoint::save(&PosixBackend, &plain, &views).unwrap();
     for loaded in load_verified_both(&plain) {
         assert_eq!(loaded.unwrap_err().kind(), ErrorKind::InvalidInput);
@@ -276,10 +287,7 @@ fn a_save_computing_checksums_while_it_writes_stores_what_stamp_computes() {
     );
     let s = sample();
     save_stamped(&stamped, &s);
-    let views: Vec<_> = s
-        .iter()
-        .map(|(d, b)| TensorView::new(d.clone(), b))
-        .collect();
+    let views = views(&s);
     let meta = BTreeMap::from([("format".to_string(), "pt".to_string())]);
     let engine = fastensor::Engine::new().unwrap();
     checkpoint::save_checked(&engine, &checked, &views, &meta).unwrap();

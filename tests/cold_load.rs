@@ -5,9 +5,13 @@
 //! loaded tensors as they were; one truncated in place is an error during the load, and
 //! `SIGBUS` on a later read of the cut pages (what every mmap-based loader does).
 
-use fastensor::checkpoint::{self, TensorView};
-use fastensor::{DType, Engine, MemMut, TensorDesc};
-use std::path::Path;
+mod common;
+
+use common::{buffers, targets, views};
+use fastensor::checkpoint;
+use fastensor::{DType, Engine, TensorDesc};
+use std::path::{Path, PathBuf};
+use tempfile::TempDir;
 
 /// Tensors of a few sizes with distinct bytes.
 fn tensors() -> Vec<(TensorDesc, Vec<u8>)> {
@@ -25,11 +29,16 @@ fn tensors() -> Vec<(TensorDesc, Vec<u8>)> {
 }
 
 fn save(engine: &Engine, path: &Path, t: &[(TensorDesc, Vec<u8>)]) {
-    let views: Vec<TensorView<'_>> = t
-        .iter()
-        .map(|(d, b)| TensorView::new(d.clone(), b))
-        .collect();
-    checkpoint::save(engine, path, &views).unwrap();
+    checkpoint::save(engine, path, &views(t)).unwrap();
+}
+
+/// [`tensors`] saved (by a fresh engine) as `c.safetensors` in a new directory.
+fn saved() -> (TempDir, PathBuf, Vec<(TensorDesc, Vec<u8>)>) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("c.safetensors");
+    let t = tensors();
+    save(&fresh_engine(), &path, &t);
+    (dir, path, t)
 }
 
 /// Drops the file's pages from the page cache (so that reads are cold).
@@ -55,10 +64,7 @@ fn backend_bytes(engine: &Engine) -> Vec<(String, u64)> {
 
 #[test]
 fn a_fresh_engines_load_maps_the_file_and_chooses_no_backend() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("c.safetensors");
-    let t = tensors();
-    save(&fresh_engine(), &path, &t);
+    let (_dir, path, t) = saved();
     evict(&path);
 
     let engine = fresh_engine();
@@ -82,10 +88,7 @@ fn a_fresh_engines_load_maps_the_file_and_chooses_no_backend() {
 
 #[test]
 fn a_pinned_engine_reads_into_memory_of_its_own_through_its_backend() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("c.safetensors");
-    let t = tensors();
-    save(&fresh_engine(), &path, &t);
+    let (_dir, path, t) = saved();
     let engine = Engine::builder().pin("posix").build().unwrap();
     let ckpt = checkpoint::load(&engine, &path).unwrap();
     assert!(!ckpt.arena().is_mapped());
@@ -98,20 +101,12 @@ fn a_pinned_engine_reads_into_memory_of_its_own_through_its_backend() {
 
 #[test]
 fn a_load_into_existing_memory_is_one_job_through_one_backend() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("c.safetensors");
-    let t = tensors();
-    save(&fresh_engine(), &path, &t);
+    let (_dir, path, t) = saved();
     for _ in 0..3 {
         evict(&path);
         let engine = fresh_engine();
-        let mut bufs: Vec<Vec<u8>> = t.iter().map(|(_, b)| vec![1u8; b.len()]).collect();
-        let targets: Vec<(&str, MemMut<'_>)> = t
-            .iter()
-            .zip(bufs.iter_mut())
-            .map(|((d, _), b)| (d.name.as_str(), MemMut::Host(&mut b[..])))
-            .collect();
-        checkpoint::load_into(&engine, &path, targets).unwrap();
+        let mut bufs = buffers(&t, 1);
+        checkpoint::load_into(&engine, &path, targets(&t, &mut bufs)).unwrap();
         for ((d, want), got) in t.iter().zip(&bufs) {
             assert_eq!(got, want, "{}", d.name);
         }
@@ -129,10 +124,7 @@ fn a_load_into_existing_memory_is_one_job_through_one_backend() {
 
 #[test]
 fn a_cold_read_into_fresh_memory_never_explores_a_page_cache_backend() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("c.safetensors");
-    let t = tensors();
-    save(&fresh_engine(), &path, &t);
+    let (_dir, path, t) = saved();
     let engine = Engine::builder().mapped_loads(false).build().unwrap();
     for _ in 0..12 {
         evict(&path);
@@ -152,11 +144,8 @@ fn a_cold_read_into_fresh_memory_never_explores_a_page_cache_backend() {
 
 #[test]
 fn mapped_tensors_keep_their_bytes_when_the_file_is_replaced_by_rename() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("c.safetensors");
-    let t = tensors();
+    let (_dir, path, t) = saved();
     let engine = fresh_engine();
-    save(&engine, &path, &t);
     let ckpt = checkpoint::load(&engine, &path).unwrap();
     // Saves replace the file by rename: the mapping keeps the old file alive.
     let other: Vec<(TensorDesc, Vec<u8>)> = t
@@ -172,10 +161,7 @@ fn mapped_tensors_keep_their_bytes_when_the_file_is_replaced_by_rename() {
 
 #[test]
 fn a_file_cut_in_place_under_a_load_is_an_error_and_later_reads_of_the_cut_raise_sigbus() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("c.safetensors");
-    let t = tensors();
-    save(&fresh_engine(), &path, &t);
+    let (dir, path, _) = saved();
     // A file cut before the load: the header's tensors no longer fit.
     let cut = dir.path().join("cut.safetensors");
     std::fs::copy(&path, &cut).unwrap();

@@ -2,13 +2,17 @@
 //! interop with the `safetensors` crate both ways, the index written last, hostile indexes,
 //! and raw ranged reads across files.
 
-use fastensor::checkpoint::{self, sharded, TensorView};
+mod common;
+
+use common::views;
+use fastensor::checkpoint::{self, sharded};
 use fastensor::posix::{DirectBackend, PosixBackend};
 use fastensor::{BackendFile, DType, Error, ErrorKind, MemMut, OpenMode, Result, TensorDesc};
 use safetensors::tensor::{Dtype, SafeTensors, TensorView as StView};
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+use tempfile::TempDir;
 
 fn sample() -> Vec<(TensorDesc, Vec<u8>)> {
     let mut out = Vec::new();
@@ -28,13 +32,16 @@ fn sample() -> Vec<(TensorDesc, Vec<u8>)> {
     out
 }
 
-fn views(s: &[(TensorDesc, Vec<u8>)]) -> Vec<TensorView<'_>> {
-    s.iter()
-        .map(|(d, b)| TensorView::new(d.clone(), b))
-        .collect()
-}
-
 const MAX: u64 = 400 << 10;
+
+/// The first `n` tensors of [`sample`] saved through `b` in shards of at most [`MAX`]
+/// bytes, in a new directory; returns the directory and the whole sample.
+fn saved(b: &dyn checkpoint::FileOpener, n: usize) -> (TempDir, Vec<(TensorDesc, Vec<u8>)>) {
+    let dir = tempfile::tempdir().unwrap();
+    let s = sample();
+    checkpoint::save_sharded(b, dir.path(), &views(&s[..n.min(s.len())]), MAX).unwrap();
+    (dir, s)
+}
 
 #[test]
 fn plan_shards_follows_transformers() {
@@ -86,10 +93,8 @@ fn save_writes_the_hf_layout_and_safetensors_reads_every_shard() {
 
 #[test]
 fn load_sharded_selected_and_into_are_bit_exact() {
-    let dir = tempfile::tempdir().unwrap();
-    let s = sample();
     let b = DirectBackend::default();
-    checkpoint::save_sharded(&b, dir.path(), &views(&s), MAX).unwrap();
+    let (dir, s) = saved(&b, usize::MAX);
     // By directory and by index.
     for path in [
         dir.path().to_path_buf(),
@@ -189,10 +194,8 @@ impl checkpoint::FileOpener for FailOn {
 
 #[test]
 fn a_failed_save_leaves_no_index_naming_its_shards() {
-    let dir = tempfile::tempdir().unwrap();
-    let s = sample();
     let b = PosixBackend;
-    checkpoint::save_sharded(&b, dir.path(), &views(&s), MAX).unwrap();
+    let (dir, s) = saved(&b, usize::MAX);
     let changed: Vec<(TensorDesc, Vec<u8>)> = s
         .iter()
         .map(|(d, b)| (d.clone(), b.iter().map(|x| x ^ 0xff).collect()))
@@ -219,10 +222,8 @@ fn a_failed_save_leaves_no_index_naming_its_shards() {
 
 #[test]
 fn a_smaller_save_removes_the_old_extra_shards() {
-    let dir = tempfile::tempdir().unwrap();
-    let s = sample();
     let b = PosixBackend;
-    checkpoint::save_sharded(&b, dir.path(), &views(&s), MAX).unwrap();
+    let (dir, s) = saved(&b, usize::MAX);
     checkpoint::save_sharded(&b, dir.path(), &views(&s), u64::MAX).unwrap();
     let files: Vec<String> = std::fs::read_dir(dir.path())
         .unwrap()
@@ -238,10 +239,8 @@ fn a_smaller_save_removes_the_old_extra_shards() {
 
 #[test]
 fn hostile_or_broken_indexes_are_refused() {
-    let dir = tempfile::tempdir().unwrap();
-    let s = sample();
     let b = PosixBackend;
-    checkpoint::save_sharded(&b, dir.path(), &views(&s[..2]), MAX).unwrap();
+    let (dir, _) = saved(&b, 2);
     let index = dir.path().join(sharded::INDEX_NAME);
     let write =
         |v: serde_json::Value| std::fs::write(&index, serde_json::to_vec(&v).unwrap()).unwrap();

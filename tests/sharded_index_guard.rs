@@ -48,21 +48,22 @@ fn a_fifo_as_the_index_is_refused_without_blocking() {
 }
 
 #[test]
-fn an_index_linked_to_dev_zero_is_refused_unread() {
-    let dir = tempfile::tempdir().unwrap();
-    let index = index_in(dir.path());
-    std::os::unix::fs::symlink("/dev/zero", &index).unwrap();
-    let e = open_with_timeout(dir.path()).unwrap_err();
-    assert_refused(&e, &index, "character device");
-}
-
-#[test]
-fn a_directory_as_the_index_is_refused() {
-    let dir = tempfile::tempdir().unwrap();
-    let index = index_in(dir.path());
-    std::fs::create_dir(&index).unwrap();
-    let e = open_with_timeout(dir.path()).unwrap_err();
-    assert_refused(&e, &index, "directory");
+fn an_index_linked_to_dev_zero_or_a_directory_as_the_index_is_refused_unread() {
+    /// What stands in the index's place, and how it is made.
+    type Case = (&'static str, fn(&Path));
+    let cases: [Case; 2] = [
+        ("character device", |index| {
+            std::os::unix::fs::symlink("/dev/zero", index).unwrap()
+        }),
+        ("directory", |index| std::fs::create_dir(index).unwrap()),
+    ];
+    for (what, make) in cases {
+        let dir = tempfile::tempdir().unwrap();
+        let index = index_in(dir.path());
+        make(&index);
+        let e = open_with_timeout(dir.path()).unwrap_err();
+        assert_refused(&e, &index, what);
+    }
 }
 
 #[test]

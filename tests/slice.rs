@@ -5,9 +5,7 @@ use fastensor::posix::{DirectBackend, PosixBackend};
 use fastensor::{DType, ErrorKind, MemMut, TensorDesc};
 
 fn sel(v: &[(u64, u64, u64)]) -> Vec<DimSelection> {
-    v.iter()
-        .map(|&(start, count, step)| DimSelection { start, count, step })
-        .collect()
+    v.iter().copied().map(DimSelection::from).collect()
 }
 
 #[test]

@@ -5,11 +5,11 @@
 use crate::errors::IntoPy;
 use crate::memory::{self, Access, Lender, Region};
 use crate::snapshot::{SaveHandle, Snapshot, StagingPool};
-use fastensor::checkpoint::{self, CheckpointFile, TensorView};
+use fastensor::checkpoint::{self, CheckpointFile, CheckpointSource, TensorView};
 use fastensor::{DType, Engine, Error, ErrorKind, MemMut, Result, TensorDesc};
 use pyo3::prelude::*;
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 /// A fastensor engine: the backends it may use, the selector that picks one per transfer,
@@ -61,6 +61,58 @@ pub fn save_tensors(
             Ok((desc, region))
         })
         .collect()
+}
+
+/// The tensors of save specs lent (read-only) for a save to `path`: the lender that keeps
+/// them lent (held until the save is done) and each tensor's descriptor and memory; errors
+/// name `path`.
+pub fn lend_for_save(
+    specs: &[SaveSpec<'_>],
+    path: &Path,
+) -> PyResult<(Lender, Vec<(TensorDesc, Region)>)> {
+    let mut lender = Lender::new(Access::Read);
+    let tensors = save_tensors(specs, &mut lender)
+        .map_err(|e| e.with_path(path))
+        .py_err()?;
+    Ok((lender, tensors))
+}
+
+/// Every tensor of `source` as `(name, dtype, shape, file_offset, nbytes)`, file by file
+/// in file order (the offset is within the tensor's file).
+pub fn entry_rows(source: &CheckpointSource) -> Vec<(String, &'static str, Vec<u64>, u64, u64)> {
+    source
+        .entries()
+        .into_iter()
+        .map(|(_, e, r)| {
+            (
+                e.desc.name.clone(),
+                e.desc.dtype.name(),
+                e.desc.shape.clone(),
+                r.start,
+                r.end - r.start,
+            )
+        })
+        .collect()
+}
+
+/// Fills each target `(name, object, byte_offset, nbytes)` with that tensor's bytes from
+/// `source` (see `CheckpointSource::read_into`), the GIL released; errors name the source.
+pub fn read_targets(
+    py: Python<'_>,
+    source: &CheckpointSource,
+    targets: Vec<TargetSpec<'_>>,
+) -> PyResult<()> {
+    let mut lender = Lender::new(Access::Write);
+    let dsts = target_regions(&targets, &mut lender)
+        .map_err(|e| e.with_path(source.path()))
+        .py_err()?;
+    py.detach(|| {
+        // SAFETY: `lender` keeps every destination lent (writable) until after this
+        // closure; they were checked to fit and not to overlap.
+        let dsts = unsafe { destinations(&dsts) };
+        source.read_into(dsts)
+    })
+    .py_err()
 }
 
 /// Views of lent tensors, for a save.
@@ -210,12 +262,9 @@ impl PyEngine {
         checksum: bool,
     ) -> PyResult<()> {
         let metadata = metadata.unwrap_or_default();
-        let mut lender = Lender::new(Access::Read);
-        let tensors = save_tensors(&specs, &mut lender)
-            .map_err(|e| e.with_path(&path))
-            .py_err()?;
+        let (_lender, tensors) = lend_for_save(&specs, &path)?;
         py.detach(|| {
-            // SAFETY: `lender` keeps every tensor's memory lent until after this closure.
+            // SAFETY: `_lender` keeps every tensor's memory lent until after this closure.
             let views = unsafe { views(&tensors) };
             if checksum {
                 checkpoint::save_checked(&self.engine, &path, &views, &metadata)
@@ -239,13 +288,10 @@ impl PyEngine {
         checksum: bool,
     ) -> PyResult<SaveHandle> {
         let metadata = metadata.unwrap_or_default();
-        let mut lender = Lender::new(Access::Read);
-        let tensors = save_tensors(&specs, &mut lender)
-            .map_err(|e| e.with_path(&path))
-            .py_err()?;
+        let (_lender, tensors) = lend_for_save(&specs, &path)?;
         let snapshot = py
             .detach(|| {
-                // SAFETY: `lender` keeps every tensor's memory lent until after this
+                // SAFETY: `_lender` keeps every tensor's memory lent until after this
                 // closure, and `Snapshot::take` copies their bytes before it returns.
                 let views = unsafe { views(&tensors) };
                 Snapshot::take(&self.staging, &views)
@@ -343,20 +389,7 @@ pub struct PyCheckpointFile {
 impl PyCheckpointFile {
     /// Every tensor as `(name, dtype, shape, file_offset, nbytes)`, in file order.
     fn entries(&self) -> Vec<(String, &'static str, Vec<u64>, u64, u64)> {
-        let h = self.file.header();
-        h.entries()
-            .iter()
-            .map(|e| {
-                let r = h.file_range(e);
-                (
-                    e.desc.name.clone(),
-                    e.desc.dtype.name(),
-                    e.desc.shape.clone(),
-                    r.start,
-                    r.end - r.start,
-                )
-            })
-            .collect()
+        entry_rows(self.file.source())
     }
 
     /// The file's `__metadata__` map.
@@ -372,16 +405,6 @@ impl PyCheckpointFile {
 
     /// Fills each target `(name, object, byte_offset, nbytes)` with that tensor's bytes.
     fn read_into(&self, py: Python<'_>, targets: Vec<TargetSpec<'_>>) -> PyResult<()> {
-        let mut lender = Lender::new(Access::Write);
-        let dsts = target_regions(&targets, &mut lender)
-            .map_err(|e| e.with_path(self.file.path()))
-            .py_err()?;
-        py.detach(|| {
-            // SAFETY: `lender` keeps every destination lent (writable) until after this
-            // closure; they were checked to fit and not to overlap.
-            let dsts = unsafe { destinations(&dsts) };
-            self.file.read_into(dsts)
-        })
-        .py_err()
+        read_targets(py, self.file.source(), targets)
     }
 }

@@ -3,7 +3,7 @@
 //! storage layer (`fastensor.dcp`). Every transfer runs detached from the interpreter.
 
 use crate::engine::{
-    destinations, save_tensors, target_regions, views, PyEngine, SaveSpec, TargetSpec,
+    entry_rows, lend_for_save, read_targets, views, PyEngine, SaveSpec, TargetSpec,
 };
 use crate::errors::IntoPy;
 use crate::memory::{self, Access, Lender};
@@ -30,12 +30,9 @@ pub fn save_sharded(
     metadata: Option<BTreeMap<String, String>>,
 ) -> PyResult<BTreeMap<String, String>> {
     let metadata = metadata.unwrap_or_default();
-    let mut lender = Lender::new(Access::Read);
-    let tensors = save_tensors(&specs, &mut lender)
-        .map_err(|e| e.with_path(&directory))
-        .py_err()?;
+    let (_lender, tensors) = lend_for_save(&specs, &directory)?;
     py.detach(|| {
-        // SAFETY: `lender` keeps every tensor's memory lent until after this closure.
+        // SAFETY: `_lender` keeps every tensor's memory lent until after this closure.
         let views = unsafe { views(&tensors) };
         checkpoint::save_sharded_with_metadata(
             &engine.engine,
@@ -119,19 +116,7 @@ impl PyShardedFile {
     /// Every tensor as `(name, dtype, shape, file_offset, nbytes)`, shard by shard in file
     /// order (the offset is within the tensor's shard).
     fn entries(&self) -> Vec<(String, &'static str, Vec<u64>, u64, u64)> {
-        self.file
-            .entries()
-            .into_iter()
-            .map(|(_, e, r)| {
-                (
-                    e.desc.name.clone(),
-                    e.desc.dtype.name(),
-                    e.desc.shape.clone(),
-                    r.start,
-                    r.end - r.start,
-                )
-            })
-            .collect()
+        entry_rows(self.file.source())
     }
 
     /// The tensors of the weight map per shard: `(shard path, names in file order)`, shards
@@ -183,17 +168,7 @@ impl PyShardedFile {
 
     /// Fills each target `(name, object, byte_offset, nbytes)` with that tensor's bytes.
     fn read_into(&self, py: Python<'_>, targets: Vec<TargetSpec<'_>>) -> PyResult<()> {
-        let mut lender = Lender::new(Access::Write);
-        let dsts = target_regions(&targets, &mut lender)
-            .map_err(|e| e.with_path(&self.file.index().path))
-            .py_err()?;
-        py.detach(|| {
-            // SAFETY: `lender` keeps every destination lent (writable) until after this
-            // closure; they were checked to fit and not to overlap.
-            let dsts = unsafe { destinations(&dsts) };
-            self.file.read_into(dsts)
-        })
-        .py_err()
+        read_targets(py, self.file.source(), targets)
     }
 
     fn __repr__(&self) -> String {

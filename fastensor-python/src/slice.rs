@@ -19,10 +19,7 @@ pub fn read_slice(
     dst: Bound<'_, PyAny>,
 ) -> PyResult<()> {
     let file = &file.file;
-    let sel: Vec<DimSelection> = selection
-        .into_iter()
-        .map(|(start, count, step)| DimSelection { start, count, step })
-        .collect();
+    let sel: Vec<DimSelection> = selection.into_iter().map(DimSelection::from).collect();
     let mut lender = Lender::new(Access::Write);
     let what = format!("destination of a slice of `{name}`");
     let region = lender

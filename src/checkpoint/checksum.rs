@@ -16,17 +16,17 @@
 //!
 //! * [`compute`] / [`stamp`]: the checksums of tensors about to be saved (in parallel).
 //! * [`Checksums`]: the ones a header stores; [`Checksums::check`] verifies one read, on the
-//!   I/O thread that made it, when a [`CheckpointFile`] was opened with
-//!   [`verifying`](CheckpointFile::verifying).
+//!   I/O thread that made it, when a [`CheckpointFile`](super::CheckpointFile) was opened
+//!   with [`verifying`](super::CheckpointFile::verifying).
 //! * [`verify_file`]: checks every tensor of a file without loading it anywhere (the
 //!   `fastensor ckpt verify` command).
 
 use super::header::Header;
-use super::load::{read_header, CheckpointFile};
 use super::save::TensorView;
+use super::source::CheckpointSource;
 use super::{FileOpener, IO_THREADS};
 use crate::core::parallel;
-use crate::{Error, ErrorKind, HostBuffer, MemMut, MemRef, OpenMode, Result};
+use crate::{Error, ErrorKind, HostBuffer, MemMut, MemRef, Result};
 use std::collections::{BTreeMap, HashMap};
 use std::ops::Range;
 use std::path::Path;
@@ -115,6 +115,14 @@ fn corrupt(msg: String) -> Error {
     Error::new(ErrorKind::Corrupt, msg)
 }
 
+/// The error of a non-empty tensor `name` of the file at `path` without a stored checksum.
+fn missing(name: &str, path: &Path) -> Error {
+    corrupt(format!(
+        "tensor `{name}` has no checksum in `{CHECKSUMS_KEY}`"
+    ))
+    .with_path(path)
+}
+
 /// Parses the value of [`CHECKSUMS_KEY`].
 fn decode(value: &str) -> Result<HashMap<String, u32>> {
     let hex: HashMap<String, String> = serde_json::from_str(value)
@@ -147,12 +155,7 @@ impl Checksums {
         let mut by_start = HashMap::with_capacity(header.entries().len());
         for e in header.entries().iter().filter(|e| e.byte_len() > 0) {
             let name = &e.desc.name;
-            let &sum = sums.get(name).ok_or_else(|| {
-                corrupt(format!(
-                    "tensor `{name}` has no checksum in `{CHECKSUMS_KEY}`"
-                ))
-                .with_path(path)
-            })?;
+            let &sum = sums.get(name).ok_or_else(|| missing(name, path))?;
             let r = header.file_range(e);
             by_start.insert(r.start, (r.end, name.clone(), sum));
         }
@@ -222,18 +225,6 @@ impl Checksums {
     }
 }
 
-impl CheckpointFile {
-    /// This file, its reads verified from now on: every tensor read whole by
-    /// [`read_into`](Self::read_into) is checked against the checksum its header stores,
-    /// on the I/O thread, right after its bytes arrive; a mismatch is
-    /// [`ErrorKind::Corrupt`] naming the file and the tensor. Errors as
-    /// [`Checksums::from_header`].
-    pub fn verifying(mut self) -> Result<CheckpointFile> {
-        self.checksums = Some(Checksums::from_header(self.header(), self.path())?);
-        Ok(self)
-    }
-}
-
 /// The checksums `metadata` (of the file at `path`) stores, by tensor name: none is
 /// [`ErrorKind::InvalidInput`] (the file was saved without checksums), a value that does
 /// not parse [`ErrorKind::Corrupt`].
@@ -259,12 +250,7 @@ pub(crate) fn check_loaded(ckpt: &super::Checkpoint) -> Result<()> {
     let tensors: Vec<_> = ckpt.iter().filter(|(_, b)| !b.is_empty()).collect();
     parallel::for_each(tensors, IO_THREADS, |(desc, bytes)| {
         let name = &desc.name;
-        let &want = sums.get(name).ok_or_else(|| {
-            corrupt(format!(
-                "tensor `{name}` has no checksum in `{CHECKSUMS_KEY}`"
-            ))
-            .with_path(path)
-        })?;
+        let &want = sums.get(name).ok_or_else(|| missing(name, path))?;
         let got = checksum(bytes);
         if got != want {
             return Err(Checksums::mismatch(path, name, want, got, 0));
@@ -290,9 +276,9 @@ const VERIFY_WINDOW: usize = 8 << 20;
 /// read in parallel). Errors: as [`Checksums::from_header`]; a truncated file or a
 /// mismatch is [`ErrorKind::Corrupt`] naming the file and the tensor.
 pub fn verify_file<O: FileOpener + ?Sized>(opener: &O, path: &Path) -> Result<Verified> {
-    let file = opener.open_file(path, OpenMode::Read)?;
-    let header = read_header(&*file, path)?;
-    let sums = Checksums::from_header(&header, path)?;
+    let source = CheckpointSource::single(opener, path)?.verifying()?;
+    let file = &source.files()[0];
+    let (header, sums) = (file.header(), file.checksums.as_ref().expect("verifying"));
     let ranges: Vec<Range<u64>> = header
         .entries()
         .iter()
@@ -300,15 +286,14 @@ pub fn verify_file<O: FileOpener + ?Sized>(opener: &O, path: &Path) -> Result<Ve
         .filter(|r| r.end > r.start)
         .collect();
     let bytes = ranges.iter().map(|r| r.end - r.start).sum();
-    let file = &*file;
     parallel::for_each(ranges, IO_THREADS, |r| {
-        let (_, name, want) = &sums.by_start[&r.start];
+        let (_, name, want) = sums.at(r.start).expect("every non-empty tensor has one");
         let mut buf = HostBuffer::new(VERIFY_WINDOW.min((r.end - r.start) as usize))?;
         let mut crc = 0u32;
         let mut at = r.start;
         while at < r.end {
             let n = buf.len().min((r.end - at) as usize);
-            let got = file.read_at(at, MemMut::Host(&mut buf[..n]))?;
+            let got = file.file.read_at(at, MemMut::Host(&mut buf[..n]))?;
             if got == 0 {
                 return Err(corrupt(format!(
                     "tensor `{name}`: the file ends before its data does (truncated)"
@@ -319,13 +304,8 @@ pub fn verify_file<O: FileOpener + ?Sized>(opener: &O, path: &Path) -> Result<Ve
             crc = crc32c::crc32c_append(crc, &buf[..got]);
             at += got as u64;
         }
-        if crc != *want {
-            return Err(corrupt(format!(
-                "tensor `{name}`: checksum mismatch (stored {want:08x}, read {crc:08x}): its \
-                 bytes changed since the save"
-            ))
-            .with_path(path)
-            .with_offset(r.start));
+        if crc != want {
+            return Err(Checksums::mismatch(path, name, want, crc, r.start));
         }
         Ok(())
     })?;

@@ -2,37 +2,23 @@
 //! ranges needed, neighbours merged), or the caller's own buffers.
 
 use super::header::{
-    check_header_len, header_len_of, lookup, parse_header, parse_header_from, Header, HeaderEntry,
+    check_header_len, header_len_of, lookup, parse_header, parse_header_from, Header,
     PARSE_WHOLE_MAX,
 };
-use super::plan::{plan_reads, ReadJob};
+use super::into_arena::{load_chosen, named};
 use super::save::{TensorView, Tensors};
-use super::{validate, Arena, FileOpener, IO_THREADS};
-use crate::core::align::align_down;
-use crate::core::parallel;
-use crate::core::ReadJob as JobShape;
-use crate::{
-    BackendFile, Error, ErrorKind, HostBuffer, MemMut, MemRef, MemoryKind, OpenMode, Result,
-    TensorDesc,
-};
+use super::source::CheckpointSource;
+use super::{validate, Arena, FileOpener};
+use crate::{BackendFile, Error, ErrorKind, HostBuffer, MemMut, MemRef, Result, TensorDesc};
 use std::collections::BTreeMap;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 
-/// Alignment of file offsets and memory for zero-copy direct reads.
-pub(crate) const ALIGN: u64 = 4096;
-
 /// The first read of a file: enough for most headers.
 const FIRST_READ: u64 = 64 << 10;
 
-/// Bytes of one read of a load (a multiple of [`ALIGN`]).
-const READ_WINDOW: usize = 8 << 20;
-
 /// Selected tensors closer than this are read in one request, gap included.
 const MERGE_GAP: u64 = 1 << 20;
-
-/// A read of [`load_into`]: a file range and its destination.
-pub(crate) type Request<'a> = (Range<u64>, MemMut<'a>);
 
 /// What [`Checkpoint::into_parts`] returns: the arena, each tensor's descriptor and range
 /// of it, and the metadata.
@@ -220,15 +206,6 @@ impl std::io::Read for FileReader<'_> {
     }
 }
 
-fn truncated(path: &Path, offset: u64) -> Error {
-    Error::new(
-        ErrorKind::Corrupt,
-        "the file ended before its data section did (truncated)",
-    )
-    .with_path(path)
-    .with_offset(offset)
-}
-
 /// Tries of one load whose file is replaced (renamed over) while it is read.
 const ATTEMPTS: usize = 5;
 
@@ -265,10 +242,8 @@ pub fn load<O: FileOpener + ?Sized>(opener: &O, path: &Path) -> Result<Checkpoin
         }
     }
     retry_changed(|| {
-        let file = opener.open_file(path, OpenMode::Read)?;
-        let header = read_header(&*file, path)?;
-        let spans = vec![(header.data_start(), header.file_len())];
-        read_spans(&*file, path, header, spans, |_| true)
+        let source = CheckpointSource::single(opener, path)?;
+        load_chosen(&source, &source.tensors(), MERGE_GAP)
     })
 }
 
@@ -290,14 +265,8 @@ where
         }
     }
     retry_changed(|| {
-        let file = opener.open_file(path, OpenMode::Read)?;
-        let header = read_header(&*file, path)?;
-        let mut wanted = vec![false; header.entries().len()];
-        for name in &names {
-            wanted[index_of(&header, name.as_ref(), path)?] = true;
-        }
-        let spans = merged_spans(&header, &wanted);
-        read_spans(&*file, path, header, spans, |i| wanted[i])
+        let source = CheckpointSource::single(opener, path)?;
+        load_chosen(&source, &named(&source, &names)?, MERGE_GAP)
     })
 }
 
@@ -328,122 +297,6 @@ pub fn load_verified<O: FileOpener + ?Sized>(
     Ok(ckpt)
 }
 
-/// The file ranges of the `wanted` entries, neighbours closer than [`MERGE_GAP`] merged.
-fn merged_spans(header: &Header, wanted: &[bool]) -> Vec<(u64, u64)> {
-    let mut spans: Vec<(u64, u64)> = Vec::new();
-    for (e, _) in header.entries().iter().zip(wanted).filter(|(_, &w)| w) {
-        let r = header.file_range(e);
-        match spans.last_mut() {
-            Some(last) if r.start <= last.1 + MERGE_GAP => last.1 = last.1.max(r.end),
-            _ => spans.push((r.start, r.end)),
-        }
-    }
-    spans
-}
-
-fn index_of(header: &Header, name: &str, path: &Path) -> Result<usize> {
-    header.position(name).ok_or_else(|| {
-        Error::new(
-            ErrorKind::NotFound,
-            format!("no tensor `{name}` in the checkpoint"),
-        )
-        .with_path(path)
-    })
-}
-
-/// Reads the file ranges `spans` (sorted, disjoint) into one arena, each placed so that its
-/// aligned-down start sits on an aligned arena offset, and keeps the entries `keep` accepts.
-fn read_spans(
-    file: &dyn BackendFile,
-    path: &Path,
-    header: Header,
-    spans: Vec<(u64, u64)>,
-    keep: impl Fn(usize) -> bool,
-) -> Result<Checkpoint> {
-    // (file start aligned down, file end, arena offset)
-    let mut placed = Vec::with_capacity(spans.len());
-    let mut arena_len = 0u64;
-    for &(start, end) in &spans {
-        let from = align_down(start, ALIGN);
-        placed.push((from, end, arena_len));
-        arena_len = (arena_len + (end - from)).div_ceil(ALIGN) * ALIGN;
-    }
-    let arena_len = usize::try_from(arena_len).map_err(|_| {
-        Error::new(
-            ErrorKind::OutOfMemory,
-            "the checkpoint does not fit in memory",
-        )
-        .with_path(path)
-    })?;
-    let mut arena = Arena::new(arena_len).map_err(|e| e.with_path(path))?;
-    {
-        let mut pieces = Vec::with_capacity(placed.len());
-        let mut rest: &mut [u8] = &mut arena;
-        let mut at = 0u64;
-        for &(from, end, arena_off) in &placed {
-            let (_, tail) = rest.split_at_mut((arena_off - at) as usize);
-            let (piece, tail) = tail.split_at_mut((end - from) as usize);
-            pieces.push((from, piece));
-            rest = tail;
-            at = arena_off + (end - from);
-        }
-        // Windows of the spans, each faulted in and then read by one of a few workers: the
-        // page faults of fresh memory (about 1 s of CPU per GiB) overlap other windows' I/O
-        // instead of stalling the reads.
-        let windows: Vec<(u64, &mut [u8])> = pieces
-            .into_iter()
-            .flat_map(|(from, piece)| {
-                piece
-                    .chunks_mut(READ_WINDOW)
-                    .enumerate()
-                    .map(move |(i, w)| (from + (i * READ_WINDOW) as u64, w))
-            })
-            .collect();
-        let job = JobShape {
-            bytes: windows.iter().map(|(_, w)| w.len() as u64).sum(),
-            requests: windows.len(),
-            largest: windows
-                .iter()
-                .map(|(_, w)| w.len() as u64)
-                .max()
-                .unwrap_or(0),
-            in_flight: IO_THREADS as u32,
-            memory: MemoryKind::Host,
-            fresh: true,
-            first_offset: windows.first().map_or(0, |(at, _)| *at),
-        };
-        let job_file = file.begin_read_job(&job);
-        let file: &dyn BackendFile = job_file.as_deref().unwrap_or(file);
-        parallel::for_each(windows, IO_THREADS, |(from, window)| {
-            super::arena::fault_in(window);
-            let want = window.len();
-            let got = file.read_at(from, MemMut::Host(window))?;
-            if got < want {
-                return Err(truncated(path, from + got as u64));
-            }
-            Ok(())
-        })?;
-    }
-    let data_start = header.data_start();
-    let (all, metadata) = header.into_parts();
-    let mut entries = Vec::new();
-    let mut span = 0;
-    for (i, e) in all.into_iter().enumerate() {
-        if !keep(i) {
-            continue;
-        }
-        let r = data_start + e.offsets.start..data_start + e.offsets.end;
-        // Kept tensors come in file order, as the spans do.
-        while !(placed[span].0 <= r.start && r.end <= placed[span].1) {
-            span += 1;
-        }
-        let (from, _, arena_off) = placed[span];
-        let start = (arena_off + r.start - from) as usize;
-        entries.push((e.desc, start..start + (r.end - r.start) as usize));
-    }
-    Checkpoint::from_parts(path, arena, entries, metadata)
-}
-
 /// Loads tensors straight into the caller's buffers: each `(name, destination)` pair is
 /// filled with that tensor's bytes; see [`CheckpointFile::read_into`]. Returns the file's
 /// header. A file replaced (renamed over) during the load is opened and read again, every
@@ -454,135 +307,58 @@ pub fn load_into<O: FileOpener + ?Sized>(
     path: &Path,
     mut targets: Vec<(&str, MemMut<'_>)>,
 ) -> Result<Header> {
-    retry_changed(|| {
-        let ckpt = open_once(opener, path)?;
-        ckpt.fill(&mut targets)?;
-        Ok(ckpt.header)
-    })
+    let source =
+        CheckpointSource::fill_anew(|| CheckpointSource::single(opener, path), &mut targets)?;
+    let (mut files, _) = source.into_parts();
+    Ok(files
+        .swap_remove(0)
+        .header
+        .expect("a checkpoint file has a header"))
 }
 
 /// A safetensors file opened once: its validated header, and reads of its tensors through
-/// the same open file, as many as the caller wants (what `safe_open` is in Python).
-pub struct CheckpointFile {
-    path: PathBuf,
-    file: Box<dyn BackendFile>,
-    header: Header,
-    /// Set by [`verifying`](CheckpointFile::verifying): whole-tensor reads are checked.
-    pub(super) checksums: Option<super::checksum::Checksums>,
-}
-
-impl std::fmt::Debug for CheckpointFile {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("CheckpointFile")
-            .field("path", &self.path)
-            .field("tensors", &self.header.entries().len())
-            .finish()
-    }
-}
+/// the same open file, as many as the caller wants (what `safe_open` is in Python). A
+/// [`CheckpointSource`] of one file.
+#[derive(Debug)]
+pub struct CheckpointFile(CheckpointSource);
 
 /// Opens the safetensors file at `path` and validates its header; nothing else is read. A
 /// file replaced (renamed over) while it is opened is opened again (up to 3 tries); one
 /// replaced later makes reads that would reach the new file fail with
 /// [`ErrorKind::Changed`] (the header read belongs to the file first opened).
 pub fn open<O: FileOpener + ?Sized>(opener: &O, path: &Path) -> Result<CheckpointFile> {
-    retry_changed(|| open_once(opener, path))
-}
-
-fn open_once<O: FileOpener + ?Sized>(opener: &O, path: &Path) -> Result<CheckpointFile> {
-    let file = opener.open_file(path, OpenMode::Read)?;
-    let header = read_header(&*file, path)?;
-    Ok(CheckpointFile {
-        path: path.to_path_buf(),
-        file,
-        header,
-        checksums: None,
-    })
+    retry_changed(|| CheckpointSource::single(opener, path).map(CheckpointFile))
 }
 
 impl CheckpointFile {
     /// The file's validated header: every tensor's descriptor and place, and the metadata.
     pub fn header(&self) -> &Header {
-        &self.header
+        self.0.files()[0].header()
     }
 
     /// The path the file was opened at.
     pub fn path(&self) -> &Path {
-        &self.path
+        self.0.path()
     }
 
-    /// Fills each `(name, destination)` pair with that tensor's bytes. Destinations may be
-    /// host or device memory (when the backend takes device memory); each must be exactly
-    /// the tensor's byte length, else [`ErrorKind::InvalidInput`]; a name the file lacks is
-    /// [`ErrorKind::NotFound`]. Nothing is read before every target is checked. Requests go
-    /// out in file order, several in flight; small host tensors next to each other are read
-    /// together through a staging buffer. A read that would reach another file than the one
-    /// opened (one renamed over the path since) fails with [`ErrorKind::Changed`]: bytes of
-    /// two versions are never mixed.
-    pub fn read_into(&self, mut targets: Vec<(&str, MemMut<'_>)>) -> Result<()> {
-        self.fill(&mut targets)
+    /// The file as a [`CheckpointSource`].
+    pub fn source(&self) -> &CheckpointSource {
+        &self.0
     }
 
-    /// [`read_into`](Self::read_into) with the targets borrowed, so that a retried load can
-    /// fill them again.
-    fn fill(&self, targets: &mut [(&str, MemMut<'_>)]) -> Result<()> {
-        self.execute(self.requests(targets)?)
+    /// Fills each `(name, destination)` pair with that tensor's bytes: see
+    /// [`CheckpointSource::read_into`] (one file: the requests go out in file order,
+    /// several in flight).
+    pub fn read_into(&self, targets: Vec<(&str, MemMut<'_>)>) -> Result<()> {
+        self.0.read_into(targets)
     }
 
-    /// Reads each request's file range into its destination (`reqs` sorted by offset).
-    pub(super) fn execute(&self, reqs: Vec<Request<'_>>) -> Result<()> {
-        let path = self.path.as_path();
-        let job = super::plan::job_of(&reqs, false);
-        let job_file = job.and_then(|j| self.file.begin_read_job(&j));
-        let file: &dyn BackendFile = job_file.as_deref().unwrap_or(&*self.file);
-        let jobs = plan_reads(reqs);
-        parallel::for_each(jobs, IO_THREADS, |job| match job {
-            ReadJob::Single((r, mut dst)) => {
-                let got = file.read_at(r.start, dst.reborrow())?;
-                if got as u64 != r.end - r.start {
-                    return Err(truncated(path, r.start + got as u64));
-                }
-                match &self.checksums {
-                    Some(sums) => sums.check_dst(path, &r, &dst),
-                    None => Ok(()),
-                }
-            }
-            ReadJob::Staged(group) => group.read(
-                file,
-                |at| truncated(path, at),
-                |r, bytes| match &self.checksums {
-                    Some(sums) => sums.check(path, r, bytes),
-                    None => Ok(()),
-                },
-            ),
-        })
-    }
-
-    /// The file range and destination of each target, in file order; every length checked.
-    fn requests<'t>(&self, targets: &'t mut [(&str, MemMut<'_>)]) -> Result<Vec<Request<'t>>> {
-        let (header, path) = (&self.header, self.path.as_path());
-        let mut reqs: Vec<Request<'t>> = Vec::with_capacity(targets.len());
-        for (name, dst) in targets.iter_mut() {
-            let e: &HeaderEntry = header.get(name).ok_or_else(|| {
-                Error::new(
-                    ErrorKind::NotFound,
-                    format!("no tensor `{name}` in the checkpoint"),
-                )
-                .with_path(path)
-            })?;
-            if dst.len() as u64 != e.byte_len() {
-                return Err(Error::new(
-                    ErrorKind::InvalidInput,
-                    format!(
-                        "tensor `{name}` is {} bytes but its destination holds {}",
-                        e.byte_len(),
-                        dst.len()
-                    ),
-                )
-                .with_path(path));
-            }
-            reqs.push((header.file_range(e), dst.reborrow()));
-        }
-        reqs.sort_by_key(|(r, _)| r.start);
-        Ok(reqs)
+    /// This file, its reads verified from now on: every tensor read whole by
+    /// [`read_into`](Self::read_into) is checked against the checksum its header stores,
+    /// on the I/O thread, right after its bytes arrive; a mismatch is
+    /// [`ErrorKind::Corrupt`] naming the file and the tensor. Errors as
+    /// [`Checksums::from_header`](super::Checksums::from_header).
+    pub fn verifying(self) -> Result<CheckpointFile> {
+        self.0.verifying().map(CheckpointFile)
     }
 }

@@ -8,6 +8,11 @@
 //!   [`load_selected`] reads only the tensors asked for (merging neighbours);
 //!   [`load_into`] fills the caller's buffers; [`CheckpointFile::read_slice`] reads only the
 //!   bytes a slice of one tensor covers.
+//! * Every checkpoint form (one file, a sharded checkpoint's index and shards, raw files
+//!   read by byte ranges) is one [`CheckpointSource`], opened and validated once; all its
+//!   reads (into caller memory, into a new arena, slices, raw ranges) go through one
+//!   planner: one job per file, small neighbours staged, the files' reads in flight together.
+//!   [`CheckpointFile`] and [`ShardedFile`] are its single-file and sharded faces.
 //! * [`parse_header`] validates hostile input without panicking; every defect is an
 //!   [`ErrorKind::Corrupt`](crate::ErrorKind::Corrupt) error naming the file and the tensor.
 //! * [`inspect`], [`rows`] and [`copy`] serve the command line.
@@ -20,12 +25,14 @@
 mod arena;
 pub mod checksum;
 mod header;
+mod into_arena;
 mod load;
 mod mapped;
 mod plan;
 mod save;
 pub mod sharded;
 mod slice;
+mod source;
 mod tools;
 mod validate;
 
@@ -44,6 +51,7 @@ pub use sharded::{
     save_sharded, save_sharded_with_metadata, ShardedCheckpoint, ShardedFile, ShardedIndex,
 };
 pub use slice::{slice_runs, DimSelection};
+pub use source::CheckpointSource;
 pub use tools::{copy, format_table, inspect, rows, write_table, InspectRow};
 
 pub use crate::core::FileOpener;

@@ -3,6 +3,8 @@
 //! file's read planner (small runs close together are read as one staged request).
 
 use super::load::CheckpointFile;
+use super::plan::{How, Request};
+use super::source::wrong_len;
 use crate::{Error, ErrorKind, MemMut, Result, TensorDesc};
 use std::ops::Range;
 
@@ -25,6 +27,13 @@ impl DimSelection {
             count: size,
             step: 1,
         }
+    }
+}
+
+/// `(start, count, step)`.
+impl From<(u64, u64, u64)> for DimSelection {
+    fn from((start, count, step): (u64, u64, u64)) -> DimSelection {
+        DimSelection { start, count, step }
     }
 }
 
@@ -156,23 +165,21 @@ impl CheckpointFile {
         };
         let want: u64 = runs.iter().map(|r| r.end - r.start).sum();
         if want != rest.len() as u64 {
-            return Err(Error::new(
-                ErrorKind::InvalidInput,
-                format!(
-                    "the slice of `{name}` is {want} bytes but its destination holds {}",
-                    rest.len()
-                ),
-            )
-            .with_path(path));
+            let what = format!("the slice of `{name}`");
+            return Err(wrong_len(&what, want, rest.len()).with_path(path));
         }
         let start = header.file_range(entry).start;
         let mut reqs = Vec::with_capacity(runs.len());
         for r in runs {
             let (piece, tail) = std::mem::take(&mut rest).split_at_mut((r.end - r.start) as usize);
-            reqs.push((start + r.start..start + r.end, MemMut::Host(piece)));
+            reqs.push(Request::at(0, start + r.start, MemMut::Host(piece)));
             rest = tail;
         }
-        self.execute(reqs)
+        let how = How {
+            fresh: false,
+            windows: false,
+        };
+        self.source().read(&mut reqs, how)
     }
 }
 
@@ -191,9 +198,7 @@ mod tests {
     }
 
     fn sel(v: &[(u64, u64, u64)]) -> Vec<DimSelection> {
-        v.iter()
-            .map(|&(start, count, step)| DimSelection { start, count, step })
-            .collect()
+        v.iter().copied().map(DimSelection::from).collect()
     }
 
     #[test]

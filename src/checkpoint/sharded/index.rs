@@ -91,7 +91,7 @@ pub fn resolve_index(path: &Path) -> Result<PathBuf> {
     }
 }
 
-pub(super) fn corrupt(msg: impl Into<String>, path: &Path) -> Error {
+pub(crate) fn corrupt(msg: impl Into<String>, path: &Path) -> Error {
     Error::new(ErrorKind::Corrupt, msg).with_path(path)
 }
 

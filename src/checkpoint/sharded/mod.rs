@@ -18,6 +18,7 @@ mod index;
 mod read;
 mod save;
 
+pub(crate) use index::corrupt;
 pub use index::{is_sharded, read_index, resolve_index, shard_name, ShardedIndex, INDEX_NAME};
 pub use read::{
     load_into_sharded, load_selected_sharded, load_sharded, open_sharded, read_ranges,

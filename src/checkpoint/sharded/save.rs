@@ -1,7 +1,7 @@
 //! Writing sharded checkpoints: shards concurrently, the index last.
 
 use super::index::{corrupt, read_index, shard_name, ShardedIndex, INDEX_NAME};
-use super::read::{load_chosen, open_sharded};
+use super::read::open_sharded;
 use crate::checkpoint::checksum::for_shard;
 use crate::checkpoint::header::Header;
 use crate::checkpoint::save::TensorView;
@@ -160,12 +160,12 @@ fn sync_dir(dir: &Path) -> Result<()> {
 /// keeping its split into shards and the first shard's metadata. Returns the data bytes.
 pub fn copy_sharded<O: FileOpener + ?Sized>(opener: &O, src: &Path, dst: &Path) -> Result<u64> {
     let file = open_sharded(opener, src)?;
-    let shard_count = file.shards.len();
+    let shard_count = file.shard_paths().len();
     let mut shard_of = HashMap::new();
     for (s, e, _) in file.entries() {
         shard_of.insert(e.desc.name.clone(), s);
     }
-    let ckpt = load_chosen(file, |_| true)?;
+    let ckpt = file.load_all()?;
     let views = ckpt.views();
     let mut groups: Vec<Vec<TensorView<'_>>> = (0..shard_count).map(|_| Vec::new()).collect();
     for v in views {
