@@ -371,7 +371,7 @@ impl Inner {
                     .any(|d| &d.device == device)
             {
                 let mut fp = sel.fingerprint().clone();
-                fp.add_location(&ctx.location);
+                fp.add_location(&ctx.location, &crate::profile::ThisMachine);
                 sel.set_fingerprint(fp);
             }
             match cpu {
@@ -521,6 +521,6 @@ impl Engine {
     /// refused, a symbolic link at `path` replaced by the new file (never followed), the
     /// old file's mode kept).
     pub fn save_profile_to(&self, path: &Path) -> Result<()> {
-        crate::atomic::write(path, self.dictionary().to_toml().as_bytes())
+        crate::profile::save(&self.dictionary(), path)
     }
 }

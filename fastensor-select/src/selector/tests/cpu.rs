@@ -1,0 +1,73 @@
+//! CPU cost: wall-only records, ties on time, the CPU objective.
+
+use super::*;
+
+#[test]
+fn a_wall_only_record_carries_the_last_measured_cpu_cost() {
+    let mut s = Selector::new(SelectorConfig::default());
+    let c = ctx(1 << 20);
+    // Nothing measured yet: no CPU assumed.
+    let none = s.record_wall_only(&c, "a", 1 << 20, Duration::from_micros(100));
+    assert_eq!(none, Duration::ZERO);
+    let obs = Observation {
+        bytes: 1 << 20,
+        wall: Duration::from_micros(100),
+        cpu: Duration::from_nanos(2 << 20),
+    };
+    s.record(&c, "a", obs);
+    // 2 ns per byte carried over to a transfer twice as big.
+    let cpu = s.record_wall_only(&c, "a", 2 << 20, Duration::from_micros(200));
+    assert_eq!(cpu, Duration::from_nanos(4 << 20));
+    let key = ContextKey::of(&c);
+    let samples = s.keys()[&key].candidates["a"].samples.as_slice().to_vec();
+    assert_eq!(samples.len(), 3);
+    assert_eq!(samples[2].cpu_ns_per_byte, 2.0);
+    assert_eq!(s.stats().observations, 3);
+}
+
+#[test]
+fn paths_tied_on_time_go_to_the_one_that_costs_less_cpu() {
+    let mut s = Selector::new(SelectorConfig::default());
+    // `cached` is 1% faster but takes 40% more CPU: tied on time, `direct` leads.
+    let chosen = explore_with_cpu(
+        &mut s,
+        4 << 20,
+        &[
+            ("cached", 9_900_000, 1_400_000),
+            ("direct", 10_000_000, 1_000_000),
+        ],
+    );
+    assert_eq!(chosen, "direct");
+}
+
+#[test]
+fn a_path_clearly_faster_wins_whatever_its_cpu_cost() {
+    let mut s = Selector::new(SelectorConfig::default());
+    let chosen = explore_with_cpu(
+        &mut s,
+        4 << 20,
+        &[
+            ("cached", 8_000_000, 3_000_000),
+            ("direct", 10_000_000, 1_000_000),
+        ],
+    );
+    assert_eq!(chosen, "cached");
+}
+
+#[test]
+fn under_the_cpu_objective_ties_on_time_do_not_matter() {
+    let config = SelectorConfig {
+        objective: Objective::Cpu,
+        ..SelectorConfig::default()
+    };
+    let mut s = Selector::new(config);
+    let chosen = explore_with_cpu(
+        &mut s,
+        4 << 20,
+        &[
+            ("cached", 9_900_000, 1_400_000),
+            ("direct", 10_000_000, 1_500_000),
+        ],
+    );
+    assert_eq!(chosen, "cached");
+}
