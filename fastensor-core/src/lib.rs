@@ -9,6 +9,7 @@ mod context;
 mod dtype;
 mod error;
 pub mod knobs;
+mod layer;
 mod memory;
 pub mod parallel;
 mod registry;
@@ -23,6 +24,7 @@ pub use context::{CacheState, Direction, FileLocation, Purpose, TransferContext}
 pub use dtype::DType;
 pub use error::{kind_of_io, Error, ErrorKind, Result};
 pub use knobs::{KnobSpec, Knobs};
+pub use layer::{open_inner, LayeredBackend, LayeredFile};
 pub use memory::{DeviceSlice, DeviceSliceMut, HostBuffer, MemMut, MemRef, MemoryKind, PAGE_ALIGN};
 pub use registry::{BackendRegistration, Entry, Origin, Registry};
 pub use tensor::TensorDesc;
