@@ -8,6 +8,7 @@ mod backend;
 mod context;
 mod dtype;
 mod error;
+mod handle;
 pub mod knobs;
 mod layer;
 mod memory;
@@ -23,6 +24,7 @@ pub use backend::{
 pub use context::{CacheState, Direction, FileLocation, Purpose, TransferContext};
 pub use dtype::DType;
 pub use error::{kind_of_io, Error, ErrorKind, Result};
+pub use handle::KnownLen;
 pub use knobs::{KnobSpec, Knobs};
 pub use layer::{open_inner, LayeredBackend, LayeredFile};
 pub use memory::{DeviceSlice, DeviceSliceMut, HostBuffer, MemMut, MemRef, MemoryKind, PAGE_ALIGN};

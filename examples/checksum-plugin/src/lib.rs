@@ -248,13 +248,7 @@ impl LayeredFile for ChecksumFile {
     }
 
     fn read_at(&self, offset: u64, dst: MemMut<'_>) -> Result<usize> {
-        let MemMut::Host(buf) = dst else {
-            return Err(unsupported_memory(
-                &self.name,
-                dst.kind(),
-                self.inner.path(),
-            ));
-        };
+        let buf = dst.host_for(&self.name, self.inner.path())?;
         let n = self.inner.read_at(offset, MemMut::Host(&mut *buf))?;
         self.ledger
             .verify(&self.name, self.inner.path(), offset, &buf[..n])?;
@@ -262,13 +256,7 @@ impl LayeredFile for ChecksumFile {
     }
 
     fn write_at(&self, offset: u64, src: MemRef<'_>) -> Result<()> {
-        let MemRef::Host(buf) = src else {
-            return Err(unsupported_memory(
-                &self.name,
-                src.kind(),
-                self.inner.path(),
-            ));
-        };
+        let buf = src.host_for(&self.name, self.inner.path())?;
         self.inner.write_at(offset, src)?;
         self.ledger.record(self.inner.path(), offset, buf);
         Ok(())
