@@ -76,6 +76,22 @@ impl KnownLen {
         self.0.load(Ordering::Acquire)
     }
 
+    /// The file's length from `stat` (an `fstat`), remembered: what a handle's
+    /// [`BackendFile::len`](crate::BackendFile::len) returns.
+    pub fn refresh(&self, stat: impl FnOnce() -> Result<u64>) -> Result<u64> {
+        let len = stat()?;
+        self.set(len);
+        Ok(len)
+    }
+
+    /// Sets the file's length to `len` with `set_len` and remembers it: a handle's
+    /// [`BackendFile::set_len`](crate::BackendFile::set_len).
+    pub fn resize(&self, len: u64, set_len: impl FnOnce(u64) -> Result<()>) -> Result<()> {
+        set_len(len)?;
+        self.set(len);
+        Ok(())
+    }
+
     /// Runs `read` with the length of the file, for reads that end at most at `end`: the
     /// known length when `end` lies within it, else `stat`'s (remembered). When `read`
     /// fails with [`ErrorKind::UnexpectedEof`] on a known length and `stat` now says the
@@ -84,19 +100,16 @@ impl KnownLen {
     pub fn read_with<T>(
         &self,
         end: u64,
-        stat: impl Fn() -> Result<u64>,
+        stat: impl FnOnce() -> Result<u64>,
         mut read: impl FnMut(u64) -> Result<T>,
     ) -> Result<T> {
         let known = self.get();
         if end > known {
-            let len = stat()?;
-            self.set(len);
-            return read(len);
+            return read(self.refresh(stat)?);
         }
         match read(known) {
             Err(e) if e.kind() == ErrorKind::UnexpectedEof => {
-                let len = stat()?;
-                self.set(len);
+                let len = self.refresh(stat)?;
                 if len < known {
                     read(len)
                 } else {
@@ -114,7 +127,7 @@ impl KnownLen {
         &self,
         offset: u64,
         want: usize,
-        stat: impl Fn() -> Result<u64>,
+        stat: impl FnOnce() -> Result<u64>,
         mut read: impl FnMut(usize) -> Result<()>,
     ) -> Result<usize> {
         if want == 0 {

@@ -16,7 +16,6 @@ use crate::cuda::{self, device_error, Event, PinnedBuffer, Stream};
 use crate::device_buffer;
 use cudarc::driver::result;
 use fastensor_core::align::{align_down, align_up, split};
-use fastensor_core::write_end;
 use fastensor_core::{
     parallel, Availability, Backend, BackendFile, Capabilities, DeviceSliceMut, Error, ErrorKind,
     KnownLen, MemMut, MemRef, OpenMode, Result,
@@ -314,20 +313,11 @@ impl BackendFile for StagedFile {
     }
 
     fn write_at(&self, offset: u64, src: MemRef<'_>) -> Result<()> {
-        let d = src.device_for(CUDA_STAGED, &self.path)?;
-        if !self.writable {
-            return Err(Error::new(
-                ErrorKind::PermissionDenied,
-                "the file was opened for reading only",
-            )
-            .with_backend(CUDA_STAGED)
-            .with_path(&self.path)
-            .with_offset(offset));
-        }
-        let end = write_end(offset, d.len(), CUDA_STAGED, &self.path)?;
-        if d.is_empty() {
+        let Some((d, end)) =
+            crate::device_write(CUDA_STAGED, &self.path, self.writable, offset, src)?
+        else {
             return Ok(());
-        }
+        };
         let s = split(offset, d.len() as u64, self.align);
         let src_ptr = d.ptr();
         if !s.middle.is_empty() {
@@ -383,14 +373,12 @@ impl BackendFile for StagedFile {
     }
 
     fn len(&self) -> Result<u64> {
-        let len = self.stat()?;
-        self.known.set(len);
-        Ok(len)
+        self.known.refresh(|| self.stat())
     }
 
     fn set_len(&self, len: u64) -> Result<()> {
-        sys::set_file_len(&self.file, len, CUDA_STAGED, &self.path)?;
-        self.known.set(len);
-        Ok(())
+        self.known.resize(len, |len| {
+            sys::set_file_len(&self.file, len, CUDA_STAGED, &self.path)
+        })
     }
 }

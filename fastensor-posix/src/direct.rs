@@ -436,15 +436,13 @@ impl BackendFile for DirectFile {
     }
 
     fn len(&self) -> Result<u64> {
-        let len = self.stat()?;
-        self.known.set(len);
-        Ok(len)
+        self.known.refresh(|| self.stat())
     }
 
     fn set_len(&self, len: u64) -> Result<()> {
-        sys::set_file_len(&self.direct, len, POSIX_DIRECT, &self.path)?;
-        self.known.set(len);
-        Ok(())
+        self.known.resize(len, |len| {
+            sys::set_file_len(&self.direct, len, POSIX_DIRECT, &self.path)
+        })
     }
 }
 

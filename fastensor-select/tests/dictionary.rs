@@ -1,9 +1,7 @@
 //! Estimator properties (proptest) and the dictionary's TOML round trip, corruption and
 //! machine fingerprints. (Reading and saving by path: the facade's `profile` module.)
 
-use fastensor_core::{
-    CacheState, Direction, ErrorKind, FileLocation, MemoryKind, Purpose, TransferContext,
-};
+use fastensor_core::{CacheState, Direction, ErrorKind, FileLocation, Purpose, TransferContext};
 use fastensor_select::{
     Dictionary, Estimate, Fingerprint, MachineFacts, Observation, Selector, SelectorConfig,
 };
@@ -12,17 +10,8 @@ use std::time::Duration;
 
 fn ctx(direction: Direction, bytes: u64, cache: CacheState) -> TransferContext {
     TransferContext {
-        direction,
-        bytes,
-        memory: MemoryKind::Host,
-        location: FileLocation {
-            fs_type: "ext4".into(),
-            device: "259:1".into(),
-        }
-        .into(),
-        in_flight: 1,
-        purpose: Purpose::General,
         cache,
+        ..TransferContext::host(direction, bytes, FileLocation::new("ext4", "259:1"))
     }
 }
 

@@ -1,7 +1,7 @@
 //! The profile on disk: round trip, corrupt files, another machine or format version.
 
 use super::*;
-use fastensor_core::{CacheState, Direction, FileLocation, MemoryKind, Purpose, TransferContext};
+use fastensor_core::{CacheState, Direction, FileLocation, TransferContext};
 use fastensor_select::Observation;
 use std::time::Duration;
 
@@ -9,23 +9,15 @@ use std::time::Duration;
 /// machine with the device its contexts name.
 fn trained() -> Selector {
     let mut s = fresh(SelectorConfig::default());
-    let location = FileLocation {
-        fs_type: "ext4".into(),
-        device: "259:1".into(),
-    };
+    let location = FileLocation::new("ext4", "259:1");
     let mut f = s.fingerprint().clone();
     f.add_location(&location, &ThisMachine);
     s.set_fingerprint(f);
     for bytes in [4096u64, 1 << 20] {
         for direction in [Direction::Read, Direction::Write] {
             let c = TransferContext {
-                direction,
-                bytes,
-                memory: MemoryKind::Host,
-                location: location.clone().into(),
-                in_flight: 1,
-                purpose: Purpose::General,
                 cache: CacheState::Cold,
+                ..TransferContext::host(direction, bytes, location.clone())
             };
             for round in 0..12u64 {
                 let choice = s.choose(&c, &["x", "y", "z"]).unwrap();

@@ -16,8 +16,8 @@
 #![deny(missing_docs)]
 
 use fastensor_core::{
-    write_end, Availability, Backend, BackendFile, Capabilities, Error,
-    ErrorKind, MemMut, MemRef, OpenMode, Result,
+    write_end, Availability, Backend, BackendFile, Capabilities, Error, ErrorKind, MemMut, MemRef,
+    OpenMode, Result,
 };
 use std::fs::{File, OpenOptions};
 use std::path::{Path, PathBuf};

@@ -5,7 +5,6 @@ use super::GDS;
 use crate::cufile::{CuFile, FileHandle, OpError};
 use crate::{cuda, device_buffer};
 use fastensor_core::align::split;
-use fastensor_core::write_end;
 use fastensor_core::{
     parallel, unsupported_memory, BackendFile, Error, ErrorKind, KnownLen, MemMut, MemRef,
     ReadRequest, Result, WriteRequest,
@@ -206,20 +205,10 @@ impl BackendFile for GdsFile {
     }
 
     fn write_at(&self, offset: u64, src: MemRef<'_>) -> Result<()> {
-        let d = src.device_for(GDS, &self.path)?;
-        if !self.writable {
-            return Err(Error::new(
-                ErrorKind::PermissionDenied,
-                "the file was opened for reading only",
-            )
-            .with_backend(GDS)
-            .with_path(&self.path)
-            .with_offset(offset));
-        }
-        let end = write_end(offset, d.len(), GDS, &self.path)?;
-        if d.is_empty() {
+        let Some((d, end)) = crate::device_write(GDS, &self.path, self.writable, offset, src)?
+        else {
             return Ok(());
-        }
+        };
         let s = split(offset, d.len() as u64, self.align);
         let head = (s.head.end - s.head.start) as usize;
         let middle = (s.middle.end - s.middle.start) as usize;
@@ -271,15 +260,13 @@ impl BackendFile for GdsFile {
     }
 
     fn len(&self) -> Result<u64> {
-        let len = self.stat()?;
-        self.known.set(len);
-        Ok(len)
+        self.known.refresh(|| self.stat())
     }
 
     fn set_len(&self, len: u64) -> Result<()> {
-        sys::set_file_len(&self.direct, len, GDS, &self.path)?;
-        self.known.set(len);
-        Ok(())
+        self.known.resize(len, |len| {
+            sys::set_file_len(&self.direct, len, GDS, &self.path)
+        })
     }
 }
 

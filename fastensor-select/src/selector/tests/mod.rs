@@ -2,24 +2,13 @@
 //! contexts and cost shapes here, the tests by rule in the modules below.
 
 use super::*;
-use fastensor_core::{CacheState, Direction, FileLocation, MemoryKind, Purpose};
+use fastensor_core::{CacheState, Direction, FileLocation};
 use model::LinearCost;
 use std::time::Duration;
 
+/// A write of `bytes` from host memory to an ext4 file.
 fn ctx(bytes: u64) -> TransferContext {
-    TransferContext {
-        direction: Direction::Write,
-        bytes,
-        memory: MemoryKind::Host,
-        location: FileLocation {
-            fs_type: "ext4".into(),
-            device: "259:1".into(),
-        }
-        .into(),
-        in_flight: 1,
-        purpose: Purpose::General,
-        cache: CacheState::Unknown,
-    }
+    TransferContext::host(Direction::Write, bytes, FileLocation::new("ext4", "259:1"))
 }
 
 /// A backend costing `latency_ns + bytes * per_byte_ns` per transfer, without noise.
