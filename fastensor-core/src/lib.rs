@@ -27,7 +27,9 @@ pub use error::{kind_of_io, Error, ErrorKind, Result};
 pub use handle::KnownLen;
 pub use knobs::{KnobSpec, Knobs};
 pub use layer::{open_inner, LayeredBackend, LayeredFile};
-pub use memory::{DeviceSlice, DeviceSliceMut, HostBuffer, MemMut, MemRef, MemoryKind, PAGE_ALIGN};
+pub use memory::{
+    DeviceRange, DeviceSlice, DeviceSliceMut, HostBuffer, MemMut, MemRef, MemoryKind, PAGE_ALIGN,
+};
 pub use registry::{BackendRegistration, Entry, Origin, Registry};
 pub use tensor::TensorDesc;
 

@@ -295,22 +295,7 @@ pub(super) fn missing_file_is_not_found(h: &Harness<'_>) -> CheckResult {
     } else {
         &[OpenMode::Read]
     };
-    for &mode in modes {
-        match h.backend.open(&path, mode) {
-            Ok(_) => return Err(format!("opening a missing file ({mode:?}) succeeded")),
-            Err(e) if e.kind() != ErrorKind::NotFound => {
-                return Err(format!(
-                    "missing file ({mode:?}) gave {:?}, not NotFound: {e}",
-                    e.kind()
-                ))
-            }
-            Err(e) if !e.to_string().contains(&*path.to_string_lossy()) => {
-                return Err(format!("the error does not name the file: {e}"))
-            }
-            Err(_) => {}
-        }
-    }
-    Ok(())
+    open_fails(h, &path, modes, ErrorKind::NotFound, "a missing file")
 }
 
 pub(super) fn directory_is_refused(h: &Harness<'_>) -> CheckResult {
@@ -321,17 +306,28 @@ pub(super) fn directory_is_refused(h: &Harness<'_>) -> CheckResult {
     } else {
         &[OpenMode::Read]
     };
+    open_fails(h, &dir, modes, ErrorKind::InvalidInput, "a directory")
+}
+
+/// Opening `path` (`what`) in each of `modes` fails with `kind`, the error naming `path`.
+fn open_fails(
+    h: &Harness<'_>,
+    path: &std::path::Path,
+    modes: &[OpenMode],
+    kind: ErrorKind,
+    what: &str,
+) -> CheckResult {
     for &mode in modes {
-        match h.backend.open(&dir, mode) {
-            Ok(_) => return Err(format!("opening a directory ({mode:?}) succeeded")),
-            Err(e) if e.kind() != ErrorKind::InvalidInput => {
+        match h.backend.open(path, mode) {
+            Ok(_) => return Err(format!("opening {what} ({mode:?}) succeeded")),
+            Err(e) if e.kind() != kind => {
                 return Err(format!(
-                    "a directory ({mode:?}) gave {:?}, not InvalidInput: {e}",
+                    "{what} ({mode:?}) gave {:?}, not {kind:?}: {e}",
                     e.kind()
                 ))
             }
-            Err(e) if !e.to_string().contains(&*dir.to_string_lossy()) => {
-                return Err(format!("the error does not name the directory: {e}"))
+            Err(e) if !e.to_string().contains(&*path.to_string_lossy()) => {
+                return Err(format!("the error does not name {what}: {e}"))
             }
             Err(_) => {}
         }
