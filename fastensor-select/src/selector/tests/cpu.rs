@@ -26,31 +26,40 @@ fn a_wall_only_record_carries_the_last_measured_cpu_cost() {
 }
 
 #[test]
-fn paths_tied_on_time_go_to_the_one_that_costs_less_cpu() {
-    // `cached` is 1% faster but takes 40% more CPU: tied on time, `direct` leads.
-    let backends = [
-        ("cached", 9_900_000, 1_400_000),
-        ("direct", 10_000_000, 1_000_000),
+fn cpu_cost_breaks_ties_on_time_and_decides_under_the_cpu_objective() {
+    // (objective, backends as (name, wall ns, cpu ns), the choice, why)
+    let cases = [
+        (
+            Objective::Time,
+            [
+                ("cached", 9_900_000, 1_400_000),
+                ("direct", 10_000_000, 1_000_000),
+            ],
+            "direct",
+            "`cached` is 1% faster but takes 40% more CPU: tied on time, `direct` leads",
+        ),
+        (
+            Objective::Time,
+            [
+                ("cached", 8_000_000, 3_000_000),
+                ("direct", 10_000_000, 1_000_000),
+            ],
+            "cached",
+            "a path clearly faster wins whatever its CPU cost",
+        ),
+        (
+            Objective::Cpu,
+            [
+                ("cached", 9_900_000, 1_400_000),
+                ("direct", 10_000_000, 1_500_000),
+            ],
+            "cached",
+            "under the CPU objective, ties on time do not matter",
+        ),
     ];
-    assert_eq!(chosen_by(Objective::Time, &backends), "direct");
-}
-
-#[test]
-fn a_path_clearly_faster_wins_whatever_its_cpu_cost() {
-    let backends = [
-        ("cached", 8_000_000, 3_000_000),
-        ("direct", 10_000_000, 1_000_000),
-    ];
-    assert_eq!(chosen_by(Objective::Time, &backends), "cached");
-}
-
-#[test]
-fn under_the_cpu_objective_ties_on_time_do_not_matter() {
-    let backends = [
-        ("cached", 9_900_000, 1_400_000),
-        ("direct", 10_000_000, 1_500_000),
-    ];
-    assert_eq!(chosen_by(Objective::Cpu, &backends), "cached");
+    for (objective, backends, want, why) in cases {
+        assert_eq!(chosen_by(objective, &backends), want, "{why}");
+    }
 }
 
 /// The choice of a fresh selector for `objective` after exploring 4 MiB transfers through
