@@ -11,6 +11,7 @@ pub use fastensor_sys::fork;
 pub mod checkpoint;
 pub mod engine;
 pub mod offload;
+pub mod profile;
 
 pub use fastensor_core as core;
 pub use fastensor_core::{

@@ -213,7 +213,7 @@ fn profile_knobs_are_applied_and_bad_ones_warn() {
     let knob = |k: &str, v: &str| [(k.to_string(), v.to_string())].into_iter().collect();
     dict.knobs
         .insert("knob-recorder".into(), knob("depth", "2"));
-    dict.save(&profile).unwrap();
+    fastensor::profile::save(&dict, &profile).unwrap();
     let recorder = KnobRecorder::default();
     let engine = Engine::builder()
         .backend(std::sync::Arc::new(recorder.clone()))
@@ -228,11 +228,11 @@ fn profile_knobs_are_applied_and_bad_ones_warn() {
     assert_eq!(recorder.seen.lock().unwrap().as_deref(), Some("depth=2"));
     // Saving keeps the knobs.
     engine.save_profile().unwrap();
-    let saved = fastensor::Dictionary::read(&profile).unwrap();
+    let saved = fastensor::profile::read(&profile).unwrap();
     assert_eq!(saved.knobs["knob-recorder"]["depth"], "2");
     // A knob the backend does not have: defaults kept, and a warning says why.
     dict.knobs.insert("posix-direct".into(), knob("bogus", "1"));
-    dict.save(&profile).unwrap();
+    fastensor::profile::save(&dict, &profile).unwrap();
     let engine = Engine::builder().profile(&profile).build().unwrap();
     let warning = engine.load_warning().expect("a warning").to_string();
     assert!(warning.contains("bogus"), "{warning}");

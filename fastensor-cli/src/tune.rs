@@ -68,7 +68,7 @@ pub fn save_profile(dict: &Dictionary, path: &Path) -> Result<()> {
         std::fs::create_dir_all(parent)
             .map_err(|e| Error::io(e, "cannot create the profile directory").with_path(parent))?;
     }
-    fastensor::atomic::write(path, dict.to_toml().as_bytes())
+    fastensor::profile::save(dict, path)
 }
 
 /// Runs a short exploration and writes the profile.
@@ -139,7 +139,7 @@ pub fn run_tune(args: TuneArgs) -> Result<()> {
 /// The profile at `path` when it is one this machine would use (`None` when there is no
 /// file); else what the file is, in words.
 fn usable_profile(path: &Path) -> std::result::Result<Option<Dictionary>, String> {
-    match Dictionary::read(path) {
+    match fastensor::profile::read(path) {
         Ok(d) => match other_machine(&d) {
             Some(why) => Err(format!("a profile of another machine ({why})")),
             None => Ok(Some(d)),
@@ -154,7 +154,7 @@ fn usable_profile(path: &Path) -> std::result::Result<Option<Dictionary>, String
 
 /// How the machine `dict` was measured on differs from this one; `None` when it is this one.
 fn other_machine(dict: &Dictionary) -> Option<String> {
-    dict.fingerprint.mismatch(&dict.fingerprint.current())
+    fastensor::profile::other_machine(dict)
 }
 
 /// `FILE.bak` for `FILE`.
@@ -169,7 +169,7 @@ pub fn run_profile(cmd: ProfileCommand) -> Result<()> {
     match cmd {
         ProfileCommand::Show { file } => {
             let path = profile_path(file)?;
-            let dict = Dictionary::read(&path)?;
+            let dict = fastensor::profile::read(&path)?;
             print!("{dict}");
             if let Some(why) = other_machine(&dict) {
                 println!(

@@ -173,15 +173,17 @@ pub trait Backend: Send + Sync + 'static {
     /// A copy of this backend with `knobs` applied over its current settings; unknown names
     /// and bad values are [`ErrorKind::InvalidInput`]. Default: [`ErrorKind::Unsupported`].
     fn with_knobs(&self, knobs: &Knobs) -> Result<SharedBackend> {
-        Err(Error::new(
-            ErrorKind::Unsupported,
-            format!(
-                "backend `{}` has no knobs (asked for `{knobs}`)",
-                self.name()
-            ),
-        )
-        .with_backend(self.name()))
+        Err(no_knobs(self.name(), knobs))
     }
+}
+
+/// The error of a backend with no knobs asked for `knobs`.
+pub(crate) fn no_knobs(backend: &str, knobs: &Knobs) -> Error {
+    Error::new(
+        ErrorKind::Unsupported,
+        format!("backend `{backend}` has no knobs (asked for `{knobs}`)"),
+    )
+    .with_backend(backend)
 }
 
 impl fmt::Debug for dyn Backend {

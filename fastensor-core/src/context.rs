@@ -76,6 +76,16 @@ pub struct FileLocation {
     pub device: String,
 }
 
+impl FileLocation {
+    /// A file on file system `fs_type` of block device `device` (`major:minor`).
+    pub fn new(fs_type: impl Into<String>, device: impl Into<String>) -> Self {
+        FileLocation {
+            fs_type: fs_type.into(),
+            device: device.into(),
+        }
+    }
+}
+
 /// Everything known about a transfer before it starts.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct TransferContext {
@@ -94,4 +104,21 @@ pub struct TransferContext {
     pub purpose: Purpose,
     /// Page-cache residency of the bytes (reads only).
     pub cache: CacheState,
+}
+
+impl TransferContext {
+    /// A transfer of `bytes` between host memory and a file at `location`, alone on the
+    /// engine (one request in flight), of general purpose, its cache state unknown; set the
+    /// fields to say more.
+    pub fn host(direction: Direction, bytes: u64, location: FileLocation) -> Self {
+        TransferContext {
+            direction,
+            bytes,
+            memory: MemoryKind::Host,
+            location: Arc::new(location),
+            in_flight: 1,
+            purpose: Purpose::General,
+            cache: CacheState::Unknown,
+        }
+    }
 }

@@ -8,7 +8,9 @@ mod backend;
 mod context;
 mod dtype;
 mod error;
+mod handle;
 pub mod knobs;
+mod layer;
 mod memory;
 pub mod parallel;
 mod registry;
@@ -22,8 +24,12 @@ pub use backend::{
 pub use context::{CacheState, Direction, FileLocation, Purpose, TransferContext};
 pub use dtype::DType;
 pub use error::{kind_of_io, Error, ErrorKind, Result};
+pub use handle::KnownLen;
 pub use knobs::{KnobSpec, Knobs};
-pub use memory::{DeviceSlice, DeviceSliceMut, HostBuffer, MemMut, MemRef, MemoryKind, PAGE_ALIGN};
+pub use layer::{open_inner, LayeredBackend, LayeredFile};
+pub use memory::{
+    DeviceRange, DeviceSlice, DeviceSliceMut, HostBuffer, MemMut, MemRef, MemoryKind, PAGE_ALIGN,
+};
 pub use registry::{BackendRegistration, Entry, Origin, Registry};
 pub use tensor::TensorDesc;
 

@@ -4,6 +4,7 @@
 
 use std::fmt;
 use std::marker::PhantomData;
+use std::ops::Deref;
 
 mod host_buffer;
 
@@ -34,30 +35,16 @@ impl fmt::Display for MemoryKind {
     }
 }
 
-/// A borrowed range of device memory that a transfer may read.
-#[derive(Debug, Clone, Copy)]
-pub struct DeviceSlice<'a> {
+/// Where a range of device memory lies: its address, length and GPU. [`DeviceSlice`] and
+/// [`DeviceSliceMut`] dereference to it; it gives no access to the memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeviceRange {
     ptr: u64,
     len: usize,
     ordinal: u32,
-    _borrow: PhantomData<&'a [u8]>,
 }
 
-impl<'a> DeviceSlice<'a> {
-    /// Wraps a device pointer.
-    ///
-    /// # Safety
-    /// `ptr..ptr + len` must be device memory allocated on GPU `ordinal` that stays valid,
-    /// at a fixed address, and is not written by anyone else for the whole lifetime `'a`.
-    pub unsafe fn from_raw(ptr: u64, len: usize, ordinal: u32) -> Self {
-        DeviceSlice {
-            ptr,
-            len,
-            ordinal,
-            _borrow: PhantomData,
-        }
-    }
-
+impl DeviceRange {
     /// The device address of the first byte.
     pub fn ptr(&self) -> u64 {
         self.ptr
@@ -79,26 +66,60 @@ impl<'a> DeviceSlice<'a> {
     }
 
     /// The sub-range `start..start + len`. Panics when it is out of bounds.
-    pub fn slice(&self, start: usize, len: usize) -> DeviceSlice<'a> {
+    fn sub(&self, start: usize, len: usize) -> DeviceRange {
         assert!(
             start.checked_add(len).is_some_and(|e| e <= self.len),
             "device slice out of range"
         );
-        DeviceSlice {
+        DeviceRange {
             ptr: self.ptr + start as u64,
             len,
             ordinal: self.ordinal,
+        }
+    }
+}
+
+/// A borrowed range of device memory that a transfer may read.
+#[derive(Debug, Clone, Copy)]
+pub struct DeviceSlice<'a> {
+    range: DeviceRange,
+    _borrow: PhantomData<&'a [u8]>,
+}
+
+impl<'a> DeviceSlice<'a> {
+    /// Wraps a device pointer.
+    ///
+    /// # Safety
+    /// `ptr..ptr + len` must be device memory allocated on GPU `ordinal` that stays valid,
+    /// at a fixed address, and is not written by anyone else for the whole lifetime `'a`.
+    pub unsafe fn from_raw(ptr: u64, len: usize, ordinal: u32) -> Self {
+        DeviceSlice {
+            range: DeviceRange { ptr, len, ordinal },
             _borrow: PhantomData,
         }
+    }
+
+    /// The sub-range `start..start + len`. Panics when it is out of bounds.
+    pub fn slice(&self, start: usize, len: usize) -> DeviceSlice<'a> {
+        DeviceSlice {
+            range: self.range.sub(start, len),
+            _borrow: PhantomData,
+        }
+    }
+}
+
+impl Deref for DeviceSlice<'_> {
+    type Target = DeviceRange;
+
+    fn deref(&self) -> &DeviceRange {
+        &self.range
     }
 }
 
 /// A borrowed range of device memory that a transfer may write.
 #[derive(Debug)]
 pub struct DeviceSliceMut<'a> {
-    ptr: u64,
-    len: usize,
-    ordinal: u32,
+    range: DeviceRange,
     _borrow: PhantomData<&'a mut [u8]>,
 }
 
@@ -111,46 +132,20 @@ impl<'a> DeviceSliceMut<'a> {
     /// lifetime `'a`.
     pub unsafe fn from_raw(ptr: u64, len: usize, ordinal: u32) -> Self {
         DeviceSliceMut {
-            ptr,
-            len,
-            ordinal,
+            range: DeviceRange { ptr, len, ordinal },
             _borrow: PhantomData,
         }
     }
 
-    /// The device address of the first byte.
-    pub fn ptr(&self) -> u64 {
-        self.ptr
-    }
-
-    /// Length in bytes.
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    /// True when the range is empty.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    /// The GPU ordinal.
-    pub fn ordinal(&self) -> u32 {
-        self.ordinal
-    }
-
     /// Splits into `[0, mid)` and `[mid, len)`. Panics when `mid > len`.
     pub fn split_at(self, mid: usize) -> (DeviceSliceMut<'a>, DeviceSliceMut<'a>) {
-        assert!(mid <= self.len, "device split out of range");
+        assert!(mid <= self.range.len, "device split out of range");
         let a = DeviceSliceMut {
-            ptr: self.ptr,
-            len: mid,
-            ordinal: self.ordinal,
+            range: self.range.sub(0, mid),
             _borrow: PhantomData,
         };
         let b = DeviceSliceMut {
-            ptr: self.ptr + mid as u64,
-            len: self.len - mid,
-            ordinal: self.ordinal,
+            range: self.range.sub(mid, self.range.len - mid),
             _borrow: PhantomData,
         };
         (a, b)
@@ -159,11 +154,17 @@ impl<'a> DeviceSliceMut<'a> {
     /// Reborrows for a shorter lifetime.
     pub fn reborrow(&mut self) -> DeviceSliceMut<'_> {
         DeviceSliceMut {
-            ptr: self.ptr,
-            len: self.len,
-            ordinal: self.ordinal,
+            range: self.range,
             _borrow: PhantomData,
         }
+    }
+}
+
+impl Deref for DeviceSliceMut<'_> {
+    type Target = DeviceRange;
+
+    fn deref(&self) -> &DeviceRange {
+        &self.range
     }
 }
 

@@ -32,6 +32,7 @@ pub use device_buffer::{copy_to_device, copy_to_host, DeviceBuffer};
 pub use gds::{GdsBackend, GdsConfig, GDS};
 pub use staged::{StagedBackend, StagedConfig, CUDA_STAGED};
 
+use fastensor_core::{write_end, DeviceSlice, Error, ErrorKind, MemRef, Result};
 use std::path::Path;
 use std::sync::Arc;
 
@@ -57,6 +58,31 @@ pub fn gpus() -> String {
         }
         Err(reason) => reason,
     }
+}
+
+/// The preamble of a write through a file of the CUDA backends: device memory (else the
+/// `unsupported_memory` error), a handle opened for writing (else
+/// [`ErrorKind::PermissionDenied`]), an end that fits in 64 bits ([`write_end`]). Returns
+/// the source and the end of the write, or `None` for an empty write (nothing to do).
+fn device_write<'a>(
+    backend: &str,
+    path: &Path,
+    writable: bool,
+    offset: u64,
+    src: MemRef<'a>,
+) -> Result<Option<(DeviceSlice<'a>, u64)>> {
+    let d = src.device_for(backend, path)?;
+    if !writable {
+        return Err(Error::new(
+            ErrorKind::PermissionDenied,
+            "the file was opened for reading only",
+        )
+        .with_backend(backend)
+        .with_path(path)
+        .with_offset(offset));
+    }
+    let end = write_end(offset, d.len(), backend, path)?;
+    Ok((!d.is_empty()).then_some((d, end)))
 }
 
 /// `[start, end)` as `(offset, length)` pieces that end at multiples of `chunk` (> 0): each

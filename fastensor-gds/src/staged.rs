@@ -17,10 +17,9 @@ use crate::device_buffer;
 use cudarc::driver::result;
 use fastensor_core::align::{align_down, align_up, split};
 use fastensor_core::{
-    parallel, unsupported_memory, Availability, Backend, BackendFile, Capabilities, Error,
-    ErrorKind, MemMut, MemRef, OpenMode, Result,
+    parallel, Availability, Backend, BackendFile, Capabilities, DeviceSliceMut, Error, ErrorKind,
+    KnownLen, MemMut, MemRef, OpenMode, Result,
 };
-use fastensor_core::{readable_len, write_end};
 use fastensor_sys as sys;
 use parking_lot::Mutex;
 use std::fs::File;
@@ -110,28 +109,16 @@ impl Backend for StagedBackend {
                 .with_backend(CUDA_STAGED)
                 .with_path(path)
         })?;
-        let buffered_mode = if mode.writable() {
-            OpenMode::ReadWrite
-        } else {
-            OpenMode::Read
-        };
         let direct = match self.config.direct {
-            true => match sys::open_file(path, mode, true, CUDA_STAGED) {
-                Ok(f) => Some(f),
+            true => match sys::open_direct_pair(path, mode, CUDA_STAGED) {
+                Ok(pair) => Some(pair),
                 Err(e) if e.kind() == ErrorKind::Unsupported => None,
                 Err(e) => return Err(e),
             },
             false => None,
         };
         let (file, buffered, align) = match direct {
-            Some(d) => {
-                let align = sys::direct_alignment(&d).offset.max(4096);
-                (
-                    d,
-                    sys::open_file(path, buffered_mode, false, CUDA_STAGED)?,
-                    align,
-                )
-            }
+            Some((direct, buffered, align)) => (direct, buffered, align.offset.max(4096)),
             None => {
                 let f = sys::open_file(path, mode, false, CUDA_STAGED)?;
                 let b = f
@@ -151,6 +138,7 @@ impl Backend for StagedBackend {
             lanes: self.lanes.clone(),
             writable: mode.writable(),
             path: path.to_path_buf(),
+            known: KnownLen::default(),
         }))
     }
 }
@@ -199,9 +187,16 @@ struct StagedFile {
     lanes: Arc<Mutex<Vec<Lane>>>,
     writable: bool,
     path: PathBuf,
+    /// The file's length as this handle knows it: reads are clamped by it, with no `fstat`.
+    known: KnownLen,
 }
 
 impl StagedFile {
+    /// The file's length from the file system (`fstat`).
+    fn stat(&self) -> Result<u64> {
+        sys::file_len(&self.file, CUDA_STAGED, &self.path)
+    }
+
     fn err(&self, e: std::io::Error, what: &str, offset: u64) -> Error {
         sys::transfer_error(e, what, CUDA_STAGED, &self.path, offset)
     }
@@ -253,28 +248,10 @@ impl StagedFile {
         .map_err(|e| self.about(e))
     }
 
-    /// `e` with this file's backend and path (for errors of the CUDA driver).
-    fn about(&self, e: Error) -> Error {
-        e.with_backend(CUDA_STAGED).with_path(&self.path)
-    }
-}
-
-impl BackendFile for StagedFile {
-    fn path(&self) -> &Path {
-        &self.path
-    }
-
-    fn read_at(&self, offset: u64, dst: MemMut<'_>) -> Result<usize> {
-        let MemMut::Device(d) = dst else {
-            return Err(unsupported_memory(CUDA_STAGED, dst.kind(), &self.path));
-        };
-        if d.is_empty() {
-            return Ok(0);
-        }
-        let len = readable_len(offset, d.len(), self.len()?);
-        if len == 0 {
-            return Ok(0);
-        }
+    /// Fills the first `len` bytes of `d` (within the file) from `offset`: the aligned blocks
+    /// around the range are read into the lanes' pinned buffers and only the requested bytes
+    /// copied to the device.
+    fn read_range(&self, offset: u64, d: &DeviceSliceMut<'_>, len: usize) -> Result<()> {
         let end = offset + len as u64;
         // Read the aligned blocks around the range; copy only the requested bytes.
         let chunks = crate::chunk_ranges(
@@ -300,9 +277,10 @@ impl BackendFile for StagedFile {
                     .with_offset(at + got as u64));
                 }
                 let piece = &lane.bufs[k][(lo - at) as usize..(hi - at) as usize];
-                // SAFETY: the destination range lies in `d`, borrowed mutably for the whole
-                // transfer; the pinned source stays alive and untouched until the event below
-                // completes (run_lanes drains the stream before returning).
+                // SAFETY: the destination range lies in `d` (`len` is within it), whose caller
+                // holds it exclusively for the whole transfer; the pinned source stays alive and
+                // untouched until the event below completes (run_lanes drains the stream
+                // before returning).
                 unsafe {
                     result::memcpy_htod_async(dst_ptr + (lo - offset), piece, lane.stream.raw())
                 }
@@ -310,27 +288,36 @@ impl BackendFile for StagedFile {
                 lane.events[k].record(&lane.stream)?;
             }
             Ok(())
-        })?;
-        Ok(len)
+        })
+    }
+
+    /// `e` with this file's backend and path (for errors of the CUDA driver).
+    fn about(&self, e: Error) -> Error {
+        e.with_backend(CUDA_STAGED).with_path(&self.path)
+    }
+}
+
+impl BackendFile for StagedFile {
+    fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn read_at(&self, offset: u64, dst: MemMut<'_>) -> Result<usize> {
+        let d = dst.device_for(CUDA_STAGED, &self.path)?;
+        self.known.read_clamped(
+            offset,
+            d.len(),
+            || self.stat(),
+            |len| self.read_range(offset, &d, len),
+        )
     }
 
     fn write_at(&self, offset: u64, src: MemRef<'_>) -> Result<()> {
-        let MemRef::Device(d) = src else {
-            return Err(unsupported_memory(CUDA_STAGED, src.kind(), &self.path));
-        };
-        if !self.writable {
-            return Err(Error::new(
-                ErrorKind::PermissionDenied,
-                "the file was opened for reading only",
-            )
-            .with_backend(CUDA_STAGED)
-            .with_path(&self.path)
-            .with_offset(offset));
-        }
-        write_end(offset, d.len(), CUDA_STAGED, &self.path)?;
-        if d.is_empty() {
+        let Some((d, end)) =
+            crate::device_write(CUDA_STAGED, &self.path, self.writable, offset, src)?
+        else {
             return Ok(());
-        }
+        };
         let s = split(offset, d.len() as u64, self.align);
         let src_ptr = d.ptr();
         if !s.middle.is_empty() {
@@ -377,6 +364,7 @@ impl BackendFile for StagedFile {
             sys::pwrite_all(&self.buffered, &host, part.start)
                 .map_err(|e| self.err(e, "write failed", part.start))?;
         }
+        self.known.wrote(end);
         Ok(())
     }
 
@@ -385,10 +373,12 @@ impl BackendFile for StagedFile {
     }
 
     fn len(&self) -> Result<u64> {
-        sys::file_len(&self.file, CUDA_STAGED, &self.path)
+        self.known.refresh(|| self.stat())
     }
 
     fn set_len(&self, len: u64) -> Result<()> {
-        sys::set_file_len(&self.file, len, CUDA_STAGED, &self.path)
+        self.known.resize(len, |len| {
+            sys::set_file_len(&self.file, len, CUDA_STAGED, &self.path)
+        })
     }
 }

@@ -6,8 +6,8 @@ use crate::abi::{
     ENTRY_SYMBOL, STATUS_OK,
 };
 use fastensor_core::{
-    unsupported_memory, Availability, Backend, BackendFile, Capabilities, Error, ErrorKind, MemMut,
-    MemRef, OpenMode, Result,
+    Availability, Backend, BackendFile, Capabilities, Error, ErrorKind, MemMut, MemRef, OpenMode,
+    Result,
 };
 use std::ffi::c_void;
 use std::fmt;
@@ -377,9 +377,7 @@ impl BackendFile for DynamicFile {
     }
 
     fn read_at(&self, offset: u64, dst: MemMut<'_>) -> Result<usize> {
-        let MemMut::Host(buf) = dst else {
-            return Err(unsupported_memory(&self.inst.name, dst.kind(), &self.path));
-        };
+        let buf = dst.host_for(&self.inst.name, &self.path)?;
         let mut read = 0usize;
         // SAFETY: the handle is live; buf is valid for writes of buf.len() bytes and borrowed
         // exclusively for the call; read points to a local.
@@ -403,9 +401,7 @@ impl BackendFile for DynamicFile {
     }
 
     fn write_at(&self, offset: u64, src: MemRef<'_>) -> Result<()> {
-        let MemRef::Host(buf) = src else {
-            return Err(unsupported_memory(&self.inst.name, src.kind(), &self.path));
-        };
+        let buf = src.host_for(&self.inst.name, &self.path)?;
         // SAFETY: the handle is live; buf is valid for reads of buf.len() bytes for the call.
         let status =
             unsafe { (self.inst.lib.table.write_at)(self.ptr, offset, buf.as_ptr(), buf.len()) };

@@ -4,8 +4,8 @@
 use crate::sys;
 use fastensor_core::write_end;
 use fastensor_core::{
-    unsupported_memory, Availability, Backend, BackendFile, Capabilities, Error, MemMut, MemRef,
-    OpenMode, ReadRequest, Result,
+    Availability, Backend, BackendFile, Capabilities, Error, MemMut, MemRef, OpenMode, ReadRequest,
+    Result,
 };
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -58,9 +58,7 @@ impl BackendFile for PosixFile {
     }
 
     fn read_at(&self, offset: u64, dst: MemMut<'_>) -> Result<usize> {
-        let MemMut::Host(buf) = dst else {
-            return Err(unsupported_memory(POSIX, dst.kind(), &self.path));
-        };
+        let buf = dst.host_for(POSIX, &self.path)?;
         sys::pread_full(&self.file, buf, offset).map_err(|e| self.err(e, "read failed", offset))
     }
 
@@ -70,9 +68,7 @@ impl BackendFile for PosixFile {
     }
 
     fn write_at(&self, offset: u64, src: MemRef<'_>) -> Result<()> {
-        let MemRef::Host(buf) = src else {
-            return Err(unsupported_memory(POSIX, src.kind(), &self.path));
-        };
+        let buf = src.host_for(POSIX, &self.path)?;
         write_end(offset, buf.len(), POSIX, &self.path)?;
         sys::pwrite_all(&self.file, buf, offset).map_err(|e| self.err(e, "write failed", offset))
     }

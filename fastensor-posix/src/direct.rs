@@ -14,8 +14,8 @@ use crate::sys;
 use fastensor_core::align::{align_down, align_up, is_aligned, split, DirectAlignment};
 use fastensor_core::{
     knobs, parallel, unsupported_memory, Availability, Backend, BackendFile, Capabilities, Error,
-    ErrorKind, HostBuffer, KnobSpec, Knobs, MemMut, MemRef, OpenMode, ReadRequest, Result,
-    SharedBackend,
+    ErrorKind, HostBuffer, KnobSpec, Knobs, KnownLen, MemMut, MemRef, OpenMode, ReadRequest,
+    Result, SharedBackend,
 };
 use fastensor_core::{readable_len, write_end};
 use fastensor_sys::fork::ForkMutex;
@@ -188,6 +188,8 @@ pub(crate) struct DirectFile {
     preallocate: bool,
     path: PathBuf,
     bounce: Arc<BouncePool>,
+    /// The file's length as this handle knows it: reads are clamped by it, with no `fstat`.
+    known: KnownLen,
 }
 
 impl DirectFile {
@@ -216,7 +218,13 @@ impl DirectFile {
             preallocate: config.preallocate,
             path,
             bounce,
+            known: KnownLen::default(),
         }
+    }
+
+    /// The file's length from the file system (`fstat`).
+    fn stat(&self) -> Result<u64> {
+        sys::file_len(&self.direct, POSIX_DIRECT, &self.path)
     }
 
     fn err(&self, e: std::io::Error, what: &str, offset: u64) -> Error {
@@ -358,48 +366,47 @@ impl BackendFile for DirectFile {
     }
 
     fn read_at(&self, offset: u64, dst: MemMut<'_>) -> Result<usize> {
-        let MemMut::Host(buf) = dst else {
-            return Err(unsupported_memory(POSIX_DIRECT, dst.kind(), &self.path));
-        };
-        if buf.is_empty() {
-            return Ok(0);
-        }
-        let len = readable_len(offset, buf.len(), self.len()?);
-        self.read_within(offset, &mut buf[..len])?;
-        Ok(len)
+        let buf = dst.host_for(POSIX_DIRECT, &self.path)?;
+        self.known.read_clamped(
+            offset,
+            buf.len(),
+            || self.stat(),
+            |len| self.read_within(offset, &mut buf[..len]),
+        )
     }
 
     fn read_batch(&self, requests: &mut [ReadRequest<'_>]) -> Result<()> {
-        // As the default (one request after another), but with one `fstat` for the batch
-        // rather than one per request.
-        let mut file_len = None;
-        for req in requests.iter_mut() {
-            let buf = match &mut req.dst {
-                MemMut::Host(buf) => buf,
-                other => {
-                    return Err(unsupported_memory(POSIX_DIRECT, other.kind(), &self.path));
-                }
-            };
-            if buf.is_empty() {
-                req.done = 0;
-                continue;
+        // As the default (one request after another), but with at most one `fstat` for the
+        // batch, none when it lies within the known length.
+        let mut end = 0u64;
+        for req in requests.iter() {
+            if !matches!(req.dst, MemMut::Host(_)) {
+                return Err(unsupported_memory(POSIX_DIRECT, req.dst.kind(), &self.path));
             }
-            let file_len = match file_len {
-                Some(l) => l,
-                None => *file_len.insert(self.len()?),
-            };
-            let len = readable_len(req.offset, buf.len(), file_len);
-            self.read_within(req.offset, &mut buf[..len])?;
-            req.done = len;
+            if !req.dst.is_empty() {
+                end = end.max(req.offset.saturating_add(req.dst.len() as u64));
+            }
         }
-        Ok(())
+        self.known.read_with(
+            end,
+            || self.stat(),
+            |file_len| {
+                for req in requests.iter_mut() {
+                    let MemMut::Host(buf) = &mut req.dst else {
+                        unreachable!("checked above")
+                    };
+                    let len = readable_len(req.offset, buf.len(), file_len);
+                    self.read_within(req.offset, &mut buf[..len])?;
+                    req.done = len;
+                }
+                Ok(())
+            },
+        )
     }
 
     fn write_at(&self, offset: u64, src: MemRef<'_>) -> Result<()> {
-        let MemRef::Host(buf) = src else {
-            return Err(unsupported_memory(POSIX_DIRECT, src.kind(), &self.path));
-        };
-        write_end(offset, buf.len(), POSIX_DIRECT, &self.path)?;
+        let buf = src.host_for(POSIX_DIRECT, &self.path)?;
+        let end = write_end(offset, buf.len(), POSIX_DIRECT, &self.path)?;
         if buf.is_empty() {
             return Ok(());
         }
@@ -418,6 +425,7 @@ impl BackendFile for DirectFile {
             sys::pwrite_all(&self.buffered, tail, s.tail.start)
                 .map_err(|e| self.err(e, "write failed", s.tail.start))?;
         }
+        self.known.wrote(end);
         Ok(())
     }
 
@@ -428,11 +436,13 @@ impl BackendFile for DirectFile {
     }
 
     fn len(&self) -> Result<u64> {
-        sys::file_len(&self.direct, POSIX_DIRECT, &self.path)
+        self.known.refresh(|| self.stat())
     }
 
     fn set_len(&self, len: u64) -> Result<()> {
-        sys::set_file_len(&self.direct, len, POSIX_DIRECT, &self.path)
+        self.known.resize(len, |len| {
+            sys::set_file_len(&self.direct, len, POSIX_DIRECT, &self.path)
+        })
     }
 }
 

@@ -10,8 +10,8 @@
 
 use crate::sys;
 use fastensor_core::{
-    unsupported_memory, Availability, Backend, BackendFile, Capabilities, Error, ErrorKind, MemMut,
-    MemRef, OpenMode, ReadRequest, Result,
+    Availability, Backend, BackendFile, Capabilities, Error, ErrorKind, MemMut, MemRef, OpenMode,
+    ReadRequest, Result,
 };
 use fastensor_sys::fork::ForkRwLock;
 use memmap2::{Advice, Mmap};
@@ -145,9 +145,7 @@ impl BackendFile for MmapFile {
     }
 
     fn read_at(&self, offset: u64, dst: MemMut<'_>) -> Result<usize> {
-        let MemMut::Host(buf) = dst else {
-            return Err(unsupported_memory(MMAP, dst.kind(), &self.path));
-        };
+        let buf = dst.host_for(MMAP, &self.path)?;
         if let Some(n) = self.copy_out(offset, buf) {
             return Ok(n);
         }
@@ -181,10 +179,7 @@ impl BackendFile for MmapFile {
     }
 
     fn len(&self) -> Result<u64> {
-        self.file
-            .metadata()
-            .map(|m| m.len())
-            .map_err(|e| self.err(e, "cannot stat", 0))
+        sys::file_len(&self.file, MMAP, &self.path)
     }
 
     fn set_len(&self, len: u64) -> Result<()> {

@@ -10,7 +10,7 @@
 //! `cargo run --release -p fastensor-select --example regret`
 #![allow(dead_code)]
 
-use fastensor_core::{CacheState, Direction, FileLocation, MemoryKind, Purpose, TransferContext};
+use fastensor_core::{CacheState, Direction, FileLocation, TransferContext};
 use fastensor_select::{ContextKey, Observation, Selector, SelectorConfig};
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -119,17 +119,8 @@ fn transfer_of(rng: &mut Rng, base: u64) -> TransferContext {
         (Direction::Read, CacheState::Cached)
     };
     TransferContext {
-        direction,
-        bytes,
-        memory: MemoryKind::Host,
-        location: FileLocation {
-            fs_type: "ext4".into(),
-            device: "259:1".into(),
-        }
-        .into(),
-        in_flight: 1,
-        purpose: Purpose::General,
         cache,
+        ..TransferContext::host(direction, bytes, FileLocation::new("ext4", "259:1"))
     }
 }
 

@@ -9,7 +9,6 @@ use fastensor_core::{CacheState, Direction, Error, ErrorKind, MemoryKind, Result
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::fmt;
-use std::path::Path;
 
 /// The format version this build reads and writes.
 pub const FORMAT_VERSION: u32 = 1;
@@ -109,22 +108,11 @@ fn corrupt(what: impl fmt::Display) -> Error {
 }
 
 impl Dictionary {
-    /// Reads a dictionary. A missing file is [`ErrorKind::NotFound`], one that is not a
-    /// regular file (a FIFO, a device) [`ErrorKind::InvalidInput`]; a file that is not a
-    /// dictionary is [`ErrorKind::Corrupt`] naming the file (so is one with an unknown
-    /// objective, a sample that is NaN, infinite or negative, or a context given twice); a
-    /// dictionary of another format version is [`ErrorKind::Unsupported`].
-    pub fn read(path: &Path) -> Result<Dictionary> {
-        // A FIFO would block the read; a device is no dictionary.
-        if std::fs::metadata(path).is_ok_and(|m| !m.is_file()) {
-            return Err(Error::new(ErrorKind::InvalidInput, "not a regular file").with_path(path));
-        }
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| Error::io(e, "cannot read the dictionary").with_path(path))?;
-        Self::parse(&text).map_err(|e| e.with_path(path))
-    }
-
-    /// Parses the TOML text of a dictionary (errors as [`Dictionary::read`]).
+    /// Parses the TOML text of a dictionary. Text that is not a dictionary is
+    /// [`ErrorKind::Corrupt`] (so is one with an unknown objective, a sample that is NaN,
+    /// infinite or negative, or a context given twice); a dictionary of another format
+    /// version is [`ErrorKind::Unsupported`]. The errors name no file: reading one by path
+    /// (and saving) is the `fastensor` facade's `profile` module.
     pub fn parse(text: &str) -> Result<Dictionary> {
         let table: toml::Table = toml::from_str(text).map_err(corrupt)?;
         let version = match table.get("version") {
@@ -174,16 +162,9 @@ impl Dictionary {
         Ok(dict)
     }
 
-    /// The TOML text.
+    /// The TOML text ([`Dictionary::parse`] reads it back to an equal dictionary).
     pub fn to_toml(&self) -> String {
         toml::to_string(self).expect("a dictionary always serialises")
-    }
-
-    /// Writes the dictionary atomically and durably ([`fastensor_sys::atomic::write`]): a
-    /// crash leaves the old or the new dictionary, never a torn one, and no temporary file;
-    /// a target that is not a regular file is refused, a symbolic link followed.
-    pub fn save(&self, path: &Path) -> Result<()> {
-        fastensor_sys::atomic::write(path, self.to_toml().as_bytes())
     }
 
     /// The objective the dictionary was made for (`Time` when unreadable).
@@ -354,51 +335,6 @@ impl Selector {
         // The saved choices were made for the saved objective; settle them for this one.
         selector.set_objective(config.objective);
         Ok(selector)
-    }
-
-    /// Loads the dictionary at `path` if it applies to this machine and this build:
-    ///
-    /// * missing file: a fresh selector, no warning;
-    /// * another format version, or measured on another machine (kernel, device model): a
-    ///   fresh selector and a [`Warning`] saying why;
-    /// * not a dictionary: an [`ErrorKind::Corrupt`] error naming the file.
-    pub fn load(path: &Path, config: SelectorConfig) -> Result<(Selector, Option<Warning>)> {
-        let fresh = |config: SelectorConfig| {
-            let mut s = Selector::new(config);
-            s.set_fingerprint(Fingerprint::this_machine());
-            s
-        };
-        let dict = match Dictionary::read(path) {
-            Ok(d) => d,
-            Err(e) if e.kind() == ErrorKind::NotFound => return Ok((fresh(config), None)),
-            Err(e) if e.kind() == ErrorKind::Unsupported => {
-                let warning = Warning {
-                    message: format!(
-                        "ignoring dictionary {}: {}; starting afresh",
-                        path.display(),
-                        e.message()
-                    ),
-                };
-                return Ok((fresh(config), Some(warning)));
-            }
-            Err(e) => return Err(e),
-        };
-        if let Some(diff) = dict.fingerprint.mismatch(&dict.fingerprint.current()) {
-            let warning = Warning {
-                message: format!(
-                    "ignoring dictionary {}: measured on another machine ({diff}); starting afresh",
-                    path.display()
-                ),
-            };
-            return Ok((fresh(config), Some(warning)));
-        }
-        let selector = Selector::from_dictionary(&dict, config).map_err(|e| e.with_path(path))?;
-        Ok((selector, None))
-    }
-
-    /// Saves the dictionary atomically (see [`Dictionary::save`]).
-    pub fn save(&self, path: &Path) -> Result<()> {
-        self.dictionary().save(path)
     }
 }
 

@@ -28,39 +28,49 @@ pub struct DeviceInfo {
     pub model: String,
 }
 
+/// The facts of a machine a [`Fingerprint`] records. The selector does no I/O: the caller
+/// (the `fastensor` facade) reads them from the system and passes them in.
+pub trait MachineFacts {
+    /// The kernel release (`/proc/sys/kernel/osrelease`), empty when unknown.
+    fn kernel_release(&self) -> String;
+    /// The model of block device `major:minor` (a partition reports its disk's model), empty
+    /// when unknown.
+    fn device_model(&self, device: &str) -> String;
+}
+
 impl Fingerprint {
-    /// The fingerprint of this machine, with no device yet.
-    pub fn this_machine() -> Self {
+    /// The fingerprint of the machine `facts` describe, with no device yet.
+    pub fn of_machine(facts: &dyn MachineFacts) -> Self {
         Fingerprint {
-            kernel: kernel_release(),
+            kernel: facts.kernel_release(),
             devices: Vec::new(),
         }
     }
 
-    /// Adds the device of `location` (once), reading its model from sysfs.
-    pub fn add_location(&mut self, location: &FileLocation) {
+    /// Adds the device of `location` (once), its model taken from `facts`.
+    pub fn add_location(&mut self, location: &FileLocation, facts: &dyn MachineFacts) {
         if location.device.is_empty() || self.devices.iter().any(|d| d.device == location.device) {
             return;
         }
         self.devices.push(DeviceInfo {
             device: location.device.clone(),
             fs_type: location.fs_type.clone(),
-            model: device_model(&location.device),
+            model: facts.device_model(&location.device),
         });
         self.devices.sort();
     }
 
-    /// This machine as it is now, for the devices this fingerprint names.
-    pub fn current(&self) -> Fingerprint {
+    /// The machine `facts` describe as it is now, for the devices this fingerprint names.
+    pub fn current(&self, facts: &dyn MachineFacts) -> Fingerprint {
         Fingerprint {
-            kernel: kernel_release(),
+            kernel: facts.kernel_release(),
             devices: self
                 .devices
                 .iter()
                 .map(|d| DeviceInfo {
                     device: d.device.clone(),
                     fs_type: d.fs_type.clone(),
-                    model: device_model(&d.device),
+                    model: facts.device_model(&d.device),
                 })
                 .collect(),
         }
@@ -87,23 +97,4 @@ impl Fingerprint {
         }
         None
     }
-}
-
-/// The kernel release, empty when unknown.
-pub fn kernel_release() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/osrelease")
-        .map(|s| s.trim().to_string())
-        .unwrap_or_default()
-}
-
-/// The model of block device `major:minor` from sysfs (a partition reports its disk's model);
-/// empty when unknown.
-pub fn device_model(device: &str) -> String {
-    let base = std::path::Path::new("/sys/dev/block").join(device);
-    for candidate in [base.join("device/model"), base.join("../device/model")] {
-        if let Ok(model) = std::fs::read_to_string(&candidate) {
-            return model.trim().to_string();
-        }
-    }
-    String::new()
 }

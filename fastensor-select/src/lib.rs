@@ -13,10 +13,12 @@
 //!   again), gives way only to a clearly better leader, and dropped candidates near it are
 //!   looked at again on a doubling schedule. Every number these rules use is in one place
 //!   (`selector/config.rs`), each with its reason.
-//! * **Dictionary** ([`Dictionary`]): saved atomically as TOML with a format version and a
-//!   machine [`Fingerprint`]; another machine's or version's dictionary gives a [`Warning`]
-//!   and a fresh start, a corrupt one an [`ErrorKind::Corrupt`](fastensor_core::ErrorKind)
-//!   error naming the file.
+//! * **Dictionary** ([`Dictionary`]): TOML text ([`Dictionary::to_toml`],
+//!   [`Dictionary::parse`]) with a format version and a machine [`Fingerprint`]; text that
+//!   is no dictionary is an [`ErrorKind::Corrupt`](fastensor_core::ErrorKind) error. The
+//!   crate does no I/O: the `fastensor` facade reads and saves dictionaries by path, gathers
+//!   the [`MachineFacts`] a fingerprint records, and turns another machine's or version's
+//!   dictionary into a [`Warning`] and a fresh start.
 //!
 //! ```
 //! use fastensor_core::{CacheState, Direction, FileLocation, MemoryKind, Purpose, TransferContext};
@@ -50,7 +52,7 @@ mod selector;
 
 pub use dictionary::{CandidateRecord, ContextRecord, Dictionary, Warning, FORMAT_VERSION};
 pub use estimate::{Estimate, Sample, Samples};
-pub use fingerprint::{device_model, kernel_release, DeviceInfo, Fingerprint};
+pub use fingerprint::{DeviceInfo, Fingerprint, MachineFacts};
 pub use key::{human_bytes, in_flight_class, size_class, ContextKey, KeyShape};
 pub use objective::{Clock, ClockReading, Objective, Observation};
 pub use reuse::Reuse;

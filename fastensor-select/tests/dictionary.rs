@@ -1,34 +1,22 @@
 //! Estimator properties (proptest) and the dictionary's TOML round trip, corruption and
-//! foreign-machine handling.
+//! machine fingerprints. (Reading and saving by path: the facade's `profile` module.)
 
-use fastensor_core::{
-    CacheState, Direction, ErrorKind, FileLocation, MemoryKind, Purpose, TransferContext,
+use fastensor_core::{CacheState, Direction, ErrorKind, FileLocation, Purpose, TransferContext};
+use fastensor_select::{
+    Dictionary, Estimate, Fingerprint, MachineFacts, Observation, Selector, SelectorConfig,
 };
-use fastensor_select::{Dictionary, Estimate, Observation, Selector, SelectorConfig};
 use proptest::prelude::*;
 use std::time::Duration;
 
 fn ctx(direction: Direction, bytes: u64, cache: CacheState) -> TransferContext {
     TransferContext {
-        direction,
-        bytes,
-        memory: MemoryKind::Host,
-        location: FileLocation {
-            fs_type: "ext4".into(),
-            device: "259:1".into(),
-        }
-        .into(),
-        in_flight: 1,
-        purpose: Purpose::General,
         cache,
+        ..TransferContext::host(direction, bytes, FileLocation::new("ext4", "259:1"))
     }
 }
 
 fn trained() -> Selector {
     let mut s = Selector::new(SelectorConfig::default());
-    let mut f = s.fingerprint().clone();
-    f.kernel = fastensor_select::kernel_release();
-    s.set_fingerprint(f);
     for (i, bytes) in [4096u64, 1 << 20, 1 << 24].into_iter().enumerate() {
         for dir in [Direction::Read, Direction::Write] {
             let c = ctx(
@@ -71,55 +59,56 @@ fn toml_round_trip_is_exact() {
     assert!(text.contains("version = 1"), "{text}");
     let back = Dictionary::parse(&text).unwrap();
     assert_eq!(back, dict);
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("p.toml");
-    s.save(&path).unwrap();
-    let (loaded, warning) = Selector::load(&path, SelectorConfig::default()).unwrap();
-    assert!(warning.is_none(), "{warning:?}");
+    let loaded = Selector::from_dictionary(&back, SelectorConfig::default()).unwrap();
     assert_eq!(loaded.dictionary(), dict);
-    // No temporary file is left behind.
-    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
     println!("{dict}");
 }
 
 #[test]
-fn corrupt_dictionary_is_an_error_naming_the_file() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("bad.toml");
+fn corrupt_text_is_corrupt_and_another_version_unsupported() {
     for text in ["this is = = not toml", "version = 1\nobjective = 3", "version = 1\nobjective = \"time\"\n[fingerprint]\n[[context]]\ndirection = \"sideways\"\nmemory = \"host\"\nsize_class = 3\nin_flight = 0\ncache = \"cold\"\n"] {
-        std::fs::write(&path, text).unwrap();
-        let err = Selector::load(&path, SelectorConfig::default()).unwrap_err();
+        let err = Dictionary::parse(text).unwrap_err();
         assert_eq!(err.kind(), ErrorKind::Corrupt, "{err}");
-        assert_eq!(err.path(), Some(path.as_path()));
-        assert!(err.to_string().contains("bad.toml"));
     }
-}
-
-#[test]
-fn other_machine_or_version_warns_and_starts_afresh() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("p.toml");
-    let mut dict = trained().dictionary();
-    dict.fingerprint.kernel = "0.0.1-elsewhere".into();
-    dict.save(&path).unwrap();
-    let (s, warning) = Selector::load(&path, SelectorConfig::default()).unwrap();
-    let warning = warning.expect("a warning");
-    assert!(warning.to_string().contains("another machine"), "{warning}");
-    assert!(s.keys().is_empty());
-
     let text = trained()
         .dictionary()
         .to_toml()
         .replace("version = 1", "version = 99");
-    std::fs::write(&path, text).unwrap();
-    let (s, warning) = Selector::load(&path, SelectorConfig::default()).unwrap();
-    assert!(warning.unwrap().to_string().contains("version 99"));
-    assert!(s.keys().is_empty());
+    let err = Dictionary::parse(&text).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Unsupported, "{err}");
+    assert!(err.to_string().contains("version 99"), "{err}");
+}
 
-    // Missing: fresh, silently.
-    let (s, warning) =
-        Selector::load(&dir.path().join("none.toml"), SelectorConfig::default()).unwrap();
-    assert!(warning.is_none() && s.keys().is_empty());
+/// A machine described by hand: its kernel and one model for every device.
+struct Facts(&'static str, &'static str);
+
+impl MachineFacts for Facts {
+    fn kernel_release(&self) -> String {
+        self.0.to_string()
+    }
+    fn device_model(&self, _device: &str) -> String {
+        self.1.to_string()
+    }
+}
+
+#[test]
+fn a_fingerprint_tells_another_kernel_or_device_model() {
+    let here = Facts("6.1.0", "disk A");
+    let location = FileLocation {
+        fs_type: "ext4".into(),
+        device: "259:1".into(),
+    };
+    let mut f = Fingerprint::of_machine(&here);
+    f.add_location(&location, &here);
+    f.add_location(&location, &here);
+    f.add_location(&FileLocation::default(), &here);
+    assert_eq!(f.devices.len(), 1, "{f:?}");
+    assert_eq!(f.devices[0].model, "disk A");
+    assert_eq!(f.mismatch(&f.current(&here)), None);
+    let kernel = f.mismatch(&f.current(&Facts("6.2.0", "disk A"))).unwrap();
+    assert!(kernel.contains("6.2.0"), "{kernel}");
+    let disk = f.mismatch(&f.current(&Facts("6.1.0", "disk B"))).unwrap();
+    assert!(disk.contains("259:1") && disk.contains("disk B"), "{disk}");
 }
 
 #[test]
@@ -291,7 +280,7 @@ fn durable_writes_are_their_own_context_and_round_trip() {
 }
 
 #[test]
-fn a_candidate_ruled_out_by_the_model_keeps_its_second_look_across_a_save() {
+fn a_candidate_ruled_out_by_the_model_keeps_its_second_look_across_a_save_and_load() {
     // a: 10 µs + 0.3 ns/B; b: twice that at every size. After 64 KiB and 1 MiB are explored,
     // the cost model rules b out at 4 MiB without measuring it.
     let cost = |name: &str, bytes: u64| {
@@ -314,20 +303,14 @@ fn a_candidate_ruled_out_by_the_model_keeps_its_second_look_across_a_save() {
             .collect()
     };
     let mut s = Selector::new(SelectorConfig::default());
-    let mut f = s.fingerprint().clone();
-    f.kernel = fastensor_select::kernel_release();
-    s.set_fingerprint(f);
     run(&mut s, 64 << 10, 20);
     run(&mut s, 1 << 20, 20);
     let used = run(&mut s, 4 << 20, 10);
     assert!(used.iter().all(|b| b == "a"), "{used:?}");
     let text = s.dictionary().to_toml();
     assert!(text.contains("prior = "), "{text}");
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("p.toml");
-    s.save(&path).unwrap();
-    let (mut loaded, warning) = Selector::load(&path, SelectorConfig::default()).unwrap();
-    assert!(warning.is_none(), "{warning:?}");
+    let saved = Dictionary::parse(&text).unwrap();
+    let mut loaded = Selector::from_dictionary(&saved, SelectorConfig::default()).unwrap();
     // The loaded choice runs 64 transfers; then b, predicted within 3x, is measured once.
     let used = run(&mut loaded, 4 << 20, 100);
     let bs: Vec<usize> = (0..used.len()).filter(|&i| used[i] == "b").collect();

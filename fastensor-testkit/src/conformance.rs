@@ -43,7 +43,7 @@ impl fmt::Debug for Check {
 
 /// Every check of the suite, in the order they run.
 pub fn checks() -> Vec<Check> {
-    let table: [(&'static str, bool, CheckFn); 13] = [
+    let table: [(&'static str, bool, CheckFn); 14] = [
         ("round_trip_sizes", false, checks::round_trip_sizes),
         (
             "unaligned_offsets_and_buffers",
@@ -59,6 +59,11 @@ pub fn checks() -> Vec<Check> {
             "read_past_end_is_short",
             false,
             checks::read_past_end_is_short,
+        ),
+        (
+            "file_changed_through_another_handle",
+            true,
+            checks::file_changed_through_another_handle,
         ),
         (
             "batch_of_small_requests",

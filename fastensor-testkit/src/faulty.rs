@@ -14,7 +14,7 @@
 //! ```
 
 use fastensor_core::{
-    Availability, Backend, BackendFile, Capabilities, Error, ErrorKind, MemMut, MemRef, OpenMode,
+    Backend, BackendFile, Error, ErrorKind, LayeredBackend, LayeredFile, MemMut, MemRef, OpenMode,
     ReadRequest, Result, SharedBackend, WriteRequest,
 };
 use parking_lot::RwLock;
@@ -110,8 +110,9 @@ impl Shared {
     }
 }
 
-/// A backend that forwards to another one under its own name and fails the transfers its
-/// [`Fault`] selects. Opening, `sync`, `len` and `set_len` never fail by injection.
+/// A backend that forwards to another one under its own name (a [`LayeredBackend`]) and
+/// fails the transfers its [`Fault`] selects. Opening, `sync`, `len` and `set_len` never fail
+/// by injection.
 /// Clones share the fault and the counters.
 #[derive(Clone)]
 pub struct Faulty {
@@ -171,24 +172,21 @@ impl Faulty {
     }
 }
 
-impl Backend for Faulty {
+impl LayeredBackend for Faulty {
+    fn inner(&self) -> &dyn Backend {
+        &*self.inner
+    }
+
     fn name(&self) -> &str {
         &self.name
     }
 
-    fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
-    }
-
-    fn probe(&self) -> Availability {
-        self.inner.probe()
-    }
-
-    fn open(&self, path: &Path, mode: OpenMode) -> Result<Box<dyn BackendFile>> {
-        let inner = self
-            .inner
-            .open(path, mode)
-            .map_err(|e| e.with_backend(self.name.clone()))?;
+    fn wrap(
+        &self,
+        inner: Box<dyn BackendFile>,
+        _path: &Path,
+        _mode: OpenMode,
+    ) -> Result<Box<dyn BackendFile>> {
         Ok(Box::new(FaultyFile {
             name: self.name.clone(),
             inner,
@@ -210,9 +208,9 @@ impl FaultyFile {
     }
 }
 
-impl BackendFile for FaultyFile {
-    fn path(&self) -> &Path {
-        self.inner.path()
+impl LayeredFile for FaultyFile {
+    fn inner(&self) -> &dyn BackendFile {
+        &*self.inner
     }
 
     fn read_at(&self, offset: u64, dst: MemMut<'_>) -> Result<usize> {
@@ -237,17 +235,5 @@ impl BackendFile for FaultyFile {
             self.check(true, req.offset)?;
         }
         self.inner.write_batch(requests)
-    }
-
-    fn sync(&self) -> Result<()> {
-        self.inner.sync()
-    }
-
-    fn len(&self) -> Result<u64> {
-        self.inner.len()
-    }
-
-    fn set_len(&self, len: u64) -> Result<()> {
-        self.inner.set_len(len)
     }
 }

@@ -2,8 +2,8 @@
 //! offload and plugins without touching a disk, and as the simplest example of a backend.
 
 use fastensor_core::{
-    readable_len, unsupported_memory, write_end, Availability, Backend, BackendFile, Capabilities,
-    Error, ErrorKind, MemMut, MemRef, OpenMode, Result,
+    readable_len, write_end, Availability, Backend, BackendFile, Capabilities, Error, ErrorKind,
+    MemMut, MemRef, OpenMode, Result,
 };
 use parking_lot::{Mutex, RwLock};
 use std::collections::HashMap;
@@ -118,9 +118,7 @@ impl BackendFile for MemoryFile {
     }
 
     fn read_at(&self, offset: u64, dst: MemMut<'_>) -> Result<usize> {
-        let MemMut::Host(buf) = dst else {
-            return Err(unsupported_memory(&self.backend, dst.kind(), &self.path));
-        };
+        let buf = dst.host_for(&self.backend, &self.path)?;
         let data = self.store.read();
         let n = readable_len(offset, buf.len(), data.len() as u64);
         if n > 0 {
@@ -132,9 +130,7 @@ impl BackendFile for MemoryFile {
     }
 
     fn write_at(&self, offset: u64, src: MemRef<'_>) -> Result<()> {
-        let MemRef::Host(buf) = src else {
-            return Err(unsupported_memory(&self.backend, src.kind(), &self.path));
-        };
+        let buf = src.host_for(&self.backend, &self.path)?;
         if !self.writable {
             return Err(self.error(ErrorKind::PermissionDenied, "file opened read-only", offset));
         }

@@ -18,8 +18,8 @@
 //! ```
 
 use fastensor_core::{
-    Availability, Backend, BackendFile, Capabilities, MemMut, MemRef, OpenMode, ReadRequest,
-    Result, SharedBackend, WriteRequest,
+    open_inner, Backend, BackendFile, Capabilities, Error, ErrorKind, LayeredBackend, LayeredFile,
+    MemMut, MemRef, OpenMode, ReadRequest, Result, SharedBackend, WriteRequest,
 };
 use parking_lot::RwLock;
 use std::path::Path;
@@ -152,8 +152,8 @@ impl Shared {
     }
 }
 
-/// A backend that forwards to another one and charges a known cost per call and per byte,
-/// under its own name. Wrapping the same inner backend several times gives several
+/// A backend that forwards to another one (a [`LayeredBackend`]) and charges a known cost per
+/// call and per byte, under its own name. Wrapping the same inner backend several times gives several
 /// "backends" that share the same files (so data written through one is read through
 /// another), each with its own costs.
 #[derive(Clone)]
@@ -233,7 +233,11 @@ impl Throttled {
     }
 }
 
-impl Backend for Throttled {
+impl LayeredBackend for Throttled {
+    fn inner(&self) -> &dyn Backend {
+        &*self.inner
+    }
+
     fn name(&self) -> &str {
         &self.name
     }
@@ -244,24 +248,25 @@ impl Backend for Throttled {
             .unwrap_or_else(|| self.inner.capabilities())
     }
 
-    fn probe(&self) -> Availability {
-        self.inner.probe()
-    }
-
     fn open(&self, path: &Path, mode: OpenMode) -> Result<Box<dyn BackendFile>> {
-        let caps = self.capabilities();
-        if mode.writable() && !caps.write {
-            return Err(fastensor_core::Error::new(
-                fastensor_core::ErrorKind::Unsupported,
+        if mode.writable() && !LayeredBackend::capabilities(self).write {
+            return Err(Error::new(
+                ErrorKind::Unsupported,
                 format!("backend `{}` is read-only", self.name),
             )
             .with_backend(self.name.clone())
             .with_path(path));
         }
-        let inner = self
-            .inner
-            .open(path, mode)
-            .map_err(|e| e.with_backend(self.name.clone()))?;
+        let inner = open_inner(self, path, mode)?;
+        self.wrap(inner, path, mode)
+    }
+
+    fn wrap(
+        &self,
+        inner: Box<dyn BackendFile>,
+        _path: &Path,
+        _mode: OpenMode,
+    ) -> Result<Box<dyn BackendFile>> {
         Ok(Box::new(ThrottledFile {
             inner,
             shared: self.shared.clone(),
@@ -284,9 +289,9 @@ impl ThrottledFile {
     }
 }
 
-impl BackendFile for ThrottledFile {
-    fn path(&self) -> &Path {
-        self.inner.path()
+impl LayeredFile for ThrottledFile {
+    fn inner(&self) -> &dyn BackendFile {
+        &*self.inner
     }
 
     fn read_at(&self, offset: u64, dst: MemMut<'_>) -> Result<usize> {
@@ -317,17 +322,5 @@ impl BackendFile for ThrottledFile {
             self.shared.charge(self.write_cost(), r.src.len() as u64);
         }
         Ok(())
-    }
-
-    fn sync(&self) -> Result<()> {
-        self.inner.sync()
-    }
-
-    fn len(&self) -> Result<u64> {
-        self.inner.len()
-    }
-
-    fn set_len(&self, len: u64) -> Result<()> {
-        self.inner.set_len(len)
     }
 }

@@ -19,8 +19,8 @@ use crate::URING;
 use fastensor_core::align::{align_down, align_up, is_aligned, split, DirectAlignment};
 use fastensor_core::{readable_len, write_end};
 use fastensor_core::{
-    unsupported_memory, BackendFile, Error, ErrorKind, MemMut, MemRef, ReadRequest, Result,
-    WriteRequest,
+    unsupported_memory, BackendFile, Error, ErrorKind, KnownLen, MemMut, MemRef, ReadRequest,
+    Result, WriteRequest,
 };
 use fastensor_sys as sys;
 use std::fs::File;
@@ -41,6 +41,8 @@ pub(crate) struct UringFile {
     queue_depth: usize,
     preallocate: bool,
     path: PathBuf,
+    /// The file's length as this handle knows it: reads are clamped by it, with no `fstat`.
+    known: KnownLen,
 }
 
 impl UringFile {
@@ -74,6 +76,7 @@ impl UringFile {
             queue_depth: config.effective_queue_depth() as usize,
             preallocate: config.preallocate,
             path,
+            known: KnownLen::default(),
         };
         drop(file.lease()?);
         Ok(file)
@@ -87,6 +90,11 @@ impl UringFile {
                 .with_backend(URING)
                 .with_path(&self.path)
         })
+    }
+
+    /// The file's length from the file system (`fstat`).
+    fn stat(&self) -> Result<u64> {
+        sys::file_len(&self.direct, URING, &self.path)
     }
 
     fn ctx(&self) -> Ctx<'_> {
@@ -233,71 +241,84 @@ impl BackendFile for UringFile {
     }
 
     fn read_at(&self, offset: u64, dst: MemMut<'_>) -> Result<usize> {
-        let MemMut::Host(buf) = dst else {
-            return Err(unsupported_memory(URING, dst.kind(), &self.path));
-        };
-        if buf.is_empty() {
-            return Ok(0);
-        }
-        let len = readable_len(offset, buf.len(), self.len()?);
-        if len == 0 {
-            return Ok(0);
-        }
-        let mut ops = Vec::new();
-        self.plan_read(offset, buf.as_mut_ptr(), len, &mut ops);
-        // SAFETY: the ops point into `buf` (exclusively borrowed for this call, `len <=
-        // buf.len()`), and `run` reaps every op before returning.
-        unsafe { self.run(&mut ops)? };
-        Ok(len)
+        let buf = dst.host_for(URING, &self.path)?;
+        let dst = buf.as_mut_ptr();
+        self.known.read_clamped(
+            offset,
+            buf.len(),
+            || self.stat(),
+            |len| {
+                let mut ops = Vec::new();
+                self.plan_read(offset, dst, len, &mut ops);
+                // SAFETY: the ops point into `buf` (exclusively borrowed for this call, `len
+                // <= buf.len()`), and `run` reaps every op before returning.
+                unsafe { self.run(&mut ops) }
+            },
+        )
     }
 
     fn write_at(&self, offset: u64, src: MemRef<'_>) -> Result<()> {
-        let MemRef::Host(buf) = src else {
-            return Err(unsupported_memory(URING, src.kind(), &self.path));
-        };
+        let buf = src.host_for(URING, &self.path)?;
         let mut ops = Vec::new();
         self.plan_write(offset, buf, &mut ops)?;
         // SAFETY: the ops only read `buf`, borrowed for this call, and `run` reaps every op
         // before returning.
-        unsafe { self.run(&mut ops) }
+        unsafe { self.run(&mut ops)? };
+        if !buf.is_empty() {
+            self.known.wrote(offset + buf.len() as u64);
+        }
+        Ok(())
     }
 
     fn read_batch(&self, requests: &mut [ReadRequest<'_>]) -> Result<()> {
         if let Some(r) = requests.iter().find(|r| !matches!(r.dst, MemMut::Host(_))) {
             return Err(unsupported_memory(URING, r.dst.kind(), &self.path));
         }
-        let file_len = self.len()?;
-        let mut ops = Vec::with_capacity(requests.len());
-        for req in requests.iter_mut() {
-            let MemMut::Host(buf) = &mut req.dst else {
-                unreachable!("checked above")
-            };
-            let len = readable_len(req.offset, buf.len(), file_len);
-            self.plan_read(req.offset, buf.as_mut_ptr(), len, &mut ops);
-            req.done = len;
-        }
-        // SAFETY: the ops point into the requests' destinations, disjoint `&mut` slices
-        // borrowed for this call, and `run` reaps every op before returning.
-        let res = unsafe { self.run(&mut ops) };
-        if res.is_err() {
-            for req in requests.iter_mut() {
-                req.done = 0;
-            }
-        }
-        res
+        let end = requests
+            .iter()
+            .filter(|r| !r.dst.is_empty())
+            .map(|r| r.offset.saturating_add(r.dst.len() as u64))
+            .max()
+            .unwrap_or(0);
+        self.known.read_with(
+            end,
+            || self.stat(),
+            |file_len| {
+                let mut ops = Vec::with_capacity(requests.len());
+                for req in requests.iter_mut() {
+                    let MemMut::Host(buf) = &mut req.dst else {
+                        unreachable!("checked above")
+                    };
+                    let len = readable_len(req.offset, buf.len(), file_len);
+                    self.plan_read(req.offset, buf.as_mut_ptr(), len, &mut ops);
+                    req.done = len;
+                }
+                // SAFETY: the ops point into the requests' destinations, disjoint `&mut`
+                // slices borrowed for this call, and `run` reaps every op before returning.
+                let res = unsafe { self.run(&mut ops) };
+                if res.is_err() {
+                    for req in requests.iter_mut() {
+                        req.done = 0;
+                    }
+                }
+                res
+            },
+        )
     }
 
     fn write_batch(&self, requests: &[WriteRequest<'_>]) -> Result<()> {
         let mut ops = Vec::with_capacity(requests.len());
         for req in requests {
-            let MemRef::Host(buf) = req.src else {
-                return Err(unsupported_memory(URING, req.src.kind(), &self.path));
-            };
+            let buf = req.src.host_for(URING, &self.path)?;
             self.plan_write(req.offset, buf, &mut ops)?;
         }
         // SAFETY: the ops only read the requests' sources, borrowed for this call, and `run`
         // reaps every op before returning.
-        unsafe { self.run(&mut ops) }
+        unsafe { self.run(&mut ops)? };
+        for req in requests.iter().filter(|r| !r.src.is_empty()) {
+            self.known.wrote(req.offset + req.src.len() as u64);
+        }
+        Ok(())
     }
 
     fn sync(&self) -> Result<()> {
@@ -307,10 +328,12 @@ impl BackendFile for UringFile {
     }
 
     fn len(&self) -> Result<u64> {
-        sys::file_len(&self.direct, URING, &self.path)
+        self.known.refresh(|| self.stat())
     }
 
     fn set_len(&self, len: u64) -> Result<()> {
-        sys::set_file_len(&self.direct, len, URING, &self.path)
+        self.known.resize(len, |len| {
+            sys::set_file_len(&self.direct, len, URING, &self.path)
+        })
     }
 }

@@ -3,7 +3,7 @@
 use super::measure::Measurer;
 use super::{Candidate, Engine, Inner, SystemClock};
 use fastensor_core::{Error, ErrorKind, Knobs, Registry, Result, SharedBackend};
-use fastensor_select::{Clock, Fingerprint, Objective, Selector, SelectorConfig, Warning};
+use fastensor_select::{Clock, Objective, SelectorConfig, Warning};
 use fastensor_sys::fork::ForkRwLock;
 use std::collections::BTreeMap;
 use std::fmt;
@@ -140,14 +140,8 @@ impl EngineBuilder {
                 ),
             ));
         }
-        let (selector, warning) = match &self.profile {
-            Some(path) => Selector::load(path, self.config.clone())?,
-            None => {
-                let mut s = Selector::new(self.config.clone());
-                s.set_fingerprint(Fingerprint::this_machine());
-                (s, None)
-            }
-        };
+        let (selector, warning) =
+            crate::profile::load(self.profile.as_deref(), self.config.clone())?;
         let (candidates, warning) = apply_knobs(candidates, selector.knobs(), warning);
         let clock = self.clock.unwrap_or_else(|| Arc::new(SystemClock::new()));
         let measurer = Measurer::new(

@@ -262,6 +262,6 @@ impl Engine {
     /// refused, a symbolic link at `path` replaced by the new file (never followed), the
     /// old file's mode kept).
     pub fn save_profile_to(&self, path: &Path) -> Result<()> {
-        crate::atomic::write(path, self.dictionary().to_toml().as_bytes())
+        crate::profile::save(&self.dictionary(), path)
     }
 }

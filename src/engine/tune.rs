@@ -43,7 +43,7 @@ impl Default for TuneOptions {
 /// What [`tune`] found.
 #[derive(Debug, Clone)]
 pub struct TuneOutcome {
-    /// The dictionary: save it with [`Dictionary::save`], print it with `Display`.
+    /// The dictionary: save it with [`crate::profile::save`], print it with `Display`.
     pub dictionary: Dictionary,
     /// Selector counters of the run.
     pub stats: SelectorStats,

@@ -1,11 +1,13 @@
 //! An example of a **compiled-in plugin**: a crate outside fastensor that adds a backend to
 //! the registry with [`fastensor_core::register_backend!`].
 //!
-//! [`ChecksumBackend`] wraps another backend (by default `posix`) and keeps a CRC-32 of every
-//! range written through it. Reads are checked against those checksums: a read that covers a
-//! recorded range whole recomputes its checksum, and a mismatch (the file changed behind the
-//! backend's back, or the disk returned other bytes) is an [`ErrorKind::Corrupt`] error naming
-//! the file and the offset. The checksums can be listed with [`ChecksumBackend::checksums`].
+//! [`ChecksumBackend`] wraps another backend (by default `posix`) as a
+//! [`LayeredBackend`](fastensor_core::LayeredBackend): it writes only the methods it changes,
+//! the rest forward to the inner backend. It keeps a CRC-32 of every range written through
+//! it. Reads are checked against those checksums: a read that covers a recorded range whole
+//! recomputes its checksum, and a mismatch (the file changed behind the backend's back, or
+//! the disk returned other bytes) is an [`ErrorKind::Corrupt`] error naming the file and the
+//! offset. The checksums can be listed with [`ChecksumBackend::checksums`].
 //!
 //! The backend is registered as [`CHECKSUM_POSIX`] (`checksum-posix`). Because `inventory` only
 //! sees crates that are linked, a program that wants it in
@@ -24,8 +26,8 @@
 #![forbid(unsafe_code)]
 
 use fastensor_core::{
-    unsupported_memory, Availability, Backend, BackendFile, Capabilities, Error, ErrorKind, MemMut,
-    MemRef, OpenMode, ReadRequest, Result, SharedBackend, WriteRequest,
+    unsupported_memory, Backend, BackendFile, Capabilities, Error, ErrorKind, LayeredBackend,
+    LayeredFile, MemMut, MemRef, OpenMode, ReadRequest, Result, SharedBackend, WriteRequest,
 };
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -192,7 +194,11 @@ impl ChecksumBackend {
     }
 }
 
-impl Backend for ChecksumBackend {
+impl LayeredBackend for ChecksumBackend {
+    fn inner(&self) -> &dyn Backend {
+        &*self.inner
+    }
+
     fn name(&self) -> &str {
         &self.name
     }
@@ -205,10 +211,6 @@ impl Backend for ChecksumBackend {
         }
     }
 
-    fn probe(&self) -> Availability {
-        self.inner.probe()
-    }
-
     fn detail(&self) -> Option<String> {
         Some(format!(
             "CRC-32 of every write, over `{}`",
@@ -216,11 +218,12 @@ impl Backend for ChecksumBackend {
         ))
     }
 
-    fn open(&self, path: &Path, mode: OpenMode) -> Result<Box<dyn BackendFile>> {
-        let inner = self
-            .inner
-            .open(path, mode)
-            .map_err(|e| e.with_backend(&self.name))?;
+    fn wrap(
+        &self,
+        inner: Box<dyn BackendFile>,
+        path: &Path,
+        mode: OpenMode,
+    ) -> Result<Box<dyn BackendFile>> {
         if mode == OpenMode::Truncate {
             self.ledger.clear(path);
         }
@@ -239,68 +242,58 @@ struct ChecksumFile {
     ledger: Arc<Ledger>,
 }
 
-impl BackendFile for ChecksumFile {
-    fn path(&self) -> &Path {
-        self.inner.path()
+impl LayeredFile for ChecksumFile {
+    fn inner(&self) -> &dyn BackendFile {
+        &*self.inner
     }
 
     fn read_at(&self, offset: u64, dst: MemMut<'_>) -> Result<usize> {
-        let MemMut::Host(buf) = dst else {
-            return Err(unsupported_memory(&self.name, dst.kind(), self.path()));
-        };
+        let buf = dst.host_for(&self.name, self.inner.path())?;
         let n = self.inner.read_at(offset, MemMut::Host(&mut *buf))?;
         self.ledger
-            .verify(&self.name, self.path(), offset, &buf[..n])?;
+            .verify(&self.name, self.inner.path(), offset, &buf[..n])?;
         Ok(n)
     }
 
     fn write_at(&self, offset: u64, src: MemRef<'_>) -> Result<()> {
-        let MemRef::Host(buf) = src else {
-            return Err(unsupported_memory(&self.name, src.kind(), self.path()));
-        };
+        let buf = src.host_for(&self.name, self.inner.path())?;
         self.inner.write_at(offset, src)?;
-        self.ledger.record(self.path(), offset, buf);
+        self.ledger.record(self.inner.path(), offset, buf);
         Ok(())
     }
 
     fn read_batch(&self, requests: &mut [ReadRequest<'_>]) -> Result<()> {
+        let path = self.inner.path();
         if let Some(r) = requests.iter().find(|r| !matches!(r.dst, MemMut::Host(_))) {
-            return Err(unsupported_memory(&self.name, r.dst.kind(), self.path()));
+            return Err(unsupported_memory(&self.name, r.dst.kind(), path));
         }
         self.inner.read_batch(requests)?;
         for r in requests.iter() {
             if let MemMut::Host(buf) = &r.dst {
                 self.ledger
-                    .verify(&self.name, self.path(), r.offset, &buf[..r.done])?;
+                    .verify(&self.name, path, r.offset, &buf[..r.done])?;
             }
         }
         Ok(())
     }
 
     fn write_batch(&self, requests: &[WriteRequest<'_>]) -> Result<()> {
+        let path = self.inner.path();
         if let Some(r) = requests.iter().find(|r| !matches!(r.src, MemRef::Host(_))) {
-            return Err(unsupported_memory(&self.name, r.src.kind(), self.path()));
+            return Err(unsupported_memory(&self.name, r.src.kind(), path));
         }
         self.inner.write_batch(requests)?;
         for r in requests {
             if let MemRef::Host(buf) = r.src {
-                self.ledger.record(self.path(), r.offset, buf);
+                self.ledger.record(path, r.offset, buf);
             }
         }
         Ok(())
     }
 
-    fn sync(&self) -> Result<()> {
-        self.inner.sync()
-    }
-
-    fn len(&self) -> Result<u64> {
-        self.inner.len()
-    }
-
     fn set_len(&self, len: u64) -> Result<()> {
         self.inner.set_len(len)?;
-        self.ledger.cut(self.path(), len);
+        self.ledger.cut(self.inner.path(), len);
         Ok(())
     }
 }

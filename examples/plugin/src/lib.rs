@@ -16,8 +16,8 @@
 #![deny(missing_docs)]
 
 use fastensor_core::{
-    unsupported_memory, write_end, Availability, Backend, BackendFile, Capabilities, Error,
-    ErrorKind, MemMut, MemRef, OpenMode, Result,
+    write_end, Availability, Backend, BackendFile, Capabilities, Error, ErrorKind, MemMut, MemRef,
+    OpenMode, Result,
 };
 use std::fs::{File, OpenOptions};
 use std::path::{Path, PathBuf};
@@ -108,9 +108,7 @@ impl BackendFile for StdFsFile {
 
     fn read_at(&self, offset: u64, dst: MemMut<'_>) -> Result<usize> {
         use std::os::unix::fs::FileExt;
-        let MemMut::Host(buf) = dst else {
-            return Err(unsupported_memory(STDFS, dst.kind(), &self.path));
-        };
+        let buf = dst.host_for(STDFS, &self.path)?;
         // Short only at the end of the file: keep reading until full or end of file.
         let mut done = 0;
         while done < buf.len() {
@@ -126,9 +124,7 @@ impl BackendFile for StdFsFile {
 
     fn write_at(&self, offset: u64, src: MemRef<'_>) -> Result<()> {
         use std::os::unix::fs::FileExt;
-        let MemRef::Host(buf) = src else {
-            return Err(unsupported_memory(STDFS, src.kind(), &self.path));
-        };
+        let buf = src.host_for(STDFS, &self.path)?;
         write_end(offset, buf.len(), STDFS, &self.path)?;
         // Every byte or an error.
         self.file

@@ -46,11 +46,11 @@ impl Machine {
     pub fn this(dir: &Path) -> Machine {
         let loc = fastensor_posix::sys::file_location(dir);
         Machine {
-            kernel: fastensor::select::kernel_release(),
+            kernel: fastensor::profile::kernel_release(),
             cpu_model: cpuinfo_model(),
             cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
             memory_bytes: mem_total(),
-            device_model: fastensor::select::device_model(&loc.device),
+            device_model: fastensor::profile::device_model(&loc.device),
             file_system: loc.fs_type,
             device: loc.device,
             dir: dir.display().to_string(),

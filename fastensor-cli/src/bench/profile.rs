@@ -8,12 +8,12 @@ use std::path::Path;
 /// Sets `best` as the knobs of its backends in the profile at `path` (created when missing;
 /// other backends' knobs and the learned contexts are kept).
 pub fn write(path: &Path, best: &BTreeMap<String, BTreeMap<String, String>>) -> Result<()> {
-    let mut dict = match Dictionary::read(path) {
+    let mut dict = match fastensor::profile::read(path) {
         Ok(d) => d,
         Err(e) if e.kind() == ErrorKind::NotFound => Dictionary {
             version: FORMAT_VERSION,
             objective: "time".to_string(),
-            fingerprint: Fingerprint::this_machine(),
+            fingerprint: Fingerprint::of_machine(&fastensor::profile::ThisMachine),
             contexts: Vec::new(),
             knobs: BTreeMap::new(),
         },

@@ -6,10 +6,9 @@ use crate::cufile::{CuFile, FileHandle, OpError};
 use crate::{cuda, device_buffer};
 use fastensor_core::align::split;
 use fastensor_core::{
-    parallel, unsupported_memory, BackendFile, Error, ErrorKind, MemMut, MemRef, ReadRequest,
-    Result, WriteRequest,
+    parallel, unsupported_memory, BackendFile, Error, ErrorKind, KnownLen, MemMut, MemRef,
+    ReadRequest, Result, WriteRequest,
 };
-use fastensor_core::{readable_len, write_end};
 use fastensor_sys as sys;
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -29,6 +28,8 @@ pub(super) struct GdsFile {
     pub(super) batch: Option<usize>,
     pub(super) writable: bool,
     pub(super) path: PathBuf,
+    /// The file's length as this handle knows it: reads are clamped by it, with no `fstat`.
+    pub(super) known: KnownLen,
 }
 
 /// A device range resolved for cuFile: the base to pass and the offset of the range in it.
@@ -51,6 +52,11 @@ impl GdsFile {
                 .with_offset(offset);
         }
         sys::transfer_error(e, what, GDS, &self.path, offset)
+    }
+
+    /// The file's length from the file system (`fstat`).
+    fn stat(&self) -> Result<u64> {
+        sys::file_len(&self.direct, GDS, &self.path)
     }
 
     /// `e` with this file's backend and path, for errors of the CUDA driver.
@@ -186,38 +192,23 @@ impl BackendFile for GdsFile {
     }
 
     fn read_at(&self, offset: u64, dst: MemMut<'_>) -> Result<usize> {
-        let MemMut::Device(d) = dst else {
-            return Err(unsupported_memory(GDS, dst.kind(), &self.path));
-        };
-        if d.is_empty() {
-            return Ok(0);
-        }
-        let len = readable_len(offset, d.len(), self.len()?);
-        if len == 0 {
-            return Ok(0);
-        }
-        let t = self.target(d.ptr(), len, d.ordinal())?;
-        self.read_exact(t, 0, offset, len)?;
-        Ok(len)
+        let d = dst.device_for(GDS, &self.path)?;
+        self.known.read_clamped(
+            offset,
+            d.len(),
+            || self.stat(),
+            |len| {
+                let t = self.target(d.ptr(), len, d.ordinal())?;
+                self.read_exact(t, 0, offset, len)
+            },
+        )
     }
 
     fn write_at(&self, offset: u64, src: MemRef<'_>) -> Result<()> {
-        let MemRef::Device(d) = src else {
-            return Err(unsupported_memory(GDS, src.kind(), &self.path));
-        };
-        if !self.writable {
-            return Err(Error::new(
-                ErrorKind::PermissionDenied,
-                "the file was opened for reading only",
-            )
-            .with_backend(GDS)
-            .with_path(&self.path)
-            .with_offset(offset));
-        }
-        write_end(offset, d.len(), GDS, &self.path)?;
-        if d.is_empty() {
+        let Some((d, end)) = crate::device_write(GDS, &self.path, self.writable, offset, src)?
+        else {
             return Ok(());
-        }
+        };
         let s = split(offset, d.len() as u64, self.align);
         let head = (s.head.end - s.head.start) as usize;
         let middle = (s.middle.end - s.middle.start) as usize;
@@ -233,6 +224,7 @@ impl BackendFile for GdsFile {
             let src = d.ptr() + (head + middle) as u64;
             self.write_buffered(src, d.ordinal(), s.tail.start, tail)?;
         }
+        self.known.wrote(end);
         Ok(())
     }
 
@@ -268,11 +260,13 @@ impl BackendFile for GdsFile {
     }
 
     fn len(&self) -> Result<u64> {
-        sys::file_len(&self.direct, GDS, &self.path)
+        self.known.refresh(|| self.stat())
     }
 
     fn set_len(&self, len: u64) -> Result<()> {
-        sys::set_file_len(&self.direct, len, GDS, &self.path)
+        self.known.resize(len, |len| {
+            sys::set_file_len(&self.direct, len, GDS, &self.path)
+        })
     }
 }
 

@@ -17,7 +17,7 @@ pub(crate) use file::BatchTarget;
 use crate::cuda;
 use crate::cufile::{self, CuFile};
 use fastensor_core::{
-    Availability, Backend, BackendFile, Capabilities, Error, ErrorKind, OpenMode, Result,
+    Availability, Backend, BackendFile, Capabilities, Error, ErrorKind, KnownLen, OpenMode, Result,
 };
 use fastensor_sys as sys;
 use file::GdsFile;
@@ -121,14 +121,8 @@ impl Backend for GdsBackend {
                 .with_backend(GDS)
                 .with_path(path)
         })?;
-        let direct = sys::open_file(path, mode, true, GDS)?;
-        let buffered_mode = if mode.writable() {
-            OpenMode::ReadWrite
-        } else {
-            OpenMode::Read
-        };
-        let buffered = sys::open_file(path, buffered_mode, false, GDS)?;
-        let align = sys::direct_alignment(&direct).offset.max(4096);
+        let (direct, buffered, align) = sys::open_direct_pair(path, mode, GDS)?;
+        let align = align.offset.max(4096);
         cuda::require()?.bind(0)?;
         let handle = cf
             .register(&direct, path)
@@ -153,6 +147,7 @@ impl Backend for GdsBackend {
             },
             writable: mode.writable(),
             path: path.to_path_buf(),
+            known: KnownLen::default(),
         }))
     }
 }

@@ -126,6 +126,43 @@ pub(super) fn read_past_end_is_short(h: &Harness<'_>) -> CheckResult {
     Ok(())
 }
 
+/// A handle reads the file as it is when each read begins, however another handle changed
+/// it: grown, the new bytes are read; cut, a read across the new end is short (no error) and
+/// one past it reads nothing. (A handle may remember the length; it may not trust it.)
+pub(super) fn file_changed_through_another_handle(h: &Harness<'_>) -> CheckResult {
+    let path = h.path("changed");
+    let content = data::bytes(3 * 4096, 11);
+    h.create(&path, &content[..2 * 4096])?;
+    let f = h.open(&path, OpenMode::Read)?;
+    let got = h.read(f.as_ref(), 0, 4096, 0)?;
+    compare("read before the change", &got, &content[..4096])?;
+    let other = h.open(&path, OpenMode::ReadWrite)?;
+    h.write(other.as_ref(), 2 * 4096, &content[2 * 4096..], 0)?;
+    let got = h.read(f.as_ref(), 8000, 4096, 0)?;
+    compare(
+        "read of bytes another handle appended",
+        &got,
+        &content[8000..12096],
+    )?;
+    other
+        .set_len(5000)
+        .map_err(|e| format!("set_len(5000) failed: {e}"))?;
+    let got = h.read(f.as_ref(), 4000, 4096, 0)?;
+    compare(
+        "read across the end another handle cut",
+        &got,
+        &content[4000..5000],
+    )?;
+    let got = h.read(f.as_ref(), 6000, 100, 0)?;
+    if !got.is_empty() {
+        return Err(format!(
+            "read at 6000, past the end another handle cut at 5000, returned {} bytes",
+            got.len()
+        ));
+    }
+    Ok(())
+}
+
 pub(super) fn batch_of_small_requests(h: &Harness<'_>) -> CheckResult {
     let path = h.path("batch");
     let mut layout = Vec::new();
@@ -258,22 +295,7 @@ pub(super) fn missing_file_is_not_found(h: &Harness<'_>) -> CheckResult {
     } else {
         &[OpenMode::Read]
     };
-    for &mode in modes {
-        match h.backend.open(&path, mode) {
-            Ok(_) => return Err(format!("opening a missing file ({mode:?}) succeeded")),
-            Err(e) if e.kind() != ErrorKind::NotFound => {
-                return Err(format!(
-                    "missing file ({mode:?}) gave {:?}, not NotFound: {e}",
-                    e.kind()
-                ))
-            }
-            Err(e) if !e.to_string().contains(&*path.to_string_lossy()) => {
-                return Err(format!("the error does not name the file: {e}"))
-            }
-            Err(_) => {}
-        }
-    }
-    Ok(())
+    open_fails(h, &path, modes, ErrorKind::NotFound, "a missing file")
 }
 
 pub(super) fn directory_is_refused(h: &Harness<'_>) -> CheckResult {
@@ -284,17 +306,28 @@ pub(super) fn directory_is_refused(h: &Harness<'_>) -> CheckResult {
     } else {
         &[OpenMode::Read]
     };
+    open_fails(h, &dir, modes, ErrorKind::InvalidInput, "a directory")
+}
+
+/// Opening `path` (`what`) in each of `modes` fails with `kind`, the error naming `path`.
+fn open_fails(
+    h: &Harness<'_>,
+    path: &std::path::Path,
+    modes: &[OpenMode],
+    kind: ErrorKind,
+    what: &str,
+) -> CheckResult {
     for &mode in modes {
-        match h.backend.open(&dir, mode) {
-            Ok(_) => return Err(format!("opening a directory ({mode:?}) succeeded")),
-            Err(e) if e.kind() != ErrorKind::InvalidInput => {
+        match h.backend.open(path, mode) {
+            Ok(_) => return Err(format!("opening {what} ({mode:?}) succeeded")),
+            Err(e) if e.kind() != kind => {
                 return Err(format!(
-                    "a directory ({mode:?}) gave {:?}, not InvalidInput: {e}",
+                    "{what} ({mode:?}) gave {:?}, not {kind:?}: {e}",
                     e.kind()
                 ))
             }
-            Err(e) if !e.to_string().contains(&*dir.to_string_lossy()) => {
-                return Err(format!("the error does not name the directory: {e}"))
+            Err(e) if !e.to_string().contains(&*path.to_string_lossy()) => {
+                return Err(format!("the error does not name {what}: {e}"))
             }
             Err(_) => {}
         }

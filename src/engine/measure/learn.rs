@@ -137,7 +137,7 @@ impl Measurer {
                         .any(|d| &d.device == device)
                 {
                     let mut fp = sel.fingerprint().clone();
-                    fp.add_location(&ctx.location);
+                    fp.add_location(&ctx.location, &crate::profile::ThisMachine);
                     sel.set_fingerprint(fp);
                 }
                 match cpu {
