@@ -13,17 +13,15 @@ import statistics
 import sys
 import time
 
+sys.path.insert(
+    0,
+    os.path.join(
+        os.path.dirname(os.path.abspath(__file__)), "..", "fastensor-python", "bench"
+    ),
+)
+from _util import drop_file_cache  # (the benchmarks' helpers)
+
 NAME = 'safetensors load_file(device="cuda")'
-
-
-def evict(path):
-    """Drops the file's pages from the page cache, so that the load reads the disk."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fdatasync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
 
 
 def main(argv):
@@ -57,7 +55,7 @@ def main(argv):
     rates = []
     try:
         for r in range(repeat):
-            evict(path)
+            drop_file_cache([path])
             torch.cuda.synchronize()
             start = time.perf_counter()
             loaded = load_file(path, device="cuda")

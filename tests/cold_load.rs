@@ -9,6 +9,7 @@ mod common;
 
 use common::{buffers, targets, views};
 use fastensor::checkpoint;
+use fastensor::engine::NewLoads;
 use fastensor::{DType, Engine, TensorDesc};
 use std::path::{Path, PathBuf};
 use tempfile::TempDir;
@@ -97,6 +98,31 @@ fn a_pinned_engine_reads_into_memory_of_its_own_through_its_backend() {
     assert_eq!(engine.read_jobs(), 1);
     let used: Vec<String> = backend_bytes(&engine).into_iter().map(|(n, _)| n).collect();
     assert_eq!(used, vec!["posix".to_string()]);
+}
+
+#[test]
+fn a_profile_that_measured_reading_faster_makes_new_loads_read() {
+    let (dir, path, t) = saved();
+    let profile = dir.path().join("profile.toml");
+    for (placement, mapped) in [("read", false), ("mapped", true)] {
+        let mut dictionary = fresh_engine().dictionary();
+        dictionary.knobs.insert(
+            "engine".to_string(),
+            [("new_loads".to_string(), placement.to_string())].into(),
+        );
+        fastensor::profile::save(&dictionary, &profile).unwrap();
+        let engine = Engine::builder().profile(&profile).build().unwrap();
+        let want = if mapped {
+            NewLoads::Mapped
+        } else {
+            NewLoads::Read
+        };
+        assert_eq!(engine.measured_new_loads(), Some(want));
+        let ckpt = checkpoint::load(&engine, &path).unwrap();
+        assert_eq!(ckpt.arena().is_mapped(), mapped, "{placement}");
+        assert_eq!(ckpt.tensor("t1").unwrap().1, &t[1].1[..]);
+    }
+    assert_eq!(fresh_engine().measured_new_loads(), None);
 }
 
 #[test]

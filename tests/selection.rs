@@ -2,7 +2,7 @@
 //! exact durations, deterministic results.
 
 use fastensor::select::{ClockReading, SelectorConfig};
-use fastensor::{Backend, Engine, EngineBuilder, OpenMode, Registry};
+use fastensor::{Backend, Engine, EngineBuilder, EngineFile, OpenMode, Registry};
 use fastensor_testkit::throttled::{Cost, Costs, Throttled, VirtualClock};
 use fastensor_testkit::MemoryBackend;
 use std::path::Path;
@@ -12,6 +12,13 @@ struct Setup {
     engine: Engine,
     a: Arc<Throttled>,
     b: Arc<Throttled>,
+}
+
+/// Creates the in-memory file `/virtual/{name}` through `engine`.
+fn create(engine: &Engine, name: &str) -> EngineFile {
+    engine
+        .open(&Path::new("/virtual").join(name), OpenMode::Create)
+        .unwrap()
 }
 
 /// `a`: cheap calls, slow bytes; `b`: expensive calls, fast bytes. Both over one store.
@@ -76,10 +83,7 @@ fn best_of(bytes: u64) -> &'static str {
 #[test]
 fn finds_the_crossover_with_bounded_exploration() {
     let s = setup(SelectorConfig::default());
-    let file = s
-        .engine
-        .open(Path::new("/virtual/crossover.bin"), OpenMode::Create)
-        .unwrap();
+    let file = create(&s.engine, "crossover.bin");
     let sizes: Vec<usize> = (12..=24).map(|k| 1usize << k).collect();
     let mut buf = vec![0u8; 1 << 24];
     let round = |round: u8, buf: &mut Vec<u8>| {
@@ -142,10 +146,7 @@ fn finds_the_crossover_with_bounded_exploration() {
 #[test]
 fn drift_triggers_exploration_again() {
     let s = setup(SelectorConfig::default());
-    let file = s
-        .engine
-        .open(Path::new("/virtual/drift.bin"), OpenMode::Create)
-        .unwrap();
+    let file = create(&s.engine, "drift.bin");
     let data = vec![1u8; 1 << 20]; // 1 MiB: b is best (210 µs vs 1058 µs)
     for _ in 0..30 {
         file.write_at(0, &data).unwrap();
@@ -173,10 +174,7 @@ fn drift_triggers_exploration_again() {
 #[test]
 fn a_choice_that_slides_gradually_behind_a_dropped_path_is_explored_again() {
     let s = setup(SelectorConfig::default());
-    let file = s
-        .engine
-        .open(Path::new("/virtual/slide.bin"), OpenMode::Create)
-        .unwrap();
+    let file = create(&s.engine, "slide.bin");
     let data = vec![1u8; 1 << 20]; // 1 MiB: b is best (410 µs vs 1058 µs), a is dropped
     for _ in 0..30 {
         file.write_at(0, &data).unwrap();
@@ -201,10 +199,7 @@ fn a_choice_that_slides_gradually_behind_a_dropped_path_is_explored_again() {
 #[test]
 fn pinning_overrides_the_selector() {
     let s = setup(SelectorConfig::default());
-    let file = s
-        .engine
-        .open(Path::new("/virtual/pin.bin"), OpenMode::Create)
-        .unwrap();
+    let file = create(&s.engine, "pin.bin");
     s.engine.pin(Some("a")).unwrap();
     let data = vec![1u8; 1 << 22];
     for _ in 0..5 {
@@ -242,9 +237,7 @@ fn cpu_objective_prefers_the_backend_that_spares_the_cpu() {
             .objective(objective)
             .build()
             .unwrap();
-        let file = engine
-            .open(Path::new("/virtual/cpu.bin"), OpenMode::Create)
-            .unwrap();
+        let file = create(&engine, "cpu.bin");
         let data = vec![0u8; 1 << 20];
         for _ in 0..20 {
             file.write_at(0, &data).unwrap();
@@ -274,9 +267,7 @@ fn profile_round_trip_through_the_engine() {
     };
     let engine = build();
     assert!(engine.load_warning().is_none());
-    let file = engine
-        .open(Path::new("/virtual/p.bin"), OpenMode::Create)
-        .unwrap();
+    let file = create(&engine, "p.bin");
     let data = vec![0u8; 4096];
     // Enough writes to end the exploration (`a`'s are measured in runs of 8).
     for _ in 0..64 {
@@ -289,9 +280,7 @@ fn profile_round_trip_through_the_engine() {
     let again = build();
     assert!(again.load_warning().is_none());
     assert_eq!(again.dictionary(), saved);
-    let file = again
-        .open(Path::new("/virtual/p.bin"), OpenMode::Create)
-        .unwrap();
+    let file = create(&again, "p.bin");
     let calls_b = b.calls();
     for _ in 0..10 {
         file.write_at(0, &data).unwrap();
@@ -306,11 +295,7 @@ fn engine_is_send_and_sync_and_works_from_threads() {
     assert_send_sync::<Engine>();
     assert_send_sync::<fastensor::EngineFile>();
     let s = setup(SelectorConfig::default());
-    let file = Arc::new(
-        s.engine
-            .open(Path::new("/virtual/threads.bin"), OpenMode::Create)
-            .unwrap(),
-    );
+    let file = Arc::new(create(&s.engine, "threads.bin"));
     file.write_at(0, &vec![0u8; 8 * 65536]).unwrap();
     std::thread::scope(|scope| {
         for t in 0..8u8 {
@@ -420,10 +405,7 @@ fn the_first_transfer_through_the_handle_opened_with_the_file_is_not_measured() 
     // 4 KiB writes: `a` costs 14 µs, `b` 201 µs. `a`'s handle is opened with the file, and
     // its first write pays a one-off set-up (as a mapping's first page faults do): 2 ms.
     let s = setup(SelectorConfig::default());
-    let file = s
-        .engine
-        .open(Path::new("/virtual/first.bin"), OpenMode::Create)
-        .unwrap();
+    let file = create(&s.engine, "first.bin");
     let page = vec![5u8; 4096];
     s.a.set_costs(Costs::uniform(Cost::new(2_000_000, 1.0)));
     file.write_at(0, &page).unwrap();
@@ -448,10 +430,7 @@ fn a_large_first_transfer_far_behind_the_leader_rules_its_path_out() {
     let s = setup(SelectorConfig::default());
     s.a.set_costs(Costs::uniform(costs_b()));
     s.b.set_costs(Costs::uniform(costs_a()));
-    let file = s
-        .engine
-        .open(Path::new("/virtual/first-far.bin"), OpenMode::Create)
-        .unwrap();
+    let file = create(&s.engine, "first-far.bin");
     let data = vec![3u8; 8 << 20];
     for i in 0..8u64 {
         file.write_at(i << 23, &data).unwrap();
@@ -503,9 +482,7 @@ fn buffered_and_direct(
 fn small_writes_are_recorded_in_runs_but_a_direct_paths_explorations_one_by_one() {
     // `buffered` 14 µs a write, `direct` 201 µs.
     let (engine, buffered, direct) = buffered_and_direct(14_000, 201_000);
-    let file = engine
-        .open(Path::new("/virtual/write-runs.bin"), OpenMode::Create)
-        .unwrap();
+    let file = create(&engine, "write-runs.bin");
     let data = vec![7u8; 4096];
     let writes = 400u64;
     for i in 0..writes {
@@ -541,9 +518,7 @@ fn a_page_cache_path_with_occasional_slow_writes_is_judged_over_a_run() {
     // for `direct`. Judged on that write alone, it would have been dropped, and written
     // nothing until a look at it, hundreds of writes later.
     let (engine, buffered, direct) = buffered_and_direct(16_000, 130_000);
-    let file = engine
-        .open(Path::new("/virtual/spiky.bin"), OpenMode::Create)
-        .unwrap();
+    let file = create(&engine, "spiky.bin");
     let data = vec![1u8; 64 << 10];
     for i in 0..600u64 {
         let ns = if buffered.calls() % 8 == 1 {

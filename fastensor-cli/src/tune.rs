@@ -119,12 +119,26 @@ pub fn run_tune(args: TuneArgs) -> Result<()> {
         }
     };
     let mut outcome = tune(&args.dir, &options)?;
-    // Keep the knob settings `bench --write-profile` stored in the profile being replaced.
+    // Keep the backends' knob settings `bench --write-profile` stored in the profile being
+    // replaced; the engine's (`[knobs.engine]`) are this run's.
     if let Some(old) = old {
+        let engine_knobs = outcome.dictionary.knobs.remove("engine");
         outcome.dictionary.knobs = old.knobs;
+        if let Some(k) = engine_knobs {
+            outcome.dictionary.knobs.insert("engine".to_string(), k);
+        }
     }
     save_profile(&outcome.dictionary, &path)?;
     print!("{}", outcome.dictionary);
+    if let Some(m) = &outcome.new_loads {
+        println!(
+            "loads into new memory: {} ({} MiB cold: mapped {:.3} s, read into fresh memory {:.3} s)",
+            m.choice.as_str(),
+            m.bytes >> 20,
+            m.mapped.as_secs_f64(),
+            m.read.as_secs_f64()
+        );
+    }
     println!(
         "{} transfers, {:.1} MiB in {:.1} s; {} explorations; profile written to {}",
         outcome.transfers,

@@ -14,6 +14,14 @@ fn tune_writes_a_profile_that_profile_show_prints() {
     ));
     assert!(out.contains("profile written to"), "{out}");
     assert!(profile.exists());
+    // Where loads into new memory put their bytes, measured and kept in the profile.
+    assert!(out.contains("loads into new memory: "), "{out}");
+    let text = std::fs::read_to_string(&profile).unwrap();
+    assert!(text.contains("[knobs.engine]"), "{text}");
+    assert!(
+        text.contains("new_loads = \"mapped\"") || text.contains("new_loads = \"read\""),
+        "{text}"
+    );
     let shown = ok(run("profile show", &[&profile]));
     assert!(shown.contains("fastensor dictionary"), "{shown}");
     for line in ["read", "write"] {

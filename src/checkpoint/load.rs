@@ -9,6 +9,7 @@ use super::into_arena::{load_chosen, named};
 use super::save::{TensorView, Tensors};
 use super::source::CheckpointSource;
 use super::{validate, Arena, FileOpener};
+use crate::engine::NewLoads;
 use crate::{BackendFile, Error, ErrorKind, HostBuffer, MemMut, MemRef, Result, TensorDesc};
 use std::collections::BTreeMap;
 use std::ops::Range;
@@ -235,7 +236,22 @@ pub(crate) fn retry_changed<T>(mut attempt: impl FnMut() -> Result<T>) -> Result
 /// replaced (renamed over) during the load is loaded again, whole (up to 3 tries); when it
 /// keeps changing the error is [`ErrorKind::Changed`].
 pub fn load<O: FileOpener + ?Sized>(opener: &O, path: &Path) -> Result<Checkpoint> {
-    if opener.maps_new_loads(path) {
+    let placement = if opener.maps_new_loads(path) {
+        NewLoads::Mapped
+    } else {
+        NewLoads::Read
+    };
+    load_placed(opener, path, placement)
+}
+
+/// [`load`] with its placement given rather than asked of the opener (`fastensor tune`
+/// measures both).
+pub(crate) fn load_placed<O: FileOpener + ?Sized>(
+    opener: &O,
+    path: &Path,
+    placement: NewLoads,
+) -> Result<Checkpoint> {
+    if placement == NewLoads::Mapped {
         let mapped = retry_changed(|| super::mapped::load(path, &|_, _| true, false));
         if let Some(done) = super::mapped::mappable(mapped) {
             return done;

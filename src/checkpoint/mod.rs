@@ -41,6 +41,7 @@ pub use checksum::{verify_file, Checksums, Verified, CHECKSUMS_KEY};
 pub use header::{
     parse_header, Header, HeaderEntry, DATA_ALIGN, MAX_HEADER_LEN, MAX_RANK, METADATA_KEY,
 };
+pub(crate) use load::load_placed;
 pub use load::{
     load, load_into, load_selected, load_verified, open, Checkpoint, CheckpointFile,
     CheckpointParts,

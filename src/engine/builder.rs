@@ -1,7 +1,7 @@
 //! Building an [`Engine`]: the backends allowed, the profile, the selector's settings.
 
 use super::measure::Measurer;
-use super::{Candidate, Engine, Inner, SystemClock};
+use super::{Candidate, Engine, Inner, NewLoads, SystemClock};
 use fastensor_core::{Error, ErrorKind, Knobs, Registry, Result, SharedBackend};
 use fastensor_select::{Clock, Objective, SelectorConfig, Warning};
 use fastensor_sys::fork::ForkRwLock;
@@ -143,6 +143,7 @@ impl EngineBuilder {
         let (selector, warning) =
             crate::profile::load(self.profile.as_deref(), self.config.clone())?;
         let (candidates, warning) = apply_knobs(candidates, selector.knobs(), warning);
+        let measured_new_loads = NewLoads::from_knobs(selector.knobs());
         let clock = self.clock.unwrap_or_else(|| Arc::new(SystemClock::new()));
         let measurer = Measurer::new(
             selector,
@@ -158,6 +159,7 @@ impl EngineBuilder {
             built_pin: self.pinned.clone(),
             profile: self.profile,
             mapped_loads: !self.no_mapped_loads,
+            measured_new_loads,
             warning,
         };
         let engine = Engine {

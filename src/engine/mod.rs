@@ -25,12 +25,14 @@ mod decisions;
 mod file;
 mod measure;
 mod opener;
+mod placement;
 mod report;
 mod tune;
 
 pub use builder::EngineBuilder;
 pub use file::EngineFile;
 pub use measure::{evict, SystemClock};
+pub use placement::{NewLoads, NewLoadsMeasured};
 pub use report::{BackendUsage, Report};
 pub use tune::{default_profile_path, tune, TuneOptions, TuneOutcome};
 
@@ -94,6 +96,9 @@ pub(crate) struct Inner {
     pub(crate) profile: Option<PathBuf>,
     /// Whether loads into new host memory may map the file (see `maps_new_loads`).
     mapped_loads: bool,
+    /// Where loads into new host memory put their bytes, as the profile's `fastensor tune`
+    /// measured it (`None`: not measured; they map).
+    measured_new_loads: Option<NewLoads>,
     pub(crate) warning: Option<Warning>,
 }
 

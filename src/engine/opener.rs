@@ -19,15 +19,18 @@ impl fastensor_core::FileOpener for Engine {
     }
 
     /// A load into new host memory maps the file unless a backend is pinned, mapped loads
-    /// were turned off ([`EngineBuilder::mapped_loads`](super::EngineBuilder::mapped_loads)), or none of the engine's backends
-    /// reads local files through the page cache (`posix`, `mmap`: without them the caller
-    /// chose to bypass it, or the engine's files are not local files). Mapping never costs
-    /// more device reads than reading, and spares what reading into new memory costs on
-    /// top: the kernel zeroing every page before the read overwrites it.
+    /// were turned off ([`EngineBuilder::mapped_loads`](super::EngineBuilder::mapped_loads)),
+    /// none of the engine's backends reads local files through the page cache (`posix`,
+    /// `mmap`: without them the caller chose to bypass it, or the engine's files are not
+    /// local files), or the profile's `fastensor tune` found reading into fresh memory
+    /// faster on this machine ([`NewLoads`](super::NewLoads)). Mapping never costs more
+    /// device reads than reading, and spares what reading into new memory costs on top:
+    /// the kernel zeroing every page before the read overwrites it.
     fn maps_new_loads(&self, _path: &Path) -> bool {
         const PAGE_CACHE_READERS: [&str; 2] = ["posix", "mmap"];
         let inner = &self.inner;
         let map = inner.mapped_loads
+            && inner.measured_new_loads != Some(super::NewLoads::Read)
             && inner.pinned.read().is_none()
             && inner
                 .candidates
@@ -51,6 +54,12 @@ impl Engine {
             measurer.counted(Count::MappedLoads),
             measurer.counted(Count::ReadLoads),
         )
+    }
+
+    /// Where loads into new host memory put their bytes as the profile measured it
+    /// (`fastensor tune`); `None` when it was not measured (they map).
+    pub fn measured_new_loads(&self) -> Option<super::NewLoads> {
+        self.inner.measured_new_loads
     }
 
     /// Jobs of reads (checkpoint loads read through a backend) decided so far: each chose

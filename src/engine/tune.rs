@@ -1,6 +1,6 @@
 //! A short exploration over representative sizes and both directions (`fastensor tune`).
 
-use super::{evict, Engine};
+use super::{evict, Engine, NewLoadsMeasured};
 use fastensor_core::{Error, ErrorKind, HostBuffer, OpenMode, Result};
 use fastensor_select::{Dictionary, Objective, SelectorStats};
 use std::path::{Path, PathBuf};
@@ -53,12 +53,16 @@ pub struct TuneOutcome {
     pub bytes: u64,
     /// Time the run took.
     pub elapsed: Duration,
+    /// Loads into new host memory, mapped and read, measured cold (with `cold_reads`);
+    /// their winner is in the dictionary's knobs (`[knobs.engine] new_loads`).
+    pub new_loads: Option<NewLoadsMeasured>,
 }
 
 /// Explores every available backend on a scratch file in `dir` (one with no name, which
 /// nothing can leave behind: `O_TMPFILE`, or unlinked once open) for each
 /// size, writes and reads (cold and cached), until every context has a choice or
-/// `max_rounds` is reached, and returns the dictionary.
+/// `max_rounds` is reached; with cold reads, also measures where loads into new host memory
+/// should put their bytes ([`NewLoads`](super::NewLoads)); and returns the dictionary.
 pub fn tune(dir: &Path, options: &TuneOptions) -> Result<TuneOutcome> {
     if !dir.is_dir() {
         return Err(Error::new(ErrorKind::InvalidInput, "not a directory").with_path(dir));
@@ -75,7 +79,13 @@ pub fn tune(dir: &Path, options: &TuneOptions) -> Result<TuneOutcome> {
     let scratch =
         crate::atomic::unnamed_file(dir, &format!(".fastensor-tune-{}.bin", std::process::id()))
             .map_err(|e| Error::io(e, "cannot create the scratch file").with_path(dir))?;
-    run(&engine, &crate::atomic::fd_path(&scratch), options)
+    let mut outcome = run(&engine, &crate::atomic::fd_path(&scratch), options)?;
+    if options.cold_reads {
+        let measured = super::placement::measure(&engine, dir)?;
+        measured.store(&mut outcome.dictionary.knobs);
+        outcome.new_loads = Some(measured);
+    }
+    Ok(outcome)
 }
 
 fn run(engine: &Engine, path: &Path, options: &TuneOptions) -> Result<TuneOutcome> {
@@ -130,6 +140,7 @@ fn run(engine: &Engine, path: &Path, options: &TuneOptions) -> Result<TuneOutcom
         transfers,
         bytes,
         elapsed: start.elapsed(),
+        new_loads: None,
     })
 }
 

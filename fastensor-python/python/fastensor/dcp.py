@@ -321,6 +321,15 @@ def _contiguous_box(sizes: list[int], offsets: list[int], lengths: list[int]) ->
     return all(lengths[d] == 1 for d in range(j))
 
 
+def stamp_load_id(metadata: Metadata, load_id: str | None) -> Metadata:
+    """``metadata`` with its storage meta (made where it has none) carrying ``load_id``, as
+    a storage reader's ``read_metadata`` returns it."""
+    if getattr(metadata, "storage_meta", None) is None:
+        metadata.storage_meta = StorageMeta()
+    metadata.storage_meta.load_id = load_id
+    return metadata
+
+
 class Reader(StorageReader):
     """A DCP ``StorageReader`` for checkpoints written by :class:`Writer`.
 
@@ -366,10 +375,7 @@ class Reader(StorageReader):
             raise FileNotFoundError(
                 f"{self.path}: no fastensor DCP checkpoint ({name} missing){hint}"
             ) from None
-        if getattr(metadata, "storage_meta", None) is None:
-            metadata.storage_meta = StorageMeta()
-        metadata.storage_meta.load_id = self.load_id
-        return metadata
+        return stamp_load_id(metadata, self.load_id)
 
     def set_up_storage_reader(
         self, metadata: Metadata, is_coordinator: bool, *args: Any, **kwargs: Any

@@ -66,7 +66,6 @@ from torch.distributed.checkpoint.metadata import (
     ChunkStorageMetadata,
     Metadata,
     MetadataIndex,
-    StorageMeta,
     TensorProperties,
     TensorStorageMetadata,
 )
@@ -369,9 +368,7 @@ class HuggingFaceStorageReader(_torch_hf.HuggingFaceStorageReader):
                     length=nbytes,
                 )
         metadata = Metadata(state_dict_metadata=sd_meta, storage_data=storage)
-        metadata.storage_meta = StorageMeta()
-        metadata.storage_meta.load_id = self.load_id
-        return metadata
+        return _fdcp.stamp_load_id(metadata, self.load_id)
 
     def set_up_storage_reader(
         self, metadata: Metadata, is_coordinator: bool, *args: Any, **kwargs: Any
