@@ -296,6 +296,31 @@ pub extern "C" fn cuFileUseCount() -> c_long {
     HANDLES.len() as c_long
 }
 
+/// One synchronous transfer of `call`: counts the call; nothing for `size` 0; else checks
+/// the request and runs `run` on it. Bytes moved, -1 with `errno`, or a negated
+/// `CUfileOpError`.
+fn transfer(
+    call: &str,
+    fh: *mut c_void,
+    base: u64,
+    size: usize,
+    (file_offset, buf_offset): (i64, i64),
+    run: impl FnOnce(&io::Io) -> Result<usize, io::Failure>,
+) -> isize {
+    stats::call(call);
+    if size == 0 {
+        return 0;
+    }
+    let req = match io::prepare(call, fh, base, size, file_offset, buf_offset) {
+        Ok(req) => req,
+        Err(err) => return -(err.err as isize),
+    };
+    match run(&req) {
+        Ok(n) => n as isize,
+        Err(f) => f.returned(),
+    }
+}
+
 /// `cuFileRead`: bytes read, -1 with `errno`, or a negated `CUfileOpError`.
 ///
 /// # Safety
@@ -308,18 +333,10 @@ pub unsafe extern "C" fn cuFileRead(
     file_offset: i64,
     buf_offset: i64,
 ) -> isize {
-    stats::call("cuFileRead");
-    if size == 0 {
-        return 0;
-    }
-    let req = match io::prepare("cuFileRead", fh, base as u64, size, file_offset, buf_offset) {
-        Ok(req) => req,
-        Err(err) => return -(err.err as isize),
-    };
-    match io::read(&req, io::read_fault()) {
-        Ok(n) => n as isize,
-        Err(f) => f.returned(),
-    }
+    let offsets = (file_offset, buf_offset);
+    transfer("cuFileRead", fh, base as u64, size, offsets, |req| {
+        io::read(req, io::read_fault())
+    })
 }
 
 /// `cuFileWrite`: bytes written, -1 with `errno`, or a negated `CUfileOpError`.
@@ -334,25 +351,10 @@ pub unsafe extern "C" fn cuFileWrite(
     file_offset: i64,
     buf_offset: i64,
 ) -> isize {
-    stats::call("cuFileWrite");
-    if size == 0 {
-        return 0;
-    }
-    let req = match io::prepare(
-        "cuFileWrite",
-        fh,
-        base as u64,
-        size,
-        file_offset,
-        buf_offset,
-    ) {
-        Ok(req) => req,
-        Err(err) => return -(err.err as isize),
-    };
-    match io::write("cuFileWrite", &req) {
-        Ok(n) => n as isize,
-        Err(f) => f.returned(),
-    }
+    let offsets = (file_offset, buf_offset);
+    transfer("cuFileWrite", fh, base as u64, size, offsets, |req| {
+        io::write("cuFileWrite", req)
+    })
 }
 
 /// Driver state checks shared with the batch API.
