@@ -3,6 +3,7 @@
 use super::{CheckResult, Harness};
 use crate::data;
 use fastensor_core::{BackendFile, ErrorKind, OpenMode, ReadRequest, WriteRequest};
+use std::path::Path;
 
 fn compare(what: &str, got: &[u8], want: &[u8]) -> CheckResult {
     match data::first_difference(got, want) {
@@ -13,6 +14,12 @@ fn compare(what: &str, got: &[u8], want: &[u8]) -> CheckResult {
             want.len()
         )),
     }
+}
+
+/// Reads the whole file at `path` (through the harness's reference reader) and compares it
+/// with `want`.
+fn file_matches(h: &Harness<'_>, path: &Path, what: &str, want: &[u8]) -> CheckResult {
+    compare(what, &h.read_whole(path)?, want)
 }
 
 /// Reads `len` bytes at `offset` of `f` (an aligned buffer) and compares them with `want`.
@@ -111,11 +118,7 @@ pub(super) fn unaligned_offsets_and_buffers(h: &Harness<'_>) -> CheckResult {
             }
         }
     }
-    compare(
-        "whole file after unaligned writes",
-        &h.read_whole(&path)?,
-        &want,
-    )
+    file_matches(h, &path, "whole file after unaligned writes", &want)
 }
 
 pub(super) fn overwrite_keeps_neighbours(h: &Harness<'_>) -> CheckResult {
@@ -135,7 +138,7 @@ pub(super) fn overwrite_keeps_neighbours(h: &Harness<'_>) -> CheckResult {
     }
     f.sync().map_err(|e| e.to_string())?;
     has_len(f.as_ref(), MIB as u64, "overwrites left the file")?;
-    compare("file after overwrites", &h.read_whole(&path)?, &want)
+    file_matches(h, &path, "file after overwrites", &want)
 }
 
 pub(super) fn read_past_end_is_short(h: &Harness<'_>) -> CheckResult {
@@ -310,7 +313,7 @@ pub(super) fn threads_share_one_handle(h: &Harness<'_>) -> CheckResult {
             .collect()
     });
     results.into_iter().collect::<CheckResult>()?;
-    compare("file written by threads", &h.read_whole(&path)?, &want)
+    file_matches(h, &path, "file written by threads", &want)
 }
 
 pub(super) fn missing_file_is_not_found(h: &Harness<'_>) -> CheckResult {
@@ -374,11 +377,7 @@ pub(super) fn read_only_handle_refuses_writes(h: &Harness<'_>) -> CheckResult {
         }
         Err(_) => {}
     }
-    compare(
-        "file after a refused write",
-        &h.read_whole(&path)?,
-        &content,
-    )
+    file_matches(h, &path, "file after a refused write", &content)
 }
 
 pub(super) fn zero_length_transfers(h: &Harness<'_>) -> CheckResult {
@@ -420,11 +419,7 @@ pub(super) fn write_past_end_sets_exact_length(h: &Harness<'_>) -> CheckResult {
         has_len(f.as_ref(), gap + len as u64, &what)?;
         let mut want = vec![0u8; gap as usize];
         want.extend_from_slice(&patch);
-        compare(
-            &format!("file after a write at {gap}"),
-            &h.read_whole(&path)?,
-            &want,
-        )?;
+        file_matches(h, &path, &format!("file after a write at {gap}"), &want)?;
     }
     Ok(())
 }
@@ -436,16 +431,12 @@ pub(super) fn set_len_cuts_and_extends(h: &Harness<'_>) -> CheckResult {
     let f = h.open(&path, OpenMode::ReadWrite)?;
     f.set_len(5000)
         .map_err(|e| format!("set_len(5000) failed: {e}"))?;
-    compare(
-        "file cut to 5000 bytes",
-        &h.read_whole(&path)?,
-        &content[..5000],
-    )?;
+    file_matches(h, &path, "file cut to 5000 bytes", &content[..5000])?;
     f.set_len(9000)
         .map_err(|e| format!("set_len(9000) failed: {e}"))?;
     let mut want = content[..5000].to_vec();
     want.resize(9000, 0);
-    compare("file extended to 9000 bytes", &h.read_whole(&path)?, &want)
+    file_matches(h, &path, "file extended to 9000 bytes", &want)
 }
 
 pub(super) fn proptest_offsets_lengths_alignment(h: &Harness<'_>) -> CheckResult {
