@@ -115,21 +115,32 @@ fn opened<B: Backend>(backend: B, len: usize, mode: OpenMode) -> Opened<B> {
     }
 }
 
-/// Reads the first `len` bytes of `file` into a new device buffer, which must fail; the
-/// buffer and the error.
-fn failed_read(file: &dyn BackendFile, len: usize) -> (DeviceBuffer, Error) {
+/// Opens a file of `len` bytes with `backend` in `mode` and reads it whole into a new device
+/// buffer, which must fail with an error of `kind` that names the file and says `words`; the
+/// file, the buffer and the error.
+fn read_fails<B: Backend>(
+    backend: B,
+    (len, mode): (usize, OpenMode),
+    kind: ErrorKind,
+    words: &str,
+) -> (Opened<B>, DeviceBuffer, Error) {
+    let o = opened(backend, len, mode);
     let mut dev = DeviceBuffer::new(len, 0).unwrap();
-    let err = file.read_at(0, dev.as_mem_mut()).unwrap_err();
-    (dev, err)
+    let err = o.file.read_at(0, dev.as_mem_mut()).unwrap_err();
+    assert_error(&err, kind, &o.path, words);
+    (o, dev, err)
 }
 
 scenario_test!(
     stand_in_failing_cufile_read_ends_in_an_io_error,
     [("FASTENSOR_STAND_IN_FAULT", "read-error@3")],
     || {
-        let o = opened(small_gds(), 1 << 20, OpenMode::Read);
-        let (dev, err) = failed_read(o.file.as_ref(), 1 << 20);
-        assert_error(&err, ErrorKind::Io, &o.path, "cuFileRead failed");
+        let (o, dev, err) = read_fails(
+            small_gds(),
+            (1 << 20, OpenMode::Read),
+            ErrorKind::Io,
+            "cuFileRead failed",
+        );
         assert_eq!(err.raw_os_error(), Some(libc::EIO), "{err}");
         // A batch: its requests fail, and so does the one-by-one retry.
         let err = batch(o.file.as_ref(), &small_requests(20, 1 << 20)).unwrap_err();
@@ -163,9 +174,12 @@ scenario_test!(
     stand_in_cufile_read_of_nothing_before_the_end_is_a_clear_error,
     [("FASTENSOR_STAND_IN_FAULT", "zero-read@0")],
     || {
-        let o = opened(small_gds(), 300_000, OpenMode::Read);
-        let (dev, err) = failed_read(o.file.as_ref(), 300_000);
-        assert_error(&err, ErrorKind::Io, &o.path, "cuFileRead returned no bytes");
+        let (o, dev, _) = read_fails(
+            small_gds(),
+            (300_000, OpenMode::Read),
+            ErrorKind::Io,
+            "cuFileRead returned no bytes",
+        );
         drop((o, dev));
         assert_clean("after empty reads");
     }
@@ -204,13 +218,15 @@ scenario_test!(
     [("FASTENSOR_STAND_IN_FAULT", "pinned-oom@1")],
     || {
         // The second cuMemHostAlloc fails: a lane of three buffers gets one, then fails.
-        let o = opened(small_staged(3), 1 << 20, OpenMode::ReadWrite);
-        let (dev, err) = failed_read(o.file.as_ref(), 1 << 20);
-        let oom = ErrorKind::OutOfMemory;
-        assert_error(&err, oom, &o.path, "CUDA_ERROR_OUT_OF_MEMORY");
+        let (o, dev, _) = read_fails(
+            small_staged(3),
+            (1 << 20, OpenMode::ReadWrite),
+            ErrorKind::OutOfMemory,
+            "CUDA_ERROR_OUT_OF_MEMORY",
+        );
         assert_eq!(stat("live.pinned_buffers"), 0, "a pinned buffer leaked");
         let err = o.file.write_at(0, dev.as_mem()).unwrap_err();
-        assert_error(&err, oom, &o.path, "cuMemHostAlloc");
+        assert_error(&err, ErrorKind::OutOfMemory, &o.path, "cuMemHostAlloc");
         drop((o, dev));
         assert!(stat("fault.pinned-oom") > 0);
         assert_clean("after pinned memory ran out");
@@ -221,10 +237,13 @@ scenario_test!(
     stand_in_device_lost_during_a_staged_read_is_a_device_error,
     [("FASTENSOR_STAND_IN_FAULT", "device-lost@1M")],
     || {
-        let o = opened(small_staged(2), 4 << 20, OpenMode::ReadWrite);
         // Allocated before the loss; the upload counts towards the megabyte.
-        let (dev, err) = failed_read(o.file.as_ref(), 4 << 20);
-        assert_error(&err, ErrorKind::Device, &o.path, "CUDA_ERROR_UNKNOWN");
+        let (o, dev, _) = read_fails(
+            small_staged(2),
+            (4 << 20, OpenMode::ReadWrite),
+            ErrorKind::Device,
+            "CUDA_ERROR_UNKNOWN",
+        );
         // Everything after the loss fails the same way, at once.
         let err = o.file.write_at(0, dev.as_mem()).unwrap_err();
         assert_eq!(err.kind(), ErrorKind::Device, "{err}");
@@ -240,12 +259,10 @@ scenario_test!(
     stand_in_device_lost_during_a_gds_read_is_a_device_error,
     [("FASTENSOR_STAND_IN_FAULT", "device-lost@1M")],
     || {
-        let o = opened(small_gds(), 4 << 20, OpenMode::ReadWrite);
-        let (dev, err) = failed_read(o.file.as_ref(), 4 << 20);
-        assert_error(
-            &err,
+        let (o, dev, _) = read_fails(
+            small_gds(),
+            (4 << 20, OpenMode::ReadWrite),
             ErrorKind::Device,
-            &o.path,
             "CU_FILE_CUDA_DRIVER_ERROR",
         );
         let err = o.file.write_at(0, dev.as_mem()).unwrap_err();
