@@ -30,18 +30,7 @@ mod dynamic {
 
     /// The example plugin's `cdylib`, built by cargo with this test (a dev-dependency).
     fn example_plugin() -> PathBuf {
-        let file = format!(
-            "{}fastensor_example_plugin{}",
-            std::env::consts::DLL_PREFIX,
-            std::env::consts::DLL_SUFFIX
-        );
-        let exe = std::env::current_exe().unwrap();
-        let deps = exe.parent().unwrap();
-        [deps, deps.parent().unwrap()]
-            .iter()
-            .map(|d| d.join(&file))
-            .find(|p| p.exists())
-            .unwrap_or_else(|| panic!("{file} not found next to {}", exe.display()))
+        fastensor_testkit::cdylib("fastensor_example_plugin")
     }
 
     #[test]

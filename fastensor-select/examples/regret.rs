@@ -20,9 +20,9 @@ use std::time::Duration;
 pub struct SimBackend {
     pub name: &'static str,
     /// (per-call µs, ns per byte) for cold reads, cached reads, writes; `None`: cannot.
-    pub cold: (f64, f64),
-    pub cached: (f64, f64),
-    pub write: Option<(f64, f64)>,
+    pub cold: Cost,
+    pub cached: Cost,
+    pub write: Option<Cost>,
 }
 
 impl SimBackend {
@@ -36,38 +36,36 @@ impl SimBackend {
     }
 }
 
+/// (per-call µs, ns per byte) of one kind of transfer.
+type Cost = (f64, f64);
+
 /// The simulated machine.
 pub fn backends() -> Vec<SimBackend> {
-    vec![
+    // (name, cold reads, cached reads, writes)
+    let table: [(&str, Cost, Cost, Option<Cost>); 4] = [
         // page cache: cheap calls; cold reads limited by readahead; writes land in the cache.
-        SimBackend {
-            name: "posix",
-            cold: (10.0, 0.50),
-            cached: (2.0, 0.10),
-            write: Some((4.0, 0.30)),
-        },
+        ("posix", (10.0, 0.50), (2.0, 0.10), Some((4.0, 0.30))),
         // O_DIRECT, parallel chunks: expensive calls, best device throughput, cache ignored.
-        SimBackend {
-            name: "posix-direct",
-            cold: (70.0, 0.30),
-            cached: (70.0, 0.30),
-            write: Some((70.0, 0.28)),
-        },
+        (
+            "posix-direct",
+            (70.0, 0.30),
+            (70.0, 0.30),
+            Some((70.0, 0.28)),
+        ),
         // io_uring: middle ground.
-        SimBackend {
-            name: "uring",
-            cold: (25.0, 0.33),
-            cached: (6.0, 0.12),
-            write: Some((25.0, 0.31)),
-        },
+        ("uring", (25.0, 0.33), (6.0, 0.12), Some((25.0, 0.31))),
         // mmap: read only; page faults make big cold reads slow.
-        SimBackend {
-            name: "mmap",
-            cold: (3.0, 0.65),
-            cached: (1.5, 0.085),
-            write: None,
-        },
-    ]
+        ("mmap", (3.0, 0.65), (1.5, 0.085), None),
+    ];
+    table
+        .into_iter()
+        .map(|(name, cold, cached, write)| SimBackend {
+            name,
+            cold,
+            cached,
+            write,
+        })
+        .collect()
 }
 
 /// splitmix64: a tiny deterministic generator.

@@ -9,6 +9,7 @@
 //! ```
 #![deny(missing_docs)]
 
+mod cdylib;
 pub mod conformance;
 pub mod data;
 pub mod faulty;
@@ -17,4 +18,5 @@ pub mod skip;
 pub mod test_memory;
 pub mod throttled;
 
+pub use cdylib::cdylib;
 pub use memory_backend::{MemoryBackend, MEMORY};

@@ -254,51 +254,28 @@ fn main() {
     println!(
         "# {count} random 4 KiB reads from a cold 1 GiB file (page cache dropped before each)"
     );
-    let fd = direct.open(&rpath, OpenMode::Read).unwrap();
-    let d_one = best(
-        (0..reps)
-            .map(|_| random_reads(fd.as_ref(), &rpath, &offs, false))
-            .collect(),
-    );
     let iops = |s: Sample| count as f64 / s.secs;
-    println!(
-        "{:<34} {:>10.0} req/s  cpu {:.3}s",
-        "posix-direct read_at loop",
-        iops(d_one),
-        d_one.cpu
-    );
-    for (name, b) in &uring_configs {
-        let f = b.open(&rpath, OpenMode::Read).unwrap();
+    // The best of `reps` runs of the random reads through `backend` (one `read_batch`, or a
+    // `read_at` loop), printed as `label`.
+    let random = |backend: &dyn Backend, batch: bool, label: &str| {
+        let f = backend.open(&rpath, OpenMode::Read).unwrap();
         let s = best(
             (0..reps)
-                .map(|_| random_reads(f.as_ref(), &rpath, &offs, true))
+                .map(|_| random_reads(f.as_ref(), &rpath, &offs, batch))
                 .collect(),
         );
-        println!(
-            "{:<34} {:>10.0} req/s  cpu {:.3}s",
-            format!("{name} read_batch"),
-            iops(s),
-            s.cpu
-        );
+        println!("{:<34} {:>10.0} req/s  cpu {:.3}s", label, iops(s), s.cpu);
+        s
+    };
+    let d_one = random(&direct, false, "posix-direct read_at loop");
+    for (name, b) in &uring_configs {
+        let s = random(b, true, &format!("{name} read_batch"));
         println!(
             "  ratio vs posix-direct: {:.2}x (>= 2x wanted)",
             iops(s) / iops(d_one)
         );
     }
-    let f = UringBackend::default()
-        .open(&rpath, OpenMode::Read)
-        .unwrap();
-    let u_one = best(
-        (0..reps)
-            .map(|_| random_reads(f.as_ref(), &rpath, &offs, false))
-            .collect(),
-    );
-    println!(
-        "{:<34} {:>10.0} req/s  cpu {:.3}s",
-        "uring read_at loop (qd 1)",
-        iops(u_one),
-        u_one.cpu
-    );
+    random(&UringBackend::default(), false, "uring read_at loop (qd 1)");
     if std::env::var_os("KEEP").is_none() {
         let _ = std::fs::remove_file(&rpath);
     }

@@ -6,25 +6,8 @@
 
 use fastensor_core::{Backend, BackendFileExt, ErrorKind, MemoryKind, OpenMode, Origin, Registry};
 use fastensor_plugin::{DynamicBackend, RegistryExt, PLUGINS_ENV};
+use fastensor_testkit::cdylib;
 use std::path::{Path, PathBuf};
-
-/// The shared library `lib<name>.so` built by cargo for this workspace.
-fn cdylib(name: &str) -> PathBuf {
-    let file = format!(
-        "{}{name}{}",
-        std::env::consts::DLL_PREFIX,
-        std::env::consts::DLL_SUFFIX
-    );
-    let exe = std::env::current_exe().unwrap();
-    let deps = exe.parent().unwrap();
-    for dir in [deps, deps.parent().unwrap()] {
-        let candidate = dir.join(&file);
-        if candidate.exists() {
-            return candidate;
-        }
-    }
-    panic!("{file} not found next to {}", exe.display());
-}
 
 fn plugin() -> PathBuf {
     cdylib("fastensor_example_plugin")
@@ -122,45 +105,38 @@ fn assert_load_error(path: &Path, kind: ErrorKind, words: &str) {
 }
 
 #[test]
-fn wrong_abi_version_is_refused() {
-    assert_load_error(
-        &cdylib("fastensor_bad_abi_plugin"),
-        ErrorKind::Unsupported,
-        "built for plugin ABI version 999, but this fastensor speaks version 1",
-    );
-}
-
-#[test]
-#[cfg(target_os = "linux")]
-fn library_without_the_entry_symbol_is_refused() {
-    // libc is a perfectly good shared library, but no fastensor plugin.
-    assert_load_error(
-        Path::new("libc.so.6"),
-        ErrorKind::InvalidInput,
-        "not a fastensor plugin (the library exports no `fastensor_plugin` symbol: ",
-    );
-}
-
-#[test]
-fn non_library_file_is_refused() {
+fn bad_libraries_are_refused_with_clear_errors() {
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("plugin.so");
-    std::fs::write(&path, "this is a text file, not a shared library\n").unwrap();
-    assert_load_error(
-        &path,
-        ErrorKind::InvalidInput,
-        "not a loadable shared library",
-    );
-}
-
-#[test]
-fn missing_file_is_not_found() {
-    let dir = tempfile::tempdir().unwrap();
-    assert_load_error(
-        &dir.path().join("nope.so"),
-        ErrorKind::NotFound,
-        "no such file",
-    );
+    let text = dir.path().join("plugin.so");
+    std::fs::write(&text, "this is a text file, not a shared library\n").unwrap();
+    let mut cases = vec![
+        (
+            cdylib("fastensor_bad_abi_plugin"),
+            ErrorKind::Unsupported,
+            "built for plugin ABI version 999, but this fastensor speaks version 1",
+        ),
+        (
+            text,
+            ErrorKind::InvalidInput,
+            "not a loadable shared library",
+        ),
+        (
+            dir.path().join("nope.so"),
+            ErrorKind::NotFound,
+            "no such file",
+        ),
+    ];
+    if cfg!(target_os = "linux") {
+        // libc is a perfectly good shared library, but no fastensor plugin.
+        cases.push((
+            PathBuf::from("libc.so.6"),
+            ErrorKind::InvalidInput,
+            "not a fastensor plugin (the library exports no `fastensor_plugin` symbol: ",
+        ));
+    }
+    for (path, kind, words) in cases {
+        assert_load_error(&path, kind, words);
+    }
 }
 
 #[test]

@@ -73,6 +73,15 @@ pub(crate) fn current(call: &str) -> Result<u32, CUresult> {
     })
 }
 
+/// `check`'s error, unless the device is lost (then `Ok`): the calls that free memory still
+/// work after a loss.
+pub(crate) fn unless_lost<T>(check: Result<T, CUresult>) -> Result<(), CUresult> {
+    match check {
+        Err(e) if lost().is_none() => Err(e),
+        _ => Ok(()),
+    }
+}
+
 /// Makes `device`'s context current on this thread (`None`: no context).
 pub(crate) fn set_current(device: Option<u32>) {
     CURRENT.with(|c| c.set(device));

@@ -5,6 +5,7 @@
 
 use crate::driver::entry;
 use crate::errors::{CUresult, INVALID_VALUE};
+use crate::memory::DeviceRange;
 use crate::streams::{self, Copy, Op};
 use crate::{context, memory, stats};
 use std::ffi::c_void;
@@ -152,19 +153,27 @@ pub unsafe extern "C" fn cuMemcpyDtoHAsync_v2(
     })
 }
 
+/// The device ranges of `len` bytes at `ptrs`, in order, for `call` (which needs a current
+/// context); none when `len` is 0 (nothing to do).
+fn device_ranges(call: &str, ptrs: &[u64], len: usize) -> Result<Vec<DeviceRange>, CUresult> {
+    context::current(call)?;
+    if len == 0 {
+        return Ok(Vec::new());
+    }
+    ptrs.iter()
+        .map(|&p| memory::device_range(call, p, 0, len))
+        .collect()
+}
+
 /// `cuMemcpyDtoD_v2`.
 #[no_mangle]
 pub extern "C" fn cuMemcpyDtoD_v2(dst: u64, src: u64, len: usize) -> CUresult {
     entry("cuMemcpyDtoD_v2", || {
-        context::current("cuMemcpyDtoD")?;
-        if len == 0 {
-            return Ok(());
+        if let [from, to] = &device_ranges("cuMemcpyDtoD", &[src, dst], len)?[..] {
+            // SAFETY: both ranges are translated, pinned device memory of len bytes; overlap
+            // is allowed by `copy`.
+            unsafe { std::ptr::copy(from.host, to.host, len) };
         }
-        let from = memory::device_range("cuMemcpyDtoD", src, 0, len)?;
-        let to = memory::device_range("cuMemcpyDtoD", dst, 0, len)?;
-        // SAFETY: both ranges are translated, pinned device memory of len bytes; overlap is
-        // allowed by `copy`.
-        unsafe { std::ptr::copy(from.host, to.host, len) };
         Ok(())
     })
 }
@@ -173,13 +182,10 @@ pub extern "C" fn cuMemcpyDtoD_v2(dst: u64, src: u64, len: usize) -> CUresult {
 #[no_mangle]
 pub extern "C" fn cuMemsetD8_v2(dst: u64, value: u8, len: usize) -> CUresult {
     entry("cuMemsetD8_v2", || {
-        context::current("cuMemsetD8")?;
-        if len == 0 {
-            return Ok(());
+        if let [r] = &device_ranges("cuMemsetD8", &[dst], len)?[..] {
+            // SAFETY: r is translated, pinned device memory of len bytes.
+            unsafe { std::ptr::write_bytes(r.host, value, len) };
         }
-        let r = memory::device_range("cuMemsetD8", dst, 0, len)?;
-        // SAFETY: r is translated, pinned device memory of len bytes.
-        unsafe { std::ptr::write_bytes(r.host, value, len) };
         Ok(())
     })
 }

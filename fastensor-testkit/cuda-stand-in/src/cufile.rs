@@ -6,12 +6,12 @@
 use crate::cufile_io as io;
 use crate::errors::cufile as e;
 use crate::errors::CUresult;
+use crate::handles::Handles;
 use crate::memory;
 use crate::{config, context, stats};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::ffi::{c_int, c_long, c_uint, c_void};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::Mutex;
 
 /// `CUfileError_t`.
 #[repr(C)]
@@ -104,27 +104,14 @@ pub(crate) struct RegisteredFile {
     pub direct: bool,
 }
 
-static HANDLES: Mutex<Option<HashMap<usize, RegisteredFile>>> = Mutex::new(None);
+static HANDLES: Handles<RegisteredFile> = Handles::new(0xf11e_0000_0000, "a registered file");
 static BUFFERS: Mutex<BTreeMap<u64, usize>> = Mutex::new(BTreeMap::new());
-const HANDLE_TAG: usize = 0xf11e_0000_0000;
-static NEXT_HANDLE: AtomicUsize = AtomicUsize::new(1);
-
-fn handles() -> MutexGuard<'static, Option<HashMap<usize, RegisteredFile>>> {
-    HANDLES.lock().unwrap_or_else(|p| p.into_inner())
-}
 
 /// The file registered as `fh`; an unknown handle is a violation.
 pub(crate) fn file(call: &str, fh: *mut c_void) -> Result<RegisteredFile, CUfileError> {
-    handles()
-        .as_ref()
-        .and_then(|m| m.get(&(fh as usize)).copied())
-        .ok_or_else(|| {
-            stats::violation(
-                "invalid_handle",
-                &format!("{call}: {fh:?} is not a registered file"),
-            );
-            CUfileError::op(e::HANDLE_NOT_REGISTERED)
-        })
+    HANDLES
+        .get(call, fh)
+        .ok_or(CUfileError::op(e::HANDLE_NOT_REGISTERED))
 }
 
 /// Counts a cuFile call and turns a panic into `CU_FILE_INTERNAL_ERROR`.
@@ -222,13 +209,10 @@ pub unsafe extern "C" fn cuFileHandleRegister(
         if !direct {
             stats::add("notes.file_without_o_direct", 1);
         }
-        let h = HANDLE_TAG + 16 * NEXT_HANDLE.fetch_add(1, Ordering::Relaxed);
-        handles()
-            .get_or_insert_with(HashMap::new)
-            .insert(h, RegisteredFile { fd, direct });
+        let h = HANDLES.insert(RegisteredFile { fd, direct });
         stats::live("cufile_handles", 1);
         // SAFETY: the caller's contract.
-        unsafe { fh.write(h as *mut c_void) };
+        unsafe { fh.write(h) };
         Ok(())
     })
 }
@@ -237,22 +221,15 @@ pub unsafe extern "C" fn cuFileHandleRegister(
 #[no_mangle]
 pub extern "C" fn cuFileHandleDeregister(fh: *mut c_void) {
     stats::call("cuFileHandleDeregister");
-    let removed = handles().as_mut().and_then(|m| m.remove(&(fh as usize)));
-    match removed {
-        None => stats::violation(
-            "invalid_handle",
-            &format!("cuFileHandleDeregister: {fh:?} is not a registered file"),
-        ),
-        Some(f) => {
-            // SAFETY: F_GETFD only checks that the descriptor is open.
-            if unsafe { libc::fcntl(f.fd, libc::F_GETFD) } == -1 {
-                stats::violation(
-                    "closed_before_deregister",
-                    &format!("descriptor {} closed before cuFileHandleDeregister", f.fd),
-                );
-            }
-            stats::live("cufile_handles", -1);
+    if let Some(f) = HANDLES.remove("cuFileHandleDeregister", fh) {
+        // SAFETY: F_GETFD only checks that the descriptor is open.
+        if unsafe { libc::fcntl(f.fd, libc::F_GETFD) } == -1 {
+            stats::violation(
+                "closed_before_deregister",
+                &format!("descriptor {} closed before cuFileHandleDeregister", f.fd),
+            );
         }
+        stats::live("cufile_handles", -1);
     }
 }
 
@@ -316,7 +293,32 @@ pub extern "C" fn cuFileBufDeregister(base: *const c_void) -> CUfileError {
 #[no_mangle]
 pub extern "C" fn cuFileUseCount() -> c_long {
     stats::call("cuFileUseCount");
-    handles().as_ref().map_or(0, |m| m.len() as c_long)
+    HANDLES.len() as c_long
+}
+
+/// One synchronous transfer of `call`: counts the call; nothing for `size` 0; else checks
+/// the request and runs `run` on it. Bytes moved, -1 with `errno`, or a negated
+/// `CUfileOpError`.
+fn transfer(
+    call: &str,
+    fh: *mut c_void,
+    base: u64,
+    size: usize,
+    (file_offset, buf_offset): (i64, i64),
+    run: impl FnOnce(&io::Io) -> Result<usize, io::Failure>,
+) -> isize {
+    stats::call(call);
+    if size == 0 {
+        return 0;
+    }
+    let req = match io::prepare(call, fh, base, size, file_offset, buf_offset) {
+        Ok(req) => req,
+        Err(err) => return -(err.err as isize),
+    };
+    match run(&req) {
+        Ok(n) => n as isize,
+        Err(f) => f.returned(),
+    }
 }
 
 /// `cuFileRead`: bytes read, -1 with `errno`, or a negated `CUfileOpError`.
@@ -331,18 +333,10 @@ pub unsafe extern "C" fn cuFileRead(
     file_offset: i64,
     buf_offset: i64,
 ) -> isize {
-    stats::call("cuFileRead");
-    if size == 0 {
-        return 0;
-    }
-    let req = match io::prepare("cuFileRead", fh, base as u64, size, file_offset, buf_offset) {
-        Ok(req) => req,
-        Err(err) => return -(err.err as isize),
-    };
-    match io::read(&req, io::read_fault()) {
-        Ok(n) => n as isize,
-        Err(f) => f.returned(),
-    }
+    let offsets = (file_offset, buf_offset);
+    transfer("cuFileRead", fh, base as u64, size, offsets, |req| {
+        io::read(req, io::read_fault())
+    })
 }
 
 /// `cuFileWrite`: bytes written, -1 with `errno`, or a negated `CUfileOpError`.
@@ -357,25 +351,10 @@ pub unsafe extern "C" fn cuFileWrite(
     file_offset: i64,
     buf_offset: i64,
 ) -> isize {
-    stats::call("cuFileWrite");
-    if size == 0 {
-        return 0;
-    }
-    let req = match io::prepare(
-        "cuFileWrite",
-        fh,
-        base as u64,
-        size,
-        file_offset,
-        buf_offset,
-    ) {
-        Ok(req) => req,
-        Err(err) => return -(err.err as isize),
-    };
-    match io::write("cuFileWrite", &req) {
-        Ok(n) => n as isize,
-        Err(f) => f.returned(),
-    }
+    let offsets = (file_offset, buf_offset);
+    transfer("cuFileWrite", fh, base as u64, size, offsets, |req| {
+        io::write("cuFileWrite", req)
+    })
 }
 
 /// Driver state checks shared with the batch API.

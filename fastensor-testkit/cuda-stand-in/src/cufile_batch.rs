@@ -6,10 +6,11 @@
 use crate::cufile::{self, CUfileError};
 use crate::cufile_io::{self as io, Io};
 use crate::errors::cufile as e;
+use crate::handles::Handles;
 use crate::{config, context, stats};
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::ffi::{c_uint, c_void};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -80,26 +81,13 @@ impl Batch {
     }
 }
 
-static BATCHES: Mutex<Option<HashMap<usize, Arc<Batch>>>> = Mutex::new(None);
-const BATCH_TAG: usize = 0xba7c_0000_0000;
-static NEXT: AtomicUsize = AtomicUsize::new(1);
+static BATCHES: Handles<Arc<Batch>> = Handles::new(0xba7c_0000_0000, "a live batch");
 static REQUESTS: AtomicU64 = AtomicU64::new(0);
 
-fn batches() -> MutexGuard<'static, Option<HashMap<usize, Arc<Batch>>>> {
-    BATCHES.lock().unwrap_or_else(|p| p.into_inner())
-}
-
 fn batch(call: &str, handle: *mut c_void) -> Result<Arc<Batch>, CUfileError> {
-    batches()
-        .as_ref()
-        .and_then(|m| m.get(&(handle as usize)).cloned())
-        .ok_or_else(|| {
-            stats::violation(
-                "invalid_handle",
-                &format!("{call}: {handle:?} is not a live batch"),
-            );
-            CUfileError::op(e::INVALID_VALUE)
-        })
+    BATCHES
+        .get(call, handle)
+        .ok_or(CUfileError::op(e::INVALID_VALUE))
 }
 
 /// `cuFileBatchIOSetUp`: at most the driver's batch size.
@@ -113,15 +101,13 @@ pub unsafe extern "C" fn cuFileBatchIOSetUp(out: *mut *mut c_void, nr: c_uint) -
         if out.is_null() || nr == 0 || nr > config::get().max_batch {
             return Err(CUfileError::op(e::INVALID_VALUE));
         }
-        let h = BATCH_TAG + 16 * NEXT.fetch_add(1, Ordering::Relaxed);
-        let b = Arc::new(Batch {
+        let h = BATCHES.insert(Arc::new(Batch {
             capacity: nr,
             ..Batch::default()
-        });
-        batches().get_or_insert_with(HashMap::new).insert(h, b);
+        }));
         stats::live("cufile_batches", 1);
         // SAFETY: the caller's contract.
-        unsafe { out.write(h as *mut c_void) };
+        unsafe { out.write(h) };
         Ok(())
     })
 }
@@ -316,14 +302,7 @@ pub extern "C" fn cuFileBatchIOCancel(handle: *mut c_void) -> CUfileError {
 #[no_mangle]
 pub extern "C" fn cuFileBatchIODestroy(handle: *mut c_void) {
     stats::call("cuFileBatchIODestroy");
-    let removed = batches()
-        .as_mut()
-        .and_then(|m| m.remove(&(handle as usize)));
-    let Some(b) = removed else {
-        stats::violation(
-            "invalid_handle",
-            &format!("cuFileBatchIODestroy: {handle:?} is not a live batch"),
-        );
+    let Some(b) = BATCHES.remove("cuFileBatchIODestroy", handle) else {
         return;
     };
     if b.lock().running > 0 {

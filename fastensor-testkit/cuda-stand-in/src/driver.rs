@@ -5,7 +5,7 @@
 
 use crate::errors::{self, CUresult, INVALID_CONTEXT, INVALID_VALUE, NO_DEVICE, SUCCESS};
 use crate::{config, context, stats, streams};
-use std::ffi::{c_char, c_int, c_uint, c_void};
+use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
 
 /// `CUdevice`.
 pub(crate) type CUdevice = c_int;
@@ -60,17 +60,31 @@ pub unsafe extern "C" fn cuDriverGetVersion(version: *mut c_int) -> CUresult {
     entry("cuDriverGetVersion", || unsafe { put(version, 12080) })
 }
 
+/// Writes `pick` of `code`'s name and description through `out`: null, and
+/// `CUDA_ERROR_INVALID_VALUE`, for a code the stand-in does not know.
+///
+/// # Safety
+/// `out` must be null or valid for a write.
+unsafe fn describe_into(
+    code: CUresult,
+    out: *mut *const c_char,
+    pick: fn((&'static CStr, &'static CStr)) -> &'static CStr,
+) -> Result<(), CUresult> {
+    let text = errors::describe(code).map(|d| pick(d).as_ptr());
+    // SAFETY: the caller's contract.
+    unsafe { put(out, text.unwrap_or(std::ptr::null())) }?;
+    text.map(|_| ()).ok_or(INVALID_VALUE)
+}
+
 /// `cuGetErrorName`.
 ///
 /// # Safety
 /// `out` must be valid for a write.
 #[no_mangle]
 pub unsafe extern "C" fn cuGetErrorName(code: CUresult, out: *mut *const c_char) -> CUresult {
-    entry("cuGetErrorName", || {
-        let name = errors::describe(code).map(|(n, _)| n.as_ptr());
-        // SAFETY: the caller's contract.
-        unsafe { put(out, name.unwrap_or(std::ptr::null())) }?;
-        name.map(|_| ()).ok_or(INVALID_VALUE)
+    // SAFETY: the caller's contract.
+    entry("cuGetErrorName", || unsafe {
+        describe_into(code, out, |(name, _)| name)
     })
 }
 
@@ -80,11 +94,9 @@ pub unsafe extern "C" fn cuGetErrorName(code: CUresult, out: *mut *const c_char)
 /// `out` must be valid for a write.
 #[no_mangle]
 pub unsafe extern "C" fn cuGetErrorString(code: CUresult, out: *mut *const c_char) -> CUresult {
-    entry("cuGetErrorString", || {
-        let text = errors::describe(code).map(|(_, t)| t.as_ptr());
-        // SAFETY: the caller's contract.
-        unsafe { put(out, text.unwrap_or(std::ptr::null())) }?;
-        text.map(|_| ()).ok_or(INVALID_VALUE)
+    // SAFETY: the caller's contract.
+    entry("cuGetErrorString", || unsafe {
+        describe_into(code, out, |(_, text)| text)
     })
 }
 
@@ -215,11 +227,7 @@ pub extern "C" fn cuDevicePrimaryCtxRelease_v2(dev: CUdevice) -> CUresult {
 #[no_mangle]
 pub extern "C" fn cuCtxSetCurrent(ctx: Handle) -> CUresult {
     entry("cuCtxSetCurrent", || {
-        if let Err(e) = context::ready() {
-            if context::lost().is_none() {
-                return Err(e);
-            }
-        }
+        context::unless_lost(context::ready())?;
         if ctx.is_null() {
             context::set_current(None);
             return Ok(());

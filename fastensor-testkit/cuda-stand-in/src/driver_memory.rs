@@ -34,11 +34,7 @@ pub unsafe extern "C" fn cuMemAlloc_v2(ptr: *mut u64, bytes: usize) -> CUresult 
 #[no_mangle]
 pub extern "C" fn cuMemFree_v2(ptr: u64) -> CUresult {
     entry("cuMemFree_v2", || {
-        if let Err(e) = context::current("cuMemFree") {
-            if context::lost().is_none() {
-                return Err(e);
-            }
-        }
+        context::unless_lost(context::current("cuMemFree"))?;
         memory::free_device(ptr)?;
         context::lost().map_or(Ok(()), Err)
     })
@@ -114,11 +110,7 @@ pub unsafe extern "C" fn cuMemAllocHost_v2(out: *mut *mut c_void, bytes: usize) 
 #[no_mangle]
 pub extern "C" fn cuMemFreeHost(p: *mut c_void) -> CUresult {
     entry("cuMemFreeHost", || {
-        if let Err(e) = context::current("cuMemFreeHost") {
-            if context::lost().is_none() {
-                return Err(e);
-            }
-        }
+        context::unless_lost(context::current("cuMemFreeHost"))?;
         memory::free_pinned(p as usize)?;
         context::lost().map_or(Ok(()), Err)
     })
@@ -140,11 +132,7 @@ pub extern "C" fn cuMemHostRegister_v2(p: *mut c_void, bytes: usize, _flags: c_u
 #[no_mangle]
 pub extern "C" fn cuMemHostUnregister(p: *mut c_void) -> CUresult {
     entry("cuMemHostUnregister", || {
-        if let Err(e) = context::current("cuMemHostUnregister") {
-            if context::lost().is_none() {
-                return Err(e);
-            }
-        }
+        context::unless_lost(context::current("cuMemHostUnregister"))?;
         memory::unregister_host(p as usize)
     })
 }

@@ -6,6 +6,24 @@ use crate::errors::{CUresult, NOT_READY};
 use crate::{context, streams};
 use std::ffi::c_uint;
 
+/// Runs `wait` (a stream's or an event's `synchronize`) with the device there before and
+/// after it: a device lost during the wait fails the call.
+fn synchronize(wait: impl FnOnce() -> Result<(), CUresult>) -> Result<(), CUresult> {
+    context::ready()?;
+    wait()?;
+    context::ready()
+}
+
+/// `Ok` when `passed` (a stream's or an event's) says its work is done, else
+/// `CUDA_ERROR_NOT_READY`.
+fn query(passed: impl FnOnce() -> Result<bool, CUresult>) -> Result<(), CUresult> {
+    context::ready()?;
+    match passed()? {
+        true => Ok(()),
+        false => Err(NOT_READY),
+    }
+}
+
 /// `cuStreamCreate` (every flag accepted; no stream waits for the default stream).
 ///
 /// # Safety
@@ -26,9 +44,7 @@ pub unsafe extern "C" fn cuStreamCreate(stream: *mut Handle, _flags: c_uint) -> 
 #[no_mangle]
 pub extern "C" fn cuStreamSynchronize(stream: Handle) -> CUresult {
     entry("cuStreamSynchronize", || {
-        context::ready()?;
-        streams::get("cuStreamSynchronize", stream)?.synchronize()?;
-        context::ready()
+        synchronize(|| streams::get("cuStreamSynchronize", stream)?.synchronize())
     })
 }
 
@@ -36,12 +52,10 @@ pub extern "C" fn cuStreamSynchronize(stream: Handle) -> CUresult {
 #[no_mangle]
 pub extern "C" fn cuStreamQuery(stream: Handle) -> CUresult {
     entry("cuStreamQuery", || {
-        context::ready()?;
-        let s = streams::get("cuStreamQuery", stream)?;
-        match s.passed(s.submitted())? {
-            true => Ok(()),
-            false => Err(NOT_READY),
-        }
+        query(|| {
+            let s = streams::get("cuStreamQuery", stream)?;
+            s.passed(s.submitted())
+        })
     })
 }
 
@@ -95,9 +109,7 @@ pub extern "C" fn cuEventRecord(event: Handle, stream: Handle) -> CUresult {
 #[no_mangle]
 pub extern "C" fn cuEventSynchronize(event: Handle) -> CUresult {
     entry("cuEventSynchronize", || {
-        context::ready()?;
-        streams::event("cuEventSynchronize", event)?.synchronize()?;
-        context::ready()
+        synchronize(|| streams::event("cuEventSynchronize", event)?.synchronize())
     })
 }
 
@@ -105,11 +117,7 @@ pub extern "C" fn cuEventSynchronize(event: Handle) -> CUresult {
 #[no_mangle]
 pub extern "C" fn cuEventQuery(event: Handle) -> CUresult {
     entry("cuEventQuery", || {
-        context::ready()?;
-        match streams::event("cuEventQuery", event)?.passed()? {
-            true => Ok(()),
-            false => Err(NOT_READY),
-        }
+        query(|| streams::event("cuEventQuery", event)?.passed())
     })
 }
 

@@ -66,6 +66,7 @@ mod driver;
 mod driver_memory;
 mod driver_streams;
 mod errors;
+mod handles;
 mod memory;
 mod stats;
 mod streams;

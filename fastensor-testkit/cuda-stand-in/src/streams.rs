@@ -4,11 +4,11 @@
 //! one; synchronising returns the first error.
 
 use crate::errors::{CUresult, INVALID_HANDLE, OUT_OF_MEMORY};
+use crate::handles::Handles;
 use crate::memory::{DeviceRange, HostPin};
 use crate::{config, context, stats};
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::ffi::c_void;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 
 /// One queued copy: the device range and the page-locked host range it uses stay pinned
@@ -169,20 +169,7 @@ impl Stream {
     }
 }
 
-/// Handles are addresses of nothing: this tag plus a counter (never reused).
-const STREAM_TAG: usize = 0x5e00_0000_0000;
-const EVENT_TAG: usize = 0xe0e0_0000_0000;
-static NEXT_HANDLE: AtomicUsize = AtomicUsize::new(16);
-
-fn next_handle(tag: usize) -> usize {
-    tag + 16 * NEXT_HANDLE.fetch_add(1, Ordering::Relaxed)
-}
-
-static STREAMS: Mutex<Option<HashMap<usize, Arc<Stream>>>> = Mutex::new(None);
-
-fn streams() -> MutexGuard<'static, Option<HashMap<usize, Arc<Stream>>>> {
-    STREAMS.lock().unwrap_or_else(|p| p.into_inner())
-}
+static STREAMS: Handles<Arc<Stream>> = Handles::new(0x5e00_0000_0000, "a live stream");
 
 /// Starts a stream and its worker.
 fn start() -> Result<Arc<Stream>, CUresult> {
@@ -198,10 +185,9 @@ fn start() -> Result<Arc<Stream>, CUresult> {
 /// A new stream; its handle.
 pub(crate) fn create() -> Result<*mut c_void, CUresult> {
     let s = start()?;
-    let h = next_handle(STREAM_TAG);
-    streams().get_or_insert_with(HashMap::new).insert(h, s);
+    let h = STREAMS.insert(s);
     stats::live("streams", 1);
-    Ok(h as *mut c_void)
+    Ok(h)
 }
 
 /// The stream of `handle` (null: the default stream); an unknown handle is a violation.
@@ -210,30 +196,14 @@ pub(crate) fn get(call: &str, handle: *mut c_void) -> Result<Arc<Stream>, CUresu
         static DEFAULT: OnceLock<Result<Arc<Stream>, CUresult>> = OnceLock::new();
         return DEFAULT.get_or_init(start).clone();
     }
-    let found = streams()
-        .as_ref()
-        .and_then(|m| m.get(&(handle as usize)).cloned());
-    found.ok_or_else(|| {
-        stats::violation(
-            "invalid_handle",
-            &format!("{call}: {handle:?} is not a live stream"),
-        );
-        INVALID_HANDLE
-    })
+    STREAMS.get(call, handle).ok_or(INVALID_HANDLE)
 }
 
 /// Destroys a stream: work queued on it still completes (as `cuStreamDestroy` promises).
 pub(crate) fn destroy(handle: *mut c_void) -> Result<(), CUresult> {
-    let removed = streams()
-        .as_mut()
-        .and_then(|m| m.remove(&(handle as usize)));
-    let Some(s) = removed else {
-        stats::violation(
-            "invalid_handle",
-            &format!("cuStreamDestroy: {handle:?} is not a live stream"),
-        );
-        return Err(INVALID_HANDLE);
-    };
+    let s = STREAMS
+        .remove("cuStreamDestroy", handle)
+        .ok_or(INVALID_HANDLE)?;
     s.lock().closing = true;
     s.changed.notify_all();
     stats::live("streams", -1);
@@ -242,11 +212,7 @@ pub(crate) fn destroy(handle: *mut c_void) -> Result<(), CUresult> {
 
 /// Waits for every stream.
 pub(crate) fn synchronize_all() -> Result<(), CUresult> {
-    let all: Vec<Arc<Stream>> = streams()
-        .as_ref()
-        .map(|m| m.values().cloned().collect())
-        .unwrap_or_default();
-    all.iter().try_for_each(|s| s.synchronize())
+    STREAMS.values().iter().try_for_each(|s| s.synchronize())
 }
 
 /// An event: the stream operation it marks, once recorded.
@@ -291,46 +257,25 @@ impl Event {
     }
 }
 
-static EVENTS: Mutex<Option<HashMap<usize, Arc<Event>>>> = Mutex::new(None);
-
-fn events() -> MutexGuard<'static, Option<HashMap<usize, Arc<Event>>>> {
-    EVENTS.lock().unwrap_or_else(|p| p.into_inner())
-}
+static EVENTS: Handles<Arc<Event>> = Handles::new(0xe0e0_0000_0000, "a live event");
 
 /// A new event; its handle.
 pub(crate) fn create_event() -> *mut c_void {
-    let h = next_handle(EVENT_TAG);
-    events()
-        .get_or_insert_with(HashMap::new)
-        .insert(h, Arc::default());
+    let h = EVENTS.insert(Arc::default());
     stats::live("events", 1);
-    h as *mut c_void
+    h
 }
 
 /// The event of `handle`; an unknown handle is a violation.
 pub(crate) fn event(call: &str, handle: *mut c_void) -> Result<Arc<Event>, CUresult> {
-    let found = events()
-        .as_ref()
-        .and_then(|m| m.get(&(handle as usize)).cloned());
-    found.ok_or_else(|| {
-        stats::violation(
-            "invalid_handle",
-            &format!("{call}: {handle:?} is not a live event"),
-        );
-        INVALID_HANDLE
-    })
+    EVENTS.get(call, handle).ok_or(INVALID_HANDLE)
 }
 
 /// Destroys an event.
 pub(crate) fn destroy_event(handle: *mut c_void) -> Result<(), CUresult> {
-    let removed = events().as_mut().and_then(|m| m.remove(&(handle as usize)));
-    if removed.is_none() {
-        stats::violation(
-            "invalid_handle",
-            &format!("cuEventDestroy: {handle:?} is not a live event"),
-        );
-        return Err(INVALID_HANDLE);
-    }
+    EVENTS
+        .remove("cuEventDestroy", handle)
+        .ok_or(INVALID_HANDLE)?;
     stats::live("events", -1);
     Ok(())
 }

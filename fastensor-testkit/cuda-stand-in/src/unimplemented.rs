@@ -8,48 +8,26 @@ use crate::cufile::CUfileError;
 use crate::errors::{cufile::IO_NOT_SUPPORTED, CUresult, NOT_SUPPORTED};
 use crate::stats;
 
-/// Driver entry points returning `CUresult`.
-macro_rules! driver {
-    ($($name:ident),* $(,)?) => {$(
+/// Entry points that return `$value` of type `$ret`, each counted as called and as
+/// unimplemented.
+macro_rules! unsupported {
+    ($ret:ty = $value:expr; $($name:ident),* $(,)?) => {$(
         #[doc = concat!("`", stringify!($name), "`: not implemented by the stand-in.")]
         #[no_mangle]
-        pub extern "C" fn $name() -> CUresult {
+        pub extern "C" fn $name() -> $ret {
             stats::call(stringify!($name));
             stats::unimplemented(stringify!($name));
-            NOT_SUPPORTED
+            $value
         }
     )*};
 }
 
-/// cuFile entry points returning `CUfileError_t`.
-macro_rules! cufile_status {
-    ($($name:ident),* $(,)?) => {$(
-        #[doc = concat!("`", stringify!($name), "`: not implemented by the stand-in.")]
-        #[no_mangle]
-        pub extern "C" fn $name() -> CUfileError {
-            stats::call(stringify!($name));
-            stats::unimplemented(stringify!($name));
-            CUfileError::op(IO_NOT_SUPPORTED)
-        }
-    )*};
-}
+// cuFile entry points returning a size (`ssize_t`).
+unsupported!(isize = -(IO_NOT_SUPPORTED as isize); cuFileReadv, cuFileWritev);
 
-/// cuFile entry points returning a size (`ssize_t`).
-macro_rules! cufile_size {
-    ($($name:ident),* $(,)?) => {$(
-        #[doc = concat!("`", stringify!($name), "`: not implemented by the stand-in.")]
-        #[no_mangle]
-        pub extern "C" fn $name() -> isize {
-            stats::call(stringify!($name));
-            stats::unimplemented(stringify!($name));
-            -(IO_NOT_SUPPORTED as isize)
-        }
-    )*};
-}
-
-cufile_size!(cuFileReadv, cuFileWritev);
-
-cufile_status!(
+// cuFile entry points returning `CUfileError_t`.
+unsupported!(
+    CUfileError = CUfileError::op(IO_NOT_SUPPORTED);
     cuFileDriverGetP2PFlags,
     cuFileDriverSetMaxCacheSize,
     cuFileDriverSetMaxDirectIOSize,
@@ -84,7 +62,9 @@ cufile_status!(
     cuFileWriteAsync,
 );
 
-driver!(
+// Driver entry points returning `CUresult`.
+unsupported!(
+    CUresult = NOT_SUPPORTED;
     cuArray3DCreate_v2,
     cuArray3DGetDescriptor_v2,
     cuArrayCreate_v2,

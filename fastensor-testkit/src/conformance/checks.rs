@@ -2,7 +2,8 @@
 
 use super::{CheckResult, Harness};
 use crate::data;
-use fastensor_core::{ErrorKind, OpenMode, ReadRequest, WriteRequest};
+use fastensor_core::{BackendFile, ErrorKind, OpenMode, ReadRequest, WriteRequest};
+use std::path::Path;
 
 fn compare(what: &str, got: &[u8], want: &[u8]) -> CheckResult {
     match data::first_difference(got, want) {
@@ -13,6 +14,48 @@ fn compare(what: &str, got: &[u8], want: &[u8]) -> CheckResult {
             want.len()
         )),
     }
+}
+
+/// Reads the whole file at `path` (through the harness's reference reader) and compares it
+/// with `want`.
+fn file_matches(h: &Harness<'_>, path: &Path, what: &str, want: &[u8]) -> CheckResult {
+    compare(what, &h.read_whole(path)?, want)
+}
+
+/// Reads `len` bytes at `offset` of `f` (an aligned buffer) and compares them with `want`.
+fn read_matches(
+    h: &Harness<'_>,
+    f: &dyn BackendFile,
+    (offset, len): (u64, usize),
+    what: &str,
+    want: &[u8],
+) -> CheckResult {
+    compare(what, &h.read(f, offset, len, 0)?, want)
+}
+
+/// Reads `len` bytes at `offset` of `f`, which must return none; else an error saying
+/// `what` returned how many.
+fn reads_nothing(
+    h: &Harness<'_>,
+    f: &dyn BackendFile,
+    offset: u64,
+    len: usize,
+    what: &str,
+) -> CheckResult {
+    let got = h.read(f, offset, len, 0)?;
+    if !got.is_empty() {
+        return Err(format!("{what} returned {} bytes", got.len()));
+    }
+    Ok(())
+}
+
+/// `f`'s length, which must be `want`; else an error of `what` and the length.
+fn has_len(f: &dyn BackendFile, want: u64, what: &str) -> CheckResult {
+    let len = f.len().map_err(|e| e.to_string())?;
+    if len != want {
+        return Err(format!("{what} {len} bytes long"));
+    }
+    Ok(())
 }
 
 const MIB: usize = 1 << 20;
@@ -75,11 +118,7 @@ pub(super) fn unaligned_offsets_and_buffers(h: &Harness<'_>) -> CheckResult {
             }
         }
     }
-    compare(
-        "whole file after unaligned writes",
-        &h.read_whole(&path)?,
-        &want,
-    )
+    file_matches(h, &path, "whole file after unaligned writes", &want)
 }
 
 pub(super) fn overwrite_keeps_neighbours(h: &Harness<'_>) -> CheckResult {
@@ -98,11 +137,8 @@ pub(super) fn overwrite_keeps_neighbours(h: &Harness<'_>) -> CheckResult {
         want[offset..offset + len].copy_from_slice(&patch);
     }
     f.sync().map_err(|e| e.to_string())?;
-    let len = f.len().map_err(|e| e.to_string())?;
-    if len != MIB as u64 {
-        return Err(format!("overwrites changed the length to {len}"));
-    }
-    compare("file after overwrites", &h.read_whole(&path)?, &want)
+    has_len(f.as_ref(), MIB as u64, "overwrites left the file")?;
+    file_matches(h, &path, "file after overwrites", &want)
 }
 
 pub(super) fn read_past_end_is_short(h: &Harness<'_>) -> CheckResult {
@@ -110,18 +146,24 @@ pub(super) fn read_past_end_is_short(h: &Harness<'_>) -> CheckResult {
     let content = data::bytes(10_000, 3);
     h.create(&path, &content)?;
     let f = h.open(&path, OpenMode::Read)?;
-    let got = h.read(f.as_ref(), 9000, 4096, 0)?;
-    compare("read crossing the end", &got, &content[9000..])?;
-    let got = h.read(f.as_ref(), 8192, 8192, 0)?;
-    compare("aligned read crossing the end", &got, &content[8192..])?;
+    let f = f.as_ref();
+    read_matches(
+        h,
+        f,
+        (9000, 4096),
+        "read crossing the end",
+        &content[9000..],
+    )?;
+    let what = "aligned read crossing the end";
+    read_matches(h, f, (8192, 8192), what, &content[8192..])?;
     for offset in [10_000u64, 10_001, 1 << 40] {
-        let got = h.read(f.as_ref(), offset, 4096, 0)?;
-        if !got.is_empty() {
-            return Err(format!(
-                "read at {offset}, past the end, returned {} bytes",
-                got.len()
-            ));
-        }
+        reads_nothing(
+            h,
+            f,
+            offset,
+            4096,
+            &format!("read at {offset}, past the end,"),
+        )?;
     }
     Ok(())
 }
@@ -133,34 +175,20 @@ pub(super) fn file_changed_through_another_handle(h: &Harness<'_>) -> CheckResul
     let path = h.path("changed");
     let content = data::bytes(3 * 4096, 11);
     h.create(&path, &content[..2 * 4096])?;
-    let f = h.open(&path, OpenMode::Read)?;
-    let got = h.read(f.as_ref(), 0, 4096, 0)?;
-    compare("read before the change", &got, &content[..4096])?;
+    let file = h.open(&path, OpenMode::Read)?;
+    let f = file.as_ref();
+    read_matches(h, f, (0, 4096), "read before the change", &content[..4096])?;
     let other = h.open(&path, OpenMode::ReadWrite)?;
     h.write(other.as_ref(), 2 * 4096, &content[2 * 4096..], 0)?;
-    let got = h.read(f.as_ref(), 8000, 4096, 0)?;
-    compare(
-        "read of bytes another handle appended",
-        &got,
-        &content[8000..12096],
-    )?;
+    let what = "read of bytes another handle appended";
+    read_matches(h, f, (8000, 4096), what, &content[8000..12096])?;
     other
         .set_len(5000)
         .map_err(|e| format!("set_len(5000) failed: {e}"))?;
-    let got = h.read(f.as_ref(), 4000, 4096, 0)?;
-    compare(
-        "read across the end another handle cut",
-        &got,
-        &content[4000..5000],
-    )?;
-    let got = h.read(f.as_ref(), 6000, 100, 0)?;
-    if !got.is_empty() {
-        return Err(format!(
-            "read at 6000, past the end another handle cut at 5000, returned {} bytes",
-            got.len()
-        ));
-    }
-    Ok(())
+    let what = "read across the end another handle cut";
+    read_matches(h, f, (4000, 4096), what, &content[4000..5000])?;
+    let what = "read at 6000, past the end another handle cut at 5000,";
+    reads_nothing(h, f, 6000, 100, what)
 }
 
 pub(super) fn batch_of_small_requests(h: &Harness<'_>) -> CheckResult {
@@ -285,7 +313,7 @@ pub(super) fn threads_share_one_handle(h: &Harness<'_>) -> CheckResult {
             .collect()
     });
     results.into_iter().collect::<CheckResult>()?;
-    compare("file written by threads", &h.read_whole(&path)?, &want)
+    file_matches(h, &path, "file written by threads", &want)
 }
 
 pub(super) fn missing_file_is_not_found(h: &Harness<'_>) -> CheckResult {
@@ -349,11 +377,7 @@ pub(super) fn read_only_handle_refuses_writes(h: &Harness<'_>) -> CheckResult {
         }
         Err(_) => {}
     }
-    compare(
-        "file after a refused write",
-        &h.read_whole(&path)?,
-        &content,
-    )
+    file_matches(h, &path, "file after a refused write", &content)
 }
 
 pub(super) fn zero_length_transfers(h: &Harness<'_>) -> CheckResult {
@@ -370,20 +394,11 @@ pub(super) fn zero_length_transfers(h: &Harness<'_>) -> CheckResult {
     if h.caps.write {
         h.write(f.as_ref(), 0, &[], 0)?;
         h.write(f.as_ref(), 5000, &[], 3)?;
-        let len = f.len().map_err(|e| e.to_string())?;
-        if len != 0 {
-            return Err(format!("zero-length writes changed the length to {len}"));
-        }
+        has_len(f.as_ref(), 0, "zero-length writes left the file")?;
     }
     for offset in [0u64, 4096] {
-        let got = h.read(f.as_ref(), offset, 0, 0)?;
-        if !got.is_empty() {
-            return Err("a zero-length read returned bytes".into());
-        }
-        let got = h.read(f.as_ref(), offset, 100, 0)?;
-        if !got.is_empty() {
-            return Err("a read of an empty file returned bytes".into());
-        }
+        reads_nothing(h, f.as_ref(), offset, 0, "a zero-length read")?;
+        reads_nothing(h, f.as_ref(), offset, 100, "a read of an empty file")?;
     }
     Ok(())
 }
@@ -400,19 +415,11 @@ pub(super) fn write_past_end_sets_exact_length(h: &Harness<'_>) -> CheckResult {
         let patch = data::bytes(len, gap);
         h.write(f.as_ref(), gap, &patch, 0)?;
         f.sync().map_err(|e| e.to_string())?;
-        let flen = f.len().map_err(|e| e.to_string())?;
-        if flen != gap + len as u64 {
-            return Err(format!(
-                "a write of {len} bytes at {gap} left the file {flen} bytes long"
-            ));
-        }
+        let what = format!("a write of {len} bytes at {gap} left the file");
+        has_len(f.as_ref(), gap + len as u64, &what)?;
         let mut want = vec![0u8; gap as usize];
         want.extend_from_slice(&patch);
-        compare(
-            &format!("file after a write at {gap}"),
-            &h.read_whole(&path)?,
-            &want,
-        )?;
+        file_matches(h, &path, &format!("file after a write at {gap}"), &want)?;
     }
     Ok(())
 }
@@ -424,16 +431,12 @@ pub(super) fn set_len_cuts_and_extends(h: &Harness<'_>) -> CheckResult {
     let f = h.open(&path, OpenMode::ReadWrite)?;
     f.set_len(5000)
         .map_err(|e| format!("set_len(5000) failed: {e}"))?;
-    compare(
-        "file cut to 5000 bytes",
-        &h.read_whole(&path)?,
-        &content[..5000],
-    )?;
+    file_matches(h, &path, "file cut to 5000 bytes", &content[..5000])?;
     f.set_len(9000)
         .map_err(|e| format!("set_len(9000) failed: {e}"))?;
     let mut want = content[..5000].to_vec();
     want.resize(9000, 0);
-    compare("file extended to 9000 bytes", &h.read_whole(&path)?, &want)
+    file_matches(h, &path, "file extended to 9000 bytes", &want)
 }
 
 pub(super) fn proptest_offsets_lengths_alignment(h: &Harness<'_>) -> CheckResult {

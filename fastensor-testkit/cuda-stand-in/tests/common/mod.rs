@@ -92,10 +92,12 @@ pub fn bytes(len: usize, seed: u64) -> Vec<u8> {
 
 /// A scenario: in the test process it runs `name` (the test's own name) again as a child
 /// with `env` set, waits for it (a child still running after two minutes is a hang, and
-/// fails), and asserts it passed; in that child it runs `body`. The child's counters stay
+/// fails), and asserts it passed; in that child it runs `body`. The child loads a copy of
+/// the stand-in in which the exported symbols `missing` cannot be found (see
+/// [`library_without`]); with none missing, the stand-in itself. The child's counters stay
 /// out of the run's audit (a scenario may break the contract on purpose and check that the
 /// stand-in saw it).
-pub fn scenario(name: &str, env: &[(&str, &str)], body: impl FnOnce()) {
+pub fn scenario(name: &str, env: &[(&str, &str)], missing: &[&str], body: impl FnOnce()) {
     if std::env::var(SCENARIO).is_ok_and(|s| s == name) {
         body();
         return;
@@ -103,7 +105,8 @@ pub fn scenario(name: &str, env: &[(&str, &str)], body: impl FnOnce()) {
     if !stand_in_loaded() {
         return;
     }
-    let out = run_child(name, env, None);
+    let lib = (!missing.is_empty()).then(|| library_without(missing));
+    let out = run_child(name, env, lib.as_ref().map(|l| l.path()));
     eprintln!("{}", out.text);
     assert!(
         out.status.success(),
@@ -111,6 +114,21 @@ pub fn scenario(name: &str, env: &[(&str, &str)], body: impl FnOnce()) {
         out.status,
         out.text
     );
+}
+
+/// Declares test `$name`: [`scenario`] `$name`, with the variables `$env` (an array
+/// of name and value pairs) set in the child and the stand-in's exported symbols `$missing`
+/// (an array; none when left out) hidden from it; the child runs `$body` (a closure).
+macro_rules! scenario_test {
+    ($name:ident, $env:expr, $body:expr $(,)?) => {
+        scenario_test!($name, $env, [], $body);
+    };
+    ($name:ident, $env:expr, $missing:expr, $body:expr $(,)?) => {
+        #[test]
+        fn $name() {
+            $crate::common::scenario(stringify!($name), &$env, &$missing, $body);
+        }
+    };
 }
 
 /// What a child printed and how it ended.
