@@ -7,6 +7,7 @@ mod support;
 use fastensor::offload::{Handle, OffloadConfig, OffloadStore};
 use fastensor::{Engine, ErrorKind, HostBuffer, Registry};
 use fastensor_testkit::faulty::{Fault, Faulty, Op, When};
+use fastensor_testkit::stub::StubBackend;
 use fastensor_testkit::MemoryBackend;
 use std::path::Path;
 use std::sync::Arc;
@@ -333,31 +334,11 @@ fn foreign_memory_is_written_in_place_and_given_back_once_written() {
 
 /// A backend that bypasses the page cache but opens no file (as `O_DIRECT` on a file system
 /// without it).
-struct NoDirect;
-
-impl fastensor::Backend for NoDirect {
-    fn name(&self) -> &str {
-        "no-direct"
-    }
-    fn capabilities(&self) -> fastensor::Capabilities {
-        fastensor::Capabilities {
-            bypasses_page_cache: true,
-            ..Default::default()
-        }
-    }
-    fn probe(&self) -> fastensor::core::Availability {
-        fastensor::core::Availability::Available
-    }
-    fn open(
-        &self,
-        path: &std::path::Path,
-        _mode: fastensor::OpenMode,
-    ) -> fastensor::Result<Box<dyn fastensor::BackendFile>> {
-        Err(
-            fastensor::Error::new(ErrorKind::Unsupported, "no O_DIRECT here (test)")
-                .with_path(path),
-        )
-    }
+fn no_direct() -> StubBackend {
+    StubBackend::new("no-direct").capabilities(fastensor::Capabilities {
+        bypasses_page_cache: true,
+        ..Default::default()
+    })
 }
 
 #[test]
@@ -365,7 +346,7 @@ fn a_store_keeps_page_cache_backends_where_no_direct_one_opens_the_file() {
     let dir = tempfile::tempdir().unwrap();
     let engine = Engine::builder()
         .registry(Registry::new())
-        .backend(Arc::new(NoDirect))
+        .backend(Arc::new(no_direct()))
         .backend(Arc::new(MemoryBackend::new()))
         .build()
         .unwrap();

@@ -15,6 +15,7 @@ pub mod data;
 pub mod faulty;
 mod memory_backend;
 pub mod skip;
+pub mod stub;
 pub mod test_memory;
 pub mod throttled;
 

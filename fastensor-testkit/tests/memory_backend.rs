@@ -74,31 +74,9 @@ fn the_suite_catches_a_backend_that_loses_bytes() {
 
 #[test]
 fn an_unavailable_backend_is_skipped_and_reported() {
-    struct Missing;
-    impl fastensor_core::Backend for Missing {
-        fn name(&self) -> &str {
-            "missing-lib"
-        }
-        fn capabilities(&self) -> fastensor_core::Capabilities {
-            fastensor_core::Capabilities::default()
-        }
-        fn probe(&self) -> fastensor_core::Availability {
-            fastensor_core::Availability::Unavailable {
-                reason: "libfoo.so.1 not found".into(),
-            }
-        }
-        fn open(
-            &self,
-            path: &std::path::Path,
-            _: fastensor_core::OpenMode,
-        ) -> fastensor_core::Result<Box<dyn fastensor_core::BackendFile>> {
-            Err(
-                fastensor_core::Error::new(fastensor_core::ErrorKind::Unavailable, "missing")
-                    .with_path(path),
-            )
-        }
-    }
-    let report = fastensor_testkit::conformance::run(&Missing);
+    let missing = fastensor_testkit::stub::StubBackend::new("missing-lib")
+        .unavailable("libfoo.so.1 not found");
+    let report = fastensor_testkit::conformance::run(&missing);
     assert_eq!(report.skipped.as_deref(), Some("libfoo.so.1 not found"));
     assert!(report.passed.is_empty() && report.failed.is_empty());
     assert!(report.to_string().contains("SKIPPED"));

@@ -4,10 +4,9 @@
 #![allow(dead_code)]
 
 use fastensor::checkpoint::TensorView;
-use fastensor::core::{ReadRequest, WriteRequest};
+use fastensor::core::{LayeredBackend, LayeredFile, ReadRequest, WriteRequest};
 use fastensor::{
-    Availability, Backend, BackendFile, Capabilities, Error, ErrorKind, MemMut, MemRef, OpenMode,
-    Result, TensorDesc,
+    Backend, BackendFile, Error, ErrorKind, MemMut, MemRef, OpenMode, Result, TensorDesc,
 };
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -59,19 +58,22 @@ struct HookedFile {
     hooks: Hooks,
 }
 
-impl Backend for Hooked {
+impl LayeredBackend for Hooked {
+    fn inner(&self) -> &dyn Backend {
+        &*self.inner
+    }
+    /// The inner backend's name: the engine sees the backend it wraps.
     fn name(&self) -> &str {
         self.inner.name()
     }
-    fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
-    }
-    fn probe(&self) -> Availability {
-        self.inner.probe()
-    }
-    fn open(&self, path: &Path, mode: OpenMode) -> Result<Box<dyn BackendFile>> {
+    fn wrap(
+        &self,
+        inner: Box<dyn BackendFile>,
+        _: &Path,
+        _: OpenMode,
+    ) -> Result<Box<dyn BackendFile>> {
         Ok(Box::new(HookedFile {
-            inner: self.inner.open(path, mode)?,
+            inner,
             hooks: self.hooks.clone(),
         }))
     }
@@ -87,9 +89,9 @@ impl HookedFile {
     }
 }
 
-impl BackendFile for HookedFile {
-    fn path(&self) -> &Path {
-        self.inner.path()
+impl LayeredFile for HookedFile {
+    fn inner(&self) -> &dyn BackendFile {
+        &*self.inner
     }
     fn read_at(&self, offset: u64, dst: MemMut<'_>) -> Result<usize> {
         let n = self.inner.read_at(offset, dst)?;
@@ -116,7 +118,7 @@ impl BackendFile for HookedFile {
             return self.inner.read_batch(requests);
         }
         for req in requests.iter_mut() {
-            req.done = self.read_at(req.offset, req.dst.reborrow())?;
+            req.done = LayeredFile::read_at(self, req.offset, req.dst.reborrow())?;
         }
         Ok(())
     }
@@ -127,15 +129,6 @@ impl BackendFile for HookedFile {
         }
         requests
             .iter()
-            .try_for_each(|req| self.write_at(req.offset, req.src))
-    }
-    fn sync(&self) -> Result<()> {
-        self.inner.sync()
-    }
-    fn len(&self) -> Result<u64> {
-        self.inner.len()
-    }
-    fn set_len(&self, len: u64) -> Result<()> {
-        self.inner.set_len(len)
+            .try_for_each(|req| LayeredFile::write_at(self, req.offset, req.src))
     }
 }
