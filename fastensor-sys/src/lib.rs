@@ -7,6 +7,7 @@
 pub mod atomic;
 mod cache;
 pub mod fork;
+pub mod local;
 pub mod populate;
 
 pub use cache::{

@@ -17,9 +17,10 @@ pub(crate) use file::BatchTarget;
 use crate::cuda;
 use crate::cufile::{self, CuFile};
 use fastensor_core::{
-    Availability, Backend, BackendFile, Capabilities, Error, ErrorKind, KnownLen, OpenMode, Result,
+    Availability, Backend, BackendFile, Capabilities, Error, ErrorKind, OpenMode, Result,
 };
 use fastensor_sys as sys;
+use fastensor_sys::local::LocalFile;
 use file::GdsFile;
 use std::path::{Path, PathBuf};
 
@@ -133,7 +134,7 @@ impl Backend for GdsBackend {
             .clamp(align as usize, cf.max_direct_io().max(align as usize));
         Ok(Box::new(GdsFile {
             handle,
-            direct,
+            local: LocalFile::new(GDS, direct, path.to_path_buf()),
             buffered,
             cufile: cf,
             align,
@@ -146,8 +147,6 @@ impl Backend for GdsBackend {
                 None
             },
             writable: mode.writable(),
-            path: path.to_path_buf(),
-            known: KnownLen::default(),
         }))
     }
 }
