@@ -152,8 +152,11 @@ pub trait Backend: Send + Sync + 'static {
     /// What the backend can do.
     fn capabilities(&self) -> Capabilities;
 
-    /// Whether the backend can run on this machine.
-    fn probe(&self) -> Availability;
+    /// Whether the backend can run on this machine. Default: available (a backend that
+    /// needs nothing beyond the file system).
+    fn probe(&self) -> Availability {
+        Availability::Available
+    }
 
     /// Opens `path`. Errors name the file and the backend.
     fn open(&self, path: &Path, mode: OpenMode) -> Result<Box<dyn BackendFile>>;

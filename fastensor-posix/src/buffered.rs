@@ -4,7 +4,7 @@
 use crate::sys;
 use fastensor_core::write_end;
 use fastensor_core::{
-    Availability, Backend, BackendFile, Capabilities, MemMut, MemRef, OpenMode, ReadRequest, Result,
+    Backend, BackendFile, Capabilities, MemMut, MemRef, OpenMode, ReadRequest, Result,
 };
 use fastensor_sys::local::LocalFile;
 use std::path::Path;
@@ -23,10 +23,6 @@ impl Backend for PosixBackend {
 
     fn capabilities(&self) -> Capabilities {
         Capabilities::default()
-    }
-
-    fn probe(&self) -> Availability {
-        Availability::Available
     }
 
     fn open(&self, path: &Path, mode: OpenMode) -> Result<Box<dyn BackendFile>> {

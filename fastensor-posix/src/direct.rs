@@ -13,9 +13,8 @@
 use crate::sys;
 use fastensor_core::align::{align_down, align_up, is_aligned, split, DirectAlignment};
 use fastensor_core::{
-    knobs, parallel, unsupported_memory, Availability, Backend, BackendFile, Capabilities, Error,
-    ErrorKind, HostBuffer, KnobSpec, Knobs, MemMut, MemRef, OpenMode, ReadRequest, Result,
-    SharedBackend,
+    knobs, parallel, unsupported_memory, Backend, BackendFile, Capabilities, Error, ErrorKind,
+    HostBuffer, KnobSpec, Knobs, MemMut, MemRef, OpenMode, ReadRequest, Result, SharedBackend,
 };
 use fastensor_core::{readable_len, write_end};
 use fastensor_sys::fork::ForkMutex;
@@ -85,10 +84,6 @@ impl Backend for DirectBackend {
             bypasses_page_cache: true,
             ..Capabilities::default()
         }
-    }
-
-    fn probe(&self) -> Availability {
-        Availability::Available
     }
 
     fn knobs(&self) -> Vec<KnobSpec> {
