@@ -51,6 +51,30 @@ impl Default for Capabilities {
 }
 
 impl Capabilities {
+    /// A backend of `O_DIRECT` transfers keeping `queue_depth` requests in flight:
+    /// page-aligned memory and offsets for the zero-copy path, reads past the page cache;
+    /// otherwise the defaults.
+    pub fn direct(queue_depth: u32) -> Self {
+        Capabilities {
+            memory_alignment: 4096,
+            offset_alignment: 4096,
+            queue_depth,
+            bypasses_page_cache: true,
+            ..Capabilities::default()
+        }
+    }
+
+    /// These capabilities for a backend that takes GPU device memory and no host memory.
+    pub fn on_device(self) -> Self {
+        Capabilities {
+            host_memory: false,
+            device_memory: true,
+            ..self
+        }
+    }
+}
+
+impl Capabilities {
     /// True when the backend accepts memory of this kind.
     pub fn supports_memory(&self, kind: MemoryKind) -> bool {
         match kind {

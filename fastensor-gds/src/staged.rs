@@ -83,14 +83,12 @@ impl Backend for StagedBackend {
 
     fn capabilities(&self) -> Capabilities {
         Capabilities {
-            host_memory: false,
-            device_memory: true,
-            memory_alignment: 1,
             offset_alignment: 4096,
             queue_depth: (self.config.threads.max(1) * self.config.buffers.max(2)) as u32,
             bypasses_page_cache: self.config.direct,
             ..Capabilities::default()
         }
+        .on_device()
     }
 
     fn detail(&self) -> Option<String> {

@@ -77,13 +77,7 @@ impl Backend for DirectBackend {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            memory_alignment: 4096,
-            offset_alignment: 4096,
-            queue_depth: self.config.threads.max(1) as u32,
-            bypasses_page_cache: true,
-            ..Capabilities::default()
-        }
+        Capabilities::direct(self.config.threads.max(1) as u32)
     }
 
     fn knobs(&self) -> Vec<KnobSpec> {

@@ -64,12 +64,8 @@ impl Backend for UringBackend {
 
     fn capabilities(&self) -> Capabilities {
         Capabilities {
-            memory_alignment: 4096,
-            offset_alignment: 4096,
             native_batch: true,
-            queue_depth: self.config.effective_queue_depth(),
-            bypasses_page_cache: true,
-            ..Capabilities::default()
+            ..Capabilities::direct(self.config.effective_queue_depth())
         }
     }
 

@@ -92,15 +92,10 @@ impl Backend for GdsBackend {
 
     fn capabilities(&self) -> Capabilities {
         Capabilities {
-            host_memory: false,
-            device_memory: true,
-            memory_alignment: 4096,
-            offset_alignment: 4096,
             native_batch: self.config.batch,
-            queue_depth: self.config.threads.max(1) as u32,
-            bypasses_page_cache: true,
-            ..Capabilities::default()
+            ..Capabilities::direct(self.config.threads.max(1) as u32)
         }
+        .on_device()
     }
 
     fn detail(&self) -> Option<String> {
