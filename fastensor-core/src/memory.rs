@@ -45,6 +45,12 @@ pub struct DeviceRange {
 }
 
 impl DeviceRange {
+    /// The range of `len` bytes at device address `ptr` on GPU `ordinal` (a description
+    /// only: it gives no access to the memory).
+    pub fn new(ptr: u64, len: usize, ordinal: u32) -> Self {
+        DeviceRange { ptr, len, ordinal }
+    }
+
     /// The device address of the first byte.
     pub fn ptr(&self) -> u64 {
         self.ptr
