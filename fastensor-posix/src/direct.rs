@@ -12,6 +12,7 @@
 
 use crate::sys;
 use fastensor_core::align::{align_down, align_up, is_aligned, split, DirectAlignment};
+use fastensor_core::knobs::Knob;
 use fastensor_core::{
     knobs, parallel, unsupported_memory, Backend, BackendFile, Capabilities, Error, ErrorKind,
     HostBuffer, KnobSpec, Knobs, MemMut, MemRef, OpenMode, ReadRequest, Result, SharedBackend,
@@ -71,6 +72,13 @@ impl DirectBackend {
     }
 }
 
+/// The knobs of `posix-direct`.
+const KNOBS: &[Knob<DirectConfig>] = &fastensor_core::knob_table![
+    "threads", ["1", "2", "4", "8"], "threads issuing the chunks of one transfer", Count(threads);
+    "chunk", ["1M", "4M", "16M"], "bytes per request", Size(chunk_size);
+    "preallocate", ["true"], "allocate the blocks of an extending write first", Flag(preallocate);
+];
+
 impl Backend for DirectBackend {
     fn name(&self) -> &str {
         POSIX_DIRECT
@@ -81,41 +89,11 @@ impl Backend for DirectBackend {
     }
 
     fn knobs(&self) -> Vec<KnobSpec> {
-        let d = DirectConfig::default();
-        vec![
-            KnobSpec::new(
-                "threads",
-                &d.threads.to_string(),
-                &["1", "2", "4", "8"],
-                "threads issuing the chunks of one transfer",
-            ),
-            KnobSpec::new(
-                "chunk",
-                &knobs::format_size(d.chunk_size),
-                &["1M", "4M", "16M"],
-                "bytes per request",
-            ),
-            KnobSpec::new(
-                "preallocate",
-                &d.preallocate.to_string(),
-                &["true"],
-                "allocate the blocks of an extending write first",
-            ),
-        ]
+        knobs::specs(KNOBS, DirectConfig::default())
     }
 
     fn with_knobs(&self, knobs: &Knobs) -> Result<SharedBackend> {
-        knobs.check_names(POSIX_DIRECT, &self.knobs())?;
-        let mut config = self.config.clone();
-        if let Some(t) = knobs.count("threads")? {
-            config.threads = t.max(1);
-        }
-        if let Some(c) = knobs.size("chunk")? {
-            config.chunk_size = c.max(1);
-        }
-        if let Some(p) = knobs.flag("preallocate")? {
-            config.preallocate = p;
-        }
+        let config = knobs::apply(POSIX_DIRECT, KNOBS, &self.config, knobs)?;
         Ok(Arc::new(DirectBackend::new(config)))
     }
 
