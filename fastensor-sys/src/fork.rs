@@ -291,18 +291,6 @@ impl<T: Default> ForkMutex<T> {
     }
 }
 
-impl<T: Default> Default for ForkMutex<T> {
-    fn default() -> Self {
-        ForkMutex::new(T::default())
-    }
-}
-
-impl<T> fmt::Debug for ForkMutex<T> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ForkMutex").finish_non_exhaustive()
-    }
-}
-
 /// A readers-writer lock that a child process made by `fork` can always take, as
 /// [`ForkMutex`]: a value is kept only if no thread of the parent held the lock, for
 /// reading or writing, at the fork.
@@ -341,18 +329,6 @@ impl<T: Default> ForkRwLock<T> {
     }
 }
 
-impl<T: Default> Default for ForkRwLock<T> {
-    fn default() -> Self {
-        ForkRwLock::new(T::default())
-    }
-}
-
-impl<T> fmt::Debug for ForkRwLock<T> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ForkRwLock").finish_non_exhaustive()
-    }
-}
-
 /// A cell written once, as [`OnceLock`], that a child process made by `fork` can always
 /// use: an inherited value is kept; an inherited cell still empty (perhaps being
 /// initialized by a thread of the parent) is replaced by an empty one.
@@ -383,11 +359,24 @@ impl<T> Default for ForkOnceLock<T> {
     }
 }
 
-impl<T> fmt::Debug for ForkOnceLock<T> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ForkOnceLock").finish_non_exhaustive()
-    }
+/// For each lock type: an opaque `Debug` (the value is behind the lock), and for the
+/// locks made with `new(value)`, `Default` holding `T::default()`.
+macro_rules! lock_impls {
+    ($($lock:ident),* ; $($with_value:ident),*) => {
+        $(impl<T> fmt::Debug for $lock<T> {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.debug_struct(stringify!($lock)).finish_non_exhaustive()
+            }
+        })*
+        $(impl<T: Default> Default for $with_value<T> {
+            fn default() -> Self {
+                $with_value::new(T::default())
+            }
+        })*
+    };
 }
+
+lock_impls!(ForkMutex, ForkRwLock, ForkOnceLock; ForkMutex, ForkRwLock);
 
 /// The guard, whether or not a panic poisoned the lock.
 fn unpoison<G>(r: std::sync::LockResult<G>) -> G {

@@ -98,23 +98,38 @@ pub fn open_file(path: &Path, mode: OpenMode, direct: bool, backend: &str) -> Re
 
 /// What a file type is, in words ("a FIFO", "a character device", "a directory").
 pub fn file_kind(ft: &std::fs::FileType) -> &'static str {
+    use rustix::fs::FileType as Raw;
+    use std::fs::FileType;
     use std::os::unix::fs::FileTypeExt;
-    if ft.is_file() {
-        "a regular file"
-    } else if ft.is_dir() {
-        "a directory"
-    } else if ft.is_fifo() {
-        "a FIFO"
-    } else if ft.is_char_device() {
-        "a character device"
-    } else if ft.is_block_device() {
-        "a block device"
-    } else if ft.is_socket() {
-        "a socket"
-    } else if ft.is_symlink() {
-        "a symbolic link"
-    } else {
-        "a special file"
+    type Test = fn(&FileType) -> bool;
+    let types: [(Test, Raw); 7] = [
+        (FileType::is_file, Raw::RegularFile),
+        (FileType::is_dir, Raw::Directory),
+        (FileType::is_fifo, Raw::Fifo),
+        (FileType::is_char_device, Raw::CharacterDevice),
+        (FileType::is_block_device, Raw::BlockDevice),
+        (FileType::is_socket, Raw::Socket),
+        (FileType::is_symlink, Raw::Symlink),
+    ];
+    let raw = types
+        .iter()
+        .find(|(is, _)| is(ft))
+        .map_or(Raw::Unknown, |t| t.1);
+    type_in_words(raw)
+}
+
+/// What a file type is, in words ("a FIFO", "a character device", "a directory").
+pub(crate) fn type_in_words(t: rustix::fs::FileType) -> &'static str {
+    use rustix::fs::FileType;
+    match t {
+        FileType::RegularFile => "a regular file",
+        FileType::Directory => "a directory",
+        FileType::Symlink => "a symbolic link",
+        FileType::Fifo => "a FIFO",
+        FileType::Socket => "a socket",
+        FileType::CharacterDevice => "a character device",
+        FileType::BlockDevice => "a block device",
+        FileType::Unknown => "a special file",
     }
 }
 
@@ -319,6 +334,20 @@ mod tests {
     use super::*;
     use crate::cache::mincore_pages;
     use std::io::Write;
+
+    #[test]
+    fn file_kinds_are_named_in_words() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("f");
+        std::fs::write(&file, b"x").unwrap();
+        let link = dir.path().join("l");
+        std::os::unix::fs::symlink(&file, &link).unwrap();
+        let kind = |meta: std::io::Result<std::fs::Metadata>| file_kind(&meta.unwrap().file_type());
+        assert_eq!(kind(std::fs::metadata(&file)), "a regular file");
+        assert_eq!(kind(std::fs::metadata(dir.path())), "a directory");
+        assert_eq!(kind(std::fs::symlink_metadata(&link)), "a symbolic link");
+        assert_eq!(kind(std::fs::metadata("/dev/null")), "a character device");
+    }
 
     #[test]
     fn will_need_brings_exactly_the_ranges_asked_for_into_the_page_cache() {
