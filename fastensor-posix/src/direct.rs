@@ -306,8 +306,9 @@ impl DirectFile {
             return Ok(());
         }
         let s = split(offset, dst.len() as u64, self.align.offset);
-        let (head, rest) = dst.split_at_mut((s.head.end - s.head.start) as usize);
-        let (middle, tail) = rest.split_at_mut((s.middle.end - s.middle.start) as usize);
+        let [head_len, middle_len, _] = s.lens();
+        let (head, rest) = dst.split_at_mut(head_len);
+        let (middle, tail) = rest.split_at_mut(middle_len);
         if !head.is_empty() {
             self.read_partial_block(s.head.start, head)?;
         }
@@ -365,8 +366,9 @@ impl BackendFile for DirectFile {
             return Ok(());
         }
         let s = split(offset, buf.len() as u64, self.align.offset);
-        let (head, rest) = buf.split_at((s.head.end - s.head.start) as usize);
-        let (middle, tail) = rest.split_at((s.middle.end - s.middle.start) as usize);
+        let [head_len, middle_len, _] = s.lens();
+        let (head, rest) = buf.split_at(head_len);
+        let (middle, tail) = rest.split_at(middle_len);
         if !middle.is_empty() {
             self.preallocate(s.middle.start, s.middle.end)?;
             self.write_middle(s.middle.start, middle)?;

@@ -334,12 +334,20 @@ mod tests {
     use super::*;
     use crate::cache::mincore_pages;
     use std::io::Write;
+    use std::path::PathBuf;
+    use tempfile::TempDir;
+
+    /// A temporary directory holding the file `f` with `contents`, and the file's path.
+    fn temp_file(contents: &[u8]) -> (TempDir, PathBuf) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        std::fs::write(&path, contents).unwrap();
+        (dir, path)
+    }
 
     #[test]
     fn file_kinds_are_named_in_words() {
-        let dir = tempfile::tempdir().unwrap();
-        let file = dir.path().join("f");
-        std::fs::write(&file, b"x").unwrap();
+        let (dir, file) = temp_file(b"x");
         let link = dir.path().join("l");
         std::os::unix::fs::symlink(&file, &link).unwrap();
         let kind = |meta: std::io::Result<std::fs::Metadata>| file_kind(&meta.unwrap().file_type());
@@ -351,9 +359,7 @@ mod tests {
 
     #[test]
     fn will_need_brings_exactly_the_ranges_asked_for_into_the_page_cache() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("f");
-        std::fs::write(&path, vec![5u8; 4 << 20]).unwrap();
+        let (_dir, path) = temp_file(&vec![5u8; 4 << 20]);
         let f = File::open(&path).unwrap();
         evict_page_cache(&f).unwrap();
         let Some((0, _)) = cached_pages(&f, 0, 4 << 20) else {
@@ -407,9 +413,7 @@ mod tests {
 
     #[test]
     fn cached_pages_sees_eviction_and_reads_nothing() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("f");
-        std::fs::write(&path, vec![5u8; 1 << 20]).unwrap();
+        let (_dir, path) = temp_file(&vec![5u8; 1 << 20]);
         let f = File::open(&path).unwrap();
         let page = page_size();
         let pages = (1u64 << 20) / page;
@@ -435,9 +439,7 @@ mod tests {
 
     #[test]
     fn page_ready_tells_a_cached_page_from_one_on_the_device() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("f");
-        std::fs::write(&path, vec![5u8; 1 << 20]).unwrap();
+        let (_dir, path) = temp_file(&vec![5u8; 1 << 20]);
         let f = File::open(&path).unwrap();
         // `None` where the file system cannot tell (no `RWF_NOWAIT` for buffered reads).
         let Some(ready) = page_ready(&f, (1 << 20) - 1) else {

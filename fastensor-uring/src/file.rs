@@ -104,9 +104,7 @@ impl UringFile {
         }
         let block = self.block;
         let s = split(offset, len as u64, block);
-        let head = (s.head.end - s.head.start) as usize;
-        let middle = (s.middle.end - s.middle.start) as usize;
-        let tail = (s.tail.end - s.tail.start) as usize;
+        let [head, middle, tail] = s.lens();
         let mid_ptr = dst.wrapping_add(head);
         let zero_copy = is_aligned(mid_ptr as u64, self.align.memory);
         let span_start = align_down(offset, block);
@@ -167,9 +165,7 @@ impl UringFile {
         }
         write_end(offset, src.len(), URING, self.local.path())?;
         let s = split(offset, src.len() as u64, self.block);
-        let head = (s.head.end - s.head.start) as usize;
-        let middle = (s.middle.end - s.middle.start) as usize;
-        let tail = (s.tail.end - s.tail.start) as usize;
+        let [head, middle, tail] = s.lens();
         let base = src.as_ptr();
         if head > 0 {
             let buf = Buf::Caller(base.cast_mut());

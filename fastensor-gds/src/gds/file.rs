@@ -187,9 +187,7 @@ impl BackendFile for GdsFile {
             return Ok(());
         };
         let s = split(offset, d.len() as u64, self.align);
-        let head = (s.head.end - s.head.start) as usize;
-        let middle = (s.middle.end - s.middle.start) as usize;
-        let tail = (s.tail.end - s.tail.start) as usize;
+        let [head, middle, tail] = s.lens();
         if middle > 0 {
             let t = self.target(d.ptr(), d.len(), d.ordinal())?;
             self.write_direct(t, head as u64, s.middle.start, middle)?;
