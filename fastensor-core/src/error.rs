@@ -65,11 +65,7 @@ impl ErrorKind {
     }
 }
 
-impl fmt::Display for ErrorKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
+display_as_str!(ErrorKind, as_str);
 
 type Source = Box<dyn std::error::Error + Send + Sync + 'static>;
 
