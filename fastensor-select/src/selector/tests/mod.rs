@@ -11,6 +11,15 @@ fn ctx(bytes: u64) -> TransferContext {
     TransferContext::host(Direction::Write, bytes, FileLocation::new("ext4", "259:1"))
 }
 
+/// A read of `bytes` into host memory from an ext4 file whose pages are `cache`.
+fn read_ctx(bytes: u64, cache: CacheState) -> TransferContext {
+    TransferContext {
+        direction: Direction::Read,
+        cache,
+        ..ctx(bytes)
+    }
+}
+
 /// A backend costing `latency_ns + bytes * per_byte_ns` per transfer, without noise.
 #[derive(Clone, Copy)]
 struct Linear(&'static str, f64, f64);
