@@ -44,6 +44,32 @@ fn taking(bytes: u64, ns: u64) -> Observation {
     }
 }
 
+/// Runs `n` transfers at `c`, each through the selector's choice among `names` and taking
+/// `ns(&choice)` nanoseconds; returns the choices in order.
+fn run_transfers(
+    s: &mut Selector,
+    c: &TransferContext,
+    names: &[&str],
+    n: usize,
+    mut ns: impl FnMut(&Choice) -> u64,
+) -> Vec<Choice> {
+    (0..n)
+        .map(|_| {
+            let choice = s.choose(c, names).unwrap();
+            s.record(c, &choice.backend, taking(c.bytes, ns(&choice)));
+            choice
+        })
+        .collect()
+}
+
+/// How many of `choices` explored `name`.
+fn explored(choices: &[Choice], name: &str) -> usize {
+    choices
+        .iter()
+        .filter(|c| c.exploring && c.backend == name)
+        .count()
+}
+
 /// Measures every backend `n` times at `bytes` (the class ends up explored).
 fn measure_all(s: &mut Selector, bytes: u64, backends: &[Linear], n: usize) {
     for _ in 0..n {
