@@ -257,13 +257,6 @@ pub struct ForkMutex<T> {
 }
 
 impl<T> ForkMutex<T> {
-    /// A mutex holding `value`.
-    pub fn new(value: T) -> Self {
-        ForkMutex {
-            cell: Cell::new(Mutex::new(value)),
-        }
-    }
-
     /// A mutex whose value is made by the first lock (for statics).
     pub const fn lazy() -> Self {
         ForkMutex { cell: Cell::lazy() }
@@ -299,13 +292,6 @@ pub struct ForkRwLock<T> {
 }
 
 impl<T> ForkRwLock<T> {
-    /// A lock holding `value`.
-    pub fn new(value: T) -> Self {
-        ForkRwLock {
-            cell: Cell::new(RwLock::new(value)),
-        }
-    }
-
     /// Locks for reading; `fresh` as in [`ForkMutex::lock_or`].
     pub fn read_or(&self, fresh: impl FnOnce() -> T) -> RwLockReadGuard<'_, T> {
         unpoison(self.cell.get(|| RwLock::new(fresh())).read())
@@ -360,15 +346,25 @@ impl<T> Default for ForkOnceLock<T> {
 }
 
 /// For each lock type: an opaque `Debug` (the value is behind the lock), and for the
-/// locks made with `new(value)`, `Default` holding `T::default()`.
+/// locks holding a value from the start (`$lock` around the std lock `$std`), `new(value)`
+/// and `Default` holding `T::default()`.
 macro_rules! lock_impls {
-    ($($lock:ident),* ; $($with_value:ident),*) => {
+    ($($lock:ident),* ; $($with_value:ident($std:ident)),*) => {
         $(impl<T> fmt::Debug for $lock<T> {
             fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
                 f.debug_struct(stringify!($lock)).finish_non_exhaustive()
             }
         })*
-        $(impl<T: Default> Default for $with_value<T> {
+        $(impl<T> $with_value<T> {
+            /// A lock holding `value`.
+            pub fn new(value: T) -> Self {
+                $with_value {
+                    cell: Cell::new($std::new(value)),
+                }
+            }
+        }
+
+        impl<T: Default> Default for $with_value<T> {
             fn default() -> Self {
                 $with_value::new(T::default())
             }
@@ -376,7 +372,7 @@ macro_rules! lock_impls {
     };
 }
 
-lock_impls!(ForkMutex, ForkRwLock, ForkOnceLock; ForkMutex, ForkRwLock);
+lock_impls!(ForkMutex, ForkRwLock, ForkOnceLock; ForkMutex(Mutex), ForkRwLock(RwLock));
 
 /// The guard, whether or not a panic poisoned the lock.
 fn unpoison<G>(r: std::sync::LockResult<G>) -> G {
