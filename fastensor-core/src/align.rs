@@ -57,6 +57,14 @@ pub struct Split {
     pub tail: Range<u64>,
 }
 
+impl Split {
+    /// The lengths of `head`, `middle` and `tail`, in that order: a transfer's buffer cut
+    /// at them gives the parts.
+    pub fn lens(&self) -> [usize; 3] {
+        [&self.head, &self.middle, &self.tail].map(|r| (r.end - r.start) as usize)
+    }
+}
+
 /// Splits `[offset, offset + len)` at multiples of `align` (a power of two).
 pub fn split(offset: u64, len: u64, align: u64) -> Split {
     let end = offset + len;
@@ -122,8 +130,10 @@ mod tests {
             prop_assert_eq!(s.tail.end, offset + len);
             prop_assert!(is_aligned(s.middle.start, align) || s.middle.is_empty());
             prop_assert!(is_aligned(s.middle.end, align) || s.middle.is_empty());
-            prop_assert!(s.head.end - s.head.start < align);
-            prop_assert!(s.tail.end - s.tail.start < align);
+            let [head, middle, tail] = s.lens();
+            prop_assert!((head as u64) < align && (tail as u64) < align);
+            prop_assert_eq!((head + middle + tail) as u64, len);
+            prop_assert_eq!(middle as u64, s.middle.end - s.middle.start);
         }
     }
 }

@@ -51,6 +51,30 @@ impl Default for Capabilities {
 }
 
 impl Capabilities {
+    /// A backend of `O_DIRECT` transfers keeping `queue_depth` requests in flight:
+    /// page-aligned memory and offsets for the zero-copy path, reads past the page cache;
+    /// otherwise the defaults.
+    pub fn direct(queue_depth: u32) -> Self {
+        Capabilities {
+            memory_alignment: 4096,
+            offset_alignment: 4096,
+            queue_depth,
+            bypasses_page_cache: true,
+            ..Capabilities::default()
+        }
+    }
+
+    /// These capabilities for a backend that takes GPU device memory and no host memory.
+    pub fn on_device(self) -> Self {
+        Capabilities {
+            host_memory: false,
+            device_memory: true,
+            ..self
+        }
+    }
+}
+
+impl Capabilities {
     /// True when the backend accepts memory of this kind.
     pub fn supports_memory(&self, kind: MemoryKind) -> bool {
         match kind {
@@ -152,8 +176,11 @@ pub trait Backend: Send + Sync + 'static {
     /// What the backend can do.
     fn capabilities(&self) -> Capabilities;
 
-    /// Whether the backend can run on this machine.
-    fn probe(&self) -> Availability;
+    /// Whether the backend can run on this machine. Default: available (a backend that
+    /// needs nothing beyond the file system).
+    fn probe(&self) -> Availability {
+        Availability::Available
+    }
 
     /// Opens `path`. Errors name the file and the backend.
     fn open(&self, path: &Path, mode: OpenMode) -> Result<Box<dyn BackendFile>>;

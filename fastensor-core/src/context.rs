@@ -1,7 +1,6 @@
 //! What the selector knows about a transfer before it happens.
 
 use crate::MemoryKind;
-use std::fmt;
 use std::sync::Arc;
 
 /// Which way the bytes move.
@@ -23,11 +22,7 @@ impl Direction {
     }
 }
 
-impl fmt::Display for Direction {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
+display_as_str!(Direction, as_str);
 
 /// Why the transfer happens; different purposes may prefer different paths.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]

@@ -1,7 +1,6 @@
 //! Element types, named as the safetensors format names them.
 
 use crate::{Error, ErrorKind, Result};
-use std::fmt;
 use std::str::FromStr;
 
 /// The element type of a tensor; every dtype the safetensors format defines.
@@ -142,11 +141,7 @@ impl DType {
     }
 }
 
-impl fmt::Display for DType {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
+display_as_str!(DType, name);
 
 impl FromStr for DType {
     type Err = Error;

@@ -65,16 +65,13 @@ impl ErrorKind {
     }
 }
 
-impl fmt::Display for ErrorKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
+display_as_str!(ErrorKind, as_str);
 
 type Source = Box<dyn std::error::Error + Send + Sync + 'static>;
 
 /// The error of every fastensor operation: a kind, a message, and where it happened
 /// (backend, file, offset). OS and driver errors are kept as the [`source`](std::error::Error::source).
+#[derive(Debug)]
 pub struct Error {
     kind: ErrorKind,
     message: String,
@@ -221,19 +218,6 @@ impl fmt::Display for Error {
             write!(f, ": {s}")?;
         }
         Ok(())
-    }
-}
-
-impl fmt::Debug for Error {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Error")
-            .field("kind", &self.kind)
-            .field("message", &self.message)
-            .field("backend", &self.backend)
-            .field("path", &self.path)
-            .field("offset", &self.offset)
-            .field("source", &self.source)
-            .finish()
     }
 }
 

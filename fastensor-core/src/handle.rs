@@ -9,41 +9,32 @@ use crate::{
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-impl<'a> MemMut<'a> {
-    /// The host bytes, or `backend`'s [`unsupported_memory`] error naming `path`.
-    pub fn host_for(self, backend: &str, path: &Path) -> Result<&'a mut [u8]> {
-        match self {
-            MemMut::Host(buf) => Ok(buf),
-            other => Err(unsupported_memory(backend, other.kind(), path)),
-        }
-    }
+/// `host_for` and `device_for` on the memory enum `$mem`, whose host variant holds `$host`
+/// and device variant `$device`: the same two methods for a read's and a write's memory.
+macro_rules! memory_for {
+    ($mem:ident, $host:ty, $device:ty) => {
+        impl<'a> $mem<'a> {
+            /// The host bytes, or `backend`'s [`unsupported_memory`] error naming `path`.
+            pub fn host_for(self, backend: &str, path: &Path) -> Result<$host> {
+                match self {
+                    $mem::Host(buf) => Ok(buf),
+                    other => Err(unsupported_memory(backend, other.kind(), path)),
+                }
+            }
 
-    /// The device memory, or `backend`'s [`unsupported_memory`] error naming `path`.
-    pub fn device_for(self, backend: &str, path: &Path) -> Result<DeviceSliceMut<'a>> {
-        match self {
-            MemMut::Device(d) => Ok(d),
-            other => Err(unsupported_memory(backend, other.kind(), path)),
+            /// The device memory, or `backend`'s [`unsupported_memory`] error naming `path`.
+            pub fn device_for(self, backend: &str, path: &Path) -> Result<$device> {
+                match self {
+                    $mem::Device(d) => Ok(d),
+                    other => Err(unsupported_memory(backend, other.kind(), path)),
+                }
+            }
         }
-    }
+    };
 }
 
-impl<'a> MemRef<'a> {
-    /// The host bytes, or `backend`'s [`unsupported_memory`] error naming `path`.
-    pub fn host_for(self, backend: &str, path: &Path) -> Result<&'a [u8]> {
-        match self {
-            MemRef::Host(buf) => Ok(buf),
-            other => Err(unsupported_memory(backend, other.kind(), path)),
-        }
-    }
-
-    /// The device memory, or `backend`'s [`unsupported_memory`] error naming `path`.
-    pub fn device_for(self, backend: &str, path: &Path) -> Result<DeviceSlice<'a>> {
-        match self {
-            MemRef::Device(d) => Ok(d),
-            other => Err(unsupported_memory(backend, other.kind(), path)),
-        }
-    }
-}
+memory_for!(MemMut, &'a mut [u8], DeviceSliceMut<'a>);
+memory_for!(MemRef, &'a [u8], DeviceSlice<'a>);
 
 /// The length of an open file as its handle last saw it: from its last `fstat`
 /// ([`set`](Self::set) after [`BackendFile::len`](crate::BackendFile::len)), its own

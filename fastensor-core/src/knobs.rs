@@ -10,6 +10,10 @@ use crate::{Error, ErrorKind, Result};
 use std::collections::BTreeMap;
 use std::fmt;
 
+mod table;
+
+pub use table::{apply, specs, Knob, KnobField};
+
 /// One knob of a backend.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KnobSpec {

@@ -3,6 +3,17 @@
 //! [`Error`] type. This crate does no I/O and knows no CUDA.
 #![deny(missing_docs)]
 
+/// `Display` for a type that names itself with a method returning `&str` (`as_str`).
+macro_rules! display_as_str {
+    ($ty:ty, $name:ident) => {
+        impl std::fmt::Display for $ty {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(self.$name())
+            }
+        }
+    };
+}
+
 pub mod align;
 mod backend;
 mod context;

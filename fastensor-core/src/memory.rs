@@ -45,6 +45,12 @@ pub struct DeviceRange {
 }
 
 impl DeviceRange {
+    /// The range of `len` bytes at device address `ptr` on GPU `ordinal` (a description
+    /// only: it gives no access to the memory).
+    pub fn new(ptr: u64, len: usize, ordinal: u32) -> Self {
+        DeviceRange { ptr, len, ordinal }
+    }
+
     /// The device address of the first byte.
     pub fn ptr(&self) -> u64 {
         self.ptr
@@ -246,12 +252,20 @@ pub enum MemMut<'a> {
 }
 
 impl<'a> MemMut<'a> {
+    /// The same memory, read-only, for as long as this borrow lasts.
+    pub fn view(&self) -> MemRef<'_> {
+        match self {
+            MemMut::Host(s) => MemRef::Host(s),
+            MemMut::Device(d) => MemRef::Device(DeviceSlice {
+                range: d.range,
+                _borrow: PhantomData,
+            }),
+        }
+    }
+
     /// Length in bytes.
     pub fn len(&self) -> usize {
-        match self {
-            MemMut::Host(s) => s.len(),
-            MemMut::Device(d) => d.len(),
-        }
+        self.view().len()
     }
 
     /// True when there are no bytes.
@@ -261,20 +275,12 @@ impl<'a> MemMut<'a> {
 
     /// Where the bytes live.
     pub fn kind(&self) -> MemoryKind {
-        match self {
-            MemMut::Host(_) => MemoryKind::Host,
-            MemMut::Device(d) => MemoryKind::Device {
-                ordinal: d.ordinal(),
-            },
-        }
+        self.view().kind()
     }
 
     /// The address of the first byte (a host pointer or a device address).
     pub fn addr(&self) -> u64 {
-        match self {
-            MemMut::Host(s) => s.as_ptr() as u64,
-            MemMut::Device(d) => d.ptr(),
-        }
+        self.view().addr()
     }
 
     /// Reborrows for a shorter lifetime.

@@ -6,9 +6,12 @@
 
 use crate::cuda::{self, device_error};
 use cudarc::driver::result;
-use fastensor_core::{DeviceSlice, DeviceSliceMut, Error, ErrorKind, MemMut, MemRef, Result};
+use fastensor_core::{
+    DeviceRange, DeviceSlice, DeviceSliceMut, Error, ErrorKind, MemMut, MemRef, Result,
+};
 use parking_lot::Mutex;
 use std::collections::BTreeMap;
+use std::ops::Deref;
 
 /// One live allocation in the table.
 #[derive(Debug)]
@@ -24,12 +27,19 @@ pub(crate) struct Allocation {
 /// Live device buffers by base address.
 pub(crate) static ALLOCATIONS: Mutex<BTreeMap<u64, Allocation>> = Mutex::new(BTreeMap::new());
 
-/// Device memory on one GPU, freed on drop.
+/// Device memory on one GPU, freed on drop. It dereferences to its [`DeviceRange`]
+/// (address, length, GPU).
 #[derive(Debug)]
 pub struct DeviceBuffer {
-    ptr: u64,
-    len: usize,
-    ordinal: u32,
+    range: DeviceRange,
+}
+
+impl Deref for DeviceBuffer {
+    type Target = DeviceRange;
+
+    fn deref(&self) -> &DeviceRange {
+        &self.range
+    }
 }
 
 impl DeviceBuffer {
@@ -40,9 +50,7 @@ impl DeviceBuffer {
         driver.bind(ordinal)?;
         if len == 0 {
             return Ok(DeviceBuffer {
-                ptr: 0,
-                len,
-                ordinal,
+                range: DeviceRange::new(0, len, ordinal),
             });
         }
         // SAFETY: the driver is initialised and a context is current; the memory is zeroed
@@ -50,7 +58,9 @@ impl DeviceBuffer {
         let ptr = unsafe { result::malloc_sync(len) }.map_err(|e| {
             device_error(&format!("cannot allocate {len} bytes on GPU {ordinal}"), e)
         })?;
-        let buf = DeviceBuffer { ptr, len, ordinal };
+        let buf = DeviceBuffer {
+            range: DeviceRange::new(ptr, len, ordinal),
+        };
         // SAFETY: ptr..ptr+len was just allocated in the current context.
         unsafe { result::memset_d8_sync(ptr, 0, len) }
             .map_err(|e| device_error("cuMemsetD8 failed", e))?;
@@ -72,34 +82,19 @@ impl DeviceBuffer {
         Ok(buf)
     }
 
-    /// Length in bytes.
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    /// True when the buffer holds no bytes.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    /// The GPU ordinal.
-    pub fn ordinal(&self) -> u32 {
-        self.ordinal
-    }
-
-    /// The device address of the first byte.
+    /// The device address of the first byte ([`DeviceRange::ptr`]).
     pub fn device_ptr(&self) -> u64 {
-        self.ptr
+        self.ptr()
     }
 
     /// The whole buffer as a transfer source.
     pub fn as_mem(&self) -> MemRef<'_> {
-        MemRef::Device(self.slice(0, self.len))
+        MemRef::Device(self.slice(0, self.len()))
     }
 
     /// The whole buffer as a transfer destination.
     pub fn as_mem_mut(&mut self) -> MemMut<'_> {
-        let len = self.len;
+        let len = self.len();
         MemMut::Device(self.slice_mut(0, len))
     }
 
@@ -108,52 +103,52 @@ impl DeviceBuffer {
         self.check(start, len);
         // SAFETY: the range lies in memory this buffer owns on GPU `ordinal`; the borrow of
         // self keeps it allocated and unwritten through this buffer for the slice's lifetime.
-        unsafe { DeviceSlice::from_raw(self.ptr + start as u64, len, self.ordinal) }
+        unsafe { DeviceSlice::from_raw(self.ptr() + start as u64, len, self.ordinal()) }
     }
 
     /// The bytes `start..start + len` as a mutable device slice. Panics when out of range.
     pub fn slice_mut(&mut self, start: usize, len: usize) -> DeviceSliceMut<'_> {
         self.check(start, len);
         // SAFETY: as in `slice`, and the exclusive borrow of self rules out other access.
-        unsafe { DeviceSliceMut::from_raw(self.ptr + start as u64, len, self.ordinal) }
+        unsafe { DeviceSliceMut::from_raw(self.ptr() + start as u64, len, self.ordinal()) }
     }
 
     fn check(&self, start: usize, len: usize) {
         assert!(
-            start.checked_add(len).is_some_and(|e| e <= self.len),
+            start.checked_add(len).is_some_and(|e| e <= self.len()),
             "device buffer range {start}+{len} out of 0..{}",
-            self.len
+            self.len()
         );
     }
 
     /// Copies `src` into the buffer at `offset`.
     pub fn copy_from_host(&mut self, offset: usize, src: &[u8]) -> Result<()> {
         self.range_ok(offset, src.len())?;
-        copy_to_device(self.ptr + offset as u64, self.ordinal, src)
+        copy_to_device(self.ptr() + offset as u64, self.ordinal(), src)
     }
 
     /// Copies the buffer's bytes at `offset` into `dst`.
     pub fn copy_to_host(&self, offset: usize, dst: &mut [u8]) -> Result<()> {
         self.range_ok(offset, dst.len())?;
-        copy_to_host(self.ptr + offset as u64, self.ordinal, dst)
+        copy_to_host(self.ptr() + offset as u64, self.ordinal(), dst)
     }
 
     /// The whole buffer copied to a new vector.
     pub fn to_vec(&self) -> Result<Vec<u8>> {
-        let mut out = vec![0u8; self.len];
+        let mut out = vec![0u8; self.len()];
         self.copy_to_host(0, &mut out)?;
         Ok(out)
     }
 
     fn range_ok(&self, offset: usize, len: usize) -> Result<()> {
-        if offset.checked_add(len).is_some_and(|e| e <= self.len) {
+        if offset.checked_add(len).is_some_and(|e| e <= self.len()) {
             Ok(())
         } else {
             Err(Error::new(
                 ErrorKind::InvalidInput,
                 format!(
                     "range {offset}+{len} is outside the device buffer of {} bytes",
-                    self.len
+                    self.len()
                 ),
             ))
         }
@@ -186,22 +181,22 @@ pub fn copy_to_host(src: u64, ordinal: u32, dst: &mut [u8]) -> Result<()> {
 
 impl Drop for DeviceBuffer {
     fn drop(&mut self) {
-        if self.len == 0 {
+        if self.is_empty() {
             return;
         }
         let registered = ALLOCATIONS
             .lock()
-            .remove(&self.ptr)
+            .remove(&self.ptr())
             .is_some_and(|a| a.registered);
         let Ok(driver) = cuda::driver() else { return };
-        if driver.bind(self.ordinal).is_err() {
+        if driver.bind(self.ordinal()).is_err() {
             return;
         }
         if registered {
-            crate::cufile::deregister_buffer(self.ptr);
+            crate::cufile::deregister_buffer(self.ptr());
         }
         // SAFETY: ptr came from cuMemAlloc in this context and is freed once; every transfer
         // borrowing the buffer has ended (the borrow checker guarantees it).
-        let _ = unsafe { result::free_sync(self.ptr) };
+        let _ = unsafe { result::free_sync(self.ptr()) };
     }
 }

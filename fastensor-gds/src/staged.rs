@@ -18,12 +18,13 @@ use cudarc::driver::result;
 use fastensor_core::align::{align_down, align_up, split};
 use fastensor_core::{
     parallel, Availability, Backend, BackendFile, Capabilities, DeviceSliceMut, Error, ErrorKind,
-    KnownLen, MemMut, MemRef, OpenMode, Result,
+    MemMut, MemRef, OpenMode, Result,
 };
 use fastensor_sys as sys;
+use fastensor_sys::local::LocalFile;
 use parking_lot::Mutex;
 use std::fs::File;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 
 /// The name of the host-staged CUDA backend.
@@ -82,14 +83,12 @@ impl Backend for StagedBackend {
 
     fn capabilities(&self) -> Capabilities {
         Capabilities {
-            host_memory: false,
-            device_memory: true,
-            memory_alignment: 1,
             offset_alignment: 4096,
             queue_depth: (self.config.threads.max(1) * self.config.buffers.max(2)) as u32,
             bypasses_page_cache: self.config.direct,
             ..Capabilities::default()
         }
+        .on_device()
     }
 
     fn detail(&self) -> Option<String> {
@@ -129,7 +128,7 @@ impl Backend for StagedBackend {
         };
         let chunk = align_up(self.config.buffer_size.max(1) as u64, align.max(4096)) as usize;
         Ok(Box::new(StagedFile {
-            file,
+            local: LocalFile::new(CUDA_STAGED, file, path.to_path_buf()),
             buffered,
             align,
             chunk,
@@ -137,8 +136,6 @@ impl Backend for StagedBackend {
             threads: self.config.threads.max(1),
             lanes: self.lanes.clone(),
             writable: mode.writable(),
-            path: path.to_path_buf(),
-            known: KnownLen::default(),
         }))
     }
 }
@@ -178,7 +175,9 @@ impl Drop for Lane {
 /// An open file of the `cuda-staged` backend.
 #[derive(Debug)]
 struct StagedFile {
-    file: File,
+    /// The descriptor transfers go through (`O_DIRECT` where configured and possible), its
+    /// path and the file's known length.
+    local: LocalFile,
     buffered: File,
     align: u64,
     chunk: usize,
@@ -186,21 +185,9 @@ struct StagedFile {
     threads: usize,
     lanes: Arc<Mutex<Vec<Lane>>>,
     writable: bool,
-    path: PathBuf,
-    /// The file's length as this handle knows it: reads are clamped by it, with no `fstat`.
-    known: KnownLen,
 }
 
 impl StagedFile {
-    /// The file's length from the file system (`fstat`).
-    fn stat(&self) -> Result<u64> {
-        sys::file_len(&self.file, CUDA_STAGED, &self.path)
-    }
-
-    fn err(&self, e: std::io::Error, what: &str, offset: u64) -> Error {
-        sys::transfer_error(e, what, CUDA_STAGED, &self.path, offset)
-    }
-
     fn take_lane(&self, ordinal: u32) -> Result<Lane> {
         {
             let mut pool = self.lanes.lock();
@@ -245,7 +232,7 @@ impl StagedFile {
             }
             res.and(drained)
         })
-        .map_err(|e| self.about(e))
+        .map_err(|e| self.local.about(e))
     }
 
     /// Fills the first `len` bytes of `d` (within the file) from `offset`: the aligned blocks
@@ -264,8 +251,8 @@ impl StagedFile {
             for (j, &(at, n)) in share.iter().enumerate() {
                 let k = j % lane.bufs.len();
                 lane.events[k].synchronize()?; // the copy that last used this buffer is done
-                let got = sys::pread_full(&self.file, &mut lane.bufs[k][..n], at)
-                    .map_err(|e| self.err(e, "read failed", at))?;
+                let got = sys::pread_full(self.local.file(), &mut lane.bufs[k][..n], at)
+                    .map_err(|e| self.local.err(e, "read failed", at))?;
                 let (lo, hi) = (at.max(offset), (at + n as u64).min(end));
                 if at + (got as u64) < hi {
                     return Err(Error::new(
@@ -273,7 +260,7 @@ impl StagedFile {
                         "the file shrank during the read",
                     )
                     .with_backend(CUDA_STAGED)
-                    .with_path(&self.path)
+                    .with_path(self.local.path())
                     .with_offset(at + got as u64));
                 }
                 let piece = &lane.bufs[k][(lo - at) as usize..(hi - at) as usize];
@@ -290,31 +277,18 @@ impl StagedFile {
             Ok(())
         })
     }
-
-    /// `e` with this file's backend and path (for errors of the CUDA driver).
-    fn about(&self, e: Error) -> Error {
-        e.with_backend(CUDA_STAGED).with_path(&self.path)
-    }
 }
 
 impl BackendFile for StagedFile {
-    fn path(&self) -> &Path {
-        &self.path
-    }
-
     fn read_at(&self, offset: u64, dst: MemMut<'_>) -> Result<usize> {
-        let d = dst.device_for(CUDA_STAGED, &self.path)?;
-        self.known.read_clamped(
-            offset,
-            d.len(),
-            || self.stat(),
-            |len| self.read_range(offset, &d, len),
-        )
+        let d = dst.device_for(CUDA_STAGED, self.local.path())?;
+        self.local
+            .read_clamped(offset, d.len(), |len| self.read_range(offset, &d, len))
     }
 
     fn write_at(&self, offset: u64, src: MemRef<'_>) -> Result<()> {
         let Some((d, end)) =
-            crate::device_write(CUDA_STAGED, &self.path, self.writable, offset, src)?
+            crate::device_write(CUDA_STAGED, self.local.path(), self.writable, offset, src)?
         else {
             return Ok(());
         };
@@ -348,8 +322,8 @@ impl BackendFile for StagedFile {
                     }
                     let k = j % nb;
                     lane.events[k].synchronize()?;
-                    sys::pwrite_all(&self.file, &lane.bufs[k][..n], at)
-                        .map_err(|e| self.err(e, "write failed", at))?;
+                    sys::pwrite_all(self.local.file(), &lane.bufs[k][..n], at)
+                        .map_err(|e| self.local.err(e, "write failed", at))?;
                 }
                 Ok(())
             })?;
@@ -360,25 +334,13 @@ impl BackendFile for StagedFile {
             }
             let mut host = vec![0u8; (part.end - part.start) as usize];
             device_buffer::copy_to_host(src_ptr + (part.start - offset), d.ordinal(), &mut host)
-                .map_err(|e| self.about(e.with_offset(part.start)))?;
+                .map_err(|e| self.local.about(e.with_offset(part.start)))?;
             sys::pwrite_all(&self.buffered, &host, part.start)
-                .map_err(|e| self.err(e, "write failed", part.start))?;
+                .map_err(|e| self.local.err(e, "write failed", part.start))?;
         }
-        self.known.wrote(end);
+        self.local.wrote(end);
         Ok(())
     }
 
-    fn sync(&self) -> Result<()> {
-        sys::sync_file(&self.file, CUDA_STAGED, &self.path)
-    }
-
-    fn len(&self) -> Result<u64> {
-        self.known.refresh(|| self.stat())
-    }
-
-    fn set_len(&self, len: u64) -> Result<()> {
-        self.known.resize(len, |len| {
-            sys::set_file_len(&self.file, len, CUDA_STAGED, &self.path)
-        })
-    }
+    fastensor_sys::local_file_methods!(local);
 }

@@ -4,11 +4,10 @@
 use crate::sys;
 use fastensor_core::write_end;
 use fastensor_core::{
-    Availability, Backend, BackendFile, Capabilities, Error, MemMut, MemRef, OpenMode, ReadRequest,
-    Result,
+    Backend, BackendFile, Capabilities, MemMut, MemRef, OpenMode, ReadRequest, Result,
 };
-use std::fs::File;
-use std::path::{Path, PathBuf};
+use fastensor_sys::local::LocalFile;
+use std::path::Path;
 
 /// The name of the page-cache backend.
 pub const POSIX: &str = "posix";
@@ -26,15 +25,10 @@ impl Backend for PosixBackend {
         Capabilities::default()
     }
 
-    fn probe(&self) -> Availability {
-        Availability::Available
-    }
-
     fn open(&self, path: &Path, mode: OpenMode) -> Result<Box<dyn BackendFile>> {
         let file = sys::open_file(path, mode, false, POSIX)?;
         Ok(Box::new(PosixFile {
-            file,
-            path: path.to_path_buf(),
+            local: LocalFile::new(POSIX, file, path.to_path_buf()),
         }))
     }
 }
@@ -42,46 +36,27 @@ impl Backend for PosixBackend {
 /// An open file of the `posix` backend.
 #[derive(Debug)]
 struct PosixFile {
-    file: File,
-    path: PathBuf,
-}
-
-impl PosixFile {
-    fn err(&self, e: std::io::Error, what: &str, offset: u64) -> Error {
-        sys::transfer_error(e, what, POSIX, &self.path, offset)
-    }
+    local: LocalFile,
 }
 
 impl BackendFile for PosixFile {
-    fn path(&self) -> &Path {
-        &self.path
-    }
-
     fn read_at(&self, offset: u64, dst: MemMut<'_>) -> Result<usize> {
-        let buf = dst.host_for(POSIX, &self.path)?;
-        sys::pread_full(&self.file, buf, offset).map_err(|e| self.err(e, "read failed", offset))
+        let buf = dst.host_for(POSIX, self.local.path())?;
+        sys::pread_full(self.local.file(), buf, offset)
+            .map_err(|e| self.local.err(e, "read failed", offset))
     }
 
     /// See `read_batch_through_cache`: the batch's ranges are asked for up front.
     fn read_batch(&self, requests: &mut [ReadRequest<'_>]) -> Result<()> {
-        crate::read_batch_through_cache(self, &self.file, requests)
+        crate::read_batch_through_cache(self, self.local.file(), requests)
     }
 
     fn write_at(&self, offset: u64, src: MemRef<'_>) -> Result<()> {
-        let buf = src.host_for(POSIX, &self.path)?;
-        write_end(offset, buf.len(), POSIX, &self.path)?;
-        sys::pwrite_all(&self.file, buf, offset).map_err(|e| self.err(e, "write failed", offset))
+        let buf = src.host_for(POSIX, self.local.path())?;
+        write_end(offset, buf.len(), POSIX, self.local.path())?;
+        sys::pwrite_all(self.local.file(), buf, offset)
+            .map_err(|e| self.local.err(e, "write failed", offset))
     }
 
-    fn sync(&self) -> Result<()> {
-        sys::sync_file(&self.file, POSIX, &self.path)
-    }
-
-    fn len(&self) -> Result<u64> {
-        sys::file_len(&self.file, POSIX, &self.path)
-    }
-
-    fn set_len(&self, len: u64) -> Result<()> {
-        sys::set_file_len(&self.file, len, POSIX, &self.path)
-    }
+    fastensor_sys::local_file_methods!(local);
 }

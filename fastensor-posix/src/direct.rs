@@ -12,13 +12,14 @@
 
 use crate::sys;
 use fastensor_core::align::{align_down, align_up, is_aligned, split, DirectAlignment};
+use fastensor_core::knobs::Knob;
 use fastensor_core::{
-    knobs, parallel, unsupported_memory, Availability, Backend, BackendFile, Capabilities, Error,
-    ErrorKind, HostBuffer, KnobSpec, Knobs, KnownLen, MemMut, MemRef, OpenMode, ReadRequest,
-    Result, SharedBackend,
+    knobs, parallel, unsupported_memory, Backend, BackendFile, Capabilities, Error, ErrorKind,
+    HostBuffer, KnobSpec, Knobs, MemMut, MemRef, OpenMode, ReadRequest, Result, SharedBackend,
 };
 use fastensor_core::{readable_len, write_end};
 use fastensor_sys::fork::ForkMutex;
+use fastensor_sys::local::LocalFile;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -71,61 +72,28 @@ impl DirectBackend {
     }
 }
 
+/// The knobs of `posix-direct`.
+const KNOBS: &[Knob<DirectConfig>] = &fastensor_core::knob_table![
+    "threads", ["1", "2", "4", "8"], "threads issuing the chunks of one transfer", Count(threads);
+    "chunk", ["1M", "4M", "16M"], "bytes per request", Size(chunk_size);
+    "preallocate", ["true"], "allocate the blocks of an extending write first", Flag(preallocate);
+];
+
 impl Backend for DirectBackend {
     fn name(&self) -> &str {
         POSIX_DIRECT
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            memory_alignment: 4096,
-            offset_alignment: 4096,
-            queue_depth: self.config.threads.max(1) as u32,
-            bypasses_page_cache: true,
-            ..Capabilities::default()
-        }
-    }
-
-    fn probe(&self) -> Availability {
-        Availability::Available
+        Capabilities::direct(self.config.threads.max(1) as u32)
     }
 
     fn knobs(&self) -> Vec<KnobSpec> {
-        let d = DirectConfig::default();
-        vec![
-            KnobSpec::new(
-                "threads",
-                &d.threads.to_string(),
-                &["1", "2", "4", "8"],
-                "threads issuing the chunks of one transfer",
-            ),
-            KnobSpec::new(
-                "chunk",
-                &knobs::format_size(d.chunk_size),
-                &["1M", "4M", "16M"],
-                "bytes per request",
-            ),
-            KnobSpec::new(
-                "preallocate",
-                &d.preallocate.to_string(),
-                &["true"],
-                "allocate the blocks of an extending write first",
-            ),
-        ]
+        knobs::specs(KNOBS, DirectConfig::default())
     }
 
     fn with_knobs(&self, knobs: &Knobs) -> Result<SharedBackend> {
-        knobs.check_names(POSIX_DIRECT, &self.knobs())?;
-        let mut config = self.config.clone();
-        if let Some(t) = knobs.count("threads")? {
-            config.threads = t.max(1);
-        }
-        if let Some(c) = knobs.size("chunk")? {
-            config.chunk_size = c.max(1);
-        }
-        if let Some(p) = knobs.flag("preallocate")? {
-            config.preallocate = p;
-        }
+        let config = knobs::apply(POSIX_DIRECT, KNOBS, &self.config, knobs)?;
         Ok(Arc::new(DirectBackend::new(config)))
     }
 
@@ -180,16 +148,14 @@ impl BouncePool {
 /// An open file of the `posix-direct` backend.
 #[derive(Debug)]
 pub(crate) struct DirectFile {
-    direct: File,
+    /// The `O_DIRECT` descriptor, its path and the file's known length.
+    local: LocalFile,
     buffered: File,
     align: DirectAlignment,
     chunk: usize,
     threads: usize,
     preallocate: bool,
-    path: PathBuf,
     bounce: Arc<BouncePool>,
-    /// The file's length as this handle knows it: reads are clamped by it, with no `fstat`.
-    known: KnownLen,
 }
 
 impl DirectFile {
@@ -210,31 +176,20 @@ impl DirectFile {
         };
         let chunk = align_up(config.chunk_size.max(1) as u64, align.offset) as usize;
         DirectFile {
-            direct,
+            local: LocalFile::new(POSIX_DIRECT, direct, path),
             buffered,
             align,
             chunk,
             threads: config.threads.max(1),
             preallocate: config.preallocate,
-            path,
             bounce,
-            known: KnownLen::default(),
         }
-    }
-
-    /// The file's length from the file system (`fstat`).
-    fn stat(&self) -> Result<u64> {
-        sys::file_len(&self.direct, POSIX_DIRECT, &self.path)
-    }
-
-    fn err(&self, e: std::io::Error, what: &str, offset: u64) -> Error {
-        sys::transfer_error(e, what, POSIX_DIRECT, &self.path, offset)
     }
 
     fn eof(&self, offset: u64) -> Error {
         Error::new(ErrorKind::UnexpectedEof, "the file shrank during the read")
             .with_backend(POSIX_DIRECT)
-            .with_path(&self.path)
+            .with_path(self.local.path())
             .with_offset(offset)
     }
 
@@ -262,8 +217,8 @@ impl DirectFile {
         let start = align_down(offset, block);
         let span = (align_up(offset + dst.len() as u64, block) - start) as usize;
         let mut bounce = self.take_bounce(span)?;
-        let n = sys::pread_full(&self.direct, &mut bounce[..span], start)
-            .map_err(|e| self.err(e, "direct read failed", start))?;
+        let n = sys::pread_full(self.local.file(), &mut bounce[..span], start)
+            .map_err(|e| self.local.err(e, "direct read failed", start))?;
         let skip = (offset - start) as usize;
         let result = if n < skip + dst.len() {
             Err(self.eof(offset))
@@ -285,16 +240,16 @@ impl DirectFile {
             .collect();
         parallel::for_each(pieces, self.threads, |(off, piece)| {
             if zero_copy {
-                let n = sys::pread_full(&self.direct, piece, off)
-                    .map_err(|e| self.err(e, "direct read failed", off))?;
+                let n = sys::pread_full(self.local.file(), piece, off)
+                    .map_err(|e| self.local.err(e, "direct read failed", off))?;
                 if n < piece.len() {
                     return Err(self.eof(off + n as u64));
                 }
                 return Ok(());
             }
             let mut bounce = self.take_bounce(piece.len())?;
-            let res = sys::pread_full(&self.direct, &mut bounce[..piece.len()], off)
-                .map_err(|e| self.err(e, "direct read failed", off))
+            let res = sys::pread_full(self.local.file(), &mut bounce[..piece.len()], off)
+                .map_err(|e| self.local.err(e, "direct read failed", off))
                 .and_then(|n| {
                     if n < piece.len() {
                         Err(self.eof(off + n as u64))
@@ -318,13 +273,13 @@ impl DirectFile {
             .collect();
         parallel::for_each(pieces, self.threads, |(off, piece)| {
             if zero_copy {
-                return sys::pwrite_all(&self.direct, piece, off)
-                    .map_err(|e| self.err(e, "direct write failed", off));
+                return sys::pwrite_all(self.local.file(), piece, off)
+                    .map_err(|e| self.local.err(e, "direct write failed", off));
             }
             let mut bounce = self.take_bounce(piece.len())?;
             bounce[..piece.len()].copy_from_slice(piece);
-            let res = sys::pwrite_all(&self.direct, &bounce[..piece.len()], off)
-                .map_err(|e| self.err(e, "direct write failed", off));
+            let res = sys::pwrite_all(self.local.file(), &bounce[..piece.len()], off)
+                .map_err(|e| self.local.err(e, "direct write failed", off));
             self.give_bounce(bounce);
             res
         })
@@ -336,7 +291,13 @@ impl DirectFile {
         if !self.preallocate || end - offset < 2 * self.chunk as u64 {
             return Ok(());
         }
-        sys::allocate_past_end(&self.direct, offset, end, POSIX_DIRECT, &self.path)
+        sys::allocate_past_end(
+            self.local.file(),
+            offset,
+            end,
+            POSIX_DIRECT,
+            self.local.path(),
+        )
     }
 
     /// Fills `dst` from `offset`; the range must lie inside the file (clamped by the caller).
@@ -345,8 +306,9 @@ impl DirectFile {
             return Ok(());
         }
         let s = split(offset, dst.len() as u64, self.align.offset);
-        let (head, rest) = dst.split_at_mut((s.head.end - s.head.start) as usize);
-        let (middle, tail) = rest.split_at_mut((s.middle.end - s.middle.start) as usize);
+        let [head_len, middle_len, _] = s.lens();
+        let (head, rest) = dst.split_at_mut(head_len);
+        let (middle, tail) = rest.split_at_mut(middle_len);
         if !head.is_empty() {
             self.read_partial_block(s.head.start, head)?;
         }
@@ -361,18 +323,11 @@ impl DirectFile {
 }
 
 impl BackendFile for DirectFile {
-    fn path(&self) -> &Path {
-        &self.path
-    }
-
     fn read_at(&self, offset: u64, dst: MemMut<'_>) -> Result<usize> {
-        let buf = dst.host_for(POSIX_DIRECT, &self.path)?;
-        self.known.read_clamped(
-            offset,
-            buf.len(),
-            || self.stat(),
-            |len| self.read_within(offset, &mut buf[..len]),
-        )
+        let buf = dst.host_for(POSIX_DIRECT, self.local.path())?;
+        self.local.read_clamped(offset, buf.len(), |len| {
+            self.read_within(offset, &mut buf[..len])
+        })
     }
 
     fn read_batch(&self, requests: &mut [ReadRequest<'_>]) -> Result<()> {
@@ -381,69 +336,59 @@ impl BackendFile for DirectFile {
         let mut end = 0u64;
         for req in requests.iter() {
             if !matches!(req.dst, MemMut::Host(_)) {
-                return Err(unsupported_memory(POSIX_DIRECT, req.dst.kind(), &self.path));
+                return Err(unsupported_memory(
+                    POSIX_DIRECT,
+                    req.dst.kind(),
+                    self.local.path(),
+                ));
             }
             if !req.dst.is_empty() {
                 end = end.max(req.offset.saturating_add(req.dst.len() as u64));
             }
         }
-        self.known.read_with(
-            end,
-            || self.stat(),
-            |file_len| {
-                for req in requests.iter_mut() {
-                    let MemMut::Host(buf) = &mut req.dst else {
-                        unreachable!("checked above")
-                    };
-                    let len = readable_len(req.offset, buf.len(), file_len);
-                    self.read_within(req.offset, &mut buf[..len])?;
-                    req.done = len;
-                }
-                Ok(())
-            },
-        )
+        self.local.read_with(end, |file_len| {
+            for req in requests.iter_mut() {
+                let MemMut::Host(buf) = &mut req.dst else {
+                    unreachable!("checked above")
+                };
+                let len = readable_len(req.offset, buf.len(), file_len);
+                self.read_within(req.offset, &mut buf[..len])?;
+                req.done = len;
+            }
+            Ok(())
+        })
     }
 
     fn write_at(&self, offset: u64, src: MemRef<'_>) -> Result<()> {
-        let buf = src.host_for(POSIX_DIRECT, &self.path)?;
-        let end = write_end(offset, buf.len(), POSIX_DIRECT, &self.path)?;
+        let buf = src.host_for(POSIX_DIRECT, self.local.path())?;
+        let end = write_end(offset, buf.len(), POSIX_DIRECT, self.local.path())?;
         if buf.is_empty() {
             return Ok(());
         }
         let s = split(offset, buf.len() as u64, self.align.offset);
-        let (head, rest) = buf.split_at((s.head.end - s.head.start) as usize);
-        let (middle, tail) = rest.split_at((s.middle.end - s.middle.start) as usize);
+        let [head_len, middle_len, _] = s.lens();
+        let (head, rest) = buf.split_at(head_len);
+        let (middle, tail) = rest.split_at(middle_len);
         if !middle.is_empty() {
             self.preallocate(s.middle.start, s.middle.end)?;
             self.write_middle(s.middle.start, middle)?;
         }
         if !head.is_empty() {
             sys::pwrite_all(&self.buffered, head, s.head.start)
-                .map_err(|e| self.err(e, "write failed", s.head.start))?;
+                .map_err(|e| self.local.err(e, "write failed", s.head.start))?;
         }
         if !tail.is_empty() {
             sys::pwrite_all(&self.buffered, tail, s.tail.start)
-                .map_err(|e| self.err(e, "write failed", s.tail.start))?;
+                .map_err(|e| self.local.err(e, "write failed", s.tail.start))?;
         }
-        self.known.wrote(end);
+        self.local.wrote(end);
         Ok(())
     }
 
-    fn sync(&self) -> Result<()> {
-        // Both descriptors share one inode: fdatasync writes back the buffered heads and tails
-        // and the file size, and flushes the device cache for the direct writes.
-        sys::sync_file(&self.direct, POSIX_DIRECT, &self.path)
-    }
-
-    fn len(&self) -> Result<u64> {
-        self.known.refresh(|| self.stat())
-    }
-
-    fn set_len(&self, len: u64) -> Result<()> {
-        self.known.resize(len, |len| {
-            sys::set_file_len(&self.direct, len, POSIX_DIRECT, &self.path)
-        })
-    }
+    // `sync` is the direct descriptor's fdatasync: both descriptors share one inode, so it
+    // writes back the buffered heads and tails and the file size, and flushes the device
+    // cache for the direct writes.
+    fastensor_sys::local_file_methods!(local);
 }
 
 #[cfg(test)]

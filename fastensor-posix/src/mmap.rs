@@ -10,8 +10,8 @@
 
 use crate::sys;
 use fastensor_core::{
-    Availability, Backend, BackendFile, Capabilities, Error, ErrorKind, MemMut, MemRef, OpenMode,
-    ReadRequest, Result,
+    Backend, BackendFile, Capabilities, Error, ErrorKind, MemMut, MemRef, OpenMode, ReadRequest,
+    Result,
 };
 use fastensor_sys::fork::ForkRwLock;
 use memmap2::{Advice, Mmap};
@@ -39,10 +39,6 @@ impl Backend for MmapBackend {
             write: false,
             ..Capabilities::default()
         }
-    }
-
-    fn probe(&self) -> Availability {
-        Availability::Available
     }
 
     fn open(&self, path: &Path, mode: OpenMode) -> Result<Box<dyn BackendFile>> {

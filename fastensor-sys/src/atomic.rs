@@ -278,24 +278,10 @@ fn replaced(dir: &File, name: &OsStr, path: &Path) -> Result<Option<(u32, u32, u
             ErrorKind::InvalidInput,
             format!(
                 "refusing to save over {}: not a regular file",
-                kind_in_words(other)
+                crate::type_in_words(other)
             ),
         )
         .with_path(path)),
-    }
-}
-
-/// What a file type is, in words (as [`crate::file_kind`] says it).
-fn kind_in_words(t: FileType) -> &'static str {
-    match t {
-        FileType::RegularFile => "a regular file",
-        FileType::Directory => "a directory",
-        FileType::Symlink => "a symbolic link",
-        FileType::Fifo => "a FIFO",
-        FileType::Socket => "a socket",
-        FileType::CharacterDevice => "a character device",
-        FileType::BlockDevice => "a block device",
-        FileType::Unknown => "a special file",
     }
 }
 

@@ -257,13 +257,6 @@ pub struct ForkMutex<T> {
 }
 
 impl<T> ForkMutex<T> {
-    /// A mutex holding `value`.
-    pub fn new(value: T) -> Self {
-        ForkMutex {
-            cell: Cell::new(Mutex::new(value)),
-        }
-    }
-
     /// A mutex whose value is made by the first lock (for statics).
     pub const fn lazy() -> Self {
         ForkMutex { cell: Cell::lazy() }
@@ -291,18 +284,6 @@ impl<T: Default> ForkMutex<T> {
     }
 }
 
-impl<T: Default> Default for ForkMutex<T> {
-    fn default() -> Self {
-        ForkMutex::new(T::default())
-    }
-}
-
-impl<T> fmt::Debug for ForkMutex<T> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ForkMutex").finish_non_exhaustive()
-    }
-}
-
 /// A readers-writer lock that a child process made by `fork` can always take, as
 /// [`ForkMutex`]: a value is kept only if no thread of the parent held the lock, for
 /// reading or writing, at the fork.
@@ -311,13 +292,6 @@ pub struct ForkRwLock<T> {
 }
 
 impl<T> ForkRwLock<T> {
-    /// A lock holding `value`.
-    pub fn new(value: T) -> Self {
-        ForkRwLock {
-            cell: Cell::new(RwLock::new(value)),
-        }
-    }
-
     /// Locks for reading; `fresh` as in [`ForkMutex::lock_or`].
     pub fn read_or(&self, fresh: impl FnOnce() -> T) -> RwLockReadGuard<'_, T> {
         unpoison(self.cell.get(|| RwLock::new(fresh())).read())
@@ -338,18 +312,6 @@ impl<T: Default> ForkRwLock<T> {
     /// Locks for writing; a fresh value is `T::default()`.
     pub fn write(&self) -> RwLockWriteGuard<'_, T> {
         self.write_or(T::default)
-    }
-}
-
-impl<T: Default> Default for ForkRwLock<T> {
-    fn default() -> Self {
-        ForkRwLock::new(T::default())
-    }
-}
-
-impl<T> fmt::Debug for ForkRwLock<T> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ForkRwLock").finish_non_exhaustive()
     }
 }
 
@@ -383,11 +345,34 @@ impl<T> Default for ForkOnceLock<T> {
     }
 }
 
-impl<T> fmt::Debug for ForkOnceLock<T> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ForkOnceLock").finish_non_exhaustive()
-    }
+/// For each lock type: an opaque `Debug` (the value is behind the lock), and for the
+/// locks holding a value from the start (`$lock` around the std lock `$std`), `new(value)`
+/// and `Default` holding `T::default()`.
+macro_rules! lock_impls {
+    ($($lock:ident),* ; $($with_value:ident($std:ident)),*) => {
+        $(impl<T> fmt::Debug for $lock<T> {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.debug_struct(stringify!($lock)).finish_non_exhaustive()
+            }
+        })*
+        $(impl<T> $with_value<T> {
+            /// A lock holding `value`.
+            pub fn new(value: T) -> Self {
+                $with_value {
+                    cell: Cell::new($std::new(value)),
+                }
+            }
+        }
+
+        impl<T: Default> Default for $with_value<T> {
+            fn default() -> Self {
+                $with_value::new(T::default())
+            }
+        })*
+    };
 }
+
+lock_impls!(ForkMutex, ForkRwLock, ForkOnceLock; ForkMutex(Mutex), ForkRwLock(RwLock));
 
 /// The guard, whether or not a panic poisoned the lock.
 fn unpoison<G>(r: std::sync::LockResult<G>) -> G {

@@ -7,6 +7,7 @@
 pub mod atomic;
 mod cache;
 pub mod fork;
+pub mod local;
 pub mod populate;
 
 pub use cache::{
@@ -97,23 +98,38 @@ pub fn open_file(path: &Path, mode: OpenMode, direct: bool, backend: &str) -> Re
 
 /// What a file type is, in words ("a FIFO", "a character device", "a directory").
 pub fn file_kind(ft: &std::fs::FileType) -> &'static str {
+    use rustix::fs::FileType as Raw;
+    use std::fs::FileType;
     use std::os::unix::fs::FileTypeExt;
-    if ft.is_file() {
-        "a regular file"
-    } else if ft.is_dir() {
-        "a directory"
-    } else if ft.is_fifo() {
-        "a FIFO"
-    } else if ft.is_char_device() {
-        "a character device"
-    } else if ft.is_block_device() {
-        "a block device"
-    } else if ft.is_socket() {
-        "a socket"
-    } else if ft.is_symlink() {
-        "a symbolic link"
-    } else {
-        "a special file"
+    type Test = fn(&FileType) -> bool;
+    let types: [(Test, Raw); 7] = [
+        (FileType::is_file, Raw::RegularFile),
+        (FileType::is_dir, Raw::Directory),
+        (FileType::is_fifo, Raw::Fifo),
+        (FileType::is_char_device, Raw::CharacterDevice),
+        (FileType::is_block_device, Raw::BlockDevice),
+        (FileType::is_socket, Raw::Socket),
+        (FileType::is_symlink, Raw::Symlink),
+    ];
+    let raw = types
+        .iter()
+        .find(|(is, _)| is(ft))
+        .map_or(Raw::Unknown, |t| t.1);
+    type_in_words(raw)
+}
+
+/// What a file type is, in words ("a FIFO", "a character device", "a directory").
+pub(crate) fn type_in_words(t: rustix::fs::FileType) -> &'static str {
+    use rustix::fs::FileType;
+    match t {
+        FileType::RegularFile => "a regular file",
+        FileType::Directory => "a directory",
+        FileType::Symlink => "a symbolic link",
+        FileType::Fifo => "a FIFO",
+        FileType::Socket => "a socket",
+        FileType::CharacterDevice => "a character device",
+        FileType::BlockDevice => "a block device",
+        FileType::Unknown => "a special file",
     }
 }
 
@@ -318,12 +334,32 @@ mod tests {
     use super::*;
     use crate::cache::mincore_pages;
     use std::io::Write;
+    use std::path::PathBuf;
+    use tempfile::TempDir;
+
+    /// A temporary directory holding the file `f` with `contents`, and the file's path.
+    fn temp_file(contents: &[u8]) -> (TempDir, PathBuf) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        std::fs::write(&path, contents).unwrap();
+        (dir, path)
+    }
+
+    #[test]
+    fn file_kinds_are_named_in_words() {
+        let (dir, file) = temp_file(b"x");
+        let link = dir.path().join("l");
+        std::os::unix::fs::symlink(&file, &link).unwrap();
+        let kind = |meta: std::io::Result<std::fs::Metadata>| file_kind(&meta.unwrap().file_type());
+        assert_eq!(kind(std::fs::metadata(&file)), "a regular file");
+        assert_eq!(kind(std::fs::metadata(dir.path())), "a directory");
+        assert_eq!(kind(std::fs::symlink_metadata(&link)), "a symbolic link");
+        assert_eq!(kind(std::fs::metadata("/dev/null")), "a character device");
+    }
 
     #[test]
     fn will_need_brings_exactly_the_ranges_asked_for_into_the_page_cache() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("f");
-        std::fs::write(&path, vec![5u8; 4 << 20]).unwrap();
+        let (_dir, path) = temp_file(&vec![5u8; 4 << 20]);
         let f = File::open(&path).unwrap();
         evict_page_cache(&f).unwrap();
         let Some((0, _)) = cached_pages(&f, 0, 4 << 20) else {
@@ -377,9 +413,7 @@ mod tests {
 
     #[test]
     fn cached_pages_sees_eviction_and_reads_nothing() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("f");
-        std::fs::write(&path, vec![5u8; 1 << 20]).unwrap();
+        let (_dir, path) = temp_file(&vec![5u8; 1 << 20]);
         let f = File::open(&path).unwrap();
         let page = page_size();
         let pages = (1u64 << 20) / page;
@@ -405,9 +439,7 @@ mod tests {
 
     #[test]
     fn page_ready_tells_a_cached_page_from_one_on_the_device() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("f");
-        std::fs::write(&path, vec![5u8; 1 << 20]).unwrap();
+        let (_dir, path) = temp_file(&vec![5u8; 1 << 20]);
         let f = File::open(&path).unwrap();
         // `None` where the file system cannot tell (no `RWF_NOWAIT` for buffered reads).
         let Some(ready) = page_ready(&f, (1 << 20) - 1) else {

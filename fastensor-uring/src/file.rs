@@ -19,20 +19,22 @@ use crate::URING;
 use fastensor_core::align::{align_down, align_up, is_aligned, split, DirectAlignment};
 use fastensor_core::{readable_len, write_end};
 use fastensor_core::{
-    unsupported_memory, BackendFile, Error, ErrorKind, KnownLen, MemMut, MemRef, ReadRequest,
-    Result, WriteRequest,
+    unsupported_memory, BackendFile, Error, ErrorKind, MemMut, MemRef, ReadRequest, Result,
+    WriteRequest,
 };
 use fastensor_sys as sys;
+use fastensor_sys::local::LocalFile;
 use std::fs::File;
 use std::os::fd::AsRawFd;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 /// An open file of the `uring` backend.
 #[derive(Debug)]
 pub(crate) struct UringFile {
     // Dropped first: the rings hold registrations of the descriptors below.
     rings: RingPool,
-    direct: File,
+    /// The `O_DIRECT` descriptor, its path and the file's known length.
+    local: LocalFile,
     _buffered: File,
     align: DirectAlignment,
     /// Offset alignment used for splitting (the file's, at least a page).
@@ -40,9 +42,6 @@ pub(crate) struct UringFile {
     chunk: usize,
     queue_depth: usize,
     preallocate: bool,
-    path: PathBuf,
-    /// The file's length as this handle knows it: reads are clamped by it, with no `fstat`.
-    known: KnownLen,
 }
 
 impl UringFile {
@@ -68,15 +67,13 @@ impl UringFile {
         );
         let file = UringFile {
             rings,
-            direct,
+            local: LocalFile::new(URING, direct, path),
             _buffered: buffered,
             align,
             block,
             chunk: config.effective_chunk(unit),
             queue_depth: config.effective_queue_depth() as usize,
             preallocate: config.preallocate,
-            path,
-            known: KnownLen::default(),
         };
         drop(file.lease()?);
         Ok(file)
@@ -88,18 +85,13 @@ impl UringFile {
             Error::new(ErrorKind::Unavailable, reason)
                 .with_source(e)
                 .with_backend(URING)
-                .with_path(&self.path)
+                .with_path(self.local.path())
         })
-    }
-
-    /// The file's length from the file system (`fstat`).
-    fn stat(&self) -> Result<u64> {
-        sys::file_len(&self.direct, URING, &self.path)
     }
 
     fn ctx(&self) -> Ctx<'_> {
         Ctx {
-            path: &self.path,
+            path: self.local.path(),
             block: self.block,
             queue_depth: self.queue_depth,
         }
@@ -112,9 +104,7 @@ impl UringFile {
         }
         let block = self.block;
         let s = split(offset, len as u64, block);
-        let head = (s.head.end - s.head.start) as usize;
-        let middle = (s.middle.end - s.middle.start) as usize;
-        let tail = (s.tail.end - s.tail.start) as usize;
+        let [head, middle, tail] = s.lens();
         let mid_ptr = dst.wrapping_add(head);
         let zero_copy = is_aligned(mid_ptr as u64, self.align.memory);
         let span_start = align_down(offset, block);
@@ -173,11 +163,9 @@ impl UringFile {
         if src.is_empty() {
             return Ok(());
         }
-        write_end(offset, src.len(), URING, &self.path)?;
+        write_end(offset, src.len(), URING, self.local.path())?;
         let s = split(offset, src.len() as u64, self.block);
-        let head = (s.head.end - s.head.start) as usize;
-        let middle = (s.middle.end - s.middle.start) as usize;
-        let tail = (s.tail.end - s.tail.start) as usize;
+        let [head, middle, tail] = s.lens();
         let base = src.as_ptr();
         if head > 0 {
             let buf = Buf::Caller(base.cast_mut());
@@ -217,7 +205,7 @@ impl UringFile {
         if !self.preallocate || end - offset < 2 * self.chunk as u64 {
             return Ok(());
         }
-        sys::allocate_past_end(&self.direct, offset, end, URING, &self.path)
+        sys::allocate_past_end(self.local.file(), offset, end, URING, self.local.path())
     }
 
     /// Runs `ops` on a ring of the pool.
@@ -236,43 +224,34 @@ impl UringFile {
 }
 
 impl BackendFile for UringFile {
-    fn path(&self) -> &Path {
-        &self.path
-    }
-
     fn read_at(&self, offset: u64, dst: MemMut<'_>) -> Result<usize> {
-        let buf = dst.host_for(URING, &self.path)?;
+        let buf = dst.host_for(URING, self.local.path())?;
         let dst = buf.as_mut_ptr();
-        self.known.read_clamped(
-            offset,
-            buf.len(),
-            || self.stat(),
-            |len| {
-                let mut ops = Vec::new();
-                self.plan_read(offset, dst, len, &mut ops);
-                // SAFETY: the ops point into `buf` (exclusively borrowed for this call, `len
-                // <= buf.len()`), and `run` reaps every op before returning.
-                unsafe { self.run(&mut ops) }
-            },
-        )
+        self.local.read_clamped(offset, buf.len(), |len| {
+            let mut ops = Vec::new();
+            self.plan_read(offset, dst, len, &mut ops);
+            // SAFETY: the ops point into `buf` (exclusively borrowed for this call, `len
+            // <= buf.len()`), and `run` reaps every op before returning.
+            unsafe { self.run(&mut ops) }
+        })
     }
 
     fn write_at(&self, offset: u64, src: MemRef<'_>) -> Result<()> {
-        let buf = src.host_for(URING, &self.path)?;
+        let buf = src.host_for(URING, self.local.path())?;
         let mut ops = Vec::new();
         self.plan_write(offset, buf, &mut ops)?;
         // SAFETY: the ops only read `buf`, borrowed for this call, and `run` reaps every op
         // before returning.
         unsafe { self.run(&mut ops)? };
         if !buf.is_empty() {
-            self.known.wrote(offset + buf.len() as u64);
+            self.local.wrote(offset + buf.len() as u64);
         }
         Ok(())
     }
 
     fn read_batch(&self, requests: &mut [ReadRequest<'_>]) -> Result<()> {
         if let Some(r) = requests.iter().find(|r| !matches!(r.dst, MemMut::Host(_))) {
-            return Err(unsupported_memory(URING, r.dst.kind(), &self.path));
+            return Err(unsupported_memory(URING, r.dst.kind(), self.local.path()));
         }
         let end = requests
             .iter()
@@ -280,60 +259,45 @@ impl BackendFile for UringFile {
             .map(|r| r.offset.saturating_add(r.dst.len() as u64))
             .max()
             .unwrap_or(0);
-        self.known.read_with(
-            end,
-            || self.stat(),
-            |file_len| {
-                let mut ops = Vec::with_capacity(requests.len());
+        self.local.read_with(end, |file_len| {
+            let mut ops = Vec::with_capacity(requests.len());
+            for req in requests.iter_mut() {
+                let MemMut::Host(buf) = &mut req.dst else {
+                    unreachable!("checked above")
+                };
+                let len = readable_len(req.offset, buf.len(), file_len);
+                self.plan_read(req.offset, buf.as_mut_ptr(), len, &mut ops);
+                req.done = len;
+            }
+            // SAFETY: the ops point into the requests' destinations, disjoint `&mut`
+            // slices borrowed for this call, and `run` reaps every op before returning.
+            let res = unsafe { self.run(&mut ops) };
+            if res.is_err() {
                 for req in requests.iter_mut() {
-                    let MemMut::Host(buf) = &mut req.dst else {
-                        unreachable!("checked above")
-                    };
-                    let len = readable_len(req.offset, buf.len(), file_len);
-                    self.plan_read(req.offset, buf.as_mut_ptr(), len, &mut ops);
-                    req.done = len;
+                    req.done = 0;
                 }
-                // SAFETY: the ops point into the requests' destinations, disjoint `&mut`
-                // slices borrowed for this call, and `run` reaps every op before returning.
-                let res = unsafe { self.run(&mut ops) };
-                if res.is_err() {
-                    for req in requests.iter_mut() {
-                        req.done = 0;
-                    }
-                }
-                res
-            },
-        )
+            }
+            res
+        })
     }
 
     fn write_batch(&self, requests: &[WriteRequest<'_>]) -> Result<()> {
         let mut ops = Vec::with_capacity(requests.len());
         for req in requests {
-            let buf = req.src.host_for(URING, &self.path)?;
+            let buf = req.src.host_for(URING, self.local.path())?;
             self.plan_write(req.offset, buf, &mut ops)?;
         }
         // SAFETY: the ops only read the requests' sources, borrowed for this call, and `run`
         // reaps every op before returning.
         unsafe { self.run(&mut ops)? };
         for req in requests.iter().filter(|r| !r.src.is_empty()) {
-            self.known.wrote(req.offset + req.src.len() as u64);
+            self.local.wrote(req.offset + req.src.len() as u64);
         }
         Ok(())
     }
 
-    fn sync(&self) -> Result<()> {
-        // Both descriptors share one inode: fdatasync writes back the buffered partial blocks
-        // and the size, and flushes the device cache for the direct writes.
-        sys::sync_file(&self.direct, URING, &self.path)
-    }
-
-    fn len(&self) -> Result<u64> {
-        self.known.refresh(|| self.stat())
-    }
-
-    fn set_len(&self, len: u64) -> Result<()> {
-        self.known.resize(len, |len| {
-            sys::set_file_len(&self.direct, len, URING, &self.path)
-        })
-    }
+    // `sync` is the direct descriptor's fdatasync: both descriptors share one inode, so it
+    // writes back the buffered partial blocks and the size, and flushes the device cache
+    // for the direct writes.
+    fastensor_sys::local_file_methods!(local);
 }

@@ -28,6 +28,7 @@ mod ring;
 pub use config::UringConfig;
 pub use probe::{probe, probe_with, DISABLED_SYSCTL};
 
+use fastensor_core::knobs::Knob;
 use fastensor_core::{
     knobs, Availability, Backend, BackendFile, Capabilities, KnobSpec, Knobs, OpenMode, Result,
     SharedBackend,
@@ -57,6 +58,13 @@ impl UringBackend {
     }
 }
 
+/// The knobs of `uring`.
+const KNOBS: &[Knob<UringConfig>] = &fastensor_core::knob_table![
+    "qd", ["4", "16", "64"], "requests in flight per ring", Count32(queue_depth);
+    "chunk", ["512K", "2M", "8M"], "bytes per request of a large transfer", Size(chunk_size);
+    "sqpoll", ["false"], "a kernel thread polls the submission queue", Flag(sqpoll);
+];
+
 impl Backend for UringBackend {
     fn name(&self) -> &str {
         URING
@@ -64,12 +72,8 @@ impl Backend for UringBackend {
 
     fn capabilities(&self) -> Capabilities {
         Capabilities {
-            memory_alignment: 4096,
-            offset_alignment: 4096,
             native_batch: true,
-            queue_depth: self.config.effective_queue_depth(),
-            bypasses_page_cache: true,
-            ..Capabilities::default()
+            ..Capabilities::direct(self.config.effective_queue_depth())
         }
     }
 
@@ -78,41 +82,11 @@ impl Backend for UringBackend {
     }
 
     fn knobs(&self) -> Vec<KnobSpec> {
-        let d = UringConfig::default();
-        vec![
-            KnobSpec::new(
-                "qd",
-                &d.queue_depth.to_string(),
-                &["4", "16", "64"],
-                "requests in flight per ring",
-            ),
-            KnobSpec::new(
-                "chunk",
-                &knobs::format_size(d.chunk_size),
-                &["512K", "2M", "8M"],
-                "bytes per request of a large transfer",
-            ),
-            KnobSpec::new(
-                "sqpoll",
-                &d.sqpoll.to_string(),
-                &["false"],
-                "a kernel thread polls the submission queue",
-            ),
-        ]
+        knobs::specs(KNOBS, UringConfig::default())
     }
 
     fn with_knobs(&self, knobs: &Knobs) -> Result<SharedBackend> {
-        knobs.check_names(URING, &self.knobs())?;
-        let mut config = self.config.clone();
-        if let Some(qd) = knobs.count("qd")? {
-            config.queue_depth = u32::try_from(qd).unwrap_or(u32::MAX).max(1);
-        }
-        if let Some(c) = knobs.size("chunk")? {
-            config.chunk_size = c.max(1);
-        }
-        if let Some(p) = knobs.flag("sqpoll")? {
-            config.sqpoll = p;
-        }
+        let config = knobs::apply(URING, KNOBS, &self.config, knobs)?;
         Ok(Arc::new(UringBackend::new(config)))
     }
 

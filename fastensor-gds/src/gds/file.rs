@@ -6,19 +6,20 @@ use crate::cufile::{CuFile, FileHandle, OpError};
 use crate::{cuda, device_buffer};
 use fastensor_core::align::split;
 use fastensor_core::{
-    parallel, unsupported_memory, BackendFile, Error, ErrorKind, KnownLen, MemMut, MemRef,
-    ReadRequest, Result, WriteRequest,
+    parallel, unsupported_memory, BackendFile, Error, ErrorKind, MemMut, MemRef, ReadRequest,
+    Result, WriteRequest,
 };
 use fastensor_sys as sys;
+use fastensor_sys::local::LocalFile;
 use std::fs::File;
-use std::path::{Path, PathBuf};
 
 /// An open file of the `gds` backend. `handle` is declared first: it is deregistered before
 /// the descriptor closes.
 #[derive(Debug)]
 pub(super) struct GdsFile {
     pub(super) handle: FileHandle,
-    pub(super) direct: File,
+    /// The `O_DIRECT` descriptor, its path and the file's known length.
+    pub(super) local: LocalFile,
     pub(super) buffered: File,
     pub(super) cufile: &'static CuFile,
     pub(super) align: u64,
@@ -27,9 +28,6 @@ pub(super) struct GdsFile {
     pub(super) register: bool,
     pub(super) batch: Option<usize>,
     pub(super) writable: bool,
-    pub(super) path: PathBuf,
-    /// The file's length as this handle knows it: reads are clamped by it, with no `fstat`.
-    pub(super) known: KnownLen,
 }
 
 /// A device range resolved for cuFile: the base to pass and the offset of the range in it.
@@ -45,30 +43,17 @@ impl GdsFile {
     /// (a `CUfileOpError`), else the operating system's error.
     fn err(&self, e: std::io::Error, what: &str, offset: u64) -> Error {
         if OpError::of(&e).is_some() {
-            return Error::new(ErrorKind::Device, what)
-                .with_source(e)
-                .with_backend(GDS)
-                .with_path(&self.path)
-                .with_offset(offset);
+            let err = Error::new(ErrorKind::Device, what).with_source(e);
+            return self.local.about(err).with_offset(offset);
         }
-        sys::transfer_error(e, what, GDS, &self.path, offset)
-    }
-
-    /// The file's length from the file system (`fstat`).
-    fn stat(&self) -> Result<u64> {
-        sys::file_len(&self.direct, GDS, &self.path)
-    }
-
-    /// `e` with this file's backend and path, for errors of the CUDA driver.
-    fn about(&self, e: Error) -> Error {
-        e.with_backend(GDS).with_path(&self.path)
+        self.local.err(e, what, offset)
     }
 
     /// Makes GPU `ordinal`'s context current on this thread.
     fn bind(&self, ordinal: u32) -> Result<()> {
         cuda::require()
             .and_then(|d| d.bind(ordinal))
-            .map_err(|e| self.about(e))
+            .map_err(|e| self.local.about(e))
     }
 
     /// cuFileRead returned no bytes at `offset`: the end of the file when it shrank, else a
@@ -83,7 +68,7 @@ impl GdsFile {
         };
         error
             .with_backend(GDS)
-            .with_path(&self.path)
+            .with_path(self.local.path())
             .with_offset(offset)
     }
 
@@ -172,7 +157,7 @@ impl GdsFile {
     /// Writes a partial block through the page cache (copied from the device first).
     fn write_buffered(&self, src: u64, ordinal: u32, offset: u64, len: usize) -> Result<()> {
         let mut host = vec![0u8; len];
-        device_buffer::copy_to_host(src, ordinal, &mut host).map_err(|e| self.about(e))?;
+        device_buffer::copy_to_host(src, ordinal, &mut host).map_err(|e| self.local.about(e))?;
         sys::pwrite_all(&self.buffered, &host, offset)
             .map_err(|e| self.err(e, "write failed", offset))
     }
@@ -187,32 +172,22 @@ impl GdsFile {
 }
 
 impl BackendFile for GdsFile {
-    fn path(&self) -> &Path {
-        &self.path
-    }
-
     fn read_at(&self, offset: u64, dst: MemMut<'_>) -> Result<usize> {
-        let d = dst.device_for(GDS, &self.path)?;
-        self.known.read_clamped(
-            offset,
-            d.len(),
-            || self.stat(),
-            |len| {
-                let t = self.target(d.ptr(), len, d.ordinal())?;
-                self.read_exact(t, 0, offset, len)
-            },
-        )
+        let d = dst.device_for(GDS, self.local.path())?;
+        self.local.read_clamped(offset, d.len(), |len| {
+            let t = self.target(d.ptr(), len, d.ordinal())?;
+            self.read_exact(t, 0, offset, len)
+        })
     }
 
     fn write_at(&self, offset: u64, src: MemRef<'_>) -> Result<()> {
-        let Some((d, end)) = crate::device_write(GDS, &self.path, self.writable, offset, src)?
+        let Some((d, end)) =
+            crate::device_write(GDS, self.local.path(), self.writable, offset, src)?
         else {
             return Ok(());
         };
         let s = split(offset, d.len() as u64, self.align);
-        let head = (s.head.end - s.head.start) as usize;
-        let middle = (s.middle.end - s.middle.start) as usize;
-        let tail = (s.tail.end - s.tail.start) as usize;
+        let [head, middle, tail] = s.lens();
         if middle > 0 {
             let t = self.target(d.ptr(), d.len(), d.ordinal())?;
             self.write_direct(t, head as u64, s.middle.start, middle)?;
@@ -224,7 +199,7 @@ impl BackendFile for GdsFile {
             let src = d.ptr() + (head + middle) as u64;
             self.write_buffered(src, d.ordinal(), s.tail.start, tail)?;
         }
-        self.known.wrote(end);
+        self.local.wrote(end);
         Ok(())
     }
 
@@ -233,7 +208,7 @@ impl BackendFile for GdsFile {
             .iter()
             .find(|r| !matches!(r.dst, MemMut::Device(_)))
         {
-            return Err(unsupported_memory(GDS, r.dst.kind(), &self.path));
+            return Err(unsupported_memory(GDS, r.dst.kind(), self.local.path()));
         }
         match self.batch {
             Some(max) if requests.len() > 1 => {
@@ -255,19 +230,7 @@ impl BackendFile for GdsFile {
         })
     }
 
-    fn sync(&self) -> Result<()> {
-        sys::sync_file(&self.direct, GDS, &self.path)
-    }
-
-    fn len(&self) -> Result<u64> {
-        self.known.refresh(|| self.stat())
-    }
-
-    fn set_len(&self, len: u64) -> Result<()> {
-        self.known.resize(len, |len| {
-            sys::set_file_len(&self.direct, len, GDS, &self.path)
-        })
-    }
+    fastensor_sys::local_file_methods!(local);
 }
 
 /// What the batch module needs from an open file.

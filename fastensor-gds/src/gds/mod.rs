@@ -17,9 +17,10 @@ pub(crate) use file::BatchTarget;
 use crate::cuda;
 use crate::cufile::{self, CuFile};
 use fastensor_core::{
-    Availability, Backend, BackendFile, Capabilities, Error, ErrorKind, KnownLen, OpenMode, Result,
+    Availability, Backend, BackendFile, Capabilities, Error, ErrorKind, OpenMode, Result,
 };
 use fastensor_sys as sys;
+use fastensor_sys::local::LocalFile;
 use file::GdsFile;
 use std::path::{Path, PathBuf};
 
@@ -91,15 +92,10 @@ impl Backend for GdsBackend {
 
     fn capabilities(&self) -> Capabilities {
         Capabilities {
-            host_memory: false,
-            device_memory: true,
-            memory_alignment: 4096,
-            offset_alignment: 4096,
             native_batch: self.config.batch,
-            queue_depth: self.config.threads.max(1) as u32,
-            bypasses_page_cache: true,
-            ..Capabilities::default()
+            ..Capabilities::direct(self.config.threads.max(1) as u32)
         }
+        .on_device()
     }
 
     fn detail(&self) -> Option<String> {
@@ -133,7 +129,7 @@ impl Backend for GdsBackend {
             .clamp(align as usize, cf.max_direct_io().max(align as usize));
         Ok(Box::new(GdsFile {
             handle,
-            direct,
+            local: LocalFile::new(GDS, direct, path.to_path_buf()),
             buffered,
             cufile: cf,
             align,
@@ -146,8 +142,6 @@ impl Backend for GdsBackend {
                 None
             },
             writable: mode.writable(),
-            path: path.to_path_buf(),
-            known: KnownLen::default(),
         }))
     }
 }

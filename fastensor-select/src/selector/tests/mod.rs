@@ -11,6 +11,15 @@ fn ctx(bytes: u64) -> TransferContext {
     TransferContext::host(Direction::Write, bytes, FileLocation::new("ext4", "259:1"))
 }
 
+/// A read of `bytes` into host memory from an ext4 file whose pages are `cache`.
+fn read_ctx(bytes: u64, cache: CacheState) -> TransferContext {
+    TransferContext {
+        direction: Direction::Read,
+        cache,
+        ..ctx(bytes)
+    }
+}
+
 /// A backend costing `latency_ns + bytes * per_byte_ns` per transfer, without noise.
 #[derive(Clone, Copy)]
 struct Linear(&'static str, f64, f64);
@@ -33,6 +42,32 @@ fn taking(bytes: u64, ns: u64) -> Observation {
         wall: Duration::from_nanos(ns),
         cpu: Duration::ZERO,
     }
+}
+
+/// Runs `n` transfers at `c`, each through the selector's choice among `names` and taking
+/// `ns(&choice)` nanoseconds; returns the choices in order.
+fn run_transfers(
+    s: &mut Selector,
+    c: &TransferContext,
+    names: &[&str],
+    n: usize,
+    mut ns: impl FnMut(&Choice) -> u64,
+) -> Vec<Choice> {
+    (0..n)
+        .map(|_| {
+            let choice = s.choose(c, names).unwrap();
+            s.record(c, &choice.backend, taking(c.bytes, ns(&choice)));
+            choice
+        })
+        .collect()
+}
+
+/// How many of `choices` explored `name`.
+fn explored(choices: &[Choice], name: &str) -> usize {
+    choices
+        .iter()
+        .filter(|c| c.exploring && c.backend == name)
+        .count()
 }
 
 /// Measures every backend `n` times at `bytes` (the class ends up explored).

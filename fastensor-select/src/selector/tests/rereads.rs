@@ -4,12 +4,7 @@ use super::*;
 
 #[test]
 fn rereads_make_a_cold_read_through_the_page_cache_worth_its_extra_cost() {
-    let read_of = |bytes: u64, cache: CacheState| TransferContext {
-        direction: Direction::Read,
-        cache,
-        ..ctx(bytes)
-    };
-    let read = |cache: CacheState| read_of(8 << 20, cache);
+    let read = |cache: CacheState| read_ctx(8 << 20, cache);
     // posix: cold 0.45 ns/B, cached 0.10; uring: cold 0.30 (bypasses the cache).
     let cost = |name: &'static str, cache: CacheState| match (name, cache) {
         ("posix", CacheState::Cached) => Linear(name, 0.0, 0.10),
@@ -23,7 +18,7 @@ fn rereads_make_a_cold_read_through_the_page_cache_worth_its_extra_cost() {
         s.reuse_mut().set_rate(rate);
         for _ in 0..8 {
             let b = cost("posix", CacheState::Cached);
-            let c = read_of(cached_bytes, CacheState::Cached);
+            let c = read_ctx(cached_bytes, CacheState::Cached);
             s.record(&c, "posix", b.observation(cached_bytes));
         }
         let names = ["posix", "uring"];
@@ -60,11 +55,7 @@ fn the_second_look_judges_with_rereads() {
     // but its first cold sample was a 1.0 outlier; uring (bypasses it): 0.30 cold. Raw,
     // that sample is 3.3x uring's cost, too far for a second look; judged with the
     // next read it is 1.10 against 0.60, within 3x, and posix (0.55 against 0.60) wins.
-    let read = |cache: CacheState| TransferContext {
-        direction: Direction::Read,
-        cache,
-        ..ctx(8 << 20)
-    };
+    let read = |cache: CacheState| read_ctx(8 << 20, cache);
     let mut s = Selector::new(SelectorConfig::default());
     s.reuse_mut().set_keeping(["posix"]);
     s.reuse_mut().set_rate(1.0);
@@ -99,31 +90,27 @@ fn the_second_look_judges_with_rereads() {
 
 #[test]
 fn an_unseen_cold_read_class_judges_predictions_with_rereads() {
-    let read = |bytes: u64, cache: CacheState| TransferContext {
-        direction: Direction::Read,
-        cache,
-        ..ctx(bytes)
-    };
     let mut s = Selector::new(SelectorConfig::default());
     s.reuse_mut().set_keeping(["posix", "mmap"]);
     s.reuse_mut().set_rate(1.0);
     // ns per byte: posix 0.45 cold / 0.10 cached; mmap 2.0 cold; uring 0.30 cold.
     let costs = [("posix", 0.45), ("mmap", 2.0), ("uring", 0.30)];
     for _ in 0..8 {
-        let c = read(1 << 20, CacheState::Cached);
+        let c = read_ctx(1 << 20, CacheState::Cached);
         s.record(&c, "posix", Linear("posix", 0.0, 0.10).observation(1 << 20));
     }
     for bytes in [1u64 << 20, 2 << 20] {
         for _ in 0..8 {
             for (name, per_byte) in costs {
-                let c = read(bytes, CacheState::Cold);
+                let c = read_ctx(bytes, CacheState::Cold);
                 s.record(&c, name, Linear(name, 0.0, per_byte).observation(bytes));
             }
         }
     }
     let names = ["mmap", "posix", "uring"];
-    s.choose(&read(8 << 20, CacheState::Cold), &names).unwrap();
-    let key = ContextKey::of(&read(8 << 20, CacheState::Cold));
+    s.choose(&read_ctx(8 << 20, CacheState::Cold), &names)
+        .unwrap();
+    let key = ContextKey::of(&read_ctx(8 << 20, CacheState::Cold));
     let state = &s.keys()[&key];
     // posix judged 0.45 + 0.10 against uring's 2 x 0.30: explored; mmap 2.0 + 0.10 is
     // more than twice uring's judged cost: not explored.

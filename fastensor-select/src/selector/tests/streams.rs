@@ -158,11 +158,7 @@ fn every_stream_path_is_measured_once_before_one_is_confirmed() {
 
 #[test]
 fn a_cold_read_is_explored_through_a_path_that_bypasses_the_page_cache_first() {
-    let read = |cache: CacheState| TransferContext {
-        direction: Direction::Read,
-        cache,
-        ..ctx(8 << 20)
-    };
+    let read = |cache: CacheState| read_ctx(8 << 20, cache);
     let names = ["a-buffered", "b-direct"];
     let first = |cache: CacheState| {
         let mut s = Selector::new(SelectorConfig::default());
