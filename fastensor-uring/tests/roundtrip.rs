@@ -41,6 +41,18 @@ fn backends() -> Vec<UringBackend> {
     ]
 }
 
+/// For each backend of [`backends`]: `data` written to a new file (its path is the
+/// callback's second argument), that file opened in `mode`, and `check` run on it.
+fn with_each_file(data: &[u8], mode: OpenMode, check: impl Fn(&dyn BackendFile, &Path)) {
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    for (i, backend) in backends().into_iter().enumerate() {
+        let path = dir.path().join(format!("file{i}"));
+        std::fs::write(&path, data).unwrap();
+        let f = backend.open(&path, mode).unwrap();
+        check(f.as_ref(), &path);
+    }
+}
+
 /// An unaligned view of `len` bytes inside a page-aligned buffer.
 fn unaligned(len: usize, misalign: usize) -> (HostBuffer, usize) {
     (HostBuffer::new(len + misalign).unwrap(), misalign)
@@ -113,12 +125,8 @@ fn large_transfer_64mib_plus_3() {
 
 #[test]
 fn reads_past_the_end_are_short() {
-    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
-    for backend in backends() {
-        let path = dir.path().join("short");
-        let data = pattern(5000, 1);
-        std::fs::write(&path, &data).unwrap();
-        let f = backend.open(&path, OpenMode::Read).unwrap();
+    let data = pattern(5000, 1);
+    with_each_file(&data, OpenMode::Read, |f, _| {
         let mut buf = HostBuffer::new(16384).unwrap();
         assert_eq!(f.read_at(0, buf.as_mem_mut()).unwrap(), 5000);
         assert_eq!(&buf[..5000], &data[..]);
@@ -130,36 +138,28 @@ fn reads_past_the_end_are_short() {
         let mut reqs = vec![ReadRequest::new(4000, MemMut::Host(&mut buf[..2000]))];
         f.read_batch(&mut reqs).unwrap();
         assert_eq!(reqs[0].done, 1000);
-    }
+    });
 }
 
 #[test]
 fn writes_touch_only_their_range() {
-    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
-    for backend in backends() {
-        let path = dir.path().join("range");
-        let base = pattern(20_000, 2);
-        std::fs::write(&path, &base).unwrap();
-        let f = backend.open(&path, OpenMode::ReadWrite).unwrap();
+    let base = pattern(20_000, 2);
+    with_each_file(&base, OpenMode::ReadWrite, |f, path| {
         let patch = pattern(9000, 3);
         f.write_at(1234, MemRef::Host(&patch)).unwrap();
         let mut expect = base.clone();
         expect[1234..1234 + 9000].copy_from_slice(&patch);
-        assert_eq!(std::fs::read(&path).unwrap(), expect);
+        assert_eq!(std::fs::read(path).unwrap(), expect);
         // Extending from inside the file ends exactly at offset + len.
         f.write_at(19_000, MemRef::Host(&patch)).unwrap();
         assert_eq!(f.len().unwrap(), 28_000);
-    }
+    });
 }
 
 #[test]
 fn batch_of_1000_small_reads_and_writes() {
-    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
-    for backend in backends() {
-        let path = dir.path().join("batch");
-        let data = pattern(4 << 20, 4);
-        std::fs::write(&path, &data).unwrap();
-        let f = backend.open(&path, OpenMode::ReadWrite).unwrap();
+    let data = pattern(4 << 20, 4);
+    with_each_file(&data, OpenMode::ReadWrite, |f, path| {
         let specs: Vec<(u64, usize)> = (0..1000u64)
             .map(|i| {
                 (
@@ -209,8 +209,8 @@ fn batch_of_1000_small_reads_and_writes() {
         for (o, p) in &patches {
             expect[*o as usize..*o as usize + p.len()].copy_from_slice(p);
         }
-        assert_eq!(std::fs::read(&path).unwrap(), expect);
-    }
+        assert_eq!(std::fs::read(path).unwrap(), expect);
+    });
 }
 
 #[test]

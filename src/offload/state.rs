@@ -283,28 +283,20 @@ impl State {
         result: fastensor_core::Result<()>,
         depth: usize,
     ) {
+        if let Err(err) = result {
+            return self.fail(id, &err, "background write");
+        }
         let keep = self.desired(depth).contains(&id);
         let e = self
             .entries
             .get_mut(&id)
             .expect("written tensors stay until done");
         e.data = Data::OnDisk;
-        match result {
-            Err(err) => {
-                let f = Failure::new(&err, "background write", id, &e.label);
-                e.data = Data::Failed(f.clone());
-                self.unreported.push_back(f);
-                self.stats.errors += 1;
-                self.held -= e.len;
-            }
-            Ok(()) => {
-                self.stats.bytes_written += e.len;
-                // A foreign payload goes back to its owner once written.
-                match Arc::try_unwrap(buf) {
-                    Ok(Payload::Owned(b)) if keep && !e.dropped => e.data = Data::Loaded(b),
-                    _ => self.held -= e.len,
-                }
-            }
+        self.stats.bytes_written += e.len;
+        // A foreign payload goes back to its owner once written.
+        match Arc::try_unwrap(buf) {
+            Ok(Payload::Owned(b)) if keep && !e.dropped => e.data = Data::Loaded(b),
+            _ => self.held -= e.len,
         }
         if e.dropped {
             if matches!(e.data, Data::Loaded(_)) {
@@ -316,34 +308,44 @@ impl State {
 
     /// Records the end of a prefetch read.
     pub(crate) fn read_done(&mut self, id: u64, result: fastensor_core::Result<HostBuffer>) {
+        let buf = match result {
+            Ok(buf) => buf,
+            Err(err) => return self.fail(id, &err, "background read"),
+        };
         let e = self
             .entries
             .get_mut(&id)
             .expect("read tensors stay until done");
-        match result {
-            Ok(buf) if !e.dropped && !e.discarded => {
-                self.stats.bytes_read += e.len;
-                e.data = Data::Loaded(buf);
-            }
-            Ok(_) if e.discarded && !e.dropped => {
-                // Read before the caller discarded it: not needed any more.
-                self.stats.bytes_read += e.len;
-                e.data = Data::OnDisk;
-                self.held -= e.len;
-            }
-            Ok(_) => {}
-            Err(err) => {
-                let f = Failure::new(&err, "background read", id, &e.label);
-                e.data = Data::Failed(f.clone());
-                self.unreported.push_back(f);
-                self.stats.errors += 1;
-                self.held -= e.len;
-            }
+        if !e.dropped && !e.discarded {
+            self.stats.bytes_read += e.len;
+            e.data = Data::Loaded(buf);
+        } else if e.discarded && !e.dropped {
+            // Read before the caller discarded it: not needed any more.
+            self.stats.bytes_read += e.len;
+            e.data = Data::OnDisk;
+            self.held -= e.len;
         }
         if e.dropped {
-            if !matches!(e.data, Data::Failed(_)) {
-                self.held -= e.len;
-            }
+            self.held -= e.len;
+            self.remove(id);
+        }
+    }
+
+    /// Records a background transfer of `id` that failed during `what`: the entry keeps
+    /// the failure (its `get` raises it), the failure waits to be reported, and the entry's
+    /// bytes are no longer held; an entry whose handle was dropped goes.
+    fn fail(&mut self, id: u64, err: &fastensor_core::Error, what: &str) {
+        let e = self
+            .entries
+            .get_mut(&id)
+            .expect("transferred tensors stay until done");
+        let f = Failure::new(err, what, id, &e.label);
+        e.data = Data::Failed(f.clone());
+        let (len, dropped) = (e.len, e.dropped);
+        self.unreported.push_back(f);
+        self.stats.errors += 1;
+        self.held -= len;
+        if dropped {
             self.remove(id);
         }
     }
