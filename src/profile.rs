@@ -4,8 +4,26 @@
 //! I/O; this module is where its dictionary meets the file system.
 
 use crate::{Error, ErrorKind, Result};
-use fastensor_select::{Dictionary, Fingerprint, MachineFacts, Selector, SelectorConfig, Warning};
+use fastensor_select::{Dictionary, Fingerprint, MachineFacts, Selector, SelectorConfig};
+use std::fmt;
 use std::path::Path;
+
+mod table;
+pub use table::Table;
+
+/// Something the caller may want to print: the dictionary could not be used and the selector
+/// starts afresh.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Warning {
+    /// What happened, naming the file.
+    pub message: String,
+}
+
+impl fmt::Display for Warning {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
 
 /// This machine's facts, read from `/proc` and sysfs at each call.
 #[derive(Debug, Clone, Copy, Default)]

@@ -4,8 +4,8 @@
 mod common;
 
 use common::{Hooked, Hooks};
+use fastensor::core::ClockReading;
 use fastensor::core::{ReadRequest, WriteRequest};
-use fastensor::select::ClockReading;
 use fastensor::{Backend, Engine, OpenMode, Registry};
 use fastensor_testkit::throttled::{Cost, Costs, Throttled, VirtualClock};
 use fastensor_testkit::MemoryBackend;
@@ -97,9 +97,9 @@ fn a_batch_is_explored_in_pieces_then_moved_by_the_choices_own_batch() {
     // Both batches found `a` (14x cheaper per 4 KiB), at a bounded cost: `b` carried at
     // most two exploring pieces (16 requests each) per batch.
     let dict = s.engine.dictionary();
-    assert_eq!(dict.contexts.len(), 2, "{dict}");
+    assert_eq!(dict.contexts.len(), 2, "{dict:?}");
     for ctx in &dict.contexts {
-        assert_eq!(ctx.choice.as_deref(), Some("a"), "{dict}");
+        assert_eq!(ctx.choice.as_deref(), Some("a"), "{dict:?}");
         assert_eq!(
             ctx.in_flight, 3,
             "a batch's requests are in flight together"

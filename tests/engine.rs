@@ -149,7 +149,7 @@ fn tune_returns_a_dictionary_with_both_directions() {
         ..Default::default()
     };
     let out = fastensor::engine::tune(dir.path(), &options).unwrap();
-    println!("{}", out.dictionary);
+    println!("{}", fastensor::profile::Table(&out.dictionary));
     let dirs: Vec<&str> = out
         .dictionary
         .contexts
@@ -262,8 +262,9 @@ fn durable_writes_are_learned_apart_and_land_intact() {
         .filter(|c| c.direction == "write")
         .map(|c| c.durable)
         .collect();
-    assert!(writes.contains(&true), "{dict}");
-    assert!(dict.to_string().contains("sync"), "{dict}");
+    let table = fastensor::profile::Table(&dict).to_string();
+    assert!(writes.contains(&true), "{table}");
+    assert!(table.contains("sync"), "{table}");
     let back = std::fs::read(&path).unwrap();
     assert_eq!(back.len(), 8 << 20);
     for chunk in back.chunks(1 << 20) {

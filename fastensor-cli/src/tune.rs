@@ -129,7 +129,7 @@ pub fn run_tune(args: TuneArgs) -> Result<()> {
         }
     }
     save_profile(&outcome.dictionary, &path)?;
-    print!("{}", outcome.dictionary);
+    print!("{}", fastensor::profile::Table(&outcome.dictionary));
     if let Some(m) = &outcome.new_loads {
         println!(
             "loads into new memory: {} ({} MiB cold: mapped {:.3} s, read into fresh memory {:.3} s)",
@@ -184,7 +184,7 @@ pub fn run_profile(cmd: ProfileCommand) -> Result<()> {
         ProfileCommand::Show { file } => {
             let path = profile_path(file)?;
             let dict = fastensor::profile::read(&path)?;
-            print!("{dict}");
+            print!("{}", fastensor::profile::Table(&dict));
             if let Some(why) = other_machine(&dict) {
                 println!(
                     "warning: this profile was measured on another machine ({why}); the engine \

@@ -16,6 +16,7 @@ macro_rules! display_as_str {
 
 pub mod align;
 mod backend;
+mod clock;
 mod context;
 mod dtype;
 mod error;
@@ -32,6 +33,7 @@ pub use backend::{
     BackendFileExt, Capabilities, FileOpener, OpenMode, ReadJob, ReadRequest, SharedBackend,
     WriteRequest,
 };
+pub use clock::{Clock, ClockReading};
 pub use context::{CacheState, Direction, FileLocation, Purpose, TransferContext};
 pub use dtype::DType;
 pub use error::{kind_of_io, Error, ErrorKind, Result};

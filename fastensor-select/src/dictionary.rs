@@ -1,6 +1,6 @@
 //! The dictionary: what the selector learned, saved as TOML and loaded on the next run.
 
-use crate::key::{cache_str, human_bytes};
+use crate::key::cache_str;
 use crate::{
     CandidateState, ContextKey, Fingerprint, KeyState, Objective, Phase, Sample, Samples, Selector,
     SelectorConfig, Status,
@@ -84,20 +84,6 @@ pub struct CandidateRecord {
     /// look (see the selector's re-look schedule).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prior: Option<f64>,
-}
-
-/// Something the caller may want to print: the dictionary could not be used and the selector
-/// starts afresh.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Warning {
-    /// What happened, naming the file.
-    pub message: String,
-}
-
-impl fmt::Display for Warning {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.message)
-    }
 }
 
 fn corrupt(what: impl fmt::Display) -> Error {
@@ -222,37 +208,36 @@ impl ContextRecord {
             fs_type: key.fs_type.clone(),
             device: key.device.clone(),
             cache: match key.cache {
-                CacheState::Unknown => "unknown".into(),
-                other => cache_str(other).into(),
-            },
+                CacheState::Unknown => "unknown",
+                other => cache_str(other),
+            }
+            .into(),
             durable: key.durable,
             choice: state.choice().map(str::to_owned),
             reexplorations: state.reexplorations,
             candidates: state
                 .candidates
                 .iter()
-                .map(|(name, c)| CandidateRecord {
-                    name: name.clone(),
-                    eliminated: c.is_dropped(),
-                    prior: c.status.prior().filter(|_| c.samples.is_empty()),
-                    time_ns_per_byte: c
-                        .samples
-                        .as_slice()
-                        .iter()
-                        .map(|s| s.time_ns_per_byte)
-                        .collect(),
-                    cpu_ns_per_byte: c
-                        .samples
-                        .as_slice()
-                        .iter()
-                        .map(|s| s.cpu_ns_per_byte)
-                        .collect(),
+                .map(|(name, c)| {
+                    let samples = c.samples.as_slice().iter();
+                    let (time_ns_per_byte, cpu_ns_per_byte) = samples
+                        .map(|s| (s.time_ns_per_byte, s.cpu_ns_per_byte))
+                        .unzip();
+                    CandidateRecord {
+                        name: name.clone(),
+                        eliminated: c.is_dropped(),
+                        prior: c.status.prior().filter(|_| c.samples.is_empty()),
+                        time_ns_per_byte,
+                        cpu_ns_per_byte,
+                    }
                 })
                 .collect(),
         }
     }
 
-    fn state(&self) -> KeyState {
+    /// What the selector knows of this context: its candidates' samples and statuses, and
+    /// its phase (exploiting the saved choice, or exploring).
+    pub fn state(&self) -> KeyState {
         KeyState {
             candidates: self
                 .candidates
@@ -324,9 +309,7 @@ impl Selector {
     pub fn from_dictionary(dictionary: &Dictionary, config: SelectorConfig) -> Result<Selector> {
         let mut keys = BTreeMap::new();
         for c in &dictionary.contexts {
-            let key = c.key().map_err(|m| {
-                Error::new(ErrorKind::Corrupt, format!("not a valid dictionary: {m}"))
-            })?;
+            let key = c.key().map_err(corrupt)?;
             keys.insert(key, c.state());
         }
         let mut selector =
@@ -335,117 +318,5 @@ impl Selector {
         // The saved choices were made for the saved objective; settle them for this one.
         selector.set_objective(config.objective);
         Ok(selector)
-    }
-}
-
-/// Renders the dictionary as a table: one line per context with the choice and every
-/// candidate's median throughput (GB/s, wall clock), CPU cost, and sample count.
-impl fmt::Display for Dictionary {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        writeln!(
-            f,
-            "fastensor dictionary v{}  objective {}  kernel {}",
-            self.version,
-            self.objective,
-            if self.fingerprint.kernel.is_empty() {
-                "?"
-            } else {
-                &self.fingerprint.kernel
-            }
-        )?;
-        for d in &self.fingerprint.devices {
-            writeln!(
-                f,
-                "device {} {} {}",
-                d.device,
-                if d.fs_type.is_empty() {
-                    "?"
-                } else {
-                    &d.fs_type
-                },
-                if d.model.is_empty() {
-                    "(no model)"
-                } else {
-                    &d.model
-                }
-            )?;
-        }
-        let objective = self.objective();
-        let mut rows = vec![[
-            "dir".to_string(),
-            "mem".into(),
-            "size".into(),
-            "qd".into(),
-            "cache".into(),
-            "fs@dev".into(),
-            "choice".into(),
-            "candidates: GB/s, cpu ns/B, samples (x = dropped)".into(),
-        ]];
-        for c in &self.contexts {
-            let Ok(key) = c.key() else { continue };
-            let state = c.state();
-            let mut cands: Vec<(f64, String)> = state
-                .candidates
-                .iter()
-                .map(|(name, cs)| {
-                    let n = cs.samples.len();
-                    let cost = cs
-                        .samples
-                        .estimate(objective)
-                        .map_or(f64::INFINITY, |e| e.median);
-                    let time = cs.samples.estimate(Objective::Time);
-                    let cpu = cs.samples.estimate(Objective::Cpu);
-                    let text = match (time, cpu) {
-                        (Some(t), Some(p)) => format!(
-                            "{name} {:.3} {:.3} n{n}{}",
-                            if t.median > 0.0 {
-                                1.0 / t.median
-                            } else {
-                                f64::INFINITY
-                            },
-                            p.median,
-                            if cs.is_dropped() { " x" } else { "" }
-                        ),
-                        _ => format!("{name} - n0{}", if cs.is_dropped() { " x" } else { "" }),
-                    };
-                    (cost, text)
-                })
-                .collect();
-            cands.sort_by(|a, b| a.0.total_cmp(&b.0));
-            let qd = 1u32 << key.in_flight;
-            rows.push([
-                key.direction.to_string(),
-                key.memory.to_string(),
-                human_bytes(key.size_class_start()),
-                if key.in_flight >= ContextKey::MAX_IN_FLIGHT_CLASS {
-                    format!("{qd}+")
-                } else {
-                    qd.to_string()
-                },
-                key.cache_label().to_string(),
-                format!("{}@{}", key.fs_type, key.device),
-                c.choice.clone().unwrap_or_else(|| "(exploring)".into()),
-                cands
-                    .into_iter()
-                    .map(|(_, t)| t)
-                    .collect::<Vec<_>>()
-                    .join(" | "),
-            ]);
-        }
-        let widths: Vec<usize> = (0..8)
-            .map(|i| rows.iter().map(|r| r[i].chars().count()).max().unwrap_or(0))
-            .collect();
-        for row in rows {
-            let mut line = String::new();
-            for (i, cell) in row.iter().enumerate() {
-                if i + 1 == row.len() {
-                    line.push_str(cell);
-                } else {
-                    line.push_str(&format!("{cell:<w$}  ", w = widths[i]));
-                }
-            }
-            writeln!(f, "{}", line.trim_end())?;
-        }
-        Ok(())
     }
 }

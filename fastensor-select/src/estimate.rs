@@ -30,20 +30,6 @@ pub struct Estimate {
 }
 
 impl Estimate {
-    /// The estimate of `costs`; `None` when empty or when a cost is not finite.
-    pub fn of(costs: &[f64]) -> Option<Estimate> {
-        Self::of_unsorted(&mut costs.to_vec())
-    }
-
-    /// The estimate of `costs`, sorting them in place.
-    fn of_unsorted(costs: &mut [f64]) -> Option<Estimate> {
-        if costs.is_empty() || costs.iter().any(|c| !c.is_finite()) {
-            return None;
-        }
-        costs.sort_unstable_by(f64::total_cmp);
-        Some(Self::of_sorted(costs))
-    }
-
     /// The estimate of sorted, finite, non-empty costs, in one pass: the deviations from the
     /// median are read in increasing order by walking outwards from the median (those below
     /// it grow leftwards, those above it rightwards), up to the middle one(s).
@@ -51,37 +37,26 @@ impl Estimate {
         let n = sorted.len();
         let med = median_sorted(sorted);
         // `below`: costs left of it are under the median; `above`: the next one at or above.
-        let split = sorted.partition_point(|&c| c < med);
-        let (mut below, mut above) = (split, split);
-        let mut next_deviation = || {
-            let left = (below > 0).then(|| med - sorted[below - 1]);
-            let right = (above < n).then(|| sorted[above] - med);
-            match (left, right) {
-                (Some(l), Some(r)) if l <= r => {
-                    below -= 1;
-                    l
-                }
-                (Some(l), None) => {
-                    below -= 1;
-                    l
-                }
-                (_, Some(r)) => {
-                    above += 1;
-                    r
-                }
-                (None, None) => unreachable!("n deviations are read at most"),
-            }
-        };
-        let (low_rank, high_rank) = ((n - 1) / 2, n / 2);
+        let mut below = sorted.partition_point(|&c| c < med);
+        let mut above = below;
         let (mut low, mut high) = (0.0, 0.0);
-        for rank in 0..=high_rank {
-            let d = next_deviation();
-            if rank == low_rank {
+        for rank in 0..=n / 2 {
+            let left = below.checked_sub(1).map(|i| med - sorted[i]);
+            let right = sorted.get(above).map(|c| c - med);
+            let d = match (left, right) {
+                (Some(l), r) if r.map_or(true, |r| l <= r) => {
+                    below -= 1;
+                    l
+                }
+                (_, r) => {
+                    above += 1;
+                    r.expect("n deviations are read at most")
+                }
+            };
+            if rank == (n - 1) / 2 {
                 low = d;
             }
-            if rank == high_rank {
-                high = d;
-            }
+            high = d;
         }
         let mad = if n % 2 == 1 {
             high
@@ -177,11 +152,6 @@ impl PartialEq for Samples {
 }
 
 impl Samples {
-    /// No samples.
-    pub fn new() -> Self {
-        Self::default()
-    }
-
     /// Samples from a list (as loaded from a dictionary).
     pub fn from_vec(samples: Vec<Sample>) -> Self {
         Samples {
@@ -263,6 +233,16 @@ impl Samples {
 mod tests {
     use super::*;
 
+    /// The estimate of `costs`; `None` when empty or when a cost is not finite.
+    fn estimate_of(costs: &[f64]) -> Option<Estimate> {
+        let mut sorted = costs.to_vec();
+        if sorted.is_empty() || sorted.iter().any(|c| !c.is_finite()) {
+            return None;
+        }
+        sorted.sort_unstable_by(f64::total_cmp);
+        Some(Estimate::of_sorted(&sorted))
+    }
+
     fn sample(time: f64, cpu: f64) -> Sample {
         Sample {
             time_ns_per_byte: time,
@@ -295,18 +275,18 @@ mod tests {
                         x as f64 * if round % 2 == 0 { 1.0 } else { 0.37 }
                     })
                     .collect();
-                let e = Estimate::of(&costs).unwrap();
+                let e = estimate_of(&costs).unwrap();
                 assert_eq!(e.mad, naive_mad(&costs), "{costs:?}");
                 assert_eq!(e.n, n);
             }
         }
-        assert_eq!(Estimate::of(&[1.0, f64::NAN]), None);
-        assert_eq!(Estimate::of(&[]), None);
+        assert_eq!(estimate_of(&[1.0, f64::NAN]), None);
+        assert_eq!(estimate_of(&[]), None);
     }
 
     #[test]
     fn the_sorted_window_follows_pushes_evictions_and_objectives() {
-        let mut s = Samples::new();
+        let mut s = Samples::default();
         let mut state = 3u64;
         let mix = Objective::Weighted {
             time: 1.0,
@@ -331,7 +311,7 @@ mod tests {
 
     #[test]
     fn a_remembered_estimate_follows_every_change_and_the_objective() {
-        let mut s = Samples::new();
+        let mut s = Samples::default();
         assert_eq!(s.estimate(Objective::Time), None);
         s.push(sample(1.0, 10.0), 3);
         assert_eq!(s.estimate(Objective::Time).unwrap().median, 1.0);
@@ -349,7 +329,7 @@ mod tests {
         s.clear();
         assert_eq!(s.estimate(mix), None);
         // Equality ignores what was computed.
-        let (mut a, mut b) = (Samples::new(), Samples::new());
+        let (mut a, mut b) = (Samples::default(), Samples::default());
         a.push(sample(1.0, 1.0), 3);
         b.push(sample(1.0, 1.0), 3);
         a.estimate(Objective::Time);

@@ -41,10 +41,7 @@ pub trait MachineFacts {
 impl Fingerprint {
     /// The fingerprint of the machine `facts` describe, with no device yet.
     pub fn of_machine(facts: &dyn MachineFacts) -> Self {
-        Fingerprint {
-            kernel: facts.kernel_release(),
-            devices: Vec::new(),
-        }
+        Fingerprint::default().current(facts)
     }
 
     /// Adds the device of `location` (once), its model taken from `facts`.

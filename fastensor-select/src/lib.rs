@@ -18,7 +18,7 @@
 //!   is no dictionary is an [`ErrorKind::Corrupt`](fastensor_core::ErrorKind) error. The
 //!   crate does no I/O: the `fastensor` facade reads and saves dictionaries by path, gathers
 //!   the [`MachineFacts`] a fingerprint records, and turns another machine's or version's
-//!   dictionary into a [`Warning`] and a fresh start.
+//!   dictionary into a warning and a fresh start.
 //!
 //! ```
 //! use fastensor_core::{CacheState, Direction, FileLocation, MemoryKind, Purpose, TransferContext};
@@ -50,11 +50,11 @@ mod objective;
 mod reuse;
 mod selector;
 
-pub use dictionary::{CandidateRecord, ContextRecord, Dictionary, Warning, FORMAT_VERSION};
+pub use dictionary::{CandidateRecord, ContextRecord, Dictionary, FORMAT_VERSION};
 pub use estimate::{Estimate, Sample, Samples};
 pub use fingerprint::{DeviceInfo, Fingerprint, MachineFacts};
 pub use key::{human_bytes, in_flight_class, size_class, ContextKey, KeyShape};
-pub use objective::{Clock, ClockReading, Objective, Observation};
+pub use objective::{Objective, Observation};
 pub use reuse::Reuse;
 pub use selector::{
     CandidateState, Choice, Epochs, KeyState, Phase, Selector, SelectorConfig, SelectorStats,

@@ -66,12 +66,6 @@ impl Reuse {
             (1.0 + self.rate, 0.0)
         }
     }
-
-    /// The judged cost of `cost` through `name`.
-    pub(crate) fn judge(&self, name: &str, cost: f64, cached: f64) -> f64 {
-        let (scale, shift) = self.adjustment(name, cached);
-        cost * scale + shift
-    }
 }
 
 #[cfg(test)]

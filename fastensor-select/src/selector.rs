@@ -82,16 +82,7 @@ pub struct Selector {
 impl Selector {
     /// A selector that knows nothing yet.
     pub fn new(config: SelectorConfig) -> Self {
-        Selector {
-            config,
-            keys: BTreeMap::new(),
-            fingerprint: Fingerprint::default(),
-            stats: SelectorStats::default(),
-            knobs: BTreeMap::new(),
-            spare_key: None,
-            reuse: Reuse::default(),
-            epochs: Epochs::default(),
-        }
+        Self::from_parts(config, BTreeMap::new(), Fingerprint::default())
     }
 
     /// The settings.
@@ -106,12 +97,7 @@ impl Selector {
         self.epochs.choices += 1;
         for state in self.keys.values_mut() {
             if state.settled(&self.config) {
-                if let Some((leader, _)) = state.leader(objective) {
-                    if state.choice() != Some(leader) {
-                        let leader = leader.to_owned();
-                        state.exploit(leader);
-                    }
-                }
+                state.exploit_leader(objective);
             }
         }
     }
@@ -440,10 +426,7 @@ impl Selector {
                 state.eliminate(cfg);
                 let settled = state.settled(cfg);
                 if settled {
-                    if let Some((leader, _)) = state.leader(cfg.objective) {
-                        let leader = leader.to_owned();
-                        state.exploit(leader);
-                    }
+                    state.exploit_leader(cfg.objective);
                 }
                 settled
             }

@@ -2,8 +2,10 @@
 
 use super::measure::Measurer;
 use super::{Candidate, Engine, Inner, NewLoads, SystemClock};
+use crate::profile::Warning;
+use fastensor_core::Clock;
 use fastensor_core::{Error, ErrorKind, Knobs, Registry, Result, SharedBackend};
-use fastensor_select::{Clock, Objective, SelectorConfig, Warning};
+use fastensor_select::{Objective, SelectorConfig};
 use fastensor_sys::fork::ForkRwLock;
 use std::collections::BTreeMap;
 use std::fmt;

@@ -36,11 +36,11 @@ pub use placement::{NewLoads, NewLoadsMeasured};
 pub use report::{BackendUsage, Report};
 pub use tune::{default_profile_path, tune, TuneOptions, TuneOutcome};
 
+use crate::profile::Warning;
 use fastensor_core::{
     Capabilities, Direction, Error, ErrorKind, MemoryKind, OpenMode, Result, SharedBackend,
     TransferContext,
 };
-use fastensor_select::Warning;
 use fastensor_sys::fork::ForkRwLock;
 use measure::Measurer;
 use std::collections::BTreeSet;

@@ -1,7 +1,8 @@
 //! What an engine chose and measured.
 
 use super::Engine;
-use fastensor_select::{human_bytes, Dictionary, SelectorStats, Warning};
+use crate::profile::Warning;
+use fastensor_select::{human_bytes, Dictionary, SelectorStats};
 use std::fmt;
 use std::time::Duration;
 
@@ -109,6 +110,6 @@ impl fmt::Display for Report {
                 u.cpu.as_secs_f64()
             )?;
         }
-        write!(f, "{}", self.dictionary)
+        write!(f, "{}", crate::profile::Table(&self.dictionary))
     }
 }

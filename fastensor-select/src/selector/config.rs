@@ -1,6 +1,6 @@
 //! Every number that shapes a decision, in one place: the few public knobs of
 //! [`SelectorConfig`] and the private constants, each with its reason. Measurement histories
-//! behind them are in `docs/selection-notes.md`.
+//! behind them are in `docs/lab/selection.md`.
 
 use crate::Objective;
 

@@ -89,7 +89,8 @@ impl Selector {
         let cached = self.cached_cost(key);
         if let Some(cached) = cached {
             for (name, p) in predictions.iter_mut() {
-                let judge = |x: f64| self.reuse.judge(name, x, cached);
+                let (scale, shift) = self.reuse.adjustment(name, cached);
+                let judge = |x: f64| x * scale + shift;
                 (p.centre, p.low, p.high) = (judge(p.centre), judge(p.low), judge(p.high));
             }
         }
@@ -142,19 +143,11 @@ impl Selector {
         }
         // Never rule out every candidate: the one with the best prior stays.
         if state.candidates.values().all(CandidateState::is_dropped) {
-            if let Some(c) = state
-                .candidates
-                .values_mut()
-                .filter(|c| c.status.prior().is_some())
-                .min_by(|a, b| {
-                    let prior = |c: &CandidateState| c.status.prior().unwrap_or(f64::INFINITY);
-                    prior(a).total_cmp(&prior(b))
-                })
-            {
-                if let Some(prior) = c.status.prior() {
-                    let seeded = c.status.seeded();
-                    c.status = Status::Unmeasured { prior, seeded };
-                }
+            let priced = state.candidates.values_mut();
+            let priced = priced.filter_map(|c| Some((c.status.prior()?, c)));
+            if let Some((prior, c)) = priced.min_by(|a, b| a.0.total_cmp(&b.0)) {
+                let seeded = c.status.seeded();
+                c.status = Status::Unmeasured { prior, seeded };
             }
         }
         if first {

@@ -54,6 +54,15 @@ impl Status {
         }
     }
 
+    /// The status of a candidate to be measured again from scratch, its old cost `prior`
+    /// (when known) ordering the exploration.
+    pub(crate) fn measured_anew(prior: Option<f64>) -> Status {
+        prior.map_or(Status::Alive, |prior| Status::Unmeasured {
+            prior,
+            seeded: false,
+        })
+    }
+
     /// Whether its standing comes from the other size classes (and may be revised).
     pub fn seeded(self) -> bool {
         matches!(
@@ -141,6 +150,17 @@ impl KeyState {
             since: 0,
             slow: Samples::default(),
         };
+    }
+
+    /// Makes the leader under `objective` the choice, unless it already is (nothing without
+    /// a leader).
+    pub(crate) fn exploit_leader(&mut self, objective: Objective) {
+        if let Some((leader, _)) = self.leader(objective) {
+            if self.choice() != Some(leader) {
+                let leader = leader.to_owned();
+                self.exploit(leader);
+            }
+        }
     }
 
     /// The estimate of the candidate at `index` (name order) as candidates are compared:

@@ -52,7 +52,8 @@ pub(crate) use usage::{Count, Usage};
 
 use super::Candidate;
 use fastensor_core::{CacheState, Direction, FileLocation, MemoryKind, Purpose, TransferContext};
-use fastensor_select::{Clock, ClockReading, Dictionary, Selector, SelectorConfig};
+use fastensor_core::{Clock, ClockReading};
+use fastensor_select::{Dictionary, Selector, SelectorConfig};
 use fastensor_sys::fork::ForkMutex;
 use reread::FileReads;
 use std::collections::BTreeMap;

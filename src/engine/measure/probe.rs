@@ -1,7 +1,7 @@
 //! Cheap facts about a transfer before it runs: page-cache residency, and the real clock.
 
 use fastensor_core::CacheState;
-use fastensor_select::{Clock, ClockReading};
+use fastensor_core::{Clock, ClockReading};
 use std::fs::File;
 use std::time::{Duration, Instant};
 
