@@ -299,28 +299,14 @@ fn defects_are_corrupt_errors_naming_file_and_tensor() {
     let t = |name: &str, dtype: &str, shape: &str, a: u64, b: u64| {
         format!(r#""{name}":{{"dtype":"{dtype}","shape":{shape},"data_offsets":[{a},{b}]}}"#)
     };
+    // A header of the 4-byte tensor `a` at 0..4 and `entry`.
+    let after_a = |entry: String| format!("{{{},{entry}}}", t("a", "U8", "[4]", 0, 4));
     let cases: Vec<(String, usize, &str)> = vec![
         (format!("{{{}}}", t("w", "F32", "[2]", 0, 8)), 4, "w"), // truncated
         (format!("{{{}}}", t("w", "F32", "[3]", 0, 8)), 8, "w"), // dtype × shape
         (format!("{{{}}}", t("w", "F77", "[2]", 0, 8)), 8, "w"), // dtype
-        (
-            format!(
-                "{{{},{}}}",
-                t("a", "U8", "[4]", 0, 4),
-                t("b", "U8", "[4]", 2, 6)
-            ),
-            6,
-            "b",
-        ), // overlap
-        (
-            format!(
-                "{{{},{}}}",
-                t("a", "U8", "[4]", 0, 4),
-                t("b", "U8", "[4]", 5, 9)
-            ),
-            9,
-            "b",
-        ), // gap
+        (after_a(t("b", "U8", "[4]", 2, 6)), 6, "b"),            // overlap
+        (after_a(t("b", "U8", "[4]", 5, 9)), 9, "b"),            // gap
         (format!("{{{}}}", t("a", "U8", "[4]", 0, 4)), 6, "a"),  // trailing
         (format!("{{{}}}", t("a", "U8", "[4]", 4, 0)), 4, "a"),  // reversed
         (

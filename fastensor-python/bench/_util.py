@@ -4,8 +4,11 @@ page cache, formatting a ratio."""
 from __future__ import annotations
 
 import os
+import random
 import statistics
-from collections.abc import Iterable
+import sys
+from collections.abc import Iterable, Iterator
+from pathlib import Path
 
 
 def touch(tensors: Iterable) -> int:
@@ -73,6 +76,31 @@ def drop_caches(files: Iterable[str | os.PathLike]) -> str:
     except OSError:
         drop_file_cache(files)
         return "files' pages dropped (POSIX_FADV_DONTNEED; the libraries stay cached)"
+
+
+def subjects(**groups: dict[str, str]) -> dict[str, tuple[str, str]]:
+    """A bench's subjects, given per group as ``{name: description}``, as
+    ``{name: (group, description)}`` in the order given."""
+    return {name: (group, what) for group, named in groups.items() for name, what in named.items()}
+
+
+def interleaved(names: Iterable[str], rounds: int, seed: int) -> Iterator[tuple[int, list[str]]]:
+    """``(round, names)`` for each of ``rounds`` rounds, the names in a new random order each
+    round (seeded: a run can be repeated)."""
+    rng = random.Random(seed)
+    for r in range(rounds):
+        order = list(names)
+        rng.shuffle(order)
+        yield r, order
+
+
+def write_report(out: Path | None, text: str) -> None:
+    """Writes ``text`` to ``out`` (when given) under the command line that made it."""
+    if out:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        script = os.path.relpath(os.path.abspath(sys.argv[0]))
+        cmd = " ".join(["python", script, *sys.argv[1:]])
+        out.write_text(f"`{cmd}`\n\n{text}")
 
 
 def fmt_ratio(values: list[float]) -> str:

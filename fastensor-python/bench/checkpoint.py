@@ -15,7 +15,6 @@ import argparse
 import gc
 import json
 import os
-import random
 import statistics
 import tempfile
 import time
@@ -25,7 +24,7 @@ import fastensor
 import fastensor.torch as ft
 import safetensors.torch as st
 import torch
-from _util import drop_file_cache, durable, touch
+from _util import drop_file_cache, durable, interleaved, touch
 
 
 def gpt2_medium_shapes(scale: float) -> dict[str, tuple[int, ...]]:
@@ -93,7 +92,6 @@ def main() -> None:
     if args.rounds < 1:
         ap.error("--rounds must be at least 1")
     base = Path(tempfile.mkdtemp(prefix="fastensor-ckpt-bench-", dir=args.dir))
-    rng = random.Random(args.seed)
 
     sd = gpt2_medium(args.scale)
     nbytes = sum(t.numel() * t.element_size() for t in sd.values())
@@ -191,9 +189,7 @@ def main() -> None:
     for name in rows:
         run(name)
     times: dict[str, list[float]] = {n: [] for n in rows}
-    for r in range(args.rounds):
-        order = list(rows)
-        rng.shuffle(order)
+    for r, order in interleaved(rows, args.rounds, args.seed):
         for name in order:
             os.sync()
             time.sleep(0.5)

@@ -30,7 +30,6 @@ import argparse
 import json
 import math
 import os
-import random
 import shutil
 import statistics
 import sys
@@ -38,6 +37,7 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
+import _util
 from _util import drop_file_cache, files_under, touch
 
 ROWS, COLS = 2048, 1792  # per full matrix (float32): 14.7 MB
@@ -54,6 +54,10 @@ def worker(rank: int, world: int, args: argparse.Namespace, port: int) -> None:
     from torch.distributed.tensor import DTensor, Shard, init_device_mesh
 
     dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=1800))
+    # async_save's collectives run on a thread of their own while this one times the next
+    # step with collectives of its own: they get a process group of their own (as torch
+    # advises), or the two threads' collectives can meet out of order and wait forever.
+    async_group = dist.new_group(backend="gloo")
     mesh = init_device_mesh("cpu", (world,))
     base = Path(args.dir)
     n = max(1, round(args.gb * 1e9 / (ROWS * COLS * 4)))
@@ -109,7 +113,8 @@ def worker(rank: int, world: int, args: argparse.Namespace, port: int) -> None:
         box = {}
 
         def start() -> None:
-            box["f"] = dcp.async_save(sd, storage_writer=make_writer(path))
+            writer = make_writer(path)
+            box["f"] = dcp.async_save(sd, storage_writer=writer, process_group=async_group)
 
         record(f"async {label} blocking", timed(start))
         t0 = time.perf_counter()
@@ -210,10 +215,7 @@ def worker(rank: int, world: int, args: argparse.Namespace, port: int) -> None:
         for name in ("fastensor", "hf-fastensor", "async-fastensor"):
             phases[name]()
     results.clear()
-    rng = random.Random(args.seed)
-    for r in range(args.rounds):
-        order = list(phases)
-        rng.shuffle(order)
+    for r, order in _util.interleaved(phases, args.rounds, args.seed):
         if rank == 0:
             print(f"round {r + 1}: {', '.join(order)}", flush=True)
         for name in order:

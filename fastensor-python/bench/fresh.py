@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import statistics
 import subprocess
 import sys
@@ -30,37 +29,36 @@ import tempfile
 import time
 from pathlib import Path
 
-from _util import drop_caches, durable, fmt_ratio, touch
+from _util import drop_caches, durable, fmt_ratio, interleaved, subjects, touch, write_report
 
 HERE = Path(__file__).resolve().parent
 
 # name -> (kind, description)
-SUBJECTS = {
-    "fastensor.load_file": ("load", "fastensor.torch.load_file"),
-    "fastensor.load_file(st file)": (
-        "load",
-        "fastensor.torch.load_file of the file safetensors wrote",
-    ),
-    "safetensors.load_file": ("load", "safetensors.torch.load_file"),
-    "torch.load(mmap)": ("load", "torch.load(mmap=True, weights_only=True)"),
-    "torch.load": ("load", "torch.load(weights_only=True)"),
-    "fastsafetensors": ("load", "fastsafetensors fastsafe_open(nogds=True), CPU"),
-    "runai": ("load", "runai_model_streamer SafetensorsStreamer, CPU"),
-    "raw O_DIRECT": (
-        "load",
-        "4 threads reading the file with O_DIRECT into 64 MiB buffers faulted in first",
-    ),
-    "fastensor.load_file(verify)": (
-        "load",
-        "fastensor.torch.load_file(verify=True) of a file saved with checksum=True",
-    ),
-    "fastensor.load_into": ("into", "fastensor.torch.load_into(existing model)"),
-    "safetensors+copy_": ("into", "safetensors load_file + model.load_state_dict"),
-    "fastensor.save_file": ("save", "fastensor.torch.save_file (durable)"),
-    "fastensor.save_file(checksum)": ("save", "fastensor.torch.save_file(checksum=True)"),
-    "safetensors.save_file": ("save", "safetensors.torch.save_file + fsync"),
-    "torch.save": ("save", "torch.save + fsync"),
-}
+SUBJECTS = subjects(
+    load={
+        "fastensor.load_file": "fastensor.torch.load_file",
+        "fastensor.load_file(st file)": "fastensor.torch.load_file of the file safetensors wrote",
+        "safetensors.load_file": "safetensors.torch.load_file",
+        "torch.load(mmap)": "torch.load(mmap=True, weights_only=True)",
+        "torch.load": "torch.load(weights_only=True)",
+        "fastsafetensors": "fastsafetensors fastsafe_open(nogds=True), CPU",
+        "runai": "runai_model_streamer SafetensorsStreamer, CPU",
+        "raw O_DIRECT": "4 threads reading the file with O_DIRECT into 64 MiB buffers"
+        " faulted in first",
+        "fastensor.load_file(verify)": "fastensor.torch.load_file(verify=True) of a file saved"
+        " with checksum=True",
+    },
+    into={
+        "fastensor.load_into": "fastensor.torch.load_into(existing model)",
+        "safetensors+copy_": "safetensors load_file + model.load_state_dict",
+    },
+    save={
+        "fastensor.save_file": "fastensor.torch.save_file (durable)",
+        "fastensor.save_file(checksum)": "fastensor.torch.save_file(checksum=True)",
+        "safetensors.save_file": "safetensors.torch.save_file + fsync",
+        "torch.save": "torch.save + fsync",
+    },
+)
 
 # fastensor subject -> the anchors it is compared with, per kind
 COMPARE = {
@@ -351,12 +349,9 @@ def main() -> None:
     subjects = [s for s, (k, _) in SUBJECTS.items() if k in kinds[args.only]]
     missing = [SUBJECTS[s][1] for s in subjects if not available(s)]
     subjects = [s for s in subjects if available(s)]
-    rng = random.Random(args.seed)
     times: dict[str, list[float]] = {s: [] for s in subjects}
     cache_note = ""
-    for r in range(args.rounds):
-        order = subjects[:]
-        rng.shuffle(order)
+    for r, order in interleaved(subjects, args.rounds, args.seed):
         for s in order:
             cache_note = drop_caches([files[k] for k in ("ours", "st", "pt", "checked")])
             time.sleep(0.2)
@@ -369,10 +364,7 @@ def main() -> None:
             )
     text = report(times, args, cache_note, missing)
     print(text)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        cmd = "python fastensor-python/bench/fresh.py " + " ".join(sys.argv[1:])
-        args.out.write_text(f"`{cmd}`\n\n{text}")
+    write_report(args.out, text)
     for p in base.iterdir():
         p.unlink()
     base.rmdir()

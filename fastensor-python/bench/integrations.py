@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import shutil
 import statistics
 import subprocess
@@ -47,25 +46,28 @@ import _util  # noqa: E402 (the bench's own helpers, beside this file)
 from _util import fmt_ratio, fsync_tree, touch  # noqa: E402
 
 # subject -> (group, description)
-SUBJECTS = {
-    "lightning save: fastensor": ("lightning", "fastensor.lightning.CheckpointIO save"),
-    "lightning save: torch": ("lightning", "TorchCheckpointIO save + fsync"),
-    "lightning resume: fastensor": ("lightning", "fit(ckpt_path=) with fastensor.lightning"),
-    "lightning resume: torch": ("lightning", "fit(ckpt_path=) with TorchCheckpointIO"),
-    "from_pretrained one file: fastensor": ("transformers", "fastensor from_pretrained, 1 file"),
-    "from_pretrained one file: transformers": ("transformers", "from_pretrained, 1 file"),
-    "from_pretrained sharded: fastensor": ("transformers", "fastensor from_pretrained, sharded"),
-    "from_pretrained sharded: transformers": ("transformers", "from_pretrained, sharded"),
-    "save_pretrained sharded: fastensor": ("transformers", "fastensor save_pretrained, sharded"),
-    "save_pretrained sharded: transformers": (
-        "transformers",
-        "save_pretrained, sharded + fsync",
-    ),
-    "dcp hf save: fastensor": ("dcp", "fastensor.dcp_hf writer, consolidated"),
-    "dcp hf save: torch": ("dcp", "torch HuggingFaceStorageWriter, consolidated + fsync"),
-    "dcp hf load: fastensor": ("dcp", "fastensor.dcp_hf reader"),
-    "dcp hf load: torch": ("dcp", "torch HuggingFaceStorageReader"),
-}
+SUBJECTS = _util.subjects(
+    lightning={
+        "lightning save: fastensor": "fastensor.lightning.CheckpointIO save",
+        "lightning save: torch": "TorchCheckpointIO save + fsync",
+        "lightning resume: fastensor": "fit(ckpt_path=) with fastensor.lightning",
+        "lightning resume: torch": "fit(ckpt_path=) with TorchCheckpointIO",
+    },
+    transformers={
+        "from_pretrained one file: fastensor": "fastensor from_pretrained, 1 file",
+        "from_pretrained one file: transformers": "from_pretrained, 1 file",
+        "from_pretrained sharded: fastensor": "fastensor from_pretrained, sharded",
+        "from_pretrained sharded: transformers": "from_pretrained, sharded",
+        "save_pretrained sharded: fastensor": "fastensor save_pretrained, sharded",
+        "save_pretrained sharded: transformers": "save_pretrained, sharded + fsync",
+    },
+    dcp={
+        "dcp hf save: fastensor": "fastensor.dcp_hf writer, consolidated",
+        "dcp hf save: torch": "torch HuggingFaceStorageWriter, consolidated + fsync",
+        "dcp hf load: fastensor": "fastensor.dcp_hf reader",
+        "dcp hf load: torch": "torch HuggingFaceStorageReader",
+    },
+)
 
 # (label, fastensor's subject, the anchor, the metric compared)
 COMPARE = [
@@ -452,12 +454,9 @@ def main() -> None:
         (base / "prepared.json").write_text(json.dumps(prepared))
         print(f"prepared in {time.perf_counter() - t0:.1f} s: {prepared}", flush=True)
         subjects = [s for s, (g, _) in SUBJECTS.items() if g in groups]
-        rng = random.Random(args.seed)
         times: dict[str, dict[str, list[float]]] = {s: {} for s in subjects}
         cache_note = ""
-        for r in range(args.rounds):
-            order = subjects[:]
-            rng.shuffle(order)
+        for r, order in _util.interleaved(subjects, args.rounds, args.seed):
             for s in order:
                 shutil.rmtree(base / "out", ignore_errors=True)
                 cache_note = drop_caches(base)
@@ -470,10 +469,7 @@ def main() -> None:
         shutil.rmtree(base / "out", ignore_errors=True)
         text = report(times, args, cache_note, prepared)
         print(text)
-        if args.out:
-            args.out.parent.mkdir(parents=True, exist_ok=True)
-            cmd = "python fastensor-python/bench/integrations.py " + " ".join(sys.argv[1:])
-            args.out.write_text(f"`{cmd}`\n\n{text}")
+        _util.write_report(args.out, text)
     finally:
         shutil.rmtree(base, ignore_errors=True)
 

@@ -1,7 +1,6 @@
 //! The memory a checkpoint is loaded into.
 
 use crate::{Error, ErrorKind, HostBuffer, Result};
-use std::fmt;
 use std::ops::{Deref, DerefMut};
 
 /// Page-aligned memory holding a loaded checkpoint's bytes: either memory of its own, or
@@ -87,12 +86,4 @@ impl DerefMut for Arena {
     }
 }
 
-impl fmt::Debug for Arena {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Arena")
-            .field("ptr", &self.as_ptr())
-            .field("len", &self.len())
-            .field("mapped", &self.is_mapped())
-            .finish()
-    }
-}
+debug_fields!(Arena, "Arena", |s| { ptr: s.as_ptr(), len: s.len(), mapped: s.is_mapped() });

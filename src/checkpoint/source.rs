@@ -51,14 +51,7 @@ pub struct CheckpointSource {
     names: Names,
 }
 
-impl std::fmt::Debug for CheckpointSource {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("CheckpointSource")
-            .field("path", &self.path())
-            .field("files", &self.files.len())
-            .finish()
-    }
-}
+debug_fields!(CheckpointSource, "CheckpointSource", |s| { path: s.path(), files: s.files.len() });
 
 /// Opens `path` and reads its header (validated).
 fn open_file<O: FileOpener + ?Sized>(opener: &O, path: PathBuf) -> Result<SourceFile> {

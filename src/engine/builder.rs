@@ -8,7 +8,6 @@ use fastensor_core::{Error, ErrorKind, Knobs, Registry, Result, SharedBackend};
 use fastensor_select::{Objective, SelectorConfig};
 use fastensor_sys::fork::ForkRwLock;
 use std::collections::BTreeMap;
-use std::fmt;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -26,17 +25,13 @@ pub struct EngineBuilder {
     no_mapped_loads: bool,
 }
 
-impl fmt::Debug for EngineBuilder {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("EngineBuilder")
-            .field("registry", &self.registry)
-            .field("allowed", &self.allowed)
-            .field("profile", &self.profile)
-            .field("config", &self.config)
-            .field("pinned", &self.pinned)
-            .finish()
-    }
-}
+debug_fields!(EngineBuilder, "EngineBuilder", |s| {
+    registry: s.registry,
+    allowed: s.allowed,
+    profile: s.profile,
+    config: s.config,
+    pinned: s.pinned,
+});
 
 impl EngineBuilder {
     /// Starts from this registry instead of every compiled-in backend.

@@ -9,7 +9,6 @@ use fastensor_core::{
     Purpose, ReadRequest, Result, WriteRequest,
 };
 use fastensor_sys::fork::{ForkMutex, ForkOnceLock, ForkRwLock};
-use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -84,15 +83,11 @@ impl MeasuredFile for EngineFile {
     }
 }
 
-impl fmt::Debug for EngineFile {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("EngineFile")
-            .field("path", &self.path)
-            .field("writable", &self.writable)
-            .field("location", &self.location)
-            .finish()
-    }
-}
+debug_fields!(EngineFile, "EngineFile", |s| {
+    path: s.path,
+    writable: s.writable,
+    location: s.location,
+});
 
 /// Errors after which another backend may well succeed with the same transfer.
 fn refusal(kind: ErrorKind) -> bool {

@@ -44,7 +44,6 @@ use fastensor_core::{
 use fastensor_sys::fork::ForkRwLock;
 use measure::Measurer;
 use std::collections::BTreeSet;
-use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -172,15 +171,11 @@ pub struct Engine {
     pub(crate) inner: Arc<Inner>,
 }
 
-impl fmt::Debug for Engine {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Engine")
-            .field("backends", &self.backend_names())
-            .field("pinned", &self.pinned())
-            .field("profile", &self.inner.profile)
-            .finish()
-    }
-}
+debug_fields!(Engine, "Engine", |s| {
+    backends: s.backend_names(),
+    pinned: s.pinned(),
+    profile: s.inner.profile,
+});
 
 impl Engine {
     /// Settings for a new engine.

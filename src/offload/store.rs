@@ -6,7 +6,6 @@ use super::state::{Data, Entry, Failure, Job, State};
 use super::{worker, OffloadConfig, OffloadStats, Recycler};
 use crate::{Engine, EngineFile};
 use fastensor_core::{Error, ErrorKind, HostBuffer, OpenMode, Purpose, Result};
-use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -73,14 +72,7 @@ pub struct OffloadStore {
     threads: Vec<JoinHandle<()>>,
 }
 
-impl fmt::Debug for OffloadStore {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("OffloadStore")
-            .field("path", &self.shared.path)
-            .field("config", &self.shared.config)
-            .finish()
-    }
-}
+debug_fields!(OffloadStore, "OffloadStore", |s| { path: s.shared.path, config: s.shared.config });
 
 /// A tensor in an [`OffloadStore`]. Dropping it frees the tensor's memory and file space.
 pub struct Handle {
@@ -90,15 +82,7 @@ pub struct Handle {
     shared: Arc<Shared>,
 }
 
-impl fmt::Debug for Handle {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Handle")
-            .field("id", &self.id)
-            .field("label", &self.label)
-            .field("len", &self.len)
-            .finish()
-    }
-}
+debug_fields!(Handle, "Handle", |s| { id: s.id, label: s.label, len: s.len });
 
 impl Handle {
     /// The tensor's id in its store (increasing in put order).

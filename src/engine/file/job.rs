@@ -117,14 +117,10 @@ pub(crate) struct JobFile<'f> {
     failed: AtomicBool,
 }
 
-impl std::fmt::Debug for JobFile<'_> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("JobFile")
-            .field("path", &self.file.path)
-            .field("backend", &self.file.engine.candidates[self.index].name())
-            .finish()
-    }
-}
+debug_fields!(JobFile<'_>, "JobFile", |s| {
+    path: s.file.path,
+    backend: s.file.engine.candidates[s.index].name(),
+});
 
 impl Drop for JobFile<'_> {
     fn drop(&mut self) {
