@@ -15,7 +15,6 @@ import ctypes
 import os
 import re
 from collections.abc import Iterable, Mapping
-from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
@@ -31,9 +30,6 @@ __all__ = [
     "open_sharded",
     "save_sharded",
 ]
-
-# Shards loaded at once into new host memory (each keeps the I/O threads busy on its own).
-_SHARDS_IN_FLIGHT = 2
 
 _UNITS = {
     "": 1,
@@ -175,22 +171,13 @@ def save_sharded(
 @retry_changed
 def _load_host_by_shard(engine, file, names: Iterable[str] | None) -> dict[str, torch.Tensor]:
     """Every tensor (or ``names``, in their order) into new host memory, one load per shard
-    (each mapped and brought in as ``load_file`` does), the shards' loads in flight
-    together so that the I/O threads never wait between shards."""
+    (each mapped and brought in as ``load_file`` does, by all the I/O threads)."""
     wanted = None if names is None else set(names)
-    jobs = []
+    out: dict[str, torch.Tensor] = {}
     for shard, in_shard in file.names_by_shard():
         take = in_shard if wanted is None else [n for n in in_shard if n in wanted]
         if take:
-            jobs.append((fspath(shard), take))
-    out: dict[str, torch.Tensor] = {}
-    if len(jobs) <= 1:
-        for shard, take in jobs:
-            out.update(load_host(engine, shard, take))
-    else:
-        with ThreadPoolExecutor(min(len(jobs), _SHARDS_IN_FLIGHT)) as pool:
-            for loaded in pool.map(lambda job: load_host(engine, *job), jobs):
-                out.update(loaded)
+            out.update(load_host(engine, fspath(shard), take))
     if names is None:
         return out
     return {n: out[n] for n in dict.fromkeys(names)}

@@ -3,7 +3,7 @@
 :func:`from_pretrained` gives the model ``model_class.from_pretrained(path)`` gives (the same
 tensors, tied weights, dtype, buffers, generation config, ``eval()`` mode), with the weights
 read by the engine from the directory's ``model.safetensors`` or sharded checkpoint
-(``model.safetensors.index.json``), every shard's reads in flight together::
+(``model.safetensors.index.json``), each file's reads in flight together::
 
     from transformers import AutoModelForCausalLM
     import fastensor.transformers as ft
