@@ -3,7 +3,8 @@
 //! through one backend chosen once, and a cold read into fresh memory never explores a
 //! page-cache backend. The mapped load's guarantees: a file replaced by rename leaves the
 //! loaded tensors as they were; one truncated in place is an error during the load, and
-//! `SIGBUS` on a later read of the cut pages (what every mmap-based loader does).
+//! `SIGBUS` on a later read of the cut pages (what every mmap-based loader does). A later
+//! load (`load_later`) maps the file and leaves its pages to `PendingPages::bring_in`.
 
 mod common;
 
@@ -215,4 +216,86 @@ fn a_file_cut_in_place_under_a_load_is_an_error_and_later_reads_of_the_cut_raise
     assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
     assert!(libc::WIFSIGNALED(status), "status {status}");
     assert_eq!(libc::WTERMSIG(status), libc::SIGBUS);
+}
+
+/// Whether the page holding byte `at` of `mem` is in memory (`mincore`).
+fn resident(mem: &[u8], at: usize) -> bool {
+    let page = (mem.as_ptr() as usize + at) & !4095;
+    let mut vec = [0u8; 1];
+    // SAFETY: `page` is the page-aligned start of a page of a live mapping; `mincore` writes
+    // one byte of `vec` for it.
+    let r = unsafe { libc::mincore(page as *mut libc::c_void, 4096, vec.as_mut_ptr()) };
+    assert_eq!(r, 0, "mincore: {}", std::io::Error::last_os_error());
+    vec[0] & 1 == 1
+}
+
+#[test]
+fn a_later_load_maps_the_file_first_and_brings_its_pages_in_when_asked() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("big.safetensors");
+    let big: Vec<u8> = (0..32u32 << 20).map(|j| (j % 251) as u8).collect();
+    let t = vec![
+        (TensorDesc::new("big", DType::U8, [big.len() as u64]), big),
+        (
+            TensorDesc::new("small", DType::U8, [5]),
+            vec![1, 2, 3, 4, 5],
+        ),
+    ];
+    save(&fresh_engine(), &path, &t);
+    evict(&path);
+
+    let engine = fresh_engine();
+    let (ckpt, pending) = checkpoint::load_later(&engine, &path, None).unwrap();
+    let pending = pending.expect("a fresh engine maps new loads");
+    assert!(ckpt.arena().is_mapped());
+    assert!(pending.bytes() >= (32 << 20) + 5);
+    let (_, bytes) = ckpt.tensor("big").unwrap();
+    let tail = bytes.len() - 1;
+    assert!(
+        !resident(bytes, tail),
+        "the pages came in before they were asked for"
+    );
+    pending.bring_in(ckpt.arena()).unwrap();
+    assert!(resident(bytes, tail));
+    for (d, b) in &t {
+        assert_eq!(ckpt.tensor(&d.name).unwrap().1, &b[..], "{}", d.name);
+    }
+    assert_eq!(engine.new_loads(), (1, 0), "one mapped load");
+}
+
+#[test]
+fn a_later_load_by_name_pinned_or_cut_behaves_as_a_load() {
+    let (dir, path, t) = saved();
+    let engine = fresh_engine();
+    let (some, pending) = checkpoint::load_later(&engine, &path, Some(&["t3", "t0"])).unwrap();
+    pending.unwrap().bring_in(some.arena()).unwrap();
+    assert_eq!(some.len(), 2);
+    assert_eq!(some.tensor("t3").unwrap().1, &t[3].1[..]);
+    assert_eq!(some.tensor("t0").unwrap().1, &t[0].1[..]);
+    let missing = checkpoint::load_later(&engine, &path, Some(&["t1", "nope"])).unwrap_err();
+    assert_eq!(missing.kind(), fastensor::ErrorKind::NotFound);
+
+    // Pages of one checkpoint are not brought in through another's arena.
+    let (a, pending_a) = checkpoint::load_later(&engine, &path, None).unwrap();
+    let (b, _) = checkpoint::load_later(&engine, &path, None).unwrap();
+    let err = pending_a.unwrap().bring_in(b.arena()).unwrap_err();
+    assert_eq!(err.kind(), fastensor::ErrorKind::InvalidInput, "{err}");
+    drop(a);
+
+    // A pinned engine reads the whole load at once: nothing is pending.
+    let pinned = Engine::builder().pin("posix").build().unwrap();
+    let (ckpt, pending) = checkpoint::load_later(&pinned, &path, None).unwrap();
+    assert!(pending.is_none() && !ckpt.arena().is_mapped());
+    assert_eq!(ckpt.tensor("t1").unwrap().1, &t[1].1[..]);
+
+    // A file cut in place before its pages are in: an error naming it, no signal.
+    let cut = dir.path().join("cut.safetensors");
+    std::fs::copy(&path, &cut).unwrap();
+    evict(&cut);
+    let (ckpt, pending) = checkpoint::load_later(&engine, &cut, None).unwrap();
+    let f = std::fs::OpenOptions::new().write(true).open(&cut).unwrap();
+    f.set_len(8192).unwrap();
+    let err = pending.unwrap().bring_in(ckpt.arena()).unwrap_err();
+    assert_eq!(err.kind(), fastensor::ErrorKind::Changed, "{err}");
+    assert!(err.to_string().contains("cut.safetensors"), "{err}");
 }

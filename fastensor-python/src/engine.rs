@@ -5,7 +5,7 @@
 use crate::errors::IntoPy;
 use crate::memory::{self, Access, Lender, Region};
 use crate::snapshot::{SaveHandle, Snapshot, StagingPool};
-use fastensor::checkpoint::{self, CheckpointFile, CheckpointSource, TensorView};
+use fastensor::checkpoint::{self, Arena, CheckpointFile, CheckpointSource, TensorView};
 use fastensor::{DType, Engine, Error, ErrorKind, MemMut, Result, TensorDesc};
 use pyo3::prelude::*;
 use std::collections::BTreeMap;
@@ -29,13 +29,43 @@ pub type SaveSpec<'py> = (String, String, Vec<u64>, Bound<'py, PyAny>);
 /// the tensor's length by the read).
 pub type TargetSpec<'py> = (String, Bound<'py, PyAny>, usize, usize);
 
-/// What `load_new` returns: the tensors `(name, dtype, shape, capsule)`, the metadata, and
-/// whether the file was mapped.
-pub type Loaded = (
-    Vec<(String, String, Vec<u64>, Py<PyAny>)>,
+/// Loaded tensors as `(name, dtype, shape, capsule)`.
+pub type Exported = Vec<(String, String, Vec<u64>, Py<PyAny>)>;
+
+/// What `load_new` returns: the tensors, the metadata, and whether the file was mapped.
+pub type Loaded = (Exported, BTreeMap<String, String>, bool);
+
+/// What `load_new_later` returns: the tensors and metadata of `load_new`, and the pages
+/// still to be brought in (if any).
+pub type LoadedLater = (
+    Exported,
     BTreeMap<String, String>,
-    bool,
+    Option<crate::later::PyPendingPages>,
 );
+
+/// The tensors of a loaded checkpoint as `(name, dtype, shape, capsule)`, each capsule a
+/// `uint8` DLPack tensor over its bytes holding the arena (returned too) alive; the metadata.
+fn exported(
+    py: Python<'_>,
+    ckpt: checkpoint::Checkpoint,
+    versioned: bool,
+) -> PyResult<(Exported, BTreeMap<String, String>, Arc<Arena>)> {
+    let (mut arena, entries, metadata) = ckpt.into_parts();
+    let base = arena.as_mut_ptr();
+    let owner = Arc::new(arena);
+    let mut out = Vec::with_capacity(entries.len());
+    for (desc, range) in entries {
+        // SAFETY of the capsule: `range` lies within the arena, whose memory stays valid
+        // and writable while `owner` (held by the capsule) lives; Rust neither reads nor
+        // writes the arena once it is shared here (pages still to be brought in are read
+        // by the kernel only).
+        let data = base.wrapping_add(range.start);
+        let owned = Box::new(owner.clone());
+        let cap = crate::export::tensor_capsule(py, data, range.len(), owned, versioned)?;
+        out.push((desc.name, desc.dtype.to_string(), desc.shape, cap));
+    }
+    Ok((out, metadata, owner))
+}
 
 /// The tensors of save specs: each described, its object lent (read-only) by `lender`.
 pub fn save_tensors(
@@ -338,21 +368,36 @@ impl PyEngine {
                 }
             })
             .py_err()?;
-        let (mut arena, entries, metadata) = ckpt.into_parts();
-        let mapped = arena.is_mapped();
-        let base = arena.as_mut_ptr();
-        let owner = Arc::new(arena);
-        let mut out = Vec::with_capacity(entries.len());
-        for (desc, range) in entries {
-            // SAFETY of the capsule: `range` lies within the arena, whose memory stays
-            // valid and writable while `owner` (held by the capsule) lives; nothing else
-            // reads or writes the arena once it is shared here.
-            let data = base.wrapping_add(range.start);
-            let owned = Box::new(owner.clone());
-            let cap = crate::export::tensor_capsule(py, data, range.len(), owned, versioned)?;
-            out.push((desc.name, desc.dtype.to_string(), desc.shape, cap));
-        }
+        let mapped = ckpt.arena().is_mapped();
+        let (out, metadata, _) = exported(py, ckpt, versioned)?;
         Ok((out, metadata, mapped))
+    }
+
+    /// `load_new` (torch's capsules) returning as soon as the file is mapped, while the
+    /// pages of its tensors are still coming in (on a thread started here): returns the
+    /// tensors, the metadata, and the `PendingPages` whose `wait()` waits for them (`None`
+    /// where the load was whole: the engine reads new loads, or the file cannot be mapped).
+    /// See `fastensor::checkpoint::load_later` for what reading a tensor earlier does.
+    #[pyo3(signature = (path, names=None))]
+    fn load_new_later(
+        &self,
+        py: Python<'_>,
+        path: PathBuf,
+        names: Option<Vec<String>>,
+    ) -> PyResult<LoadedLater> {
+        let (ckpt, pending) = py
+            .detach(|| {
+                let names: Option<Vec<&str>> = names
+                    .as_ref()
+                    .map(|n| n.iter().map(String::as_str).collect());
+                checkpoint::load_later(&self.engine, &path, names.as_deref())
+            })
+            .py_err()?;
+        let (out, metadata, owner) = exported(py, ckpt, false)?;
+        let pending = pending
+            .map(|pages| crate::later::PyPendingPages::start(pages, owner))
+            .transpose()?;
+        Ok((out, metadata, pending))
     }
 
     /// Opens a safetensors file and validates its header; reads come later.

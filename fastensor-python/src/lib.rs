@@ -10,6 +10,7 @@ mod engine;
 mod errors;
 mod export;
 mod got;
+mod later;
 mod memory;
 mod offload;
 mod sharded;
@@ -109,6 +110,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<engine::PyEngine>()?;
     m.add_class::<engine::PyCheckpointFile>()?;
     m.add_class::<snapshot::SaveHandle>()?;
+    m.add_class::<later::PyPendingPages>()?;
     offload::register(m)?;
     m.add_function(wrap_pyfunction!(backends, m)?)?;
     m.add_function(wrap_pyfunction!(default_profile_path, m)?)?;

@@ -16,6 +16,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 import fastensor  # noqa: E402
+import fastensor.errors  # noqa: E402
 import fastensor.transformers as ft  # noqa: E402
 from _tiny_models import tiny_gpt2, tiny_llama  # noqa: E402
 from transformers import (  # noqa: E402
@@ -168,22 +169,101 @@ def test_a_load_error_reaches_the_caller(tmp_path):
         ft.from_pretrained(GPT2LMHeadModel, tmp_path)
 
 
-def test_weights_in_flight_wait_for_the_load():
+class _Pages:
+    """Stands for a load's ``PendingPages``: ``wait`` waits for ``release``."""
+
+    def __init__(self, fail: BaseException | None = None) -> None:
+        self.release = threading.Event()
+        self.fail = fail
+        self.done = False
+
+    def wait(self) -> None:
+        self.release.wait()
+        if self.fail is not None:
+            raise self.fail
+        self.done = True
+
+
+def test_weights_in_flight_hand_out_the_tensors_before_their_pages():
     from fastensor.transformers import _WeightsInFlight
 
-    release = threading.Event()
+    made, pages = threading.Event(), _Pages()
 
     def load():
-        release.wait()
-        return {"a": 1}
+        made.wait()
+        return {"a": 1}, [pages]
 
     weights = _WeightsInFlight(load)
     assert not weights.resolved
-    release.set()
+    made.set()
     assert sorted(weights.items()) == [("a", 1)] and weights.resolved
+    assert not pages.done  # the dict answered before the pages came in
+    pages.release.set()
+    weights.finish()
+    assert pages.done
     failing = _WeightsInFlight(lambda: 1 / 0)
     with pytest.raises(ZeroDivisionError):
         len(failing)
+    late = _Pages(OSError("device failed"))
+    failing_late = _WeightsInFlight(lambda: ({"a": 1}, [late]))
+    assert len(failing_late) == 1
+    late.release.set()
+    with pytest.raises(OSError, match="device failed"):
+        failing_late.finish()
+
+
+def test_from_pretrained_returns_once_every_page_is_in(tmp_path, monkeypatch):
+    model = gpt2()
+    model.save_pretrained(tmp_path)
+    seen = []
+    real = ft._load_weights
+
+    def load(path, device, engine):
+        weights, pending = real(path, device, engine)
+        seen.append(pending)
+        return weights, pending
+
+    monkeypatch.setattr(ft, "_load_weights", load)
+    got = ft.from_pretrained(GPT2LMHeadModel, tmp_path)
+    (pending,) = seen
+    assert len(pending) == 1 and pending[0].bytes > 0
+    pending[0].wait()  # already in: nothing left to wait for
+    assert_same_model(got, GPT2LMHeadModel.from_pretrained(tmp_path))
+
+
+def test_a_file_replaced_while_its_pages_come_in_is_loaded_again(tmp_path, monkeypatch):
+    gpt2().save_pretrained(tmp_path)
+    calls = []
+    real = ft._load_weights
+
+    def load(path, device, engine):
+        weights, pending = real(path, device, engine)
+        calls.append(path)
+        if len(calls) == 1:  # as if the file shrank under the first load's mapping
+            shrank = _Pages(fastensor.errors.FileChangedError(f"{path}: the file shrank"))
+            shrank.release.set()
+            return weights, [shrank]
+        return weights, pending
+
+    monkeypatch.setattr(ft, "_load_weights", load)
+    got = ft.from_pretrained(GPT2LMHeadModel, tmp_path)
+    assert len(calls) == 2
+    assert_same_model(got, GPT2LMHeadModel.from_pretrained(tmp_path))
+
+
+def test_a_later_load_hands_out_the_tensors_and_waits_for_their_pages(tmp_path):
+    from fastensor import _engine, _host_load
+
+    path = tmp_path / "t.safetensors"
+    tensors = {"a": torch.arange(1 << 20, dtype=torch.float32), "b": torch.ones(3, 5)}
+    fastensor.torch.save_file(tensors, path)
+    native = _engine.engine_or_default(None)
+    got, pages = _host_load.load_host_later(native, str(path))
+    assert pages is not None and pages.bytes >= 4 << 20
+    pages.wait()
+    pages.wait()
+    for k, v in tensors.items():
+        assert torch.equal(got[k], v)
 
 
 def test_import_fastensor_needs_no_framework():

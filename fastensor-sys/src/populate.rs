@@ -22,13 +22,13 @@ pub fn map_private(file: &File, len: usize) -> io::Result<memmap2::MmapMut> {
     unsafe { memmap2::MmapOptions::new().len(len).map_copy(file) }
 }
 
-/// Reads the pages of `mem` (part of a file mapping of this process) into the page cache
-/// and maps them (`MADV_POPULATE_READ`, Linux 5.14 on); nothing is read through `mem` by
-/// this process itself. Returns [`io::ErrorKind::Unsupported`] where the kernel lacks it;
-/// an error where a page cannot be read (`EFAULT`: past the end of the file; `EIO`: the
-/// device failed).
-pub fn populate_read(mem: &[u8]) -> io::Result<()> {
-    let (ptr, len) = (mem.as_ptr(), mem.len());
+/// Reads the pages of the `len` bytes at `ptr` (part of a file mapping of this process)
+/// into the page cache and maps them (`MADV_POPULATE_READ`, Linux 5.14 on); nothing is read
+/// through `ptr` by this process itself, so the memory may be in use by other threads
+/// meanwhile. Returns [`io::ErrorKind::Unsupported`] where the kernel lacks it; an error
+/// where a page cannot be read (`EFAULT`: past the end of the file or not mapped; `EIO`:
+/// the device failed).
+pub fn populate_read(ptr: *const u8, len: usize) -> io::Result<()> {
     if len == 0 {
         return Ok(());
     }
@@ -50,13 +50,12 @@ pub fn populate_read(mem: &[u8]) -> io::Result<()> {
     }
 }
 
-/// Touches one byte of every page of `mem` through the kernel (`process_vm_readv` on this
-/// process), faulting in what is not yet mapped; a page that cannot be read is an error,
-/// not a signal. Memory a process's own CPU has not yet touched can cost a fault of the
-/// hypervisor on its first access on virtual machines; touching it here moves that cost
-/// onto the threads that load it.
-pub fn touch(mem: &[u8]) -> io::Result<()> {
-    let (ptr, len) = (mem.as_ptr(), mem.len());
+/// Touches one byte of every page of the `len` bytes at `ptr` through the kernel
+/// (`process_vm_readv` on this process), faulting in what is not yet mapped; a page that
+/// cannot be read (or is not mapped) is an error, not a signal. Memory a process's own CPU
+/// has not yet touched can cost a fault of the hypervisor on its first access on virtual
+/// machines; touching it here moves that cost onto the threads that load it.
+pub fn touch(ptr: *const u8, len: usize) -> io::Result<()> {
     let mut scratch = [0u8; PAGES_PER_CALL];
     let first = ptr as usize;
     let pages: Vec<usize> = (first..first + len).step_by(PAGE).collect();
@@ -97,12 +96,11 @@ pub fn touch(mem: &[u8]) -> io::Result<()> {
     Ok(())
 }
 
-/// Copies `mem` (part of a file mapping of this process) into `dst` (as long) through the
-/// kernel (`process_vm_readv` on this process): a page that cannot be read is an error, not
-/// a signal.
-pub fn copy_out(mem: &[u8], dst: &mut [u8]) -> io::Result<()> {
-    assert_eq!(mem.len(), dst.len(), "copy_out: lengths differ");
-    if mem.is_empty() {
+/// Copies `dst.len()` bytes from `src` (part of a file mapping of this process) into `dst`
+/// through the kernel (`process_vm_readv` on this process): a page that cannot be read (or
+/// is not mapped) is an error, not a signal.
+pub fn copy_out(src: *const u8, dst: &mut [u8]) -> io::Result<()> {
+    if dst.is_empty() {
         return Ok(());
     }
     let local = libc::iovec {
@@ -110,17 +108,17 @@ pub fn copy_out(mem: &[u8], dst: &mut [u8]) -> io::Result<()> {
         iov_len: dst.len(),
     };
     let remote = libc::iovec {
-        iov_base: mem.as_ptr() as *mut libc::c_void,
-        iov_len: mem.len(),
+        iov_base: src as *mut libc::c_void,
+        iov_len: dst.len(),
     };
-    // SAFETY: the kernel copies `mem.len()` bytes from this process's `mem` into `dst`,
+    // SAFETY: the kernel copies `dst.len()` bytes from this process's `src` into `dst`,
     // which this function borrows mutably for that long; an unreadable source page is an
     // error return, not a fault of this process.
     let n = unsafe { libc::process_vm_readv(libc::getpid(), &local, 1, &remote, 1, 0) };
     if n < 0 {
         return Err(io::Error::last_os_error());
     }
-    if (n as usize) < mem.len() {
+    if (n as usize) < dst.len() {
         return Err(io::Error::from_raw_os_error(libc::EFAULT));
     }
     Ok(())
@@ -136,15 +134,15 @@ mod tests {
         let mut f = tempfile::tempfile().unwrap();
         f.write_all(&vec![7u8; 5 * PAGE + 100]).unwrap();
         let map = map_private(&f, 5 * PAGE + 100).unwrap();
-        match populate_read(&map) {
+        match populate_read(map.as_ptr(), map.len()) {
             Ok(()) => {}
             Err(e) if e.kind() == io::ErrorKind::Unsupported => {}
             Err(e) => panic!("{e}"),
         }
-        touch(&map).unwrap();
+        touch(map.as_ptr(), map.len()).unwrap();
         assert_eq!(map[5 * PAGE + 99], 7);
         let mut out = vec![0u8; 2 * PAGE];
-        copy_out(&map[3 * PAGE..5 * PAGE], &mut out).unwrap();
+        copy_out(map[3 * PAGE..].as_ptr(), &mut out).unwrap();
         assert!(out.iter().all(|&b| b == 7));
     }
 
@@ -155,13 +153,21 @@ mod tests {
         // Nothing reads the mapping directly after the truncation.
         let map = map_private(&f, 8 * PAGE).unwrap();
         f.set_len(PAGE as u64).unwrap();
-        let tail = &map[4 * PAGE..6 * PAGE];
-        assert!(touch(tail).is_err());
+        let tail = map[4 * PAGE..].as_ptr();
+        assert!(touch(tail, 2 * PAGE).is_err());
         assert!(copy_out(tail, &mut vec![0u8; 2 * PAGE]).is_err());
-        if let Err(e) = populate_read(tail) {
+        if let Err(e) = populate_read(tail, 2 * PAGE) {
             assert_ne!(e.kind(), io::ErrorKind::Unsupported);
         } else {
             panic!("populating pages past the end of the file succeeded");
         }
+    }
+
+    #[test]
+    fn an_address_not_mapped_is_an_error_not_a_signal() {
+        let nowhere = PAGE as *const u8; // the first pages are never mapped
+        assert!(touch(nowhere, PAGE).is_err());
+        assert!(copy_out(nowhere, &mut [0u8; 16]).is_err());
+        assert!(populate_read(nowhere, PAGE).is_err());
     }
 }

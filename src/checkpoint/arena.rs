@@ -49,6 +49,14 @@ impl Arena {
         }
     }
 
+    /// Where the arena's memory starts (no reference to its bytes is made).
+    pub fn base_ptr(&self) -> *const u8 {
+        match &self.mem {
+            Memory::Owned(b) => b.as_ptr(),
+            Memory::Mapped(m) => m.as_ptr(),
+        }
+    }
+
     /// Whether the arena maps the checkpoint file (see [`Arena`]) rather than holding
     /// memory of its own.
     pub fn is_mapped(&self) -> bool {

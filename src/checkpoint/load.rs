@@ -6,6 +6,7 @@ use super::header::{
     PARSE_WHOLE_MAX,
 };
 use super::into_arena::{load_chosen, named};
+use super::mapped::PendingPages;
 use super::save::{TensorView, Tensors};
 use super::source::CheckpointSource;
 use super::{validate, Arena, FileOpener};
@@ -311,6 +312,37 @@ pub fn load_verified<O: FileOpener + ?Sized>(
     };
     super::checksum::check_loaded(&ckpt)?;
     Ok(ckpt)
+}
+
+/// [`load`] (or [`load_selected`] of `names`) that returns as soon as the file is mapped,
+/// before the pages of its tensors are in memory: they come in when the caller calls
+/// [`PendingPages::bring_in`], on a thread of its choosing, while the checkpoint is
+/// already in use (its tensors handed to code that builds a model around them, say). Where
+/// the opener does not map new loads, or the file cannot be mapped, this is the whole load
+/// and nothing is pending.
+///
+/// A file replaced while it is opened is opened again, as [`load`] does; one that shrinks
+/// before its pages are in makes `bring_in` fail with [`ErrorKind::Changed`] (load it
+/// again). Reading a tensor before `bring_in` returns is correct but slower (its pages
+/// fault in on first use), and a page cut from the file meanwhile raises `SIGBUS` in that
+/// reader instead of an error (see [`Arena`] for what a mapping shares with the file).
+pub fn load_later<O: FileOpener + ?Sized>(
+    opener: &O,
+    path: &Path,
+    names: Option<&[&str]>,
+) -> Result<(Checkpoint, Option<PendingPages>)> {
+    if opener.maps_new_loads(path) {
+        let mapped = retry_changed(|| super::mapped::load_later_named(path, names));
+        match mapped {
+            Err(e) if e.kind() == ErrorKind::Unsupported => {}
+            done => return done.map(|(ckpt, pending)| (ckpt, Some(pending))),
+        }
+    }
+    let ckpt = match names {
+        None => load(opener, path)?,
+        Some(names) => load_selected(opener, path, names.iter().copied())?,
+    };
+    Ok((ckpt, None))
 }
 
 /// Loads tensors straight into the caller's buffers: each `(name, destination)` pair is

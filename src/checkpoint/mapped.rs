@@ -28,6 +28,83 @@ pub(crate) fn load(
     keep: &dyn Fn(&Header, usize) -> bool,
     verify: bool,
 ) -> Result<Checkpoint> {
+    let mapped = map(path, keep)?;
+    let sums = if verify {
+        Some(Checksums::from_header(&mapped.header, path)?)
+    } else {
+        None
+    };
+    let base = mapped.map.as_ptr() as usize;
+    let spans = merged(&mapped.ranges);
+    let pieces = bring_in(base, &spans, &mapped.ranges, sums.is_some(), path)?;
+    if let Some(sums) = &sums {
+        check(sums, &mapped.ranges, pieces, path)?;
+    }
+    mapped.into_checkpoint(path)
+}
+
+/// [`load`] without bringing the pages in: the checkpoint is returned as soon as the file
+/// is mapped, with the [`PendingPages`] that bring its tensors' pages in.
+pub(crate) fn load_later(
+    path: &Path,
+    keep: &dyn Fn(&Header, usize) -> bool,
+) -> Result<(Checkpoint, PendingPages)> {
+    let mapped = map(path, keep)?;
+    let pending = PendingPages {
+        spans: merged(&mapped.ranges),
+        base: mapped.map.as_ptr() as usize,
+        path: path.to_path_buf(),
+    };
+    Ok((mapped.into_checkpoint(path)?, pending))
+}
+
+/// The pages of a mapped checkpoint's tensors still to be brought into memory (see
+/// [`super::load_later`]).
+#[derive(Debug)]
+pub struct PendingPages {
+    /// File ranges (= offsets in the mapping) to bring in, in file order.
+    spans: Vec<Range<u64>>,
+    /// Where the mapping they belong to starts.
+    base: usize,
+    path: std::path::PathBuf,
+}
+
+impl PendingPages {
+    /// Brings the pages in as a load does before it returns: read into the page cache and
+    /// mapped by the I/O threads, several windows at once. `arena` is the arena of the
+    /// checkpoint these pages came with (another is [`ErrorKind::InvalidInput`]); borrowing
+    /// it keeps the mapping alive for the call. The arena's memory may be read and written
+    /// meanwhile: this process never reads it directly, the kernel does. A file that shrank
+    /// under the mapping is [`ErrorKind::Changed`]; a device error is an I/O error, both
+    /// naming the file and the offset.
+    pub fn bring_in(self, arena: &Arena) -> Result<()> {
+        if arena.base_ptr() as usize != self.base {
+            return Err(Error::new(
+                ErrorKind::InvalidInput,
+                "these pages belong to another checkpoint's mapping",
+            )
+            .with_path(&self.path));
+        }
+        bring_in(self.base, &self.spans, &[], false, &self.path).map(drop)
+    }
+
+    /// Bytes left to bring in.
+    pub fn bytes(&self) -> u64 {
+        self.spans.iter().map(|r| r.end - r.start).sum()
+    }
+}
+
+/// A file mapped whole, its header, and the entries kept (indices and file ranges).
+struct Mapped {
+    map: memmap2::MmapMut,
+    header: Header,
+    kept: Vec<usize>,
+    ranges: Vec<Range<u64>>,
+}
+
+/// Opens and maps the file at `path`, reads its header and picks the entries `keep`
+/// accepts; no data page is brought in.
+fn map(path: &Path, keep: &dyn Fn(&Header, usize) -> bool) -> Result<Mapped> {
     let file = crate::atomic::open_regular(path)?;
     let file_len = file
         .metadata()
@@ -47,55 +124,93 @@ pub(crate) fn load(
     let kept: Vec<usize> = (0..header.entries().len())
         .filter(|&i| keep(&header, i))
         .collect();
-    let ranges: Vec<Range<u64>> = kept
+    let ranges = kept
         .iter()
         .map(|&i| header.file_range(&header.entries()[i]))
         .collect();
-    let sums = if verify {
-        Some(Checksums::from_header(&header, path)?)
-    } else {
-        None
-    };
-    let pieces = bring_in(&map, &merged(&ranges), &ranges, sums.is_some(), path)?;
-    if let Some(sums) = &sums {
-        check(sums, &ranges, pieces, path)?;
+    Ok(Mapped {
+        map,
+        header,
+        kept,
+        ranges,
+    })
+}
+
+impl Mapped {
+    /// The checkpoint of the kept entries over the mapping.
+    fn into_checkpoint(self, path: &Path) -> Result<Checkpoint> {
+        let (all, metadata) = self.header.into_parts();
+        let mut entries = Vec::with_capacity(self.kept.len());
+        let mut all = all.into_iter().enumerate();
+        for (i, r) in self.kept.into_iter().zip(self.ranges) {
+            let (_, e) = all
+                .find(|(j, _)| *j == i)
+                .expect("kept entries are in file order");
+            entries.push((e.desc, r.start as usize..r.end as usize));
+        }
+        Checkpoint::from_parts(path, Arena::mapped(self.map), entries, metadata)
     }
-    let (all, metadata) = header.into_parts();
-    let mut entries = Vec::with_capacity(kept.len());
-    let mut all = all.into_iter().enumerate();
-    for (i, r) in kept.into_iter().zip(ranges) {
-        let (_, e) = all
-            .find(|(j, _)| *j == i)
-            .expect("kept entries are in file order");
-        entries.push((e.desc, r.start as usize..r.end as usize));
-    }
-    Checkpoint::from_parts(path, Arena::mapped(map), entries, metadata)
 }
 
 /// A mapped load of the tensors `names` of `path` ([`load`] of those); a name the file
 /// lacks is [`ErrorKind::NotFound`].
 pub(crate) fn load_named(path: &Path, names: &[&str], verify: bool) -> Result<Checkpoint> {
-    let wanted = std::cell::OnceCell::new();
-    let keep = |header: &Header, i: usize| {
-        let wanted = wanted.get_or_init(|| {
+    let wanted = Wanted::new(names);
+    let ckpt = load(path, &|h, i| wanted.keeps(h, i), verify)?;
+    wanted.all_found(ckpt, path)
+}
+
+/// [`load_later`] of every tensor, or of `names` (a name the file lacks is
+/// [`ErrorKind::NotFound`]).
+pub(crate) fn load_later_named(
+    path: &Path,
+    names: Option<&[&str]>,
+) -> Result<(Checkpoint, PendingPages)> {
+    let Some(names) = names else {
+        return load_later(path, &|_, _| true);
+    };
+    let wanted = Wanted::new(names);
+    let (ckpt, pending) = load_later(path, &|h, i| wanted.keeps(h, i))?;
+    Ok((wanted.all_found(ckpt, path)?, pending))
+}
+
+/// The tensors a load by name keeps.
+struct Wanted<'a> {
+    names: &'a [&'a str],
+    /// Per header entry, whether it is named (worked out at the first entry).
+    kept: std::cell::OnceCell<Vec<bool>>,
+}
+
+impl<'a> Wanted<'a> {
+    fn new(names: &'a [&'a str]) -> Self {
+        Wanted {
+            names,
+            kept: std::cell::OnceCell::new(),
+        }
+    }
+
+    fn keeps(&self, header: &Header, i: usize) -> bool {
+        self.kept.get_or_init(|| {
             let mut w = vec![false; header.entries().len()];
-            for name in names {
+            for name in self.names {
                 if let Some(j) = header.position(name) {
                     w[j] = true;
                 }
             }
             w
-        });
-        wanted[i]
-    };
-    let ckpt = load(path, &keep, verify)?;
-    match names.iter().find(|n| ckpt.tensor(n).is_none()) {
-        Some(n) => Err(Error::new(
-            ErrorKind::NotFound,
-            format!("no tensor `{n}` in the checkpoint"),
-        )
-        .with_path(path)),
-        None => Ok(ckpt),
+        })[i]
+    }
+
+    /// `ckpt`, or [`ErrorKind::NotFound`] for the first name it lacks.
+    fn all_found(&self, ckpt: Checkpoint, path: &Path) -> Result<Checkpoint> {
+        match self.names.iter().find(|n| ckpt.tensor(n).is_none()) {
+            Some(n) => Err(Error::new(
+                ErrorKind::NotFound,
+                format!("no tensor `{n}` in the checkpoint"),
+            )
+            .with_path(path)),
+            None => Ok(ckpt),
+        }
     }
 }
 
@@ -158,13 +273,13 @@ struct Piece {
 /// Bytes copied out at a time for a checksum.
 const COPY_CHUNK: usize = 1 << 20;
 
-/// Brings the pages of `spans` of the mapping into memory, [`WINDOW`] bytes per job on
+/// Brings the pages of `spans` of the mapping at `base` into memory, [`WINDOW`] bytes per job on
 /// [`IO_THREADS`] threads: each window is read into the page cache and mapped
 /// (`MADV_POPULATE_READ`), then touched from the same thread; with `checksums`, touched by
 /// copying the bytes of the `tensors` (file ranges, in file order) it holds and hashing
 /// them, one [`Piece`] per tensor and window.
 fn bring_in(
-    map: &memmap2::MmapMut,
+    base: usize,
     spans: &[Range<u64>],
     tensors: &[Range<u64>],
     checksums: bool,
@@ -181,7 +296,8 @@ fn bring_in(
         .collect();
     let pieces = Mutex::new(Vec::new());
     parallel::for_each(windows, IO_THREADS, |(at, n)| {
-        let mem = &map[at..at + n];
+        // Only the kernel reads the mapping (the caller may be using it meanwhile).
+        let mem = (base + at) as *const u8;
         let failed = |e: std::io::Error| {
             let err = if e.raw_os_error() == Some(libc_efault()) {
                 Error::new(ErrorKind::Changed, "the file shrank while it was loaded")
@@ -190,13 +306,13 @@ fn bring_in(
             };
             err.with_path(path).with_offset(at as u64)
         };
-        match fastensor_sys::populate::populate_read(mem) {
+        match fastensor_sys::populate::populate_read(mem, n) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::Unsupported => {}
             Err(e) => return Err(failed(e)),
         }
         if !checksums {
-            return fastensor_sys::populate::touch(mem).map_err(failed);
+            return fastensor_sys::populate::touch(mem, n).map_err(failed);
         }
         let window = at as u64..(at + n) as u64;
         let mut mine = Vec::new();
@@ -211,7 +327,7 @@ fn bring_in(
             let mut pos = from;
             while pos < to {
                 let len = ((to - pos) as usize).min(scratch.len());
-                let src = &map[pos as usize..pos as usize + len];
+                let src = (base + pos as usize) as *const u8;
                 fastensor_sys::populate::copy_out(src, &mut scratch[..len]).map_err(failed)?;
                 crc = crc32c::crc32c_append(crc, &scratch[..len]);
                 pos += len as u64;

@@ -43,9 +43,10 @@ pub use header::{
 };
 pub(crate) use load::load_placed;
 pub use load::{
-    load, load_into, load_selected, load_verified, open, Checkpoint, CheckpointFile,
+    load, load_into, load_later, load_selected, load_verified, open, Checkpoint, CheckpointFile,
     CheckpointParts,
 };
+pub use mapped::PendingPages;
 pub use save::{save, save_checked, save_section, save_with_metadata, TensorView};
 pub use sharded::{
     load_into_sharded, load_selected_sharded, load_sharded, open_sharded, read_ranges,

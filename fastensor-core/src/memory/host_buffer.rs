@@ -178,7 +178,13 @@ impl HostBuffer {
         Ok(buf)
     }
 
-    /// Length in bytes.
+    /// Where the bytes start (no reference to them is made: the memory may be in use
+    /// elsewhere through pointers the caller handed out).
+    pub fn as_ptr(&self) -> *const u8 {
+        self.ptr.as_ptr()
+    }
+
+    /// Bytes held.
     pub fn len(&self) -> usize {
         self.len
     }

@@ -37,6 +37,17 @@ def _load(
     by ``make(name, dtype, shape, capsule)``; ``None`` from it means a dtype ``framework``
     cannot hold, and an error it raises becomes one naming the file and the tensor."""
     tensors, _metadata, _mapped = native.load_new(path, names, versioned=versioned, verify=verify)
+    return _made(path, tensors, names, framework, make)
+
+
+def _made(
+    path: str,
+    tensors: list,
+    names: list[str] | None,
+    framework: str,
+    make: Callable[[str, str, list[int], Any], Any],
+) -> dict[str, Any]:
+    """:func:`_load`'s dict of the native load's ``tensors``."""
     out: dict[str, Any] = {}
     for name, dtype, shape, capsule in tensors:
         try:
@@ -56,22 +67,44 @@ def _load(
     return out
 
 
+def _make_torch(name: str, dtype: str, shape: list[int], capsule: Any) -> torch.Tensor | None:
+    """A torch tensor of ``dtype`` and ``shape`` over a ``uint8`` capsule (``None``: a dtype
+    torch lacks)."""
+    import torch
+
+    from ._torch_dtypes import FROM_NAME, torch_shape
+
+    dt = FROM_NAME.get(dtype)
+    if dt is None:
+        return None
+    return torch.from_dlpack(capsule).view(dt).view(torch_shape(dtype, shape))
+
+
+def _torch_name() -> str:
+    import torch
+
+    return f"torch {torch.__version__}"
+
+
 def load_host(
     native, path: str, names: list[str] | None = None, verify: bool = False
 ) -> dict[str, torch.Tensor]:
     """The tensors of ``path`` (all in file order, or ``names`` in their order) in new host
     memory, as torch tensors; with ``verify``, each checked against its stored checksum."""
-    import torch
+    return _load(native, path, names, verify, False, _torch_name(), _make_torch)
 
-    from ._torch_dtypes import FROM_NAME, torch_shape
 
-    def make(name: str, dtype: str, shape: list[int], capsule: Any) -> torch.Tensor | None:
-        dt = FROM_NAME.get(dtype)
-        if dt is None:
-            return None
-        return torch.from_dlpack(capsule).view(dt).view(torch_shape(dtype, shape))
-
-    return _load(native, path, names, verify, False, f"torch {torch.__version__}", make)
+def load_host_later(
+    native, path: str, names: list[str] | None = None
+) -> tuple[dict[str, torch.Tensor], Any]:
+    """:func:`load_host` returning as soon as the file is mapped, its pages brought in by a
+    thread of their own: the tensors, and the ``PendingPages`` whose ``wait()`` waits for
+    every page (``None`` where the load was whole). Reading a tensor before ``wait()``
+    returns is correct but slower, and a page cut from the file meanwhile raises ``SIGBUS``
+    in the reader instead of an error: for callers that hand the tensors on without
+    reading them (building a model), then wait."""
+    tensors, _metadata, pending = native.load_new_later(path, names)
+    return _made(path, tensors, names, _torch_name(), _make_torch), pending
 
 
 class _Exported:

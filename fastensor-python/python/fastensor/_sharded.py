@@ -22,7 +22,7 @@ from . import _checksum, _native
 from . import torch as _fst
 from ._common import PathLike, check_metadata, fspath, retry_changed
 from ._engine import Engine, engine_or_default
-from ._host_load import load_host
+from ._host_load import load_host, load_host_later
 
 __all__ = [
     "is_sharded",
@@ -181,6 +181,23 @@ def _load_host_by_shard(engine, file, names: Iterable[str] | None) -> dict[str, 
     if names is None:
         return out
     return {n: out[n] for n in dict.fromkeys(names)}
+
+
+@retry_changed
+def load_host_later_by_shard(engine, path: str) -> tuple[dict[str, torch.Tensor], list]:
+    """Every tensor of the sharded checkpoint at ``path`` in new host memory, returned as
+    soon as each shard is mapped (see :func:`fastensor._host_load.load_host_later`): the
+    tensors, and the ``PendingPages`` of each shard, whose pages are coming in."""
+    file = _native.open_sharded(engine, path, False)
+    out: dict[str, torch.Tensor] = {}
+    pending = []
+    for shard, in_shard in file.names_by_shard():
+        if in_shard:
+            tensors, pages = load_host_later(engine, fspath(shard), in_shard)
+            out.update(tensors)
+            if pages is not None:
+                pending.append(pages)
+    return out, pending
 
 
 def load_sharded(

@@ -12,9 +12,10 @@ read by the engine from the directory's ``model.safetensors`` or sharded checkpo
     ft.save_pretrained(model, "out/gpt2-copy", max_shard_size="2GB")
 
 The model is built by transformers itself, on the meta device without initialising any
-weight (as its ``from_pretrained`` builds it), while the engine loads the weights on
-threads of its own; the model then adopts the tensors the engine loaded without copying
-them (a cast to another ``dtype`` copies, as in transformers); the keyword
+weight (as its ``from_pretrained`` builds it), while the engine maps the weights' files
+and brings their pages into memory on threads of its own; the model adopts the mapped
+tensors without copying them as soon as they exist (a cast to another ``dtype`` copies,
+as in transformers), and the call returns once every page is in memory. The keyword
 arguments are ``from_pretrained``'s. ``device_map`` naming one device (``"cuda:0"``) loads
 straight onto it; any other map loads onto the CPU and transformers places the weights.
 ``path`` is a local directory (a Hub repository is fetched first, e.g. with
@@ -38,9 +39,11 @@ from typing import Any
 import torch
 
 from . import torch as _fst
-from ._common import PathLike, fspath
-from ._engine import Engine
-from ._sharded import parse_size
+from ._common import LOAD_ATTEMPTS, PathLike, fspath, retry_changed
+from ._engine import Engine, engine_or_default
+from ._host_load import load_host_later
+from ._sharded import load_host_later_by_shard, parse_size
+from .errors import FileChangedError
 
 __all__ = ["from_pretrained", "save_pretrained", "weights_file"]
 
@@ -100,43 +103,74 @@ def _single_device(device_map: Any) -> torch.device | None:
     return None
 
 
-def _load_weights(path: str, device: torch.device, engine: Engine | None) -> dict:
+def _load_weights(path: str, device: torch.device, engine: Engine | None) -> tuple[dict, list]:
+    """The weights at ``path`` on ``device``, and the ``PendingPages`` still coming in (onto
+    the CPU the files are mapped and the tensors returned at once, their pages brought in
+    by threads of the engine's meanwhile)."""
+    if device.type != "cpu":
+        if path.endswith(".json"):
+            return _fst.load_sharded(path, device=device, engine=engine), []
+        return _fst.load_file(path, device=device, engine=engine), []
+    native = engine_or_default(engine)
     if path.endswith(".json"):
-        return _fst.load_sharded(path, device=device, engine=engine)
-    return _fst.load_file(path, device=device, engine=engine)
+        return load_host_later_by_shard(native, path)
+    weights, pages = _load_host_later(native, path)
+    return weights, [] if pages is None else [pages]
+
+
+@retry_changed
+def _load_host_later(native: Any, path: str) -> tuple[dict, Any]:
+    return load_host_later(native, path)
 
 
 class _WeightsInFlight(dict):
     """The state dict handed to transformers while the engine is still loading it.
 
     The load runs on a thread of its own (the engine's calls release the GIL) while
-    transformers reads the config and builds the model; every method of the dict waits
-    for the load first and raises its error, if any. :attr:`resolved` tells whether any
-    was called: code that reached the underlying storage without them saw it empty.
+    transformers reads the config and builds the model. It has two steps: the weights'
+    files are mapped and their tensors made (every method of the dict waits for that, and
+    raises its error, if any), their pages starting to come in at once; then those pages
+    come in while transformers adopts the tensors (:meth:`finish` waits for them).
+    :attr:`resolved` tells whether any method was called: code that reached the underlying
+    storage without them saw it empty.
     """
 
     def __init__(self, load: Any) -> None:
         super().__init__()
         self.resolved = False
         self._error: BaseException | None = None
+        self._made = threading.Event()
         self._thread = threading.Thread(target=self._run, args=(load,), daemon=True)
         self._thread.start()
 
     def _run(self, load: Any) -> None:
         try:
-            dict.update(self, load())
-        except BaseException as exc:  # raised again where the weights are first read
+            try:
+                weights, pending = load()
+                dict.update(self, weights)
+            finally:
+                self._made.set()
+            for pages in pending:
+                pages.wait()
+        except BaseException as exc:  # raised again where the weights are next waited for
             self._error = exc
 
     def wait(self) -> None:
-        """Waits for the load; raises its error."""
+        """Waits for the tensors (their pages may still be coming in); raises the load's
+        error."""
+        self._made.wait()
+        if self._error is not None:
+            raise self._error
+
+    def finish(self) -> None:
+        """Waits for the whole load, every page in memory; raises its error."""
         self._thread.join()
         if self._error is not None:
             raise self._error
 
     def weights(self) -> dict:
-        """The loaded weights as a plain ``dict`` (waits for the load)."""
-        self.wait()
+        """The loaded weights as a plain ``dict`` (waits for the whole load)."""
+        self.finish()
         return dict.copy(self)
 
 
@@ -193,22 +227,42 @@ def from_pretrained(
     kwargs.pop("use_safetensors", None)
     device = _single_device(kwargs.get("device_map"))
     target = device or torch.device("cpu")
-    state_dict = _WeightsInFlight(lambda: _load_weights(weights, target, engine))
     if kwargs.get("config") is None:
         kwargs["config"] = path  # read (with subfolder and config kwargs) as from_pretrained does
     generation_config = kwargs.get("generation_config")
-    try:
-        out = model_class.from_pretrained(None, *model_args, state_dict=state_dict, **kwargs)
-    finally:
-        state_dict._thread.join()  # no load left running behind an error
-    if not state_dict.resolved:  # (a transformers that read the dict's storage directly)
-        plain = state_dict.weights()
-        out = model_class.from_pretrained(None, *model_args, state_dict=plain, **kwargs)
-    del state_dict
+    for attempt in range(LOAD_ATTEMPTS):
+        try:
+            out = _build(model_class, model_args, kwargs, weights, target, engine)
+            break
+        except FileChangedError:  # (a file replaced while its pages came in: start over)
+            if attempt + 1 == LOAD_ATTEMPTS:
+                raise
     model = out[0] if isinstance(out, tuple) else out
     model.config.name_or_path = path
     if generation_config is None and model.can_generate():
         model.generation_config = _generation_config(directory, model)
+    return out
+
+
+def _build(
+    model_class: Any,
+    model_args: tuple,
+    kwargs: dict[str, Any],
+    weights: str,
+    device: torch.device,
+    engine: Engine | None,
+) -> Any:
+    """``model_class.from_pretrained`` given the weights at ``weights`` as they load: it
+    returns once every page of them is in memory."""
+    state_dict = _WeightsInFlight(lambda: _load_weights(weights, device, engine))
+    try:
+        out = model_class.from_pretrained(None, *model_args, state_dict=state_dict, **kwargs)
+    finally:
+        state_dict._thread.join()  # no load left running behind an error
+    state_dict.finish()
+    if not state_dict.resolved:  # (a transformers that read the dict's storage directly)
+        plain = state_dict.weights()
+        out = model_class.from_pretrained(None, *model_args, state_dict=plain, **kwargs)
     return out
 
 
