@@ -8,7 +8,8 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::thread::JoinHandle;
 
 /// The pages of a mapped load's tensors, being brought into memory by a thread started
-/// with the load (which holds the load's memory alive until it is done). `wait()` waits
+/// with the load (which holds the load's memory alive until it is done; the loads of a
+/// process take turns). `wait()` waits
 /// for them and raises the error, if any, at every call.
 #[pyclass(name = "PendingPages", module = "fastensor._native", frozen)]
 pub struct PyPendingPages {
@@ -23,9 +24,13 @@ impl PyPendingPages {
     /// Starts bringing `pages` of `arena` in, on a thread of their own.
     pub(crate) fn start(pages: PendingPages, arena: Arc<Arena>) -> PyResult<Self> {
         let bytes = pages.bytes();
+        let turns = turns();
         let thread = std::thread::Builder::new()
             .name("fastensor-pages".into())
-            .spawn(move || pages.bring_in(&arena))
+            .spawn(move || {
+                let _turn = turns.lock().unwrap_or_else(|p| p.into_inner());
+                pages.bring_in(&arena)
+            })
             .map_err(|e| {
                 crate::errors::to_py(Error::io(e, "cannot start a thread for the load"))
             })?;
@@ -34,6 +39,24 @@ impl PyPendingPages {
             outcome: OnceLock::new(),
             bytes,
         })
+    }
+}
+
+/// The lock that lets one load's pages in at a time in this process (each load already
+/// keeps several windows in flight; the shards of a checkpoint brought in all at once
+/// measured slower and less steady than one after another). A forked child gets a lock of
+/// its own, whatever its parent's threads held.
+fn turns() -> Arc<Mutex<()>> {
+    static BY_PROCESS: Mutex<Option<(u32, Arc<Mutex<()>>)>> = Mutex::new(None);
+    let pid = std::process::id();
+    let mut slot = BY_PROCESS.lock().unwrap_or_else(|p| p.into_inner());
+    match &*slot {
+        Some((owner, lock)) if *owner == pid => lock.clone(),
+        _ => {
+            let lock = Arc::new(Mutex::new(()));
+            *slot = Some((pid, lock.clone()));
+            lock
+        }
     }
 }
 

@@ -274,3 +274,37 @@ def test_import_fastensor_needs_no_framework():
         "assert not loaded, loaded\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, env={**os.environ})
+
+
+def test_a_child_forked_while_pages_come_in_loads_on_its_own(tmp_path):
+    from fastensor import _engine, _host_load
+
+    path = tmp_path / "t.safetensors"
+    tensors = {f"t{i}": torch.full((1 << 20,), float(i)) for i in range(16)}
+    fastensor.torch.save_file(tensors, path)
+    native = _engine.engine_or_default(None)
+    fd = os.open(path, os.O_RDONLY)
+    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)  # (cold: the parent's pages take time)
+    os.close(fd)
+    got, pages = _host_load.load_host_later(native, str(path))
+    pid = os.fork()
+    if pid == 0:  # the child: its own load, its own turn, whatever the parent's thread holds
+        code = 1
+        try:
+            mine, its_pages = _host_load.load_host_later(native, str(path))
+            its_pages.wait()
+            # (one element: no parallel kernel, which would not survive the fork)
+            code = 0 if mine["t15"][-1].item() == 15.0 else 2
+        finally:
+            os._exit(code)
+    pages.wait()
+    for _ in range(300):
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        threading.Event().wait(0.1)
+    else:
+        os.kill(pid, 9)
+        pytest.fail("the forked child's load hung")
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert torch.equal(got["t3"], tensors["t3"])
