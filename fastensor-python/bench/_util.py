@@ -7,6 +7,7 @@ import os
 import random
 import statistics
 import sys
+import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -48,6 +49,14 @@ def fsync_tree(path: str | os.PathLike) -> None:
     else:
         paths.append(path)
     fsync_paths(paths)
+
+
+def scratch(prefix: str, parent: str | None) -> Path:
+    """A new scratch directory for one run, under ``parent`` (made if missing) or the
+    system's temporary directory."""
+    if parent is not None:
+        os.makedirs(parent, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
 
 
 def files_under(directory: str | os.PathLike) -> list[str]:

@@ -16,10 +16,10 @@ import gc
 import json
 import os
 import statistics
-import tempfile
 import time
 from pathlib import Path
 
+import _util  # the bench's own helpers, beside this file
 import fastensor
 import fastensor.torch as ft
 import safetensors.torch as st
@@ -91,7 +91,7 @@ def main() -> None:
     args = ap.parse_args()
     if args.rounds < 1:
         ap.error("--rounds must be at least 1")
-    base = Path(tempfile.mkdtemp(prefix="fastensor-ckpt-bench-", dir=args.dir))
+    base = _util.scratch("fastensor-ckpt-bench-", args.dir)
 
     sd = gpt2_medium(args.scale)
     nbytes = sum(t.numel() * t.element_size() for t in sd.values())

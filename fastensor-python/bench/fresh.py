@@ -25,10 +25,10 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
+import _util  # the bench's own helpers, beside this file
 from _util import drop_caches, durable, fmt_ratio, interleaved, subjects, touch, write_report
 
 HERE = Path(__file__).resolve().parent
@@ -343,7 +343,7 @@ def main() -> None:
         return
     if args.rounds < 1:
         ap.error("--rounds must be at least 1")
-    base = Path(tempfile.mkdtemp(prefix="fastensor-fresh-", dir=args.dir))
+    base = _util.scratch("fastensor-fresh-", args.dir)
     files = prepare(base, args.scale)
     kinds = {"load": {"load", "into"}, "save": {"save"}, None: {"load", "into", "save"}}
     subjects = [s for s, (k, _) in SUBJECTS.items() if k in kinds[args.only]]

@@ -37,7 +37,6 @@ import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -445,7 +444,7 @@ def main() -> None:
     unknown = groups - {"lightning", "transformers", "dcp"}
     if unknown:
         ap.error(f"unknown group(s) {sorted(unknown)}")
-    base = Path(tempfile.mkdtemp(prefix="fastensor-integrations-", dir=args.dir))
+    base = _util.scratch("fastensor-integrations-", args.dir)
     try:
         t0 = time.perf_counter()
         prepared = run_child("prepare-hf", base, args.size)
