@@ -103,6 +103,25 @@ def interleaved(names: Iterable[str], rounds: int, seed: int) -> Iterator[tuple[
         yield r, order
 
 
+def paired(
+    pairs: Iterable[tuple[str, str]], rounds: int, seed: int
+) -> Iterator[tuple[int, list[str]]]:
+    """``(round, names)`` for each of ``rounds`` rounds: the pairs in a new random order each
+    round, the two names of a pair back to back in a random order (seeded), so that the two
+    sides of a comparison meet the disk in the same phase."""
+    rng = random.Random(seed)
+    pairs = list(pairs)
+    for r in range(rounds):
+        order = list(pairs)
+        rng.shuffle(order)
+        flat = []
+        for pair in order:
+            pair = list(pair)
+            rng.shuffle(pair)
+            flat += pair
+        yield r, flat
+
+
 def write_report(out: Path | None, text: str) -> None:
     """Writes ``text`` to ``out`` (when given) under the command line that made it."""
     if out:

@@ -19,9 +19,11 @@ about 1.42 GB of f32 weights; ``--size small`` for a quick check):
 Each subject runs in a process of its own (imports and set-up before the clock starts), the
 page cache dropped before it (``sync`` and ``/proc/sys/vm/drop_caches`` where permitted,
 else ``POSIX_FADV_DONTNEED`` on every file of the scratch directory), and every page of
-what it loads touched inside the timed region. Rounds are interleaved (each round runs every
-subject once, in a shuffled order) and each ratio is taken within its round: the report
-gives the median ratio with its range, and every raw time. fastensor's engine starts
+what it loads touched inside the timed region. The groups run one after another; within a
+group, rounds are interleaved (each round runs every comparison once, the comparisons in a
+shuffled order and each comparison's two sides back to back, in a shuffled order), and each
+ratio is taken within its round: the report gives the median ratio with its range, and
+every raw time. fastensor's engine starts
 without a profile in every process (``FASTENSOR_PROFILE=""``), as on a first run.
 
     python fastensor-python/bench/integrations.py [--dir DIR] [--rounds 3] [--size medium]
@@ -372,6 +374,21 @@ def drop_caches(base: Path) -> str:
     return _util.drop_caches(_util.files_under(base))
 
 
+def rounds(groups: set[str], count: int, seed: int) -> list[tuple[int, list[str]]]:
+    """The runs in order: one group after another (a group's heavy writes never land between
+    another group's two sides), each group's ``count`` rounds with its comparisons' pairs
+    back to back (``_util.paired``)."""
+    schedule = []
+    for group in dict.fromkeys(g for g, _ in SUBJECTS.values()):
+        if group not in groups:
+            continue
+        pairs = dict.fromkeys(
+            (ours, theirs) for _, ours, theirs, _ in COMPARE if SUBJECTS[ours][0] == group
+        )
+        schedule += list(_util.paired(pairs, count, seed))
+    return schedule
+
+
 def run_child(subject: str, base: Path, size: str) -> dict:
     cmd = [sys.executable, __file__, "--child", subject, "--dir", str(base), "--size", size]
     env = dict(os.environ, FASTENSOR_PROFILE="", TRANSFORMERS_VERBOSITY="error")
@@ -391,7 +408,8 @@ def report(times: dict, args, cache_note: str, prepared: dict) -> str:
             if "lightning_bytes" in prepared
             else ""
         )
-        + f"); fresh process per subject, {args.rounds} interleaved rounds; page cache: "
+        + f"); fresh process per subject, {args.rounds} interleaved rounds per group (each "
+        "comparison's two sides back to back); page cache: "
         f"{cache_note}.",
         "",
         "| fastensor vs the framework's own | per-round ratio (> 1: fastensor faster) |",
@@ -452,10 +470,11 @@ def main() -> None:
             prepared.update(run_child("prepare-lightning", base, args.size))
         (base / "prepared.json").write_text(json.dumps(prepared))
         print(f"prepared in {time.perf_counter() - t0:.1f} s: {prepared}", flush=True)
-        subjects = [s for s, (g, _) in SUBJECTS.items() if g in groups]
-        times: dict[str, dict[str, list[float]]] = {s: {} for s in subjects}
+        times: dict[str, dict[str, list[float]]] = {
+            s: {} for s, (g, _) in SUBJECTS.items() if g in groups
+        }
         cache_note = ""
-        for r, order in _util.interleaved(subjects, args.rounds, args.seed):
+        for r, order in rounds(groups, args.rounds, args.seed):
             for s in order:
                 shutil.rmtree(base / "out", ignore_errors=True)
                 cache_note = drop_caches(base)
