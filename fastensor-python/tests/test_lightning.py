@@ -17,7 +17,15 @@ L = pytest.importorskip("lightning")
 import safetensors  # noqa: E402
 import safetensors.torch  # noqa: E402
 from conftest import leftovers  # noqa: E402
-from fastensor.lightning import SKELETON, CheckpointIO, load_checkpoint, save_checkpoint  # noqa: E402
+from fastensor.errors import FastensorError  # noqa: E402
+from fastensor.lightning import (  # noqa: E402
+    SKELETON,
+    CheckpointIO,
+    load_checkpoint,
+    save_checkpoint,
+    save_checkpoint_async,
+)
+from fastensor.lightning import AsyncCheckpointIO as OwnAsyncCheckpointIO  # noqa: E402
 from lightning.pytorch.callbacks import ModelCheckpoint  # noqa: E402
 from lightning.pytorch.plugins.io import AsyncCheckpointIO, TorchCheckpointIO  # noqa: E402
 from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
@@ -229,6 +237,50 @@ def test_remove_and_storage_options(tmp_path):
     io_.remove_checkpoint(path)  # nothing there: no error
 
 
+# -- saves in the background ------------------------------------------------------------
+
+
+def test_async_save_is_a_snapshot(tmp_path):
+    w = torch.arange(1 << 16, dtype=torch.float32)
+    ckpt = {"state_dict": OrderedDict(w=w), "epoch": 3}
+    handle = save_checkpoint_async(ckpt, tmp_path / "a.ckpt")
+    w.add_(1)  # training goes on at once: the file holds the tensors as they were
+    handle.wait()
+    back = load_checkpoint(tmp_path / "a.ckpt")
+    assert torch.equal(back["state_dict"]["w"], w - 1) and back["epoch"] == 3
+
+
+def test_async_checkpoint_io_orders_saves_loads_and_removes(tmp_path):
+    io_ = OwnAsyncCheckpointIO()
+    path = tmp_path / "sub" / "c.ckpt"
+    for i in range(3):
+        io_.save_checkpoint({"w": torch.full((1 << 18,), float(i))}, path)
+    # A load waits for the path's saves, and sees the last one.
+    assert torch.equal(io_.load_checkpoint(path)["w"], torch.full((1 << 18,), 2.0))
+    io_.save_checkpoint({"w": torch.ones(1 << 20)}, path)
+    io_.remove_checkpoint(path)  # waits for the save: nothing comes back after it
+    io_.teardown()
+    assert not path.exists()
+    assert leftovers(path.parent) == []
+
+
+def test_async_checkpoint_io_raises_a_failed_save(tmp_path):
+    io_ = OwnAsyncCheckpointIO()
+    over_a_dir = tmp_path / "d.ckpt"
+    over_a_dir.mkdir()
+    io_.save_checkpoint({"w": torch.ones(4)}, over_a_dir)  # fails in the background
+    with pytest.raises(FastensorError, match="d.ckpt"):
+        io_.load_checkpoint(over_a_dir)  # waits for the path's save: its error
+    io_.teardown()  # reported once
+    io_.save_checkpoint({"w": torch.ones(4)}, over_a_dir)
+    with pytest.raises(FastensorError, match="d.ckpt"):
+        io_.teardown()  # waits for every save: the error
+    io_.save_checkpoint({"w": torch.ones(4)}, tmp_path / "good.ckpt")
+    io_.teardown()
+    assert over_a_dir.is_dir() and list(over_a_dir.iterdir()) == []
+    assert torch.equal(load_checkpoint(tmp_path / "good.ckpt")["w"], torch.ones(4))
+
+
 # -- a real Trainer ---------------------------------------------------------------------
 
 
@@ -320,12 +372,20 @@ def default_run(tmp_path_factory):
     return fit_and_resume(root, lambda: None)
 
 
-@pytest.mark.parametrize("asynchronous", [False, True], ids=["sync", "async"])
-def test_trainer_resume_equals_the_default_checkpoint_io(tmp_path, default_run, asynchronous):
-    expected, _, default_first = default_run
+PLUGINS = {
+    "sync": CheckpointIO,
+    "lightning-async": lambda: AsyncCheckpointIO(CheckpointIO()),
+    "own-async": OwnAsyncCheckpointIO,
+}
 
-    def factory():
-        return AsyncCheckpointIO(CheckpointIO()) if asynchronous else CheckpointIO()
+
+@pytest.mark.parametrize("plugin", list(PLUGINS))
+def test_trainer_resume_equals_the_default_checkpoint_io(tmp_path, default_run, plugin):
+    expected, _, default_first = default_run
+    factory = PLUGINS[plugin]
+    # (Lightning's AsyncCheckpointIO copies the checkpoint, dropping the state dict's
+    # `_metadata`, whatever the CheckpointIO under it.)
+    attrs = plugin != "lightning-async"
 
     state, t2, first = fit_and_resume(tmp_path, factory)
     # The files are fastensor's (safetensors), and hold what Lightning's default file holds.
@@ -334,9 +394,7 @@ def test_trainer_resume_equals_the_default_checkpoint_io(tmp_path, default_run, 
     ours = load_checkpoint(first, weights_only=False)
     theirs = torch.load(default_first, weights_only=False)
     for key in ("state_dict", "optimizer_states", "lr_schedulers", "loops", "epoch"):
-        # (AsyncCheckpointIO's copy of the checkpoint drops the state dict's `_metadata`,
-        # whatever the CheckpointIO under it.)
-        assert_same(ours[key], theirs[key], key, attrs=not asynchronous)
+        assert_same(ours[key], theirs[key], key, attrs=attrs)
     assert ours["hyper_parameters"] == theirs["hyper_parameters"]
     assert ours["callbacks"].keys() == theirs["callbacks"].keys()
     # The run resumed from fastensor's checkpoint equals the one resumed from Lightning's.

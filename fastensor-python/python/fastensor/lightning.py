@@ -10,8 +10,9 @@
 
     trainer = L.Trainer(plugins=[CheckpointIO()])
 
-It also works inside Lightning's ``AsyncCheckpointIO`` (which saves in a thread):
-``L.Trainer(plugins=[AsyncCheckpointIO(CheckpointIO())])``.
+:class:`AsyncCheckpointIO` saves in the background (``save_checkpoint`` returns once the
+tensors are copied to reused staging memory): ``L.Trainer(plugins=[AsyncCheckpointIO()])``.
+:class:`CheckpointIO` also works inside Lightning's own ``AsyncCheckpointIO``.
 
 Layout: one checkpoint is one safetensors file (the path Lightning asks for, ``.ckpt`` as
 usual), saved durably and atomically (temporary file, sync, rename): after a crash the path
@@ -50,8 +51,16 @@ from lightning.fabric.plugins.io.checkpoint_io import CheckpointIO as _Lightning
 from . import torch as _fst
 from ._common import PathLike, fspath
 from ._engine import Engine
+from ._native import SaveHandle
 
-__all__ = ["SKELETON", "CheckpointIO", "load_checkpoint", "save_checkpoint"]
+__all__ = [
+    "SKELETON",
+    "AsyncCheckpointIO",
+    "CheckpointIO",
+    "load_checkpoint",
+    "save_checkpoint",
+    "save_checkpoint_async",
+]
 
 #: The name of the tensor holding the ``torch.save`` bytes of the checkpoint's skeleton.
 SKELETON = "__fastensor_lightning_skeleton__"
@@ -213,6 +222,29 @@ def save_checkpoint(
             ``torch.save`` cannot pickle.
         OSError: the file could not be written; the previous file at ``path`` is kept.
     """
+    p, tensors = _split(checkpoint, path)
+    _fst.save_file(tensors, p, {_FORMAT_KEY: _FORMAT_VERSION}, engine=engine)
+
+
+def save_checkpoint_async(
+    checkpoint: dict[str, Any], path: PathLike, *, engine: Engine | None = None
+) -> SaveHandle:
+    """:func:`save_checkpoint` in the background: returns once the checkpoint's tensors are
+    copied to the engine's staging memory (CUDA tensors through the host), so training may
+    change them at once; the file is then written as :func:`save_checkpoint` writes it.
+    The handle's ``wait()`` blocks until it is and raises its error, if any; ``done()``
+    polls. Saves to one path land in the order they were made.
+
+    Raises:
+        TypeError, ValueError: as :func:`save_checkpoint`, before anything is started.
+    """
+    p, tensors = _split(checkpoint, path)
+    return _fst.save_file_async(tensors, p, {_FORMAT_KEY: _FORMAT_VERSION}, engine=engine)
+
+
+def _split(checkpoint: dict[str, Any], path: PathLike) -> tuple[str, dict[str, torch.Tensor]]:
+    """The path as a string (its parent directories made) and the tensors of the file that
+    holds ``checkpoint``: its dense tensors and the skeleton."""
     p = fspath(path)
     splitter = _Splitter()
     skeleton = splitter.split(checkpoint, ())
@@ -224,7 +256,7 @@ def save_checkpoint(
     parent = os.path.dirname(p)
     if parent:
         os.makedirs(parent, exist_ok=True)
-    _fst.save_file(tensors, p, {_FORMAT_KEY: _FORMAT_VERSION}, engine=engine)
+    return p, tensors
 
 
 def _is_safetensors(path: str) -> bool:
@@ -396,3 +428,89 @@ class CheckpointIO(_LightningCheckpointIO):
             shutil.rmtree(p)
         elif os.path.lexists(p):
             os.unlink(p)
+
+
+class AsyncCheckpointIO(CheckpointIO):
+    """A :class:`CheckpointIO` whose saves run in the background: ``save_checkpoint``
+    returns once the checkpoint's tensors are copied to the engine's staging memory
+    (:func:`save_checkpoint_async`), reused from one checkpoint to the next, and training
+    goes on while the file is written. Use it in place of wrapping :class:`CheckpointIO` in
+    Lightning's ``AsyncCheckpointIO``, which clones every tensor into new memory on each save::
+
+        L.Trainer(plugins=[fastensor.lightning.AsyncCheckpointIO()])
+
+    A save's error is raised by the next call that saves (which then starts nothing), loads
+    or removes a checkpoint, or by ``teardown()`` (which Lightning calls when ``fit``,
+    ``validate``, ... end and which waits for every save); loading or removing a path first
+    waits for its saves. :meth:`wait` waits for them all. An interpreter that exits with
+    saves still running waits for them (with a warning).
+
+    Args:
+        engine: the fastensor engine to use (default: the shared default engine).
+    """
+
+    def __init__(self, *, engine: Engine | None = None) -> None:
+        super().__init__(engine=engine)
+        self._pending: list[tuple[str, SaveHandle]] = []
+
+    def save_checkpoint(
+        self, checkpoint: dict[str, Any], path: PathLike, storage_options: Any | None = None
+    ) -> None:
+        """Starts saving ``checkpoint`` to ``path`` (one safetensors file, durable and
+        atomic once written) and returns once its tensors are copied.
+
+        Raises:
+            TypeError: ``storage_options`` were given.
+            Exception: the error of an earlier save that has failed since the last call.
+        """
+        if storage_options is not None:
+            raise TypeError(
+                "`Trainer.save_checkpoint(..., storage_options=...)` with `storage_options` arg"
+                f" is not supported for `{type(self).__name__}`."
+            )
+        self._finish(lambda _: False)
+        p = fspath(path)
+        self._pending.append(
+            (os.path.abspath(p), save_checkpoint_async(checkpoint, p, engine=self.engine))
+        )
+
+    def load_checkpoint(
+        self, path: PathLike, map_location: Any | None = None, weights_only: bool | None = None
+    ) -> dict[str, Any]:
+        """Loads the checkpoint at ``path`` once its saves have finished (see
+        :func:`load_checkpoint`)."""
+        self._finish_path(path)
+        return super().load_checkpoint(path, map_location, weights_only)
+
+    def remove_checkpoint(self, path: PathLike) -> None:
+        """Removes the checkpoint at ``path`` once its saves have finished."""
+        self._finish_path(path)
+        super().remove_checkpoint(path)
+
+    def wait(self) -> None:
+        """Blocks until every save started so far has finished; raises the first error."""
+        self._finish(lambda _: True)
+
+    def teardown(self) -> None:
+        """Waits for every save (Lightning calls this at the end of each run); raises the
+        first error."""
+        self.wait()
+
+    def _finish_path(self, path: PathLike) -> None:
+        key = os.path.abspath(fspath(path))
+        self._finish(lambda p: p == key)
+
+    def _finish(self, waits_for) -> None:
+        """Drops the finished saves and waits for those ``waits_for(path)`` picks; raises
+        the first error met (saves not yet looked at stay pending, their errors for a later
+        call)."""
+        pending, self._pending = self._pending, []
+        for i, (p, handle) in enumerate(pending):
+            if not (waits_for(p) or handle.done()):
+                self._pending.append((p, handle))
+                continue
+            try:
+                handle.wait()
+            except BaseException:
+                self._pending += pending[i + 1 :]
+                raise
