@@ -7,7 +7,9 @@ about 1.42 GB of f32 weights; ``--size small`` for a quick check):
   on a real checkpoint (one AdamW step of a ``Trainer``: weights, optimizer state, loops;
   about 4.3 GB): the save (both sides durable: Lightning's file and directory fsynced) and
   the resume (``trainer.fit(ckpt_path=...)`` until it returns; its ``load_checkpoint`` part
-  is reported too);
+  is reported too); and ``fastensor.lightning.AsyncCheckpointIO`` against Lightning's
+  ``AsyncCheckpointIO`` wrapping ``CheckpointIO`` (the same files): two saves with the
+  weights changed between them, when each call returns and when both files are written;
 * transformers: ``fastensor.transformers.from_pretrained`` against ``from_pretrained`` of a
   ``save_pretrained`` directory, one file and sharded, and ``save_pretrained`` sharded (both
   sides durable);
@@ -53,6 +55,8 @@ SUBJECTS = _util.subjects(
         "lightning save: torch": "TorchCheckpointIO save + fsync",
         "lightning resume: fastensor": "fit(ckpt_path=) with fastensor.lightning",
         "lightning resume: torch": "fit(ckpt_path=) with TorchCheckpointIO",
+        "lightning async saves: fastensor": "fastensor.lightning.AsyncCheckpointIO, 2 saves",
+        "lightning async saves: lightning": "AsyncCheckpointIO(CheckpointIO()), 2 saves",
     },
     transformers={
         "from_pretrained one file: fastensor": "fastensor from_pretrained, 1 file",
@@ -84,6 +88,24 @@ COMPARE = [
         "lightning resume: fastensor",
         "lightning resume: torch",
         "load_checkpoint",
+    ),
+    (
+        "Lightning async save, first return",
+        "lightning async saves: fastensor",
+        "lightning async saves: lightning",
+        "first return",
+    ),
+    (
+        "Lightning async save, second return",
+        "lightning async saves: fastensor",
+        "lightning async saves: lightning",
+        "second return",
+    ),
+    (
+        "Lightning async saves, both written",
+        "lightning async saves: fastensor",
+        "lightning async saves: lightning",
+        "seconds",
     ),
     (
         "from_pretrained, one file",
@@ -254,6 +276,31 @@ def child(subject: str, base: Path, size: str) -> dict:
         io_.save_checkpoint(ckpt, path)
         if subject.endswith("torch"):
             fsync_tree(path)
+        times["seconds"] = time.perf_counter() - t0
+    elif subject.startswith("lightning async saves"):
+        # Two saves a training step apart, as a Trainer makes them: when each call returns
+        # (training goes on), and when both files are written (teardown, as at fit's end).
+        ckpt = torch.load(base / "lit_torch.ckpt", weights_only=False)
+        touch(t for t in _tensors_in(ckpt))
+        if subject.endswith("fastensor"):
+            from fastensor.lightning import AsyncCheckpointIO
+
+            io_ = AsyncCheckpointIO()
+        else:
+            from fastensor.lightning import CheckpointIO
+            from lightning.pytorch.plugins.io import AsyncCheckpointIO
+
+            io_ = AsyncCheckpointIO(CheckpointIO())
+        os.makedirs(out, exist_ok=True)
+        weights = ckpt["state_dict"]
+        t0 = time.perf_counter()
+        for i, metric in enumerate(("first return", "second return")):
+            t = time.perf_counter()
+            io_.save_checkpoint(ckpt, os.path.join(out, f"step{i}.ckpt"))
+            times[metric] = time.perf_counter() - t
+            for w in weights.values():  # the step between the saves
+                w.add_(1)
+        io_.teardown()
         times["seconds"] = time.perf_counter() - t0
     elif subject.startswith("lightning resume"):
         if subject.endswith("fastensor"):

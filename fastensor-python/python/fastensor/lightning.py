@@ -408,12 +408,16 @@ class CheckpointIO(_LightningCheckpointIO):
             TypeError: ``storage_options`` were given (this plugin takes none, as Lightning's
                 ``TorchCheckpointIO``).
         """
+        self._refuse(storage_options)
+        save_checkpoint(checkpoint, path, engine=self.engine)
+
+    def _refuse(self, storage_options: Any | None) -> None:
+        """Refuses ``storage_options``, as Lightning's ``TorchCheckpointIO`` does."""
         if storage_options is not None:
             raise TypeError(
                 "`Trainer.save_checkpoint(..., storage_options=...)` with `storage_options` arg"
                 f" is not supported for `{type(self).__name__}`."
             )
-        save_checkpoint(checkpoint, path, engine=self.engine)
 
     def load_checkpoint(
         self, path: PathLike, map_location: Any | None = None, weights_only: bool | None = None
@@ -439,11 +443,17 @@ class AsyncCheckpointIO(CheckpointIO):
 
         L.Trainer(plugins=[fastensor.lightning.AsyncCheckpointIO()])
 
-    A save's error is raised by the next call that saves (which then starts nothing), loads
-    or removes a checkpoint, or by ``teardown()`` (which Lightning calls when ``fit``,
-    ``validate``, ... end and which waits for every save); loading or removing a path first
-    waits for its saves. :meth:`wait` waits for them all. An interpreter that exits with
-    saves still running waits for them (with a warning).
+    One save is in flight at a time: a save first waits for the one before it to be
+    written, so memory holds one snapshot and the next save reuses its staging. A save's
+    error is raised by the next save (which then starts nothing), by a load or removal of its
+    path (which first waits for it), or by ``teardown()`` (which Lightning calls when
+    ``fit``, ``validate``, ... end, and which waits for it). :meth:`wait` waits too. An
+    interpreter that exits with a save still running waits for it (with a warning).
+
+    The snapshot is a copy of every tensor: where memory is slow to fault in and the disk
+    fast, the first snapshot of a process can take longer than :class:`CheckpointIO`'s
+    whole save (see the Lightning rows of ``bench/integrations.py``); the background save
+    pays where writing is slower than copying.
 
     Args:
         engine: the fastensor engine to use (default: the shared default engine).
@@ -451,66 +461,52 @@ class AsyncCheckpointIO(CheckpointIO):
 
     def __init__(self, *, engine: Engine | None = None) -> None:
         super().__init__(engine=engine)
-        self._pending: list[tuple[str, SaveHandle]] = []
+        # The save in flight: its absolute path and handle.
+        self._running: tuple[str, SaveHandle] | None = None
 
     def save_checkpoint(
         self, checkpoint: dict[str, Any], path: PathLike, storage_options: Any | None = None
     ) -> None:
-        """Starts saving ``checkpoint`` to ``path`` (one safetensors file, durable and
-        atomic once written) and returns once its tensors are copied.
+        """Waits for the save before it, then starts saving ``checkpoint`` to ``path``
+        (one safetensors file, durable and atomic once written) and returns once its
+        tensors are copied.
 
         Raises:
             TypeError: ``storage_options`` were given.
-            Exception: the error of an earlier save that has failed since the last call.
+            Exception: the error of the save before it, if that one failed.
         """
-        if storage_options is not None:
-            raise TypeError(
-                "`Trainer.save_checkpoint(..., storage_options=...)` with `storage_options` arg"
-                f" is not supported for `{type(self).__name__}`."
-            )
-        self._finish(lambda _: False)
+        self._refuse(storage_options)
+        self.wait()
         p = fspath(path)
-        self._pending.append(
-            (os.path.abspath(p), save_checkpoint_async(checkpoint, p, engine=self.engine))
+        self._running = (
+            os.path.abspath(p),
+            save_checkpoint_async(checkpoint, p, engine=self.engine),
         )
 
     def load_checkpoint(
         self, path: PathLike, map_location: Any | None = None, weights_only: bool | None = None
     ) -> dict[str, Any]:
-        """Loads the checkpoint at ``path`` once its saves have finished (see
+        """Loads the checkpoint at ``path`` once a save of it in flight is written (see
         :func:`load_checkpoint`)."""
-        self._finish_path(path)
+        self._wait_for(path)
         return super().load_checkpoint(path, map_location, weights_only)
 
     def remove_checkpoint(self, path: PathLike) -> None:
-        """Removes the checkpoint at ``path`` once its saves have finished."""
-        self._finish_path(path)
+        """Removes the checkpoint at ``path`` once a save of it in flight is written."""
+        self._wait_for(path)
         super().remove_checkpoint(path)
 
     def wait(self) -> None:
-        """Blocks until every save started so far has finished; raises the first error."""
-        self._finish(lambda _: True)
+        """Blocks until the save in flight, if any, is written; raises its error."""
+        running, self._running = self._running, None
+        if running is not None:
+            running[1].wait()
 
     def teardown(self) -> None:
-        """Waits for every save (Lightning calls this at the end of each run); raises the
-        first error."""
+        """Waits for the save in flight (Lightning calls this at the end of each run);
+        raises its error."""
         self.wait()
 
-    def _finish_path(self, path: PathLike) -> None:
-        key = os.path.abspath(fspath(path))
-        self._finish(lambda p: p == key)
-
-    def _finish(self, waits_for) -> None:
-        """Drops the finished saves and waits for those ``waits_for(path)`` picks; raises
-        the first error met (saves not yet looked at stay pending, their errors for a later
-        call)."""
-        pending, self._pending = self._pending, []
-        for i, (p, handle) in enumerate(pending):
-            if not (waits_for(p) or handle.done()):
-                self._pending.append((p, handle))
-                continue
-            try:
-                handle.wait()
-            except BaseException:
-                self._pending += pending[i + 1 :]
-                raise
+    def _wait_for(self, path: PathLike) -> None:
+        if self._running is not None and self._running[0] == os.path.abspath(fspath(path)):
+            self.wait()
