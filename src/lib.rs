@@ -6,6 +6,7 @@
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 
+pub use fastensor_sys as sys;
 pub use fastensor_sys::atomic;
 pub use fastensor_sys::fork;
 /// `impl Debug for $ty`, printed as the struct `$name` with the given fields, each the value

@@ -25,12 +25,19 @@ fn swapping(dir: &Path) -> OffloadConfig {
     OffloadConfig::new(dir, 1 << 20).small_threshold(0)
 }
 
-/// A store over the memory engine, [`swapping`] in a new directory (alive as long as the
-/// store), prefetching `prefetch_depth` tensors, and the handles of `n` tensors `l0`, `l1`, ...
-/// put in it by [`put_written`].
-fn written_store(prefetch_depth: usize, n: u64) -> (tempfile::TempDir, OffloadStore, Vec<Handle>) {
+/// A store over the memory engine in a new directory (alive as long as the store), with a
+/// budget of `room` tensors of 8 KiB, prefetching `prefetch_depth` tensors, and the handles
+/// of `n` tensors `l0`, `l1`, ... put in it by [`put_written`]: the last `room` of them are
+/// still in memory.
+fn written_store(
+    room: u64,
+    prefetch_depth: usize,
+    n: u64,
+) -> (tempfile::TempDir, OffloadStore, Vec<Handle>) {
     let dir = tempfile::tempdir().unwrap();
-    let config = swapping(dir.path()).prefetch_depth(prefetch_depth);
+    let config = OffloadConfig::new(dir.path(), room * 8192)
+        .small_threshold(0)
+        .prefetch_depth(prefetch_depth);
     let store = OffloadStore::new(&memory_engine(), config).unwrap();
     let hs = put_written(&store, n, "l");
     (dir, store, hs)
@@ -178,27 +185,46 @@ fn swap_file_removed_after_panic() {
 }
 
 #[test]
+fn written_tensors_stay_in_memory_while_the_budget_has_room_the_oldest_leave_first() {
+    let (_dir, store, hs) = written_store(4, 4, 10);
+    let s = store.stats();
+    // The last four put are kept; the six before made room for them, oldest first.
+    assert_eq!((s.held_bytes, s.evictions), (4 * 8192, 6), "{s:?}");
+    for i in (6..10).rev() {
+        assert!(store.get(&hs[i]).unwrap()[..] == tensor(i as u64, 8192)[..]);
+    }
+    let s = store.stats();
+    assert_eq!((s.gets_from_memory, s.gets_from_disk), (4, 0), "{s:?}");
+    assert!(s.peak_held_bytes <= 4 * 8192);
+}
+
+#[test]
 fn backward_order_prefetches_next_tensors() {
-    let (_dir, store, hs) = written_store(4, 10);
-    assert_eq!(store.stats().held_bytes, 0, "written tensors leave memory");
+    let (_dir, store, hs) = written_store(4, 4, 10);
     assert!(store.get(&hs[9]).unwrap()[..] == tensor(9, 8192)[..]);
     store.flush();
+    // Expected next: 8, 7, 6 (kept) and 5, read back into the room the 9th left.
     let s = store.stats();
     assert_eq!(
         (s.gets_from_disk, s.prefetches, s.held_bytes),
-        (1, 4, 4 * 8192)
+        (0, 1, 4 * 8192),
+        "{s:?}"
     );
-    for i in (5..9).rev() {
+    for i in (0..9).rev() {
+        store.flush();
         assert!(store.get(&hs[i]).unwrap()[..] == tensor(i as u64, 8192)[..]);
     }
-    store.flush();
     let s = store.stats();
-    assert_eq!(s.gets_from_memory, 4, "{s:?}");
+    assert_eq!((s.gets_from_memory, s.gets_from_disk), (10, 0), "{s:?}");
+    assert_eq!(
+        s.prefetches, 6,
+        "only the tensors not kept were read: {s:?}"
+    );
 }
 
 #[test]
 fn hint_order_and_explicit_prefetch() {
-    let (_dir, store, hs) = written_store(4, 10);
+    let (_dir, store, hs) = written_store(4, 4, 10);
     store.prefetch(&[&hs[3]]);
     store.flush();
     assert!(store.get(&hs[3]).unwrap()[..] == tensor(3, 8192)[..]);
@@ -270,10 +296,12 @@ fn write_failure_surfaces_on_get_and_next_put() {
 fn read_failure_surfaces_on_get() {
     let (engine, faulty) = faulty_engine(Fault::new(Op::Read, When::From(1), ErrorKind::Io));
     let dir = tempfile::tempdir().unwrap();
-    let config = swapping(dir.path());
+    // Room for one tensor: the last one put stays in memory, the others are read back.
+    let config = OffloadConfig::new(dir.path(), 8192).small_threshold(0);
     let store = OffloadStore::new(&engine, config).unwrap();
     let hs = put_written(&store, 6, "feat-");
-    for (i, h) in hs.iter().enumerate().rev() {
+    assert!(store.get(&hs[5]).unwrap()[..] == tensor(5, 8192)[..]);
+    for (i, h) in hs.iter().enumerate().take(5).rev() {
         let e = store.get(h).unwrap_err();
         assert_eq!(e.kind(), ErrorKind::Io);
         assert!(e.to_string().contains(&format!("`feat-{i}`")), "{e}");
@@ -282,13 +310,31 @@ fn read_failure_surfaces_on_get() {
 }
 
 #[test]
-fn tensor_larger_than_budget_is_refused() {
+fn a_tensor_larger_than_the_budget_is_written_through_never_held() {
     let dir = tempfile::tempdir().unwrap();
     let store =
         OffloadStore::new(&memory_engine(), OffloadConfig::new(dir.path(), 1 << 16)).unwrap();
+    let small = store.put(tensor(1, 1 << 15), "small").unwrap();
+    let huge = store.put(tensor(0, (1 << 17) + 5), "huge").unwrap();
+    // Written before `put` returned, and never counted in the budget.
+    let s = store.stats();
+    assert_eq!(s.written_through, 1);
+    assert!(s.bytes_written >= (1 << 17) + 5, "{s:?}");
+    assert!(s.peak_held_bytes <= 1 << 16, "{s:?}");
+    assert!(store.get(&huge).unwrap()[..] == tensor(0, (1 << 17) + 5)[..]);
+    assert!(store.get(&small).unwrap()[..] == tensor(1, 1 << 15)[..]);
+    assert!(store.stats().peak_held_bytes <= 1 << 16);
+}
+
+#[test]
+fn a_tensor_written_through_that_fails_is_not_stored_and_says_so() {
+    let (engine, _faulty) = faulty_engine(Fault::new(Op::Write, When::Nth(1), ErrorKind::Io));
+    let dir = tempfile::tempdir().unwrap();
+    let store = OffloadStore::new(&engine, OffloadConfig::new(dir.path(), 1 << 16)).unwrap();
     let e = store.put(tensor(0, 1 << 17), "huge").unwrap_err();
-    assert_eq!(e.kind(), ErrorKind::InvalidInput);
-    assert!(e.to_string().contains("huge"));
+    assert_eq!(e.kind(), ErrorKind::Io);
+    assert!(e.to_string().contains("`huge`"), "{e}");
+    assert_eq!(store.stats().file_allocated, 0, "its file space is freed");
 }
 
 /// Memory owned elsewhere, with a flag set when the store gives it back.
@@ -311,25 +357,45 @@ impl Drop for Lent {
 }
 
 #[test]
-fn foreign_memory_is_written_in_place_and_given_back_once_written() {
+fn foreign_memory_is_written_in_place_kept_while_there_is_room_and_given_back() {
     use fastensor::offload::Payload;
+    use std::sync::atomic::{AtomicBool, Ordering};
     let dir = tempfile::tempdir().unwrap();
     let store =
         OffloadStore::new(&memory_engine(), OffloadConfig::new(dir.path(), 1 << 20)).unwrap();
-    let returned = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let bytes = tensor(7, 300_000)[..].to_vec();
-    let lent = Lent {
-        bytes: bytes.clone(),
-        returned: returned.clone(),
+    let lend = |seed: u64, len: usize| {
+        let returned = Arc::new(AtomicBool::new(false));
+        let bytes = tensor(seed, len)[..].to_vec();
+        let lent = Lent {
+            bytes: bytes.clone(),
+            returned: returned.clone(),
+        };
+        (Payload::foreign(lent), bytes, returned)
     };
-    let h = store.put(Payload::foreign(lent), "lent").unwrap();
+    // Written, and kept (the budget has room): a get takes a copy, and the owner has its
+    // memory back.
+    let (payload, bytes, returned) = lend(7, 300_000);
+    let h = store.put(payload, "lent").unwrap();
     store.flush();
-    assert!(returned.load(std::sync::atomic::Ordering::SeqCst));
-    assert_eq!(store.stats().held_bytes, 0);
+    assert!(!returned.load(Ordering::SeqCst));
+    assert_eq!(store.stats().held_bytes, 300_000);
     assert_eq!(&store.get(&h).unwrap()[..], &bytes[..]);
+    assert!(returned.load(Ordering::SeqCst));
     let s = store.stats();
-    assert_eq!((s.bytes_written, s.bytes_read), (300_000, 300_000));
+    assert_eq!(
+        (s.bytes_written, s.bytes_read, s.held_bytes),
+        (300_000, 0, 0)
+    );
     assert!(s.write_time > std::time::Duration::ZERO);
+    // Given back when a later put needs the room; read back from disk then.
+    let (first, first_bytes, first_returned) = lend(8, 600_000);
+    let h1 = store.put(first, "first").unwrap();
+    let (second, _, _) = lend(9, 600_000);
+    let _h2 = store.put(second, "second").unwrap();
+    store.flush();
+    assert!(first_returned.load(Ordering::SeqCst));
+    assert_eq!(&store.get(&h1).unwrap()[..], &first_bytes[..]);
+    assert_eq!(store.stats().bytes_read, 600_000);
 }
 
 /// A backend that bypasses the page cache but opens no file (as `O_DIRECT` on a file system
@@ -403,7 +469,10 @@ fn a_discarded_tensor_is_not_written_if_its_write_had_not_started() {
 
 #[test]
 fn expect_backward_prefetches_the_last_tensors_before_any_get() {
-    let (_dir, store, hs) = written_store(3, 8);
+    // Room for three: the last three put are kept; the last one is then freed unused,
+    // which leaves room for one more.
+    let (_dir, store, mut hs) = written_store(3, 3, 8);
+    drop(hs.pop());
     assert_eq!(
         store.stats().prefetches,
         0,
@@ -411,9 +480,10 @@ fn expect_backward_prefetches_the_last_tensors_before_any_get() {
     );
     store.expect_backward();
     store.flush();
+    // Expected first: 6 and 5 (kept) and 4, read back now.
     let s = store.stats();
-    assert_eq!((s.prefetches, s.held_bytes), (3, 3 * 8192), "{s:?}");
-    for i in (0..8).rev() {
+    assert_eq!((s.prefetches, s.held_bytes), (1, 3 * 8192), "{s:?}");
+    for i in (0..7).rev() {
         store.flush(); // the reads the last get started are done: no race with this one
         assert!(store.get(&hs[i]).unwrap()[..] == tensor(i as u64, 8192)[..]);
     }
@@ -423,7 +493,7 @@ fn expect_backward_prefetches_the_last_tensors_before_any_get() {
 
 #[test]
 fn discarding_moves_the_prefetch_past_the_tensor() {
-    let (_dir, store, hs) = written_store(2, 6);
+    let (_dir, store, hs) = written_store(2, 2, 6);
     // The caller had the last two in memory: the prefetch goes on with the ones before.
     store.discard(&hs[5]);
     store.discard(&hs[4]);
@@ -435,4 +505,45 @@ fn discarding_moves_the_prefetch_past_the_tensor() {
     assert!(store.get(&hs[3]).unwrap()[..] == tensor(3, 8192)[..]);
     assert!(store.get(&hs[2]).unwrap()[..] == tensor(2, 8192)[..]);
     assert_eq!(store.stats().gets_from_disk, 0);
+}
+
+/// Memory owned elsewhere that its owner may change after lending it (a tensor changed in
+/// place).
+struct Changing {
+    bytes: Arc<[std::sync::atomic::AtomicU8]>,
+}
+
+impl fastensor::offload::ForeignBytes for Changing {
+    fn bytes(&self) -> &[u8] {
+        // SAFETY: AtomicU8 has the size, alignment and bit validity of u8; the store only
+        // reads these bytes, and a change made meanwhile by the owner is what this test is
+        // about (the store must not return it from `get_written`).
+        unsafe { std::slice::from_raw_parts(self.bytes.as_ptr().cast::<u8>(), self.bytes.len()) }
+    }
+}
+
+#[test]
+fn get_written_returns_the_bytes_as_put_when_the_owner_changed_its_memory() {
+    use fastensor::offload::Payload;
+    use std::sync::atomic::{AtomicU8, Ordering};
+    let dir = tempfile::tempdir().unwrap();
+    let config = OffloadConfig::new(dir.path(), 1 << 20).small_threshold(0);
+    let store = OffloadStore::new(&memory_engine(), config).unwrap();
+    let original = tensor(3, 20_000);
+    let bytes: Arc<[AtomicU8]> = original.iter().map(|&b| AtomicU8::new(b)).collect();
+    let h = store
+        .put(
+            Payload::foreign(Changing {
+                bytes: bytes.clone(),
+            }),
+            "changed",
+        )
+        .unwrap();
+    store.flush();
+    for b in bytes.iter() {
+        b.fetch_add(1, Ordering::SeqCst);
+    }
+    // Kept in memory after its write, but that memory changed: the bytes come from disk.
+    assert!(store.get_written(&h).unwrap()[..] == original[..]);
+    assert_eq!(store.stats().bytes_read, 20_000);
 }

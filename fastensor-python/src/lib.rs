@@ -4,12 +4,12 @@
 //! export and checks every range against it. Every byte moves in Rust, detached from the
 //! interpreter.
 
+mod c10;
 mod checksum;
 mod dlpack;
 mod engine;
 mod errors;
 mod export;
-mod got;
 mod later;
 mod memory;
 mod offload;
@@ -93,6 +93,26 @@ fn parse_header(prefix: &[u8], total_len: u64) -> PyResult<ParsedHeader> {
     Ok((start, rows, metadata))
 }
 
+/// The type of the file system holding `path` (its directory when it does not exist):
+/// `"ext4"`, `"tmpfs"`, ...; empty when unknown.
+#[pyfunction]
+fn fs_type(path: std::path::PathBuf) -> String {
+    fastensor::sys::file_location(&path).fs_type
+}
+
+/// Makes glibc's malloc serve requests of at least `threshold` bytes from mappings of their
+/// own, unmapped when freed (`mallopt(M_MMAP_THRESHOLD)`, process-wide, for the rest of the
+/// process). Returns whether glibc took it.
+#[pyfunction]
+fn set_mmap_threshold(threshold: usize) -> bool {
+    const M_MMAP_THRESHOLD: libc::c_int = -3;
+    let Ok(t) = libc::c_int::try_from(threshold) else {
+        return false;
+    };
+    // SAFETY: mallopt only changes a malloc tunable; any value is checked by glibc.
+    unsafe { libc::mallopt(M_MMAP_THRESHOLD, t) == 1 }
+}
+
 /// The target paths of this process's background saves that have not finished.
 #[pyfunction]
 fn pending_saves() -> Vec<std::path::PathBuf> {
@@ -117,6 +137,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(write_atomic, m)?)?;
     m.add_function(wrap_pyfunction!(parse_header, m)?)?;
     m.add_function(wrap_pyfunction!(pending_saves, m)?)?;
+    m.add_function(wrap_pyfunction!(fs_type, m)?)?;
+    m.add_function(wrap_pyfunction!(set_mmap_threshold, m)?)?;
     m.add_function(wrap_pyfunction!(wait_pending_saves, m)?)?;
     sharded::register(m)?;
     slice::register(m)?;

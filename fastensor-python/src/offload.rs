@@ -6,22 +6,23 @@
 //!   then drops it, so torch frees the memory (the reference is dropped without the GIL and
 //!   released the next time this module enters the interpreter, at the latest when the next
 //!   `put` or `get` returns).
-//! - `get` returns a DLPack capsule over a page-aligned buffer the store read the bytes into
-//!   (prefetched, or read on demand); `torch.from_dlpack` makes it a tensor that owns the
-//!   buffer; the capsule's deleter gives it back to the store's [`Recycler`] (later reads of
-//!   the same length reuse memory already faulted in) or frees it. No byte is copied on
-//!   either side.
+//! - `get` returns a DLPack capsule over a page-aligned block of the process's host pool
+//!   (the one torch's large CPU allocations come from while offload runs, see
+//!   [`crate::torch_alloc`]) that the store read the bytes into (ahead of time, or on
+//!   demand); `torch.from_dlpack` makes it a tensor that owns the block; the capsule's
+//!   deleter gives it back to the pool, where later reads and allocations reuse its memory,
+//!   already faulted in. No byte is copied on either side.
 
 use crate::engine::PyEngine;
 use crate::errors::IntoPy;
 use crate::memory::{self, Access, Lent, Place};
-use fastensor::offload::{ForeignBytes, Handle, OffloadConfig, OffloadStore, Payload, Recycler};
+use fastensor::offload::{ForeignBytes, Handle, HostPool, OffloadConfig, OffloadStore, Payload};
 use fastensor::HostBuffer;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use std::path::PathBuf;
-use std::sync::{Mutex, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 
 /// A tensor's memory, lent to the store by the Python object that owns it.
 struct TensorBytes {
@@ -119,7 +120,8 @@ impl PyOffloadStore {
             .prefetch_depth(prefetch_depth)
             .small_threshold(0)
             .io_threads(io_threads)
-            .initial_capacity(initial_capacity);
+            .initial_capacity(initial_capacity)
+            .pool(crate::torch_alloc::pool());
         let store = py
             .detach(|| OffloadStore::new(&engine.engine, config))
             .py_err()?;
@@ -204,15 +206,25 @@ impl PyOffloadStore {
 
     /// The tensor's bytes as a DLPack capsule (one-dimensional `uint8`, host memory) that
     /// owns them; waits (the GIL released) when they are not back yet. `length` shortens the
-    /// tensor to the bytes that matter (a `put` may have written a padded length).
-    #[pyo3(signature = (handle, length=None))]
-    fn get(&self, py: Python<'_>, handle: &PyHandle, length: Option<usize>) -> PyResult<Py<PyAny>> {
-        let (buf, recycler) = self.with(|s| {
-            let buf = handle.with(|h| py.detach(|| s.get(h)))?.py_err()?;
-            Ok((buf, s.recycler()))
+    /// tensor to the bytes that matter (a `put` may have written a padded length). With
+    /// `written`, the bytes as they were put, even where the memory put was changed since
+    /// (read from disk once its write has finished).
+    #[pyo3(signature = (handle, length=None, written=false))]
+    fn get(
+        &self,
+        py: Python<'_>,
+        handle: &PyHandle,
+        length: Option<usize>,
+        written: bool,
+    ) -> PyResult<Py<PyAny>> {
+        let (buf, pool) = self.with(|s| {
+            let buf = handle
+                .with(|h| py.detach(|| if written { s.get_written(h) } else { s.get(h) }))?
+                .py_err()?;
+            Ok((buf, s.pool().clone()))
         })?;
         let length = length.unwrap_or(buf.len());
-        capsule(py, buf, length, Some(recycler))
+        capsule(py, buf, length, pool)
     }
 
     /// The puts are over: prefetching starts now, in backward order, from the last tensor.
@@ -273,6 +285,8 @@ impl PyOffloadStore {
             ("prefetches", s.prefetches),
             ("evictions", s.evictions),
             ("errors", s.errors),
+            ("written_through", s.written_through),
+            ("peak_resident_bytes", s.peak_resident_bytes),
         ] {
             d.set_item(k, v)?;
         }
@@ -294,36 +308,34 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyHandle>()
 }
 
-/// A buffer lent to a tensor: given back to the store's recycler (or freed) when the
-/// tensor dies.
-struct Recycled {
+/// A block lent to a tensor: given back to its pool when the tensor dies.
+struct Pooled {
     buf: Option<HostBuffer>,
-    recycler: Option<Recycler>,
+    pool: Arc<HostPool>,
 }
 
-impl Drop for Recycled {
+impl Drop for Pooled {
     fn drop(&mut self) {
-        if let (Some(buf), Some(r)) = (self.buf.take(), &self.recycler) {
-            r.give(buf);
+        if let Some(buf) = self.buf.take() {
+            self.pool.give(buf);
         }
     }
 }
 
 /// `buf` as a DLPack capsule of a one-dimensional `uint8` host tensor of its first `length`
-/// bytes (at most all of it) that owns it (given to `recycler`, if any, when the tensor is
-/// deleted).
+/// bytes (at most all of it) that owns it (given back to `pool` when the tensor is deleted).
 fn capsule(
     py: Python<'_>,
     mut buf: HostBuffer,
     length: usize,
-    recycler: Option<Recycler>,
+    pool: Arc<HostPool>,
 ) -> PyResult<Py<PyAny>> {
     let len = length.min(buf.len());
     let data = buf.as_mut_ptr();
     // The buffer lives, untouched by the store, until the tensor dies: the owner holds it.
-    let owner = Recycled {
+    let owner = Pooled {
         buf: Some(buf),
-        recycler,
+        pool,
     };
     crate::export::capsule(py, data, len, Box::new(owner))
 }

@@ -335,10 +335,20 @@ def test_budget_never_exceeded(tmp_path):
     assert stats.bytes_offloaded / budget > 10
 
 
-def test_larger_than_budget_and_bad_devices(tmp_path):
+def test_a_storage_larger_than_the_budget_is_written_through(tmp_path):
     a = torch.randn(1024, 1024, requires_grad=True)  # 4 MiB
-    with pytest.raises(ValueError, match="budget"), offload(dir=tmp_path, budget_bytes=1 * MIB):
-        a.exp()
+    b = a.detach().clone().requires_grad_()
+    with offload(dir=tmp_path, budget_bytes=1 * MIB) as stats:
+        y = a.exp() * 2
+    y.sum().backward()
+    b.exp().mul(2).sum().backward()
+    assert torch.equal(a.grad, b.grad)
+    assert stats.written_through >= 1
+    assert stats.peak_held_bytes <= 1 * MIB
+    assert stats.bytes_read >= 4 * MIB
+
+
+def test_bad_devices(tmp_path):
     meta = torch.empty(1024, 1024, device="meta", requires_grad=True)
     with pytest.raises(ValueError, match="meta"), offload(dir=tmp_path):
         meta.exp()

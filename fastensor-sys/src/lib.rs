@@ -8,6 +8,7 @@ pub mod atomic;
 mod cache;
 pub mod fork;
 pub mod local;
+pub mod pages;
 pub mod populate;
 
 pub use cache::{
@@ -200,6 +201,7 @@ fn fs_name(magic: i64) -> String {
         0x5846_5342 => "xfs".into(),
         0x9123_683E => "btrfs".into(),
         0x0102_1994 => "tmpfs".into(),
+        0x8584_58F6 => "ramfs".into(),
         0x6969 => "nfs".into(),
         0x794C_7630 => "overlayfs".into(),
         0x2FC1_2FC1 => "zfs".into(),

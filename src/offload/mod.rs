@@ -33,13 +33,13 @@
 //! [`Payload::foreign`]: memory owned elsewhere (a framework's tensor), written in place and
 //! given back once written.
 //!
-//! Only host memory is handled for now; device memory (GPU activations staged or sent
-//! directly with GPUDirect Storage) can come later through the same engine.
+//! Memory: the budget bounds every byte the store holds; buffers of reads back come from a
+//! [`HostPool`] (page-aligned blocks moved, not faulted, between sizes), which a caller can
+//! share with the framework that allocates the tensors (see [`OffloadConfig::pool`]).
 
 mod allocator;
 mod payload;
 mod pool;
-mod recycle;
 mod schedule;
 mod state;
 mod store;
@@ -47,12 +47,12 @@ mod worker;
 
 pub use allocator::{round_up, Extent, ExtentAllocator, EXTENT_ALIGN};
 pub use payload::{ForeignBytes, Payload};
-pub use pool::{BlockPool, PoolStats};
-pub use recycle::Recycler;
+pub use pool::{HostPool, PoolStats};
 pub use schedule::Schedule;
 pub use store::{Handle, OffloadStore};
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Settings of an [`OffloadStore`].
@@ -60,8 +60,10 @@ use std::time::Duration;
 pub struct OffloadConfig {
     /// The directory of the swap file (on the SSD).
     pub dir: PathBuf,
-    /// Most bytes the store holds in memory: tensors being written, being read back, or
-    /// prefetched. `put` waits rather than exceed it. Small tensors are not counted.
+    /// Most bytes the store holds in memory: tensors being written, kept after their write,
+    /// being read back, or read back ahead of use. `put` waits rather than exceed it; a
+    /// tensor larger than the budget is written through, never held. Small tensors are not
+    /// counted.
     pub budget: u64,
     /// How many of the tensors expected next are kept coming back (budget permitting).
     pub prefetch_depth: usize,
@@ -75,6 +77,10 @@ pub struct OffloadConfig {
     /// it the engine chooses among the backends that bypass the page cache (where there is
     /// one): a cached copy of the swap file would hold the memory offload frees.
     pub pin: Option<String>,
+    /// Where reads back take their buffers; `None`: a pool of the store's own. Share one
+    /// pool with whatever else allocates such memory in the process (the framework's
+    /// tensors) so that memory freed by one serves the other.
+    pub pool: Option<Arc<HostPool>>,
 }
 
 impl OffloadConfig {
@@ -89,6 +95,7 @@ impl OffloadConfig {
             io_threads: 2,
             initial_capacity: 0,
             pin: None,
+            pool: None,
         }
     }
 
@@ -121,6 +128,12 @@ impl OffloadConfig {
         self.pin = Some(backend.into());
         self
     }
+
+    /// Sets [`OffloadConfig::pool`].
+    pub fn pool(mut self, pool: Arc<HostPool>) -> Self {
+        self.pool = Some(pool);
+        self
+    }
 }
 
 /// Counters of an [`OffloadStore`], from [`OffloadStore::stats`].
@@ -132,6 +145,9 @@ pub struct OffloadStats {
     pub held_bytes: u64,
     /// The most bytes ever held at once (resident plus in flight); never above the budget.
     pub peak_held_bytes: u64,
+    /// The process's largest resident memory seen by `put` and `get` (bytes, as the kernel
+    /// counts it: `/proc/self/statm`); 0 where it cannot be read.
+    pub peak_resident_bytes: u64,
     /// Bytes of small tensors kept in memory (not counted in the budget).
     pub small_bytes: u64,
     /// The swap file's capacity (bytes).
@@ -154,10 +170,12 @@ pub struct OffloadStats {
     pub bytes_read: u64,
     /// Prefetch reads issued.
     pub prefetches: u64,
-    /// Prefetched tensors dropped from memory to make room for a `put`.
+    /// Tensors kept or read back ahead that were dropped from memory to make room.
     pub evictions: u64,
     /// Background transfers that failed.
     pub errors: u64,
+    /// Tensors larger than the budget, written by `put` itself.
+    pub written_through: u64,
     /// Time `put` waited for the budget (backpressure).
     pub put_wait: Duration,
     /// Time `get` waited for I/O (in flight or its own read).

@@ -9,7 +9,8 @@ pub struct Schedule {
     /// An explicit order given by [`crate::offload::OffloadStore::hint_order`]; `None`:
     /// backward order (last in, first out).
     hint: Option<Vec<u64>>,
-    /// The last tensor taken with `get` (the schedule's cursor).
+    /// The last tensor taken with `get` (the schedule's cursor): with a hint, where the
+    /// order resumes; without one, only whether the gets have begun.
     cursor: Option<u64>,
 }
 
@@ -59,8 +60,11 @@ impl Schedule {
                     .take(depth)
                     .collect()
             }
-            (None, Some(c)) => entries
-                .range(..c)
+            // Backward order: the last put of those still expected comes first, wherever
+            // the cursor is (backward does not take tensors in exactly the reverse order
+            // they were put: a tensor passed over stays expected, and comes first).
+            (None, Some(_)) => entries
+                .iter()
                 .rev()
                 .filter(|(_, v)| live(v))
                 .map(|(&id, _)| id)
@@ -77,11 +81,14 @@ mod tests {
 
     #[test]
     fn lifo_and_hint() {
-        let live: BTreeMap<u64, ()> = (0..10).map(|i| (i, ())).collect();
+        // Tensors 0..10, of which 9 and 7 are taken (false: no longer expected).
+        let live: BTreeMap<u64, bool> = (0..10).map(|i| (i, i != 9 && i != 7)).collect();
         let mut s = Schedule::default();
-        assert!(s.next(&live, 3, |_| true).is_empty());
+        assert!(s.next(&live, 3, |&v| v).is_empty());
         s.taken(7);
-        assert_eq!(s.next(&live, 3, |_| true), vec![6, 5, 4]);
+        // 8 was passed over: it is expected first.
+        assert_eq!(s.next(&live, 3, |&v| v), vec![8, 6, 5]);
+        let live: BTreeMap<u64, ()> = (0..10).map(|i| (i, ())).collect();
         s.set_hint(vec![1, 3, 5, 20, 7]);
         assert_eq!(s.next(&live, 2, |_| true), vec![1, 3]);
         s.taken(5);

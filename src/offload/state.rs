@@ -1,5 +1,11 @@
 //! The store's bookkeeping, kept under one lock: tensors and where their bytes are, the
-//! budget, the job queue of the I/O threads, and the prefetch decisions.
+//! budget, the job queue of the I/O threads, and what to keep in memory or read back.
+//!
+//! The budget counts every byte the store holds: tensors being written, tensors written and
+//! still kept in memory, reads queued or running, and tensors read back and not yet taken.
+//! A tensor written stays in memory while the budget has room (the last ones put are the
+//! first ones wanted back); room is made by dropping the kept tensors least needed: those
+//! the schedule does not expect soon, oldest first, then the farthest expected ones.
 
 use super::allocator::{Extent, ExtentAllocator};
 use super::payload::Payload;
@@ -68,16 +74,26 @@ pub(crate) enum Data {
     Small(Arc<Payload>),
     /// In memory and being written (counted in the budget).
     Writing(Arc<Payload>),
+    /// Written, and still in memory as it was put (counted in the budget; dropped when the
+    /// budget needs the room).
+    Kept(Arc<Payload>),
     /// On disk only.
     OnDisk,
-    /// A prefetch read is queued (its bytes are reserved in the budget).
+    /// A read is queued (its bytes are reserved in the budget).
     Queued,
-    /// A prefetch read is running.
+    /// A read is running.
     Reading,
-    /// Prefetched: in memory and on disk.
+    /// Read back ahead of its `get`: in memory and on disk.
     Loaded(HostBuffer),
     /// A background transfer failed.
     Failed(Failure),
+}
+
+impl Data {
+    /// In memory and on disk: may be dropped to make room.
+    fn droppable(&self) -> bool {
+        matches!(self, Data::Kept(_) | Data::Loaded(_))
+    }
 }
 
 /// One tensor.
@@ -141,6 +157,13 @@ impl State {
         self.stats.peak_held_bytes = self.stats.peak_held_bytes.max(self.held);
     }
 
+    /// Records a reading of the process's resident memory.
+    pub(crate) fn note_resident(&mut self, bytes: Option<u64>) {
+        if let Some(b) = bytes {
+            self.stats.peak_resident_bytes = self.stats.peak_resident_bytes.max(b);
+        }
+    }
+
     /// True for a tensor the schedule may still expect.
     fn expected(e: &Entry) -> bool {
         !e.taken && !e.dropped && !matches!(e.data, Data::Small(_) | Data::Failed(_))
@@ -151,32 +174,40 @@ impl State {
     pub(crate) fn desired(&self, depth: usize) -> Vec<u64> {
         let live = |id: &u64| self.entries.get(id).is_some_and(Self::expected);
         let mut out: Vec<u64> = self.explicit.iter().copied().filter(live).collect();
+        let explicit = out.len();
         for id in self.schedule.next(&self.entries, depth, Self::expected) {
-            if !out.contains(&id) {
+            if !out[..explicit].contains(&id) {
                 out.push(id);
             }
         }
         out
     }
 
-    /// Queues prefetch reads for the desired tensors on disk while the budget allows (and
-    /// no `put` is waiting for room). Returns whether a job was queued.
+    /// Queues reads for the desired tensors on disk while the budget has room for them,
+    /// dropping kept tensors expected later (or not at all) to make it; no read starts
+    /// while a `put` waits for room. Tensors larger than the budget are never read ahead.
+    /// Returns whether a job was queued.
     pub(crate) fn pump(&mut self, budget: u64, depth: usize) -> bool {
         if self.put_waiters > 0 || self.shutdown {
             return false;
         }
+        let desired = self.desired(depth);
         let mut queued = false;
-        for id in self.desired(depth) {
-            let e = self.entries.get_mut(&id).expect("desired ids are live");
-            if !matches!(e.data, Data::OnDisk) {
+        for (rank, &id) in desired.iter().enumerate() {
+            let e = &self.entries[&id];
+            if !matches!(e.data, Data::OnDisk) || e.len > budget {
                 continue;
             }
-            if self.held + e.len > budget {
-                break;
+            let len = e.len;
+            if self.held + len > budget {
+                self.drop_for(len, budget, &desired, rank + 1);
+                if self.held + len > budget {
+                    break;
+                }
             }
+            let e = self.entries.get_mut(&id).expect("desired ids are live");
             let extent = e.extent.expect("tensors on disk have an extent");
             e.data = Data::Queued;
-            let len = e.len;
             self.hold(len);
             self.stats.prefetches += 1;
             self.jobs.push_back(Job::Read {
@@ -191,22 +222,25 @@ impl State {
         queued
     }
 
-    /// Drops prefetched tensors (farthest from use first) until `need` more bytes fit.
-    pub(crate) fn evict_for(&mut self, need: u64, budget: u64, depth: usize) {
-        if self.held + need <= budget {
-            return;
-        }
-        let desired = self.desired(depth);
-        let mut loaded: Vec<u64> = self
+    /// Drops kept and read-back tensors until `need` more bytes fit in the budget: first
+    /// those not in `desired` (oldest first), then those of `desired` (nearest first) from
+    /// rank `from` on, the farthest first. Desired tensors before rank `from` stay.
+    fn drop_for(&mut self, need: u64, budget: u64, desired: &[u64], from: usize) {
+        let wanted: std::collections::HashSet<u64> = desired.iter().copied().collect();
+        let mut order: Vec<u64> = self
             .entries
             .iter()
-            .filter(|(_, e)| matches!(e.data, Data::Loaded(_)))
+            .filter(|(id, e)| e.data.droppable() && !wanted.contains(id))
             .map(|(&id, _)| id)
             .collect();
-        // Not desired first, then the desired ones from the farthest.
-        let rank = |id: &u64| desired.iter().position(|d| d == id).unwrap_or(usize::MAX);
-        loaded.sort_by_key(|id| std::cmp::Reverse(rank(id)));
-        for id in loaded {
+        order.extend(
+            desired[from.min(desired.len())..]
+                .iter()
+                .rev()
+                .copied()
+                .filter(|id| self.entries[id].data.droppable()),
+        );
+        for id in order {
             if self.held + need <= budget {
                 break;
             }
@@ -215,6 +249,16 @@ impl State {
             self.held -= e.len;
             self.stats.evictions += 1;
         }
+    }
+
+    /// Makes room for a `put` of `need` bytes: drops kept and read-back tensors, the least
+    /// needed first (see [`State::drop_for`]; a `put` may drop any of them).
+    pub(crate) fn evict_for(&mut self, need: u64, budget: u64, depth: usize) {
+        if self.held + need <= budget {
+            return;
+        }
+        let desired = self.desired(depth);
+        self.drop_for(need, budget, &desired, 0);
     }
 
     /// Removes a tensor and frees its extent.
@@ -241,7 +285,7 @@ impl State {
                 self.jobs.retain(|j| j.id() != id);
                 self.held -= e.len;
             }
-            Data::Loaded(_) => self.held -= e.len,
+            Data::Loaded(_) | Data::Kept(_) => self.held -= e.len,
             Data::Small(_) => self.stats.small_bytes -= e.len,
             Data::OnDisk | Data::Failed(_) => {}
         }
@@ -255,8 +299,7 @@ impl State {
         };
         e.taken = true;
         e.discarded = true;
-        let loaded = matches!(e.data, Data::Loaded(_));
-        if loaded {
+        if e.data.droppable() {
             e.data = Data::OnDisk;
             self.held -= e.len;
         } else if self.jobs.iter().any(|j| j.id() == id) {
@@ -266,8 +309,8 @@ impl State {
         self.schedule.taken(id);
     }
 
-    /// Cancels the queued transfer of `id` (a prefetch its `get` reads itself instead, or a
-    /// write of a tensor discarded before it started): its memory leaves the budget.
+    /// Cancels the queued transfer of `id` (a read its `get` does itself instead, or a write
+    /// of a tensor discarded before it started): its memory leaves the budget.
     pub(crate) fn cancel_queued(&mut self, id: u64) {
         self.jobs.retain(|j| j.id() != id);
         let e = self.entries.get_mut(&id).expect("caller checked");
@@ -275,38 +318,34 @@ impl State {
         self.held -= e.len;
     }
 
-    /// Records the end of a write.
+    /// Records the end of a write: the tensor stays in memory (kept) unless its handle was
+    /// dropped, its bytes were taken or discarded meanwhile.
     pub(crate) fn write_done(
         &mut self,
         id: u64,
         buf: Arc<Payload>,
         result: fastensor_core::Result<()>,
-        depth: usize,
     ) {
         if let Err(err) = result {
             return self.fail(id, &err, "background write");
         }
-        let keep = self.desired(depth).contains(&id);
         let e = self
             .entries
             .get_mut(&id)
             .expect("written tensors stay until done");
-        e.data = Data::OnDisk;
         self.stats.bytes_written += e.len;
-        // A foreign payload goes back to its owner once written.
-        match Arc::try_unwrap(buf) {
-            Ok(Payload::Owned(b)) if keep && !e.dropped => e.data = Data::Loaded(b),
-            _ => self.held -= e.len,
-        }
         if e.dropped {
-            if matches!(e.data, Data::Loaded(_)) {
-                self.held -= e.len;
-            }
+            self.held -= e.len;
             self.remove(id);
+        } else if e.taken || e.discarded {
+            e.data = Data::OnDisk;
+            self.held -= e.len;
+        } else {
+            e.data = Data::Kept(buf);
         }
     }
 
-    /// Records the end of a prefetch read.
+    /// Records the end of a read.
     pub(crate) fn read_done(&mut self, id: u64, result: fastensor_core::Result<HostBuffer>) {
         let buf = match result {
             Ok(buf) => buf,
@@ -316,18 +355,16 @@ impl State {
             .entries
             .get_mut(&id)
             .expect("read tensors stay until done");
-        if !e.dropped && !e.discarded {
-            self.stats.bytes_read += e.len;
-            e.data = Data::Loaded(buf);
-        } else if e.discarded && !e.dropped {
-            // Read before the caller discarded it: not needed any more.
-            self.stats.bytes_read += e.len;
-            e.data = Data::OnDisk;
-            self.held -= e.len;
-        }
+        self.stats.bytes_read += e.len;
         if e.dropped {
             self.held -= e.len;
             self.remove(id);
+        } else if e.discarded {
+            // Read before the caller discarded it: not needed any more.
+            e.data = Data::OnDisk;
+            self.held -= e.len;
+        } else {
+            e.data = Data::Loaded(buf);
         }
     }
 

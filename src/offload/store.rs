@@ -3,7 +3,7 @@
 use super::allocator::round_up;
 use super::payload::Payload;
 use super::state::{Data, Entry, Failure, Job, State};
-use super::{worker, OffloadConfig, OffloadStats, Recycler};
+use super::{worker, HostPool, OffloadConfig, OffloadStats};
 use crate::{Engine, EngineFile};
 use fastensor_core::{Error, ErrorKind, HostBuffer, OpenMode, Purpose, Result};
 use std::path::{Path, PathBuf};
@@ -26,8 +26,8 @@ pub(crate) struct Shared {
     pub(crate) work: Condvar,
     /// Something finished or was freed (`put` and `get` wait on it).
     changed: Condvar,
-    /// Buffers that reads back go into (see [`OffloadStore::recycler`]).
-    pub(crate) recycler: Recycler,
+    /// Where the buffers of reads back come from (see [`OffloadStore::pool`]).
+    pub(crate) pool: Arc<HostPool>,
 }
 
 impl Shared {
@@ -45,6 +45,24 @@ impl Shared {
             self.work.notify_all();
         }
         self.changed.notify_all();
+    }
+
+    /// An extent of `len` bytes of the swap file, growing the file when none is free.
+    fn extent_for(&self, st: &mut State, len: u64) -> Result<super::Extent> {
+        loop {
+            match st.alloc.alloc(len) {
+                Ok(x) => return Ok(x),
+                Err(needed) => self.grow(st, needed)?,
+            }
+        }
+    }
+
+    /// A copy of `bytes` in a block of the pool.
+    fn copy_to_pool(&self, bytes: &[u8]) -> Result<HostBuffer> {
+        let mut buf = self.pool.take(bytes.len())?;
+        buf[..bytes.len()].copy_from_slice(bytes);
+        buf.truncate(bytes.len());
+        Ok(buf)
     }
 
     /// Grows the swap file to at least `needed` bytes (doubling it at least). Changing a
@@ -149,7 +167,7 @@ impl OffloadStore {
                 state: Mutex::new(State::default()),
                 work: Condvar::new(),
                 changed: Condvar::new(),
-                recycler: Recycler::new(config.budget),
+                pool: config.pool.clone().unwrap_or_default(),
             }),
             threads: Vec::new(),
         };
@@ -178,11 +196,11 @@ impl OffloadStore {
         &self.shared.path
     }
 
-    /// Where the buffers [`OffloadStore::get`] returns can be given back once their bytes
-    /// are no longer needed: later reads of the same length then reuse them (memory already
-    /// faulted in) instead of allocating, up to the budget's worth of spare buffers.
-    pub fn recycler(&self) -> Recycler {
-        self.shared.recycler.clone()
+    /// The pool the buffers [`OffloadStore::get`] returns come from: give them back there
+    /// once their bytes are no longer needed, and later reads reuse their memory (already
+    /// faulted in) instead of taking fresh memory ([`OffloadConfig::pool`]).
+    pub fn pool(&self) -> &Arc<HostPool> {
+        &self.shared.pool
     }
 
     /// The settings.
@@ -191,19 +209,24 @@ impl OffloadStore {
     }
 
     /// Offloads `tensor` under `label` and returns at once while a background thread writes
-    /// it; waits first when the memory budget has no room for it (backpressure). Tensors
-    /// below the small threshold stay in memory. Fails with the first background failure
-    /// not yet reported (naming its tensor; `tensor` is then not stored, and the error says
-    /// so), or for a tensor larger than the budget. `tensor` is a [`HostBuffer`] (the store
-    /// owns it) or a [`Payload::foreign`] (memory owned elsewhere, written in place; the
-    /// store drops it once written, counting it in the budget until then).
+    /// it; waits first when the memory budget has no room for it (backpressure), after
+    /// dropping the tensors kept in memory that are needed least. A tensor larger than the
+    /// whole budget is written through instead: on the caller's thread, before `put`
+    /// returns, never held. Tensors below the small threshold stay in memory. Fails with the
+    /// first background failure not yet reported (naming its tensor; `tensor` is then not
+    /// stored, and the error says so), or when a written-through tensor cannot be written.
+    /// `tensor` is a [`HostBuffer`] (the store owns it) or a [`Payload::foreign`] (memory
+    /// owned elsewhere, written in place; the store keeps it, counted in the budget, until
+    /// written and then while the budget has room, and drops it after).
     pub fn put(&self, tensor: impl Into<Payload>, label: impl Into<String>) -> Result<Handle> {
         let tensor: Payload = tensor.into();
         let s = &self.shared;
         let (budget, depth) = (s.config.budget, s.config.prefetch_depth);
         let len = tensor.len() as u64;
         let label: Arc<str> = label.into().into();
+        let resident = fastensor_sys::pages::resident_bytes();
         let mut st = s.lock();
+        st.note_resident(resident);
         if let Some(f) = st.unreported.pop_front() {
             let earlier = f.error();
             return Err(Error::new(
@@ -213,12 +236,6 @@ impl OffloadStore {
             .with_source(earlier));
         }
         let small = tensor.len() < s.config.small_threshold;
-        if !small && len > budget {
-            return Err(Error::new(
-                ErrorKind::InvalidInput,
-                format!("tensor `{label}` ({len} bytes) exceeds the offload budget ({budget})"),
-            ));
-        }
         let id = st.next_id;
         st.next_id += 1;
         st.stats.puts += 1;
@@ -243,6 +260,13 @@ impl OffloadStore {
             st.entries.insert(id, entry);
             return Ok(handle);
         }
+        if len > budget {
+            let extent = s.extent_for(&mut st, len)?;
+            entry.extent = Some(extent);
+            st.entries.insert(id, entry);
+            drop(st);
+            return self.write_through(handle, extent.offset, &tensor);
+        }
         st.evict_for(len, budget, depth);
         if st.held + len > budget {
             let t0 = Instant::now();
@@ -254,12 +278,7 @@ impl OffloadStore {
             st.put_waiters -= 1;
             st.stats.put_wait += t0.elapsed();
         }
-        let extent = loop {
-            match st.alloc.alloc(len) {
-                Ok(x) => break x,
-                Err(needed) => s.grow(&mut st, needed)?,
-            }
-        };
+        let extent = s.extent_for(&mut st, len)?;
         st.hold(len);
         let buf = Arc::new(tensor);
         entry.extent = Some(extent);
@@ -274,11 +293,49 @@ impl OffloadStore {
         Ok(handle)
     }
 
+    /// Writes a tensor larger than the budget on the caller's thread (its entry, on disk
+    /// once written, is in the table already); a failure drops the handle (and the entry).
+    fn write_through(&self, handle: Handle, offset: u64, tensor: &Payload) -> Result<Handle> {
+        let s = &self.shared;
+        let t0 = Instant::now();
+        let result = s.file.write_at(offset, &tensor[..]);
+        let mut st = s.lock();
+        st.stats.write_time += t0.elapsed();
+        st.stats.written_through += 1;
+        match result {
+            Ok(()) => {
+                st.stats.bytes_written += handle.len;
+                Ok(handle)
+            }
+            Err(err) => {
+                st.stats.errors += 1;
+                let f = Failure::new(&err, "write", handle.id, &handle.label);
+                drop(st);
+                drop(handle);
+                Err(f.error())
+            }
+        }
+    }
+
     /// Returns the tensor's bytes: from memory when it is there (small, still being written,
-    /// or prefetched), else after waiting for its read in flight or reading it now. Moves
-    /// the schedule's cursor to this tensor, which starts the prefetch of the next ones.
-    /// A failed background transfer of this tensor is returned as an error naming it.
+    /// kept after its write, or read back ahead), else after waiting for its read in flight
+    /// or reading it now. Moves the schedule's cursor to this tensor, which starts reading
+    /// back the next ones. A failed background transfer of this tensor is returned as an
+    /// error naming it. The buffer comes from the store's [`pool`](OffloadStore::pool) when
+    /// read back (a copy of memory owned elsewhere is made there too).
     pub fn get(&self, handle: &Handle) -> Result<HostBuffer> {
+        self.get_from(handle, true)
+    }
+
+    /// As [`OffloadStore::get`], but memory owned elsewhere ([`Payload::foreign`]) is not
+    /// trusted to hold the bytes still (its owner changed it since `put`): the tensor comes
+    /// from the store's own memory or from disk, after its write has finished. (A tensor
+    /// below the small threshold was never written: it comes from its memory as it is.)
+    pub fn get_written(&self, handle: &Handle) -> Result<HostBuffer> {
+        self.get_from(handle, false)
+    }
+
+    fn get_from(&self, handle: &Handle, trust_foreign: bool) -> Result<HostBuffer> {
         let s = &self.shared;
         if !Arc::ptr_eq(&handle.shared, s) {
             return Err(Error::new(
@@ -287,7 +344,9 @@ impl OffloadStore {
             ));
         }
         let id = handle.id;
+        let resident = fastensor_sys::pages::resident_bytes();
         let mut st = s.lock();
+        st.note_resident(resident);
         st.stats.gets += 1;
         let mut stall = Duration::ZERO;
         loop {
@@ -298,18 +357,31 @@ impl OffloadStore {
                     format!("tensor `{}` was discarded", handle.label),
                 ));
             }
-            let from_memory = match &mut e.data {
+            let foreign = |p: &Arc<Payload>| matches!(**p, Payload::Foreign(_));
+            match &e.data {
+                Data::Kept(p) if !trust_foreign && foreign(p) => {
+                    e.data = Data::OnDisk;
+                    st.held -= handle.len;
+                    continue;
+                }
+                Data::Writing(p) if !trust_foreign && foreign(p) => {
+                    let t0 = Instant::now();
+                    st = s.wait(st);
+                    stall += t0.elapsed();
+                    continue;
+                }
+                _ => {}
+            }
+            let copy_of = match &mut e.data {
                 Data::Failed(f) => return Err(f.error()),
                 Data::Small(b) => Some(b.clone()),
                 Data::Writing(b) => {
                     e.taken = true;
                     Some(b.clone())
                 }
-                Data::Loaded(_) => {
+                Data::Kept(_) | Data::Loaded(_) => {
                     e.taken = true;
-                    let Data::Loaded(buf) = std::mem::replace(&mut e.data, Data::OnDisk) else {
-                        unreachable!("matched above")
-                    };
+                    let data = std::mem::replace(&mut e.data, Data::OnDisk);
                     st.held -= handle.len;
                     st.schedule.taken(id);
                     if stall.is_zero() {
@@ -319,7 +391,16 @@ impl OffloadStore {
                         st.stats.get_stall += stall;
                     }
                     s.after_change(&mut st);
-                    return Ok(buf);
+                    drop(st);
+                    return match data {
+                        Data::Loaded(buf) => Ok(buf),
+                        Data::Kept(payload) => match Arc::try_unwrap(payload) {
+                            Ok(Payload::Owned(buf)) => Ok(buf),
+                            Ok(other) => s.copy_to_pool(&other),
+                            Err(shared) => s.copy_to_pool(&shared),
+                        },
+                        _ => unreachable!("matched above"),
+                    };
                 }
                 Data::Queued => {
                     st.cancel_queued(id);
@@ -333,14 +414,14 @@ impl OffloadStore {
                 }
                 Data::OnDisk => None,
             };
-            if let Some(b) = from_memory {
+            if let Some(b) = copy_of {
                 if e.taken {
                     st.schedule.taken(id);
                 }
                 st.stats.gets_from_memory += 1;
                 s.after_change(&mut st);
                 drop(st);
-                return HostBuffer::from_slice(&b);
+                return s.copy_to_pool(&b);
             }
             // On disk and nothing in flight: read it here.
             e.taken = true;

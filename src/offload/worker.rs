@@ -1,6 +1,7 @@
 //! The background I/O threads: they take jobs from the store's queue, move the bytes
 //! through the engine with the store's lock released, and record the outcome.
 
+use super::allocator::round_up;
 use super::state::{Data, Job};
 use super::store::Shared;
 use fastensor_core::{Error, ErrorKind, HostBuffer, Result};
@@ -47,7 +48,7 @@ fn run(shared: &Shared) {
                 let result = shared.file.write_at(offset, &buf[..]);
                 let mut st = shared.lock();
                 st.stats.write_time += t0.elapsed();
-                st.write_done(id, buf, result, shared.config.prefetch_depth);
+                st.write_done(id, buf, result);
                 shared.after_change(&mut st);
             }
             Job::Read { id, offset, len } => {
@@ -62,13 +63,24 @@ fn run(shared: &Shared) {
     }
 }
 
-/// Reads exactly `len` bytes at `offset` of the swap file.
+/// Reads the `len` bytes at `offset` of the swap file into a block of the store's pool:
+/// the extent's whole pages are read (with no bounce through a partial page), and the
+/// buffer returned holds exactly the `len` bytes.
 pub(crate) fn read(shared: &Shared, offset: u64, len: u64) -> Result<HostBuffer> {
     let n = usize::try_from(len)
         .map_err(|_| Error::new(ErrorKind::InvalidInput, "tensor too large for memory"))?;
-    let mut buf = shared.recycler.take(n)?;
-    let got = shared.file.read_at(offset, &mut buf)?;
-    if got != n {
+    let mut buf = shared.pool.take(n)?;
+    let span = (round_up(len) as usize).min(buf.len());
+    let result = shared.file.read_at(offset, &mut buf[..span]);
+    let got = match result {
+        Ok(got) => got,
+        Err(e) => {
+            shared.pool.give(buf);
+            return Err(e);
+        }
+    };
+    if got < n {
+        shared.pool.give(buf);
         return Err(Error::new(
             ErrorKind::UnexpectedEof,
             format!("wanted {n} bytes, the swap file ended after {got}"),
@@ -76,5 +88,6 @@ pub(crate) fn read(shared: &Shared, offset: u64, len: u64) -> Result<HostBuffer>
         .with_path(&shared.path)
         .with_offset(offset));
     }
+    buf.truncate(n);
     Ok(buf)
 }

@@ -171,6 +171,114 @@ impl HostBuffer {
         })
     }
 
+    /// A zeroed buffer of `len` bytes (page-aligned) in an anonymous mapping of its own,
+    /// whatever its size: its pages are faulted in on first use, and the mapping can be
+    /// handed over whole ([`HostBuffer::into_mapping`]). From [`HUGE_PAGE_THRESHOLD`] on it
+    /// starts on a huge page and asks for transparent huge pages, as large buffers do.
+    pub fn mapped_pages(len: usize) -> Result<Self> {
+        if len == 0 {
+            return Self::new(0);
+        }
+        Self::mapped(len, PAGE_ALIGN)
+    }
+
+    /// The bytes this buffer maps (its length rounded up to whole pages) when it is an
+    /// anonymous mapping of its own, else `None`.
+    pub fn mapped_len(&self) -> Option<usize> {
+        match self.alloc {
+            Some((Allocation::Mapped(_, body), _)) => Some(body),
+            _ => None,
+        }
+    }
+
+    /// The buffer at the whole length of its mapping (undoes [`HostBuffer::truncate`]); other
+    /// buffers come back as they are.
+    pub fn whole(mut self) -> HostBuffer {
+        if let Some(body) = self.mapped_len() {
+            self.len = body;
+        }
+        self
+    }
+
+    /// Splits a buffer that is a mapping of its own at byte `at` (a multiple of
+    /// [`PAGE_ALIGN`] inside the mapping): this buffer keeps the pages before `at`, the
+    /// buffer returned owns the ones from `at` on. Nothing is unmapped or moved. `None` (and
+    /// nothing changed) for other buffers or positions.
+    pub fn split_off(&mut self, at: usize) -> Option<HostBuffer> {
+        let body = self.mapped_len()?;
+        if at == 0 || at >= body || at % PAGE_ALIGN != 0 {
+            return None;
+        }
+        // SAFETY: `at < body`, so the pointer stays inside this buffer's own mapping.
+        let tail = unsafe { NonNull::new_unchecked(self.ptr.as_ptr().add(at)) };
+        self.alloc = Some((Allocation::Mapped(self.ptr, at), PAGE_ALIGN));
+        self.len = self.len.min(at);
+        Some(HostBuffer {
+            ptr: tail,
+            len: body - at,
+            alloc: Some((Allocation::Mapped(tail, body - at), PAGE_ALIGN)),
+        })
+    }
+
+    /// Moves the pages at the start of `src` into this buffer from byte `at` on (`mremap`):
+    /// the memory changes address with its physical pages and contents, so nothing is
+    /// copied or faulted in again, and this buffer's pages there are dropped. As many pages
+    /// move as fit before the end of this buffer's mapping. Returns the rest of `src` (its
+    /// pages that did not move) as a buffer of its own, or `None` when all moved. Both must
+    /// be mappings of their own ([`HostBuffer::mapped_len`]) and `at` a multiple of
+    /// [`PAGE_ALIGN`] inside this one; otherwise, or when the kernel refuses (too many
+    /// mappings, say), `src` comes back whole as the error.
+    pub fn take_pages(
+        &mut self,
+        at: usize,
+        src: HostBuffer,
+    ) -> std::result::Result<Option<HostBuffer>, HostBuffer> {
+        let (Some(room), Some(have)) = (self.mapped_len(), src.mapped_len()) else {
+            return Err(src);
+        };
+        if at % PAGE_ALIGN != 0 || at >= room {
+            return Err(src);
+        }
+        let n = have.min(room - at);
+        // SAFETY: `src.ptr..+n` is the start of `src`'s own mapping and `self.ptr + at..+n`
+        // lies inside this buffer's own mapping (n <= room - at); both are page-aligned
+        // with a page-multiple length, and both buffers are held exclusively here (`src` by
+        // value, `self` by `&mut`), so no reference into either range is in use. The moved
+        // pages leave `src`'s range unmapped: `src` gives up that part below.
+        let moved = unsafe {
+            rustix::mm::mremap_fixed(
+                src.ptr.as_ptr().cast(),
+                n,
+                n,
+                rustix::mm::MremapFlags::MAYMOVE,
+                self.ptr.as_ptr().add(at).cast(),
+            )
+        };
+        if moved.is_err() {
+            return Err(src);
+        }
+        let rest = have - n;
+        let base = src.ptr;
+        std::mem::forget(src);
+        if rest == 0 {
+            return Ok(None);
+        }
+        // SAFETY: base + n..base + have is the part of `src`'s mapping that did not move:
+        // still mapped, and owned by no one since `src` was forgotten.
+        let ptr = unsafe { NonNull::new_unchecked(base.as_ptr().add(n)) };
+        Ok(Some(HostBuffer {
+            ptr,
+            len: rest,
+            alloc: Some((Allocation::Mapped(ptr, rest), PAGE_ALIGN)),
+        }))
+    }
+
+    /// Shortens the buffer to its first `len` bytes (no more than it holds); its memory
+    /// stays whole (a mapping keeps all its pages, [`HostBuffer::mapped_len`]).
+    pub fn truncate(&mut self, len: usize) {
+        self.len = self.len.min(len);
+    }
+
     /// A buffer holding a copy of `data`.
     pub fn from_slice(data: &[u8]) -> Result<Self> {
         let mut buf = Self::new(data.len())?;
@@ -304,6 +412,33 @@ mod tests {
             }
         }
         total
+    }
+
+    #[test]
+    fn pages_move_between_mapped_buffers_and_split_in_place() {
+        const P: usize = PAGE_ALIGN;
+        let mut src = HostBuffer::mapped_pages(5 * P).unwrap();
+        src.fill(7);
+        let mut dst = HostBuffer::mapped_pages(3 * P).unwrap();
+        // Two pages fit from byte P on: they move with their bytes; three stay in `rest`.
+        let rest = dst.take_pages(P, src).unwrap().unwrap();
+        assert_eq!(rest.len(), 3 * P);
+        assert!(rest.iter().all(|&b| b == 7));
+        assert!(dst[..P].iter().all(|&b| b == 0));
+        assert!(dst[P..].iter().all(|&b| b == 7));
+        // Refused where it cannot be done: the source comes back whole.
+        let heap = HostBuffer::new(100).unwrap();
+        assert_eq!(dst.take_pages(0, heap).unwrap_err().len(), 100);
+        let rest = dst.take_pages(3 * P, rest).unwrap_err();
+        // A split keeps both halves' bytes; `whole` undoes a truncation.
+        let mut head = rest;
+        let tail = head.split_off(P).unwrap();
+        assert_eq!((head.len(), tail.len()), (P, 2 * P));
+        assert!(head.split_off(3).is_none());
+        head.truncate(10);
+        assert_eq!(head.len(), 10);
+        assert_eq!(head.whole().len(), P);
+        assert!(tail.iter().all(|&b| b == 7));
     }
 
     #[test]

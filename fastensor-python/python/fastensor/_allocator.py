@@ -1,32 +1,31 @@
-"""A caching allocator for torch's large CPU tensors: :class:`caching_allocator`, opt-in.
+"""A caching allocator for torch's large CPU tensors: :class:`caching_allocator`.
 
 torch gets a CPU tensor's memory from glibc. Blocks of a MiB or more are then mappings of
 their own, or glibc hands freed ones back to the system, so every training step faults its
 activations in again (page faults cost 1-2 CPU seconds per GiB on some virtual machines,
-often more than the step's compute). Activation offload makes it worse: it frees each
-activation as soon as it is written. Inside ``with caching_allocator():`` torch's requests
-of at least ``min_bytes`` come from a pool of page-aligned blocks instead, and blocks torch
-frees go back to it for the next request of about the same size, as torch's CUDA caching
-allocator does on a GPU. :func:`fastensor.torch.offload` uses it only when asked
-(``offload(..., caching_allocator=True)``), for as long as its graphs live.
+often more than the step's compute), and memory freed by tensors of one size does not serve
+another. Inside ``with caching_allocator():`` torch's requests of at least ``min_bytes``
+come from fastensor's pool of page-aligned blocks instead, as torch's CUDA caching allocator
+does on a GPU: a freed block serves the next request of about its size, and idle blocks of
+other sizes have their pages moved (not copied, not faulted again) into a block of the size
+asked for, so the pool never holds more than the most its users had at once.
+:func:`fastensor.torch.offload` uses it by default, for as long as its graphs live, and
+reads offloaded tensors back into the same pool.
 
-What it buys: less resident memory and faster steps (blocks reused, already faulted in; an
-offloaded tensor is written straight from its block). What it costs: while in use,
-``libc10.so``'s global offset table entries of ``posix_memalign``, ``free`` and ``realloc``
-are rewritten (as memory profilers do) so that torch's calls reach the pool; calls from any
-other library are untouched.
+How: through torch's own CPU allocator slot (``c10::SetCPUAllocator``, the C++ API torch
+offers for this), with an allocator object built from what the loaded ``libc10.so``
+exports and checked against it first; where it does not match, or another allocator holds
+the slot, torch keeps its own and ``reason`` says why. No other library's allocations are
+affected.
 
-Who owns what: the pool owns its blocks; a tensor owns one from its allocation to its free.
-Idle blocks are kept up to half again the most the pool had handed out at once, until
-:func:`empty_cache` releases them.
+Who owns what: the pool owns its blocks; a tensor owns one from its allocation to its
+free, and the block's deleter gives it back to the pool whatever allocator torch has by
+then. Idle blocks are kept (what the users had at their peak) until :func:`empty_cache`
+releases them.
 
-Its life: the first user (a ``caching_allocator`` block, an offload session) rewrites the
-entries; more users only count. When the last user leaves, the original entries and their
-pages' protection (read-only RELRO) are put back, at once if no tensor holds a pool block,
-else by the ``free`` of the last such block (until then the pool serves no new request:
-torch allocates from glibc again, and only the blocks still out come back through the
-redirection, since glibc's ``free`` must never see one). ``FASTENSOR_TORCH_ALLOCATOR=0`` in
-the environment turns it off whatever the code asks.
+Its life: the first user installs the allocator; more users only count; when the last user
+leaves, torch's own allocator is put back at once. ``FASTENSOR_TORCH_ALLOCATOR=0`` in the
+environment turns it off whatever the code asks.
 """
 
 from __future__ import annotations
@@ -73,11 +72,10 @@ class caching_allocator:  # noqa: N801 (a context manager named as a function, l
                 loss = model(x).loss
                 loss.backward()
 
-    Blocks freed after the block are still taken back by the pool; ``libc10.so``'s calls
-    are given back to glibc when the last user has left and the last pool block is freed
-    (see the module's documentation). ``enabled`` tells whether it took effect; ``reason``
-    why not (``FASTENSOR_TORCH_ALLOCATOR=0``, or no ``libc10.so`` to redirect: then torch
-    allocates as usual).
+    Blocks freed after the block are still taken back by the pool; torch's own allocator is
+    put back when the last user has left (see the module's documentation). ``enabled``
+    tells whether it took effect; ``reason`` why not (``FASTENSOR_TORCH_ALLOCATOR=0``, or a
+    torch whose allocator cannot be replaced: then torch allocates as usual).
 
     Args:
         min_bytes: smallest request served from the pool (default 1 MiB); smaller ones stay
@@ -111,12 +109,13 @@ def empty_cache() -> int:
 
 
 def allocator_stats() -> dict[str, Any]:
-    """The pool's figures: ``installed`` (``libc10.so``'s calls redirected now),
-    ``redirected_slots``, ``installs``/``removals`` (times the redirection was put in place
-    and undone), ``reason`` (why the last install or removal failed, if one did), ``stuck``
-    (a removal failed: the allocator stays off in this process), ``enabled`` (a user has it
-    on), ``min_bytes``, ``blocks_held`` and ``live_bytes`` (held by tensors),
-    ``idle_bytes`` (kept for reuse), ``peak_live_bytes``, ``hits`` (requests served by an
-    idle block), ``misses`` (new blocks), ``released_blocks``/``released_bytes``,
-    ``fallbacks`` (requests glibc served because the pool could not)."""
+    """The pool's figures: ``installed`` (torch's CPU allocator is the pool's now),
+    ``installs``/``removals`` (times it was put in place and taken out), ``reason`` (why it
+    could not be installed, if it could not), ``enabled`` (a user has it on), ``min_bytes``,
+    ``blocks_held`` and ``live_bytes`` (held by tensors and reads back), ``idle_bytes``
+    (kept for reuse), ``peak_bytes`` (the most the pool held), ``reused`` (requests served
+    by an idle block), ``remapped``/``remapped_bytes`` (requests served by moving idle pages),
+    ``fresh``/``fresh_bytes`` (fresh memory taken), ``released_bytes`` (given back by
+    :func:`empty_cache`), ``fallbacks`` (requests torch's allocator served because the pool
+    could not)."""
     return dict(_native.torch_allocator_stats())

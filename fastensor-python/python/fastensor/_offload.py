@@ -11,19 +11,24 @@ prefetch in backward order), over ``torch.autograd.graph.saved_tensors_hooks``::
 
 Who owns what:
 
-- A saved tensor's storage is written in place: the store keeps a reference to the storage
-  until its background write has finished, then drops it, so torch frees the memory unless
-  something else still uses it (with the caching allocator, back to its pool, where the next
-  activation takes it). Bytes being written count against ``budget_bytes``; a pack waits
-  (with the GIL released) while the budget is full. A storage in a block of the caching
-  allocator is written to its page-rounded length (the block's own bytes), so direct I/O
-  takes it without copying a partial page.
-- On unpack, the bytes come back in a page-aligned buffer the store read them into (ahead
-  of time when prefetched); ``torch.from_dlpack`` turns it into a tensor that owns the
-  buffer. When that tensor is freed the buffer goes back to the store, which reuses it for
-  a later read of the same length (memory already faulted in; at most ``budget_bytes`` of
-  spare buffers are kept). The saved tensor is rebuilt as a view of it with its dtype,
-  shape, strides and storage offset, so views of one storage share one write and one read.
+- Memory: while a block's graphs live, torch's CPU allocations of 256 KiB or more come from
+  fastensor's host pool (:class:`fastensor.torch.caching_allocator`), and the store reads
+  offloaded tensors back into blocks of the same pool: the memory an activation frees once
+  written serves the next activation, or the read of an earlier one, already faulted in.
+- A saved tensor's storage is written in place (a pool block is page-aligned: direct I/O
+  takes it without a copy, to its page-rounded length). The store keeps a reference to the
+  storage while it is being written, and after that while ``budget_bytes`` has room: the
+  last tensors saved by the forward pass are the first backward needs, and take no read.
+  The budget counts everything the store holds (tensors being written or kept, reads in
+  flight, tensors read back ahead); a pack waits (with the GIL released) for room, after
+  dropping the kept tensors needed last. A storage larger than the whole budget is written
+  on the spot instead (the pack returns once it is on disk) and never held.
+- On unpack, a storage still in memory (kept, or alive elsewhere) is used as it is; else its
+  bytes come back in a pool block the store read them into (ahead of time when prefetched);
+  ``torch.from_dlpack`` turns it into a tensor that owns the block, which goes back to the
+  pool when that tensor is freed. The saved tensor is rebuilt as a view of it with its
+  dtype, shape, strides and storage offset, so views of one storage share one write and one
+  read.
 - CUDA tensors are copied to pinned host memory first (the copy is offloaded; the device
   memory is freed with the tensor) and copied back to their device on unpack.
 
@@ -39,7 +44,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import ctypes
 import itertools
 import os
 import tempfile
@@ -63,9 +67,11 @@ __all__ = ["OffloadStats", "offload", "release_freed_memory"]
 #: Prefetch depth standing for "as many tensors as the budget holds".
 _UNLIMITED = 1 << 20
 
-#: glibc's ``mallopt`` parameter of the mmap threshold, and the most it accepts (64-bit).
-_M_MMAP_THRESHOLD = -3
+#: The most glibc accepts as its mmap threshold (64-bit).
 _MMAP_THRESHOLD_MAX = 32 << 20
+
+#: torch's CPU requests of at least this many bytes come from the pool while offload runs.
+_POOL_MIN_BYTES = 256 << 10
 
 #: The mmap threshold this module set (None: malloc left alone so far).
 _mmap_threshold: int | None = None
@@ -83,23 +89,6 @@ def _default_dir() -> str:
     return os.environ.get("FASTENSOR_OFFLOAD_DIR") or tempfile.gettempdir()
 
 
-def _fs_type(path: str) -> str | None:
-    """The file system type of ``path`` from ``/proc/self/mounts`` (None if unknown)."""
-    try:
-        with open("/proc/self/mounts") as f:
-            mounts = [line.split()[1:3] for line in f]
-    except OSError:
-        return None
-    path = os.path.realpath(path)
-    best, kind = "", None
-    for point, fstype in mounts:
-        point = point.replace("\\040", " ")
-        inside = path == point or path.startswith(point.rstrip("/") + "/")
-        if inside and len(point) >= len(best):
-            best, kind = point, fstype
-    return kind
-
-
 def release_freed_memory(threshold: int = 1 << 20) -> bool:
     """Makes glibc give blocks of at least ``threshold`` bytes back to the system when freed.
 
@@ -112,21 +101,17 @@ def release_freed_memory(threshold: int = 1 << 20) -> bool:
     free.
 
     Never called behind the caller's back: only by the caller, or by
-    ``offload(..., release_memory=True)`` (with its ``min_bytes``, where its caching allocator
-    is not in use). It affects the whole process (every library's ``malloc``), for the rest of
-    its life (glibc cannot tell the threshold it replaces, so it is not put back), and each
-    large allocation then faults in fresh pages. Returns whether the threshold is set (False
-    off glibc).
+    ``offload(..., release_memory=True)`` (with its ``min_bytes``, where the pool is not in
+    use). It affects the whole process (every library's ``malloc``), for the rest of its life
+    (glibc cannot tell the threshold it replaces, so it is not put back), and each large
+    allocation then faults in fresh pages. Returns whether the threshold is set (False off
+    glibc).
     """
     global _mmap_threshold
     threshold = max(1, min(int(threshold), _MMAP_THRESHOLD_MAX))
     if _mmap_threshold is not None and _mmap_threshold <= threshold:
         return True
-    try:
-        mallopt = ctypes.CDLL(None).mallopt
-    except (OSError, AttributeError):
-        return False
-    if mallopt(_M_MMAP_THRESHOLD, threshold) != 1:
+    if not _native.set_mmap_threshold(threshold):
         return False
     _mmap_threshold = threshold
     return True
@@ -220,7 +205,17 @@ class OffloadStats:
     )
     bytes_kept = _field("bytes_kept", "Bytes of the tensors left in memory (by storage).")
     peak_held_bytes = _field(
-        "peak_held_bytes", "Most bytes the store held at once (being written or read back)."
+        "peak_held_bytes",
+        "Most bytes the store held at once (being written, kept, or read back); at most the "
+        "budget.",
+    )
+    peak_resident_bytes = _field(
+        "peak_resident_bytes",
+        "The process's largest resident memory (bytes, as the kernel counts it) seen by a "
+        "pack or unpack.",
+    )
+    written_through = _field(
+        "written_through", "Storages larger than the budget, written on the spot by the pack."
     )
     held_bytes = _field("held_bytes", "Bytes the store holds now.")
     bytes_written = _field("bytes_written", "Bytes written to the swap file.")
@@ -243,7 +238,7 @@ class OffloadStats:
     swap_path = _field("swap_path", "The swap file's path.")
     caching_allocator = _field(
         "caching_allocator",
-        "Whether torch's large CPU allocations came from fastensor's caching allocator.",
+        "Whether torch's large CPU allocations came from fastensor's pool.",
     )
 
     @property
@@ -316,7 +311,15 @@ class _Session:
         else:
             n = getattr(self, "_native", None) or {}
         out["budget_bytes"] = n.get("budget", 0)
-        for k in ("peak_held_bytes", "held_bytes", "bytes_written", "bytes_read", "prefetches"):
+        for k in (
+            "peak_held_bytes",
+            "held_bytes",
+            "bytes_written",
+            "bytes_read",
+            "prefetches",
+            "peak_resident_bytes",
+            "written_through",
+        ):
             out[k] = n.get(k, 0)
         out["gets_from_memory"] = n.get("gets_from_memory", 0)
         out["pack_wait_s"] = n.get("put_wait_s", 0.0)
@@ -426,7 +429,10 @@ class _Session:
                 rec.restored = storage
         if storage is None:
             t0 = time.perf_counter()
-            flat = torch.from_dlpack(self.store.get(rec.handle, rec.nbytes))
+            # Memory the store kept is the original storage's: changed since (or gone), the
+            # bytes come from disk as they were packed.
+            written = rec.device.type == "cpu"  # a CUDA tensor's host copy is the store's
+            flat = torch.from_dlpack(self.store.get(rec.handle, rec.nbytes, written=written))
             if rec.device.type == "cuda":
                 flat = flat.to(rec.device)
             self.unpack_stall_s += time.perf_counter() - t0
@@ -453,23 +459,24 @@ class offload:  # noqa: N801 (a context manager named as a function, like torch.
     Args:
         dir: directory of the swap file (an SSD); default ``$FASTENSOR_OFFLOAD_DIR``, else
             the system's temporary directory (warned about when it is in memory: tmpfs).
-        budget_bytes: most bytes the store holds in memory at once (being written, or read
-            back ahead of use); packs wait while it is full. Default 1 GiB. A single saved
-            storage larger than the budget raises ``ValueError``.
+        budget_bytes: most bytes the store holds in memory at once: saved tensors being
+            written or kept after their write (the last ones saved stay, for the start of
+            backward), and tensors read back ahead of use; packs wait while it is full.
+            Default 1 GiB. A saved storage larger than the budget is written on the spot
+            and read back when backward needs it.
         min_bytes: storages smaller than this stay in memory (default 1 MiB).
         prefetch: how many tensors to read back ahead of backward; ``None`` (default): as
             many as the budget holds; ``0``: none (each unpack reads its own).
         io_threads: background I/O threads (default 2).
-        caching_allocator: serve torch's CPU allocations of ``min_bytes`` or more from
-            fastensor's pool of reusable blocks while the block's graphs live (see
+        caching_allocator: serve torch's CPU allocations of 256 KiB or more from fastensor's
+            host pool while the block's graphs live (see
             :class:`fastensor.torch.caching_allocator`): the memory each offloaded tensor
-            frees serves the next activation, already faulted in, and is written to disk
-            without a copy. It costs rewriting ``libc10.so``'s allocation entries (its GOT)
-            while in use; they are put back once the last user is gone and the last pool
-            block freed. Default False (offload works without it); where it cannot be used,
-            ``stats.as_dict()["caching_allocator_reason"]`` says why.
-        release_memory: where the caching allocator is not in use, make glibc give freed
-            blocks of ``min_bytes`` or more back to the system (:func:`release_freed_memory`:
+            frees serves the next activation (or a read back), already faulted in, and is
+            written to disk without a copy. Default True; where torch's allocator cannot be
+            replaced, ``stats.as_dict()["caching_allocator_reason"]`` says why (offload
+            works without it, holding more memory).
+        release_memory: where the pool is not in use, make glibc give freed blocks of
+            ``min_bytes`` or more back to the system (:func:`release_freed_memory`:
             ``mallopt``, process-wide and for the rest of the process), so that the memory
             of offloaded tensors is really freed. Default False: malloc is left alone.
         engine: the fastensor engine to use (default: the module's engine).
@@ -491,7 +498,7 @@ class offload:  # noqa: N801 (a context manager named as a function, like torch.
         prefetch: int | None = None,
         *,
         io_threads: int = 2,
-        caching_allocator: bool = False,
+        caching_allocator: bool = True,
         release_memory: bool = False,
         engine: Engine | None = None,
     ):
@@ -513,15 +520,16 @@ class offload:  # noqa: N801 (a context manager named as a function, like torch.
     def __enter__(self) -> OffloadStats:
         if self._session is not None:
             raise RuntimeError("fastensor offload: this block is already active")
-        if _fs_type(self.dir) in ("tmpfs", "ramfs"):
+        fs = _native.fs_type(self.dir)
+        if fs in ("tmpfs", "ramfs"):
             warnings.warn(
-                f"fastensor offload: {self.dir} is in memory ({_fs_type(self.dir)}); offloaded "
+                f"fastensor offload: {self.dir} is in memory ({fs}); offloaded "
                 "tensors still take RAM there (pass dir= or set FASTENSOR_OFFLOAD_DIR)",
                 stacklevel=2,
             )
         allocator: tuple = (None, "not asked for (caching_allocator=False)")
         if self.caching_allocator:
-            allocator = _allocator_enable(self.min_bytes)
+            allocator = _allocator_enable(min(self.min_bytes, _POOL_MIN_BYTES))
         if allocator[0] is None and self.release_memory:
             release_freed_memory(self.min_bytes)
         depth = _UNLIMITED if self.prefetch is None else self.prefetch
