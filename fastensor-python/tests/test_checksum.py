@@ -4,9 +4,11 @@ CLI. A flipped byte in any tensor, a truncated shard and swapped tensors are eac
 named."""
 
 import json
+import math
 import os
 import shutil
 import subprocess
+import warnings
 from pathlib import Path
 
 import fastensor
@@ -16,7 +18,10 @@ import numpy as np
 import pytest
 import safetensors.torch as st
 import torch
+from _indices import indices
 from fastensor.errors import CorruptError
+from hypothesis import given, settings
+from hypothesis import strategies as hst
 
 KEY = "fastensor.checksums"
 
@@ -275,3 +280,61 @@ def test_a_verified_load_names_a_damaged_tensor_after_an_empty_one(tmp_path):
     ):
         with pytest.raises(CorruptError, match="`f1`"):
             load()
+
+
+_RANDOM_DTYPES = [torch.float32, torch.int64, torch.uint8, torch.float16, torch.bool, torch.int16]
+
+
+@hst.composite
+def _random_state(draw) -> dict[str, torch.Tensor]:
+    """1 to 6 tensors of random dtypes and shapes, at least one of them empty, in random
+    order."""
+    count = draw(hst.integers(1, 6))
+    empty = draw(hst.integers(0, count - 1))
+    out = {}
+    for i in range(count):
+        shape = draw(hst.lists(hst.integers(0 if i == empty else 1, 4), min_size=0, max_size=3))
+        if i == empty and 0 not in shape:
+            shape.append(0)
+        dtype = draw(hst.sampled_from(_RANDOM_DTYPES))
+        n = math.prod(shape)
+        values = (torch.arange(n, dtype=torch.int64) * (7 + i) % 97).reshape(shape)
+        out[f"t{i}"] = values.to(dtype) if dtype != torch.bool else values % 2 == 1
+    return out
+
+
+def _slice_outcome(slice_, index):
+    """``slice_[index]``, or the class of the SafetensorError it raised."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # (torch warns of truncated huge steps)
+            return slice_[index]
+    except fastensor.SafetensorError as exc:
+        return type(exc)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    state=_random_state(), writer=hst.sampled_from(["fastensor", "safetensors"]), data=hst.data()
+)
+def test_verified_and_plain_reads_agree_on_random_files_with_empty_tensors(
+    tmp_path_factory, state, writer, data
+):
+    path = tmp_path_factory.mktemp("p") / "p.safetensors"
+    _save_with_checksums(state, path, writer)
+    read = fastensor.Engine(mapped_loads=False)
+    for verify in (False, True):
+        _same(ft.load_file(path, verify=verify), state)
+        _same(ft.load_file(path, verify=verify, engine=read), state)
+        _same(fn.load_file(path, verify=verify), state)
+    with ft.safe_open(path) as plain, ft.safe_open(path, verify=True) as checked:
+        for name, t in state.items():
+            for _ in range(3):
+                index = data.draw(indices(t.shape))
+                a = _slice_outcome(plain.get_slice(name), index)
+                b = _slice_outcome(checked.get_slice(name), index)
+                if isinstance(a, type) or isinstance(b, type):
+                    assert a == b, (name, index, a, b)
+                else:
+                    assert a.shape == b.shape and torch.equal(a, b), (name, index)
+                    assert torch.equal(a, _slice_outcome(t, index)), (name, index)

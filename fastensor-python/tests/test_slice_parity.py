@@ -13,11 +13,10 @@ import numpy as np
 import pytest
 import safetensors
 import torch
+from _indices import indices
 from fastensor import SafetensorError
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-HUGE = [2**62, 2**63 - 1, 2**63, 2**64, 2**70]
 
 TENSORS = {
     "m": torch.arange(12, dtype=torch.float32).reshape(3, 4),
@@ -180,40 +179,13 @@ def test_every_kind_of_index_gives_what_safetensors_gives(paths, framework, name
         _check(paths, framework, name, index)
 
 
-def _bound(size: int):
-    return st.one_of(
-        st.none(), st.integers(-2 * size - 2, 2 * size + 2), st.sampled_from(HUGE + [-(2**64)])
-    )
-
-
-@st.composite
-def _index(draw, shape):
-    """A random index for ``shape``: integers, slices (bounds in and out of range, huge,
-    steps small, huge or not positive), None and an ellipsis, sometimes more parts than
-    dimensions."""
-    parts = []
-    for size in shape[: draw(st.integers(0, len(shape) + 1))] + [1]:
-        kind = draw(st.sampled_from(["int", "slice", "slice", "none", "ellipsis"]))
-        if kind == "int":
-            parts.append(draw(st.integers(-size - 2, size + 2)))
-        elif kind == "slice":
-            step = draw(st.one_of(st.none(), st.integers(1, 4), st.sampled_from(HUGE + [0, -1])))
-            parts.append(slice(draw(_bound(size)), draw(_bound(size)), step))
-        elif kind == "none":
-            parts.append(None)
-        else:
-            parts.append(...)
-    parts = parts[: draw(st.integers(0, len(parts)))]
-    return parts[0] if len(parts) == 1 and draw(st.booleans()) else tuple(parts)
-
-
 @settings(max_examples=300, deadline=None)
 @given(data=st.data())
 def test_random_indices_give_what_safetensors_gives(paths, data):
     framework = data.draw(st.sampled_from(["pt", "np"]))
     names = sorted(TENSORS) if framework == "pt" else sorted(set(TENSORS) - {"h"})
     name = data.draw(st.sampled_from(names))
-    index = data.draw(_index(list(TENSORS[name].shape)))
+    index = data.draw(indices(TENSORS[name].shape))
     _check(paths, framework, name, index)
 
 
