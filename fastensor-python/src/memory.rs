@@ -11,8 +11,11 @@
 //! Who owns what: the Python object owns its memory throughout; a [`Lent`] only keeps it
 //! alive and unmoved while Rust reads or writes it, with the GIL released. Writes go only
 //! to objects lent with [`Access::Write`], which refuses read-only exports (a read-only
-//! numpy array or `memoryview`, `bytes`) and host memory that is not mapped writable (a
-//! read-only `np.memmap`, or a tensor made from one).
+//! numpy array or `memoryview`, `bytes`, a DLPack capsule flagged read-only) and host
+//! memory that is not mapped writable (a read-only `np.memmap`, or a tensor made from one).
+//! A torch tensor's export is never flagged read-only (torch has no such notion): one over
+//! a read-only buffer in writable memory is written. Memory lent with [`Access::Read`] is
+//! asked for read-only (see [`export_dlpack`]).
 
 use crate::dlpack::{
     DlManagedTensor, DlManagedTensorVersioned, DlTensor, DLTENSOR, DLTENSOR_VERSIONED,
