@@ -11,11 +11,12 @@ memory may be a segmentation fault.
 (``torch._lazy_clone``): no byte is copied; the clone and the tensor share the memory under
 one reference count, and the memory is freed only when both have let go of it. A resize of
 the tensor during the save gives the tensor new memory and leaves the clone's in place;
-a write to the tensor during the save first copies it for the tensor; either way the save
-reads the bytes the tensor held when the save began. The native module exports the clone
-read-only (DLPack's ``read_only``), so torch exports it as it is rather than copying it.
-When the save returns and drops the clone, the tensor is the memory's only owner again:
-its next write copies nothing.
+a write to the tensor during the save (or anything that takes its memory for writing, such
+as ``data_ptr()`` or ``numpy()``) first copies it for the tensor; either way the save reads
+the bytes the tensor held when the save began, and reads of the tensor copy nothing. The
+native module exports the clone read-only (DLPack's ``read_only``), so torch exports it as
+it is rather than copying it. When the save returns and drops the clone, the tensor is the
+memory's only owner again: its next write copies nothing.
 
 Memory torch does not own (a numpy array, a buffer, a file mapped by a load) has a storage
 that cannot be resized, so nothing can move it: it is lent as it is. So is host memory
