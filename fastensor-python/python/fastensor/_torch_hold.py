@@ -21,10 +21,10 @@ memory's only owner again: its next write copies nothing.
 Memory torch does not own (a numpy array, a buffer, a file mapped by a load) has a storage
 that cannot be resized, so nothing can move it: it is lent as it is. So is host memory
 torch cannot share copy-on-write (a tensor moved to shared memory, which ``resize_`` cannot
-grow without crashing torch itself), device memory (freed into torch's caching allocator,
-which keeps it mapped), and every tensor under a torch without ``torch._lazy_clone`` or
-a read-only DLPack export (resizing a tensor during a save is then unsafe, as the README
-says).
+grow without crashing torch itself), device memory (a resize frees it into torch's caching
+allocator, not to the driver, unless ``torch.cuda.empty_cache()`` runs meanwhile), and every
+tensor under a torch without ``torch._lazy_clone`` or a read-only DLPack export (resizing a
+tensor during a save is then unsafe, as the README says).
 """
 
 from __future__ import annotations
