@@ -180,8 +180,8 @@ class SafeSlice:
         """A part only torch's advanced indexing gives: from the whole tensor, which is
         read only when the part holds any element."""
         name, _, shape, _, _ = self._entry
-        if math.prod(part.shape) == 0:
-            empty = _slice_index.gather_empty(part.index, shape, torch_dtype, where)
+        if part.shape is not None and math.prod(part.shape) == 0:
+            empty = _slice_index.on_broadcast(part.index, shape, torch_dtype, where)
             return empty.to(self._opened._device)
         whole = self._opened.get_tensor(name)
         return _slice_index.take_gathered(whole, part, where)

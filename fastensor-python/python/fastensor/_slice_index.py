@@ -56,10 +56,11 @@ class Strided:
 @dataclass(frozen=True)
 class Gathered:
     """A part of a tensor that only indexing the whole tensor gives (torch's advanced
-    indexing): ``index`` applied to the whole tensor; ``shape`` is the result's."""
+    indexing): ``index`` applied to the whole tensor; ``shape`` is the result's (``None``
+    where only the whole tensor tells)."""
 
     index: Any
-    shape: list[int]
+    shape: list[int] | None
 
 
 def _described(index: Any) -> str:
@@ -112,7 +113,14 @@ def resolve_torch(index: Any, shape: Sequence[int], dtype: Any, where: Where) ->
     try:
         part = meta[index]
     except Exception as exc:  # torch says why: out of range, a bad type, a zero step...
-        raise _refused(where, index, shape, exc, _refusal_class(exc)) from exc
+        parts = index if isinstance(index, tuple) else (index,)
+        if sum(1 for p in parts if p is Ellipsis) < 2:
+            raise _refused(where, index, shape, exc, _refusal_class(exc)) from exc
+        # Two ellipses reach past the last dimension, where torch's CPU indexing skips the
+        # checks of a whole slice (`:`) that the meta device makes: where a CPU tensor
+        # takes the index, the part is taken from the whole tensor.
+        on_broadcast(index, shape, dtype, where)
+        return Gathered(index, None)
     out = list(part.shape)
     if (part is meta or part._base is meta) and min(out, default=0) >= 0:
         selection = _from_view(out, part.stride(), part.storage_offset(), shape)
@@ -158,11 +166,13 @@ def _from_view(
     return selection
 
 
-def gather_empty(index: Any, shape: Sequence[int], dtype: Any, where: Where) -> Any:
-    """What torch gives for ``index`` on a tensor of ``shape`` when that holds no element
-    (torch checks the values of an advanced index; a dimension may even be negative, as
-    torch's arithmetic for huge steps makes it), without a tensor of that size: ``index``
-    applied to one element broadcast to ``shape``.
+def on_broadcast(index: Any, shape: Sequence[int], dtype: Any, where: Where) -> Any:
+    """``index`` applied by torch's CPU indexing to one element broadcast to ``shape``
+    (no tensor of that size): what torch refuses whatever the strides (the values of an
+    advanced index checked too; not what only the strides of a contiguous tensor make it
+    refuse, which the meta device checks). For a part of an index the meta device took
+    that holds no element, the part itself (a dimension may even be negative, as torch's
+    arithmetic for huge steps makes it).
 
     Raises:
         SafetensorError: as :func:`resolve_torch`.
