@@ -302,3 +302,96 @@ fn a_save_computing_checksums_while_it_writes_stores_what_stamp_computes() {
     let loaded = checkpoint::load_verified(&engine, &checked, None).unwrap();
     assert_eq!(loaded.tensor("big").unwrap().1, &s[6].1[..]);
 }
+
+/// Files of three tensors with empty ones put at every position: before, between and after
+/// them, alone or two in a row, and a file of empty tensors only. An empty tensor's range
+/// starts where the next tensor's does.
+fn layouts_with_empty_tensors() -> Vec<Vec<(TensorDesc, Vec<u8>)>> {
+    let full = |i: u8| {
+        let n = 3 + u64::from(i);
+        let bytes = (0..n * 4).map(|j| (j as u8).wrapping_mul(13) ^ i).collect();
+        (TensorDesc::new(format!("f{i}"), DType::F32, [n]), bytes)
+    };
+    let empty = |i: usize| {
+        (
+            TensorDesc::new(format!("e{i}"), DType::F32, [0]),
+            Vec::new(),
+        )
+    };
+    let mut out = Vec::new();
+    for at in 0..=3 {
+        for run in 1..=2 {
+            let mut s: Vec<_> = (0..3).map(full).collect();
+            for k in 0..run {
+                s.insert(at, empty(k));
+            }
+            out.push(s);
+        }
+    }
+    out.push(vec![empty(0), empty(1)]);
+    out
+}
+
+#[test]
+fn verified_reads_accept_empty_tensors_at_every_position() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = fastensor::Engine::new().unwrap();
+    for (i, s) in layouts_with_empty_tensors().iter().enumerate() {
+        let names: Vec<&str> = s.iter().map(|(d, _)| d.name.as_str()).collect();
+        let path = dir.path().join(format!("e{i}.safetensors"));
+        let checked = dir.path().join(format!("c{i}.safetensors"));
+        save_stamped(&path, s);
+        checkpoint::save_checked(&engine, &checked, &views(s), &BTreeMap::new()).unwrap();
+        for path in [&path, &checked] {
+            let what = format!("{names:?} in {}", path.display());
+            let mut loads = vec![
+                checkpoint::load_verified(&engine, path, None),
+                checkpoint::load_verified(&PosixBackend, path, None),
+            ];
+            for name in &names {
+                loads.push(checkpoint::load_verified(&engine, path, Some(&[name])));
+            }
+            for loaded in loads {
+                let ckpt = loaded.unwrap_or_else(|e| panic!("{what}: {e}"));
+                for (d, bytes) in s {
+                    if let Some((_, got)) = ckpt.tensor(&d.name) {
+                        assert_eq!(got, &bytes[..], "{what}: `{}`", d.name);
+                    }
+                }
+            }
+            assert!(checkpoint::load_verified(&engine, path, None)
+                .unwrap()
+                .arena()
+                .is_mapped());
+            read_verified(path, s).unwrap_or_else(|e| panic!("{what}: {e}"));
+            let done = checkpoint::verify_file(&PosixBackend, path).unwrap();
+            assert_eq!(done.tensors, s.len(), "{what}");
+        }
+        let sharded = dir.path().join(format!("s{i}"));
+        let mut meta = BTreeMap::new();
+        checksum::stamp(&views(s), &mut meta).unwrap();
+        checkpoint::save_sharded_with_metadata(&PosixBackend, &sharded, &views(s), 20, &meta)
+            .unwrap();
+        read_sharded_verified(&sharded, s).unwrap_or_else(|e| panic!("{names:?} sharded: {e}"));
+    }
+}
+
+#[test]
+fn a_verified_mapped_load_still_names_a_damaged_tensor_after_an_empty_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("d.safetensors");
+    let s = &layouts_with_empty_tensors()[2]; // f0, e0, f1, f2
+    save_stamped(&path, s);
+    let header = checkpoint::inspect(&path).unwrap();
+    let e = &header.entries()[header.position("f1").unwrap()];
+    flip_byte(&path, header.file_range(e).start);
+    let engine = fastensor::Engine::new().unwrap();
+    for loaded in [
+        checkpoint::load_verified(&engine, &path, None),
+        checkpoint::load_verified(&PosixBackend, &path, None),
+    ] {
+        let err = loaded.unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Corrupt, "{err}");
+        assert!(err.to_string().contains("`f1`"), "{err}");
+    }
+}

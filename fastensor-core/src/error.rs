@@ -120,6 +120,15 @@ impl Error {
         self
     }
 
+    /// Names the file `to` where the error names it `from`: for a file reached through
+    /// another path than the one its user gave (such as `/proc/self/fd/N`).
+    pub fn with_path_renamed(mut self, from: &Path, to: impl AsRef<Path>) -> Self {
+        if self.path.as_deref() == Some(from) {
+            self.path = Some(to.as_ref().to_path_buf());
+        }
+        self
+    }
+
     /// Records the file offset the error happened at.
     pub fn with_offset(mut self, offset: u64) -> Self {
         if self.offset.is_none() {
@@ -267,5 +276,11 @@ mod tests {
             .with_path("/a")
             .with_path("/b");
         assert_eq!(err.path(), Some(Path::new("/a")));
+        // A path is renamed only where it is the one named.
+        let via = Path::new("/proc/self/fd/7");
+        let renamed = err.with_path_renamed(Path::new("/a"), "/c");
+        assert_eq!(renamed.path(), Some(Path::new("/c")));
+        let kept = renamed.with_path_renamed(via, "/d");
+        assert_eq!(kept.path(), Some(Path::new("/c")));
     }
 }

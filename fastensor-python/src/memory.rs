@@ -11,8 +11,11 @@
 //! Who owns what: the Python object owns its memory throughout; a [`Lent`] only keeps it
 //! alive and unmoved while Rust reads or writes it, with the GIL released. Writes go only
 //! to objects lent with [`Access::Write`], which refuses read-only exports (a read-only
-//! numpy array or `memoryview`, `bytes`) and host memory that is not mapped writable (a
-//! read-only `np.memmap`, or a tensor made from one).
+//! numpy array or `memoryview`, `bytes`, a DLPack capsule flagged read-only) and host
+//! memory that is not mapped writable (a read-only `np.memmap`, or a tensor made from one).
+//! A torch tensor's export is never flagged read-only (torch has no such notion): one over
+//! a read-only buffer in writable memory is written. Memory lent with [`Access::Read`] is
+//! asked for read-only (see [`export_dlpack`]).
 
 use crate::dlpack::{
     DlManagedTensor, DlManagedTensorVersioned, DlTensor, DLTENSOR, DLTENSOR_VERSIONED,
@@ -261,29 +264,50 @@ fn py_to_err(e: PyErr, what: &str) -> Error {
     )
 }
 
-/// Lends `obj` through DLPack: `__dlpack__(max_version=(1, 0))` where the producer knows
-/// the versioned protocol (it can say "read-only"), else `__dlpack__()`. Dropping the
-/// [`Lent`] needs no GIL (the capsule's reference is released by pyo3, deferred if need be).
-pub fn lend_dlpack(obj: &Bound<'_, PyAny>, access: Access, what: &str) -> Result<Lent> {
+/// The DLPack capsule of `obj`, in the newest form its producer knows:
+/// `__dlpack__(max_version=(1, 0))` (the versioned protocol, which can say "read-only"), and
+/// for memory only read also `read_only=True` (torch then exports a copy-on-write tensor
+/// as it is, where a writable export would first copy it); a keyword the producer refuses
+/// with a `TypeError` is dropped and the call made again (`read_only`, then
+/// `max_version`).
+fn export_dlpack<'py>(
+    obj: &Bound<'py, PyAny>,
+    access: Access,
+    what: &str,
+) -> Result<Bound<'py, PyAny>> {
     let py = obj.py();
+    let err = |e: PyErr| py_to_err(e, what);
     let kwargs = PyDict::new(py);
     kwargs
-        .set_item(
-            "max_version",
-            PyTuple::new(py, [1u32, 0u32]).map_err(|e| py_to_err(e, what))?,
-        )
-        .map_err(|e| py_to_err(e, what))?;
-    let dlpack = obj.getattr("__dlpack__").map_err(|e| py_to_err(e, what))?;
-    let capsule = match dlpack.call((), Some(&kwargs)) {
-        Ok(c) => c,
-        Err(e) if e.is_instance_of::<PyTypeError>(py) => {
-            dlpack.call0().map_err(|e| py_to_err(e, what))?
+        .set_item("max_version", PyTuple::new(py, [1u32, 0u32]).map_err(err)?)
+        .map_err(err)?;
+    if access == Access::Read {
+        kwargs.set_item("read_only", true).map_err(err)?;
+    }
+    let dlpack = obj.getattr("__dlpack__").map_err(err)?;
+    loop {
+        match dlpack.call((), Some(&kwargs)) {
+            Ok(c) => return Ok(c),
+            Err(e) if e.is_instance_of::<PyTypeError>(py) && !kwargs.is_empty() => {
+                let newest = if kwargs.contains("read_only").map_err(err)? {
+                    "read_only"
+                } else {
+                    "max_version"
+                };
+                kwargs.del_item(newest).map_err(err)?;
+            }
+            Err(e) if e.is_instance_of::<PyBufferError>(py) => {
+                return Err(invalid(format!("{what}: {e}")))
+            }
+            Err(e) => return Err(err(e)),
         }
-        Err(e) if e.is_instance_of::<PyBufferError>(py) => {
-            return Err(invalid(format!("{what}: {e}")))
-        }
-        Err(e) => return Err(py_to_err(e, what)),
-    };
+    }
+}
+
+/// Lends `obj` through DLPack (see [`export_dlpack`]). Dropping the [`Lent`] needs no GIL
+/// (the capsule's reference is released by pyo3, deferred if need be).
+pub fn lend_dlpack(obj: &Bound<'_, PyAny>, access: Access, what: &str) -> Result<Lent> {
+    let capsule = export_dlpack(obj, access, what)?;
     let cap = capsule.as_ptr();
     // SAFETY: `cap` is a live object; `PyCapsule_IsValid` only reads it.
     let (region, read_only) = unsafe {

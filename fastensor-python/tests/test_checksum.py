@@ -4,9 +4,11 @@ CLI. A flipped byte in any tensor, a truncated shard and swapped tensors are eac
 named."""
 
 import json
+import math
 import os
 import shutil
 import subprocess
+import warnings
 from pathlib import Path
 
 import fastensor
@@ -16,7 +18,10 @@ import numpy as np
 import pytest
 import safetensors.torch as st
 import torch
+from _indices import indices
 from fastensor.errors import CorruptError
+from hypothesis import given, settings
+from hypothesis import strategies as hst
 
 KEY = "fastensor.checksums"
 
@@ -189,3 +194,147 @@ def test_dcp_data_files_carry_checksums(tmp_path):
     _flip(data, _range_of(data, "0")[0])
     with pytest.raises(CorruptError, match="`0`"):
         fastensor.verify_file(data)
+
+
+def _with_empty_tensors(at: int, run: int) -> dict[str, torch.Tensor]:
+    """Three tensors with ``run`` empty ones put before the ``at``-th (an empty tensor's
+    range starts where the next tensor's does)."""
+    full = [
+        ("f0", torch.arange(6, dtype=torch.float32).reshape(2, 3)),
+        ("f1", torch.tensor([7, 8], dtype=torch.int64)),
+        ("f2", torch.arange(5, dtype=torch.int16)),
+    ]
+    empty = [(f"e{k}", torch.empty((0, 3) if k else (0,), dtype=torch.float32)) for k in range(run)]
+    return dict(full[:at] + empty + full[at:])
+
+
+_EMPTY_LAYOUTS = [(at, run) for at in range(4) for run in (1, 2)]
+
+
+def _save_with_checksums(tensors, path, writer: str) -> None:
+    if writer == "fastensor":
+        ft.save_file(tensors, path, checksum=True)
+    elif writer == "fastensor-async":
+        ft.save_file_async(tensors, path, checksum=True).wait()
+    elif writer == "numpy":
+        fn.save_file({k: v.numpy() for k, v in tensors.items()}, path, checksum=True)
+    else:  # safetensors' own layout, with the checksums fastensor stores
+        ft.save_file(tensors, str(path) + ".ours", checksum=True)
+        with ft.safe_open(str(path) + ".ours", framework="pt") as f:
+            sums = f.metadata()[KEY]
+        st.save_file(tensors, path, metadata={KEY: sums})
+
+
+def _same(got, want) -> None:
+    assert set(got) == set(want)
+    for k, v in want.items():
+        g = torch.as_tensor(got[k])
+        assert g.shape == v.shape and g.dtype == v.dtype and torch.equal(g, v), k
+
+
+@pytest.mark.parametrize("writer", ["fastensor", "fastensor-async", "numpy", "safetensors"])
+@pytest.mark.parametrize("at,run", _EMPTY_LAYOUTS)
+def test_verified_loads_accept_empty_tensors_at_every_position(tmp_path, writer, at, run):
+    want = _with_empty_tensors(at, run)
+    path = tmp_path / "e.safetensors"
+    _save_with_checksums(want, path, writer)
+    _same(ft.load_file(path, verify=True), want)
+    _same(ft.load_file(path, verify=True, engine=fastensor.Engine(mapped_loads=False)), want)
+    _same(fn.load_file(path, verify=True), want)
+    into = {k: torch.full_like(v, 3) for k, v in want.items()}
+    ft.load_into(into, path, verify=True)
+    _same(into, want)
+    for module in (ft, fn):
+        with module.safe_open(path, verify=True) as f:
+            _same(f.get_tensors(), want)
+            _same({k: f.get_tensor(k) for k in want}, want)
+            _same({k: f.get_slice(k)[...] for k in want}, want)
+    assert fastensor.verify_file(path)[0] == len(want)
+    exe = _cli()
+    if exe is not None:
+        done = subprocess.run([exe, "ckpt", "verify", path], capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.parametrize("at,run", _EMPTY_LAYOUTS)
+def test_verified_sharded_loads_accept_empty_tensors_at_every_position(tmp_path, at, run):
+    want = _with_empty_tensors(at, run)
+    ckpt = tmp_path / "ckpt"
+    ft.save_sharded(want, ckpt, max_shard_size=24, checksum=True)
+    _same(ft.load_sharded(ckpt, verify=True), want)
+    into = {k: torch.full_like(v, 3) for k, v in want.items()}
+    ft.load_into(into, ckpt, verify=True)
+    _same(into, want)
+    for shard in ckpt.glob("*.safetensors"):
+        fastensor.verify_file(shard)
+
+
+def test_a_verified_load_names_a_damaged_tensor_after_an_empty_one(tmp_path):
+    path = tmp_path / "d.safetensors"
+    ft.save_file(_with_empty_tensors(1, 2), path, checksum=True)
+    _flip(path, _range_of(path, "f1")[0])
+    for load in (
+        lambda: ft.load_file(path, verify=True),
+        lambda: fn.load_file(path, verify=True),
+        lambda: ft.load_file(path, verify=True, engine=fastensor.Engine(mapped_loads=False)),
+    ):
+        with pytest.raises(CorruptError, match="`f1`"):
+            load()
+
+
+_RANDOM_DTYPES = [torch.float32, torch.int64, torch.uint8, torch.float16, torch.bool, torch.int16]
+
+
+@hst.composite
+def _random_state(draw) -> dict[str, torch.Tensor]:
+    """1 to 6 tensors of random dtypes and shapes, at least one of them empty, in random
+    order."""
+    count = draw(hst.integers(1, 6))
+    empty = draw(hst.integers(0, count - 1))
+    out = {}
+    for i in range(count):
+        shape = draw(hst.lists(hst.integers(0 if i == empty else 1, 4), min_size=0, max_size=3))
+        if i == empty and 0 not in shape:
+            shape.append(0)
+        dtype = draw(hst.sampled_from(_RANDOM_DTYPES))
+        n = math.prod(shape)
+        values = (torch.arange(n, dtype=torch.int64) * (7 + i) % 97).reshape(shape)
+        out[f"t{i}"] = values.to(dtype) if dtype != torch.bool else values % 2 == 1
+    return out
+
+
+def _slice_outcome(slice_, index):
+    """``slice_[index]``, or the class of the SafetensorError it raised."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # (torch warns of truncated huge steps)
+            return slice_[index]
+    except fastensor.SafetensorError as exc:
+        return type(exc)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    state=_random_state(), writer=hst.sampled_from(["fastensor", "safetensors"]), data=hst.data()
+)
+def test_verified_and_plain_reads_agree_on_random_files_with_empty_tensors(
+    tmp_path_factory, state, writer, data
+):
+    path = tmp_path_factory.mktemp("p") / "p.safetensors"
+    _save_with_checksums(state, path, writer)
+    read = fastensor.Engine(mapped_loads=False)
+    for verify in (False, True):
+        _same(ft.load_file(path, verify=verify), state)
+        _same(ft.load_file(path, verify=verify, engine=read), state)
+        _same(fn.load_file(path, verify=verify), state)
+    with ft.safe_open(path) as plain, ft.safe_open(path, verify=True) as checked:
+        for name, t in state.items():
+            for _ in range(3):
+                index = data.draw(indices(t.shape))
+                a = _slice_outcome(plain.get_slice(name), index)
+                b = _slice_outcome(checked.get_slice(name), index)
+                if isinstance(a, type) or isinstance(b, type):
+                    assert a == b, (name, index, a, b)
+                else:
+                    assert a.shape == b.shape and torch.equal(a, b), (name, index)
+                    assert torch.equal(a, _slice_outcome(t, index)), (name, index)

@@ -107,6 +107,46 @@ def test_read_only_destinations_are_refused(tmp_path, small):
     assert raw.read_bytes() == bytes(4096)
 
 
+class _ReadOnlyExport:
+    """An object whose DLPack export is flagged read-only (torch's ``read_only=True``)."""
+
+    def __init__(self, t: torch.Tensor):
+        self.t = t
+
+    def __dlpack__(self, **kwargs):
+        return self.t.__dlpack__(**{**kwargs, "read_only": True})
+
+
+@pytest.mark.filterwarnings("ignore:The given")
+def test_destinations_are_refused_exactly_where_their_memory_says_read_only(tmp_path, small):
+    # What the README lists as refused: a read-only numpy array or memoryview, bytes, a
+    # DLPack export flagged read-only, host memory not mapped writable.
+    f = _native.Engine().open(os.fspath(small))
+    frozen = np.zeros(4096, np.uint8)
+    frozen.flags.writeable = False
+    raw = tmp_path / "raw.bin"
+    np.zeros(4096, np.uint8).tofile(raw)
+    for dst in (
+        frozen,
+        memoryview(bytearray(4096)).toreadonly(),
+        b"\0" * 4096,
+        _ReadOnlyExport(torch.zeros(4096, dtype=torch.uint8)),
+        np.memmap(raw, mode="r"),
+        torch.from_numpy(np.memmap(raw, mode="r")),
+    ):
+        with pytest.raises(ValueError, match="read-only|not writable|writable"):
+            f.read_into([("a", dst, 0, 4096)])
+    # And what it says is written: a torch tensor carries no read-only mark, so one over a
+    # read-only buffer in writable memory is written, as torch's own copy_ writes it.
+    want = torch.arange(1024, dtype=torch.float32)
+    for t in (
+        torch.frombuffer(bytes(4096), dtype=torch.float32),
+        torch.from_numpy(np.frombuffer(bytes(4096), dtype=np.float32)),
+    ):
+        load_into({"a": t}, small)
+        assert torch.equal(t, want)
+
+
 @pytest.mark.filterwarnings("ignore:The given NumPy array is not writable")
 def test_large_read_only_destinations_are_refused_and_writable_ones_left_as_they_were(tmp_path):
     # Beyond a few pages the check reads the process's mappings instead of probing pages.

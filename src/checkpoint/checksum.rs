@@ -139,6 +139,11 @@ fn decode(value: &str) -> Result<HashMap<String, u32>> {
 
 /// The checksums a file's header stores, keyed by each tensor's absolute file range, so that
 /// a read of a whole tensor finds its expected value.
+///
+/// Only non-empty tensors have an entry: an empty tensor's range is empty, and its start is
+/// the start of the tensor after it (or the end of the data), so a lookup by start alone
+/// would find another tensor. Every lookup matches the whole range; an empty range matches
+/// nothing (an empty tensor has no bytes to check).
 #[derive(Debug, Clone)]
 pub struct Checksums {
     /// File start of each non-empty tensor -> (file end, name, expected checksum).
@@ -166,15 +171,15 @@ impl Checksums {
     /// a whole tensor (part of one cannot be checked: it passes). A mismatch is
     /// [`ErrorKind::Corrupt`] naming the file and the tensor.
     pub fn check(&self, path: &Path, range: &Range<u64>, bytes: &[u8]) -> Result<()> {
-        match self.by_start.get(&range.start) {
-            Some((end, name, want)) if *end == range.end => {
+        match self.at(range) {
+            Some((name, want)) => {
                 let got = checksum(bytes);
-                if got == *want {
+                if got == want {
                     return Ok(());
                 }
-                Err(Self::mismatch(path, name, *want, got, range.start))
+                Err(Self::mismatch(path, name, want, got, range.start))
             }
-            _ => Ok(()),
+            None => Ok(()),
         }
     }
 
@@ -188,7 +193,7 @@ impl Checksums {
     ) -> Result<()> {
         match dst {
             MemMut::Host(bytes) => self.check(path, range, bytes),
-            MemMut::Device(_) if !self.by_start.contains_key(&range.start) => Ok(()),
+            MemMut::Device(_) if self.at(range).is_none() => Ok(()),
             MemMut::Device(_) => Err(Error::new(
                 ErrorKind::Unsupported,
                 "a verified read goes to host memory (checksums are computed there)",
@@ -197,11 +202,16 @@ impl Checksums {
         }
     }
 
-    /// The tensor starting at file offset `start`: its file end, name and stored checksum.
-    pub(crate) fn at(&self, start: u64) -> Option<(u64, &str, u32)> {
-        self.by_start
-            .get(&start)
-            .map(|(end, name, sum)| (*end, name.as_str(), *sum))
+    /// The non-empty tensor whose bytes are exactly the file range `range`: its name and
+    /// stored checksum; `None` for an empty range or one that is not a whole tensor.
+    pub(crate) fn at(&self, range: &Range<u64>) -> Option<(&str, u32)> {
+        if range.is_empty() {
+            return None;
+        }
+        match self.by_start.get(&range.start) {
+            Some((end, name, sum)) if *end == range.end => Some((name.as_str(), *sum)),
+            _ => None,
+        }
     }
 
     /// The error of a tensor whose bytes do not match: names the file and the tensor.
@@ -287,7 +297,7 @@ pub fn verify_file<O: FileOpener + ?Sized>(opener: &O, path: &Path) -> Result<Ve
         .collect();
     let bytes = ranges.iter().map(|r| r.end - r.start).sum();
     parallel::for_each(ranges, IO_THREADS, |r| {
-        let (_, name, want) = sums.at(r.start).expect("every non-empty tensor has one");
+        let (name, want) = sums.at(&r).expect("every non-empty tensor has one");
         let mut buf = HostBuffer::new(VERIFY_WINDOW.min((r.end - r.start) as usize))?;
         let mut crc = 0u32;
         let mut at = r.start;

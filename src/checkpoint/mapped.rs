@@ -363,7 +363,7 @@ fn check(
             crc = crc32c::crc32c_combine(crc, p.crc, p.len as usize);
             covered += p.len;
         }
-        let Some((_, name, want)) = sums.at(t.start) else {
+        let Some((name, want)) = sums.at(t) else {
             continue; // an empty tensor: nothing to check
         };
         if covered != t.end - t.start || crc != want {

@@ -8,7 +8,7 @@ use fastensor_core::{
     BackendFile, Direction, Error, ErrorKind, FileLocation, MemMut, MemRef, MemoryKind, OpenMode,
     Purpose, ReadRequest, Result, WriteRequest,
 };
-use fastensor_sys::fork::{ForkMutex, ForkOnceLock, ForkRwLock};
+use fastensor_sys::fork::{ForkMutex, ForkRwLock};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -16,6 +16,7 @@ mod batch;
 mod handles;
 mod identity;
 mod job;
+mod reopened;
 mod transfer;
 
 use handles::{Handle, Handles};
@@ -42,8 +43,9 @@ pub struct EngineFile {
     handles: ForkRwLock<Handles>,
     /// The file's own pin and the purpose its transfers carry.
     settings: ForkRwLock<Settings>,
-    /// A plain read-only descriptor (see [`EngineFile::probe_file`]).
-    probe_fd: ForkOnceLock<Option<std::fs::File>>,
+    /// A plain read-only descriptor of the file first opened (see
+    /// [`EngineFile::probe_file`]).
+    probe_fd: Option<std::fs::File>,
     /// What the measurer keeps of this file (its stream, the bytes it read, its writes).
     measures: ForkMutex<FileState>,
     /// The selector's last answers for this file (see `decisions.rs`).
@@ -112,7 +114,7 @@ impl EngineFile {
             identity: None,
             handles: ForkRwLock::new(handles),
             settings: ForkRwLock::default(),
-            probe_fd: ForkOnceLock::new(),
+            probe_fd: None,
             measures: ForkMutex::new(measures),
             decisions: ForkMutex::default(),
         };
@@ -152,6 +154,7 @@ impl EngineFile {
                         }
                     }
                     file.identity = after;
+                    file.probe_fd = after.and_then(|id| id.open_read_only(path));
                     file.handles_mut().open[i] = Some((Arc::from(h), mode.writable()));
                     return Ok(file);
                 }
@@ -220,17 +223,12 @@ impl EngineFile {
         self.settings.write().purpose = purpose;
     }
 
-    /// A read-only descriptor of the file for cheap questions (page-cache residency) and
-    /// write-back; `None` when it cannot be opened.
+    /// A read-only descriptor of the file first opened, opened with it: for cheap questions
+    /// (page-cache residency), write-back, and the backends' handles opened once the path
+    /// names another file (see `file/handles.rs`); `None` when it could not be opened (no
+    /// read permission, a file of no local file system).
     fn probe_file(&self) -> Option<&std::fs::File> {
-        self.probe_fd
-            .get_or_init(|| {
-                let f = std::fs::File::open(&self.path).ok()?;
-                let meta = f.metadata().ok()?;
-                let same = self.identity.as_ref().is_some_and(|id| id.is(&meta));
-                same.then_some(f)
-            })
-            .as_ref()
+        self.probe_fd.as_ref()
     }
 
     /// Waits until the bytes just written at `offset..offset + len` have left the page

@@ -8,11 +8,12 @@ are read (``_read``); this module reads slices for both.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Mapping
 from typing import Any
 
-from . import _native
-from .errors import NotFoundError, SafetensorError, _invalid
+from . import _native, _slice_index
+from .errors import NotFoundError, _invalid
 
 #: One tensor of the file: ``(name, dtype, shape, file_offset, nbytes)``.
 Entry = tuple[str, str, list[int], int, int]
@@ -113,18 +114,20 @@ class SafeOpenBase:
 class SafeSlice:
     """One tensor of an open file, read in part when indexed (``safetensors``' slice).
 
-    ``get_shape()`` and ``get_dtype()`` describe the tensor; ``slice_[...]`` reads the part
-    an index selects and returns it as a new tensor (or array) that owns its memory. An
-    index is a tuple of integers (negative ones count from the end) and slices (``a:b`` or
-    ``a:b:c`` with a positive step), leading dimensions first (``...`` stands for the rest),
-    or an empty list (no rows). Only the byte runs the selection covers are read, through
-    the file already open. Unlike numpy, a bound past a dimension's end is an error (as in
-    safetensors), not clamped.
+    ``get_shape()`` and ``get_dtype()`` describe the tensor; ``slice_[index]`` reads the
+    part ``index`` selects and returns it as a new tensor (or array) that owns its memory.
+    An index means what it means to the framework (see :mod:`fastensor._slice_index`): for
+    ``"pt"``, what it means to torch, as in ``safetensors`` (bounds clamped, ``None``,
+    ``...``, steps, lists and tensors); for ``"np"``, numpy's basic indexing with positive
+    steps. Where the part is a strided view of the tensor, only the byte runs it covers are
+    read, through the file already open; a part only advanced indexing gives is taken from
+    the whole tensor. Opened with ``verify=True``, the whole tensor is read and checked
+    (a checksum covers a whole tensor), then the same part taken from it.
 
     Raises:
-        SafetensorError (InvalidInputError, a ValueError): an index out of range, or of a
-            kind not supported (a non-empty list, a negative step); messages as
-            safetensors words them.
+        SafetensorError (InvalidInputError, a ValueError): an index the framework refuses
+            (also an IndexError when out of range, a TypeError when of the wrong type),
+            naming the file and the tensor.
     """
 
     def __init__(self, opened: SafeOpenBase, entry: Entry):
@@ -149,142 +152,55 @@ class SafeSlice:
         name, dtype, shape, _, _ = self._entry
         opened = self._opened
         file = opened._open_file()
-        selection, new_shape = _select(index, shape)
+        where = (opened._path, name)
+        if opened._framework == "pt" and dtype not in _PACKED:
+            from ._torch_dtypes import FROM_NAME
+
+            torch_dtype = _torch_dtype(dtype, opened._path, name, FROM_NAME)
+            part = _slice_index.resolve_torch(index, shape, torch_dtype, where)
+            if isinstance(part, _slice_index.Gathered):
+                return self._gathered(part, torch_dtype, where)
+        else:
+            part = _slice_index.resolve_numpy(index, shape, where)
         if opened._verify:
-            # A checksum covers a whole tensor: read it whole (checked), then select.
+            # A checksum covers a whole tensor: read it whole (checked), then take the part
+            # (of a packed dtype: read as the part, once the whole tensor checked).
             whole = opened.get_tensor(name)
             if dtype not in _PACKED:
-                return _take(whole, selection)
+                return _slice_index.take_strided(whole, part)
         make = _torch_target if opened._framework == "pt" else _numpy_target
-        out, raw = make(dtype, new_shape, opened._path, name)
-        if raw.nbytes:
-            _native.read_slice(file, name, [s[:3] for s in selection], raw)
+        out, raw = make(dtype, part.shape, opened._path, name)
+        if raw.nbytes and not part.empty:
+            _native.read_slice(file, name, part.selection, raw)
         if opened._framework == "pt" and str(opened._device) != "cpu":
             out = out.to(opened._device)
         return out
+
+    def _gathered(self, part: _slice_index.Gathered, torch_dtype, where):
+        """A part only torch's advanced indexing gives: from the whole tensor, which is
+        read only when the part holds any element."""
+        name, _, shape, _, _ = self._entry
+        if part.shape is not None and math.prod(part.shape) == 0:
+            empty = _slice_index.on_broadcast(part.index, shape, torch_dtype, where)
+            return empty.to(self._opened._device)
+        whole = self._opened.get_tensor(name)
+        return _slice_index.take_gathered(whole, part, where)
 
     def __repr__(self) -> str:
         name, dtype, shape, _, _ = self._entry
         return f"<SafeSlice `{name}` {dtype} {shape}>"
 
 
-#: What an index keeps of one dimension: ``(start, count, step, kept)``; ``kept`` is false
-#: where an integer selected one index (the dimension is dropped from the result).
-Selection = tuple[int, int, int, bool]
-
-
-#: Dtypes stored several elements to a framework element (torch's float4_e2m1fn_x2): a
-#: selection in their logical shape is not one in the framework's.
+#: Dtypes stored several elements to a framework element (torch's float4_e2m1fn_x2): an
+#: index applies to the file's logical shape, resolved as numpy's basic indexing.
 _PACKED = frozenset({"F4"})
 
 
-def _take(whole: Any, selection: list[Selection]):
-    """The part of ``whole`` that ``selection`` keeps, as a new contiguous tensor or
-    array."""
-    index = tuple(
-        slice(start, start + count * step, step) if kept else start
-        for start, count, step, kept in selection
-    )
-    part = whole[index]
-    return part.clone() if hasattr(part, "clone") else part.copy()
-
-
-# Indexing: a Python index -> one (start, count, step) per dimension.
-
-
-def _bound(value: object, what: str) -> int | None:
-    if value is None:
-        return None
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise _invalid(f"slice {what} must be an integer, got {type(value).__name__}")
-    return value
-
-
-def _shown(part: object) -> str:
-    """One part of an index as safetensors prints it (``2:``, ``:20``, ``0``)."""
-    if isinstance(part, slice):
-        text = ("" if part.start is None else str(part.start)) + ":"
-        text += "" if part.stop is None else str(part.stop)
-        if part.step not in (None, 1):
-            text += f":{part.step}"
-        return text
-    return str(part)
-
-
-def _parts(index: Any, rank: int) -> list[Any]:
-    """The index as a list of ints and slices, one per leading dimension."""
-    if isinstance(index, list):
-        if index:
-            raise _invalid("Non empty lists are not implemented")
-        return [slice(0, 0)]
-    parts = list(index) if isinstance(index, tuple) else [index]
-    if any(p is Ellipsis for p in parts):
-        at = parts.index(Ellipsis)
-        rest = [p for p in parts[at + 1 :] if p is not Ellipsis]
-        if len(rest) != len(parts) - at - 1:
-            raise _invalid("an index can only have a single ellipsis ('...')")
-        fill = max(rank - at - len(rest), 0)
-        parts = parts[:at] + [slice(None)] * fill + rest
-    for p in parts:
-        if not isinstance(p, slice) and (not isinstance(p, int) or isinstance(p, bool)):
-            raise _invalid(
-                f"only integers, slices (`:`), `...` and an empty list are valid indices,"
-                f" got {type(p).__name__}"
-            )
-    return parts
-
-
-def _select(index: Any, shape: Sequence[int]) -> tuple[list[Selection], list[int]]:
-    """What ``index`` keeps of every dimension of ``shape``, and the result's shape."""
-    rank = len(shape)
-    parts = _parts(index, rank)
-    if len(parts) > rank:
-        raise _invalid(
-            f"Error during slicing [{', '.join(map(_shown, parts))}] with shape {list(shape)}:"
-            f" {len(parts)} indices for a tensor of {rank} dimensions"
-        )
-    where = f"[{', '.join(map(_shown, parts))}] with shape {list(shape)}"
-
-    def out_of_bounds(asked: int, dim: int) -> SafetensorError:
-        return _invalid(
-            f"Error during slicing {where}: index {asked} out of bounds for tensor dimension"
-            f" #{dim} of size {shape[dim]}"
-        )
-
-    selection, new_shape = [], []
-    for dim, size in enumerate(shape):
-        if dim >= len(parts):
-            selection.append((0, size, 1, True))
-            new_shape.append(size)
-            continue
-        part = parts[dim]
-        if not isinstance(part, slice):
-            i = part + size if part < 0 else part
-            if i < 0:
-                raise _invalid(f"Invalid index {part} for dimension {dim} of size {size}")
-            if i >= size:
-                raise out_of_bounds(i, dim)
-            selection.append((i, 1, 1, False))
-            continue
-        start, stop = _bound(part.start, "start"), _bound(part.stop, "stop")
-        step = 1 if part.step is None else _bound(part.step, "step")
-        if step <= 0:
-            what = "a step of 0" if step == 0 else "negative steps"
-            raise _invalid(f"Error during slicing {where}: {what} is not supported")
-        start = 0 if start is None else (start + size if start < 0 else start)
-        stop = size if stop is None else (stop + size if stop < 0 else stop)
-        if start < 0 or stop < 0:
-            raise _invalid(
-                f"Invalid index {min(start, stop) - size} for dimension {dim} of size {size}"
-            )
-        count = max(0, -(-(stop - start) // step))
-        if count and (start >= size or stop > size):
-            raise out_of_bounds(start if start >= size else stop - 1, dim)
-        if not count:
-            start = min(start, size)
-        selection.append((start, count, step, True))
-        new_shape.append(count)
-    return selection, new_shape
+def _torch_dtype(dtype: str, path: str, name: str, known: Mapping[str, Any]):
+    dt = known.get(dtype)
+    if dt is None:
+        raise _invalid(f"{path}: tensor `{name}` has dtype {dtype}, which torch cannot hold", path)
+    return dt
 
 
 # The tensors a slice is read into, per framework: (result, its bytes).
@@ -295,9 +211,7 @@ def _torch_target(dtype: str, shape: list[int], path: str, name: str):
 
     from ._torch_dtypes import FROM_NAME, torch_shape
 
-    dt = FROM_NAME.get(dtype)
-    if dt is None:
-        raise _invalid(f"{path}: tensor `{name}` has dtype {dtype}, which torch cannot hold", path)
+    dt = _torch_dtype(dtype, path, name, FROM_NAME)
     try:
         out = torch.empty(torch_shape(dtype, shape), dtype=dt)
     except ValueError as exc:

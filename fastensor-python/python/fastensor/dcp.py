@@ -72,6 +72,7 @@ from torch.futures import Future
 from . import _native
 from ._common import PathLike, fspath
 from ._engine import Engine, engine_or_default
+from ._torch_hold import held
 
 __all__ = ["METADATA_NAME", "Reader", "StorageInfo", "Writer"]
 
@@ -213,7 +214,7 @@ class Writer(StorageWriter, BlockingAsyncStager):
                     views.append(raw)
                     n = raw.nbytes
                 else:
-                    raw = _raw_bytes(data)
+                    raw = held(_raw_bytes(data), path, f"item {item.index}")
                     n = raw.numel()
                 specs.append((str(i), "U8", [n], raw))
             try:

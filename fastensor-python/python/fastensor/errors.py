@@ -30,6 +30,7 @@ __all__ = [
     "FastensorIOError",
     "FileChangedError",
     "WrongTypeError",
+    "SliceIndexError",
     "SharedTensorsError",
     "NoDataError",
 ]
@@ -103,6 +104,11 @@ class InvalidInputError(SafetensorError, ValueError):
 class WrongTypeError(InvalidInputError, TypeError):
     """An argument of the wrong type (a value that is not a tensor, tensors not in a dict):
     a :class:`TypeError`, and the :class:`ValueError` ``safetensors`` raises there."""
+
+
+class SliceIndexError(InvalidInputError, IndexError):
+    """An index of a slice out of a dimension's range (or with too many dimensions): a
+    :class:`SafetensorError`, and the :class:`IndexError` torch and numpy raise there."""
 
 
 class SharedTensorsError(InvalidInputError, RuntimeError):

@@ -56,6 +56,7 @@ from ._torch_checks import check_savable
 from ._torch_dtypes import FROM_NAME as _FROM_NAME
 from ._torch_dtypes import TO_NAME as _TO_NAME
 from ._torch_dtypes import header_shape, torch_shape
+from ._torch_hold import held
 from .errors import _invalid
 
 __all__ = [
@@ -161,7 +162,8 @@ def _save_specs(tensors: Mapping[str, torch.Tensor], path: str, engine, host_onl
         elif ordinal >= 0 and ordinal not in synced:
             torch.cuda.synchronize(ordinal)  # pending kernels may still write the tensor
             synced.add(ordinal)
-        specs.append((name, dtype, header_shape(t, dtype, path, name), _bytes_of(t)))
+        raw = held(_bytes_of(t), path, f"tensor `{name}`")
+        specs.append((name, dtype, header_shape(t, dtype, path, name), raw))
     return specs
 
 

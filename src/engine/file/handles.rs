@@ -2,7 +2,8 @@
 //! to reach the file first opened; and the backends that refused the file.
 
 use super::identity::FileId;
-use super::{replaced, EngineFile};
+use super::{reopened, replaced, EngineFile};
+use crate::engine::Candidate;
 use fastensor_core::{BackendFile, Error, ErrorKind, OpenMode, Result};
 use std::collections::BTreeSet;
 use std::sync::{Arc, RwLockReadGuard, RwLockWriteGuard};
@@ -73,15 +74,38 @@ impl EngineFile {
         } else {
             OpenMode::Read
         };
-        let h: Handle = Arc::from(c.backend.open(&self.path, mode)?);
-        self.check_identity()?;
+        let h: Handle = Arc::from(self.open_handle(c, mode)?);
         let mut handles = self.handles_mut();
         let entry = handles.open[index].get_or_insert((h, writable));
         Ok(entry.0.clone())
     }
 
-    /// Fails unless the path still names the file first opened: a handle opened by path
-    /// after a rename over it would reach another file (a load would mix two checkpoints).
+    /// `c`'s handle on the file first opened: opened at the path while the path names that
+    /// file, else through the descriptor kept on it (`/proc/self/fd/N`, see
+    /// [`EngineFile::probe_file`]), so that a file renamed over the path, or the path
+    /// removed, changes nothing: every handle of one engine file reaches one file (a load
+    /// never mixes two checkpoints). Without that descriptor, a path that names another
+    /// file is [`ErrorKind::Changed`], a path that names none [`ErrorKind::NotFound`].
+    fn open_handle(&self, c: &Candidate, mode: OpenMode) -> Result<Box<dyn BackendFile>> {
+        if self.check_identity().is_ok() {
+            let h = c.backend.open(&self.path, mode)?;
+            if self.check_identity().is_ok() {
+                return Ok(h);
+            }
+        }
+        match self.probe_file() {
+            Some(kept) => {
+                let via = fastensor_sys::atomic::fd_path(kept);
+                reopened::open(&*c.backend, &via, &self.path, mode)
+            }
+            None => {
+                self.check_identity()?;
+                c.backend.open(&self.path, mode) // (the path names the file again)
+            }
+        }
+    }
+
+    /// Fails unless the path still names the file first opened.
     fn check_identity(&self) -> Result<()> {
         let Some(first) = &self.identity else {
             return Ok(());

@@ -29,6 +29,14 @@ impl FileId {
         (self.dev, self.ino) == (other.dev, other.ino)
     }
 
+    /// A read-only descriptor of this file, opened at `path`; `None` when `path` cannot be
+    /// opened for reading or names another file now.
+    pub(super) fn open_read_only(&self, path: &Path) -> Option<std::fs::File> {
+        let f = std::fs::File::open(path).ok()?;
+        let meta = f.metadata().ok()?;
+        self.is(&meta).then_some(f)
+    }
+
     /// True when `meta` describes this file.
     pub(super) fn is(&self, meta: &std::fs::Metadata) -> bool {
         use std::os::unix::fs::MetadataExt;
