@@ -1,56 +1,54 @@
-"""Activation offload on a real CPU training loop: no offload, activation checkpointing
-(``torch.utils.checkpoint``), and ``fastensor.torch.offload`` at several budgets.
+"""Activation offload as users meet it: training under a memory limit the kernel enforces.
 
-    python bench/offload.py [--dir DIR] [--blocks 48] [--width 64] [--tokens 2048]
-                            [--min-bytes 262144] [--threads N] [--rounds 5] [--steps 4]
-                            [--budgets 10,20,40] [--cap-div 8]
-                            [--sweep-widths 1024,512,...,16] [--sweep-blocks 24]
-                            [--sweep-rounds 5] [--no-largest] [--no-sweep] [--json FILE]
+    python bench/offload.py [--models deep,shallow] [--configs none,checkpoint,paper,fastensor,
+                            fastensor+checkpoint] [--steps 8] [--search-steps 3] [--rounds 3]
+                            [--base-batch 4] [--dir DIR] [--json FILE] [--out FILE] [--quick]
 
-The model is a stack of pre-norm MLP blocks (LayerNorm, Linear d->4d, GELU, Linear 4d->d,
-residual), sized so its saved activations (about 40*d bytes a token a block) dominate
-memory. A training step is forward + loss + backward, and steps run back to back as in a
-training loop.
+Models: stacks of ``torch.nn.TransformerEncoderLayer`` (pre-norm, torch's defaults otherwise:
+feed-forward 2048, dropout 0.1) trained with SGD on random tokens:
 
-Every configuration runs in a process of its own, started once and kept for the whole run
-(what offload and its caching allocator change is process-wide: glibc's and libc10's
-allocation), with torch's defaults except what the configuration itself does: "no offload"
-is a plain PyTorch process. Rounds are interleaved (each process in turn runs ``--steps``
-steps; the order reverses every round, the machine's speed swings between rounds); a
-round's figure is its median step, a ratio the median of the per-round ratios to no
-offload.
+- ``deep``: 32 layers, d_model 256, 4 heads, 128 tokens a sequence;
+- ``shallow``: 8 layers, d_model 384, 6 heads, 256 tokens a sequence;
+- ``mlp``: 24 pre-norm MLP blocks (d 512 -> 2048 -> 512), 128 tokens a sequence;
+- ``tiny``: 8 layers, d_model 128, 2 heads, 64 tokens a sequence (a smoke run: ``--quick``).
 
-Per configuration:
-- act held: peak bytes of activations held. No offload: every saved tensor (counted by a
-  pass-through saved_tensors_hook); checkpointing: the block inputs it keeps plus one
-  block's activations during its recompute; offload: the store's peak (its own accounting)
-  plus the tensors left in memory (below ``min_bytes``).
-- peak RSS: the process's peak resident memory above its level with the model and input
-  made and a one-token step run (which loads the code paths the configuration uses), every
-  step after included: what a training process at this batch needs, caches and pools
-  included.
-- time (wall) and CPU time (the process's, every thread) a step.
-- compute/I/O: no offload's step time over the offloaded bytes' write and read time at the
-  per-transfer rates the store measured; stall: time backward waited in unpack; pack wait:
-  time forward waited for the budget; in place: offloaded tensors backward took from their
-  own memory (still alive: no read).
+Configurations (the model and seed are the same in all):
 
-Then the largest batch within a memory cap (no offload's peak RSS growth at
-tokens/cap_div): each configuration's peak RSS per token at the base batch predicts its
-largest batch (offload's budget scaled with the batch); fresh processes check it,
-bisecting between the cap's batch and the prediction while over the cap.
+- ``none``: no offload;
+- ``checkpoint``: activation checkpointing of every layer (``torch.utils.checkpoint``,
+  non-reentrant);
+- ``paper``: the paper's scheme, saved-tensor hooks that ``torch.save`` each saved tensor
+  of 1 MiB or more to a file and ``torch.load`` it back in backward;
+- ``fastensor``: ``fastensor.torch.offload(dir=..., budget_bytes=...)`` with its defaults,
+  the budget one layer's saved activations at that batch (``--budget-layers``);
+- ``fastensor+checkpoint``: the same, with every layer checkpointed (reentrant: each layer's
+  input goes to the store, the rest is recomputed in backward).
 
-Last, the stall sweep: the width shrinks at constant activation bytes (compute per byte
-falls with the width), at a budget of a tenth of the activations (which spans 2.4 of the 24
-blocks: a block's writes overlap the next blocks' compute); per width, a block's compute
-time (no offload's step over the blocks) against its I/O time, the slowdown and the waits,
-and checkpointing's slowdown beside it.
+Memory: every run is a process of its own in a memory cgroup of its own (v2 where the
+machine has it, else v1) whose limit is the cap: what the kernel charges (interpreter, torch,
+model, gradients, allocator caches, page cache) counts, and a run that needs more is killed.
+Each step's peak is the cgroup's (``memory.peak`` / ``memory.max_usage_in_bytes``, reset
+before the step). The libraries are read by this process first, so their cached pages are
+charged here and alike in every run.
+
+1. The cap: no offload at ``--base-batch`` and one sequence more, each in a fresh process
+   without a limit; the cap lies halfway between their peaks (the last step's), so no
+   offload's largest batch is the base batch.
+2. The largest batch each configuration runs under the cap: batches double from the base
+   until one fails, then bisect (to a sixteenth), ``--search-steps`` steps a probe; the
+   largest is then run ``--steps`` steps, which gives its tokens/s (median step after the
+   first two) and shows whether its memory stays flat (the last steps' peaks against the
+   third's).
+3. Equal batch (no offload's largest): ``--rounds`` rounds, a fresh process per configuration
+   and round, the order changing every round; step time as a ratio to no offload's in the
+   same round, and a layer's compute (no offload's step over the layers) against its I/O
+   (its offloaded bytes at the rates the store measured).
 """
 
 from __future__ import annotations
 
 import argparse
-import gc
+import contextlib
 import json
 import os
 import statistics
@@ -58,537 +56,500 @@ import subprocess
 import sys
 import tempfile
 import time
-import weakref
+from pathlib import Path
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _util import interleaved, write_report  # noqa: E402
 
 MIB = 1 << 20
-#: Steps the largest-batch search may take per configuration.
-SEARCH_STEPS = 8
-#: Steps a worker runs before it is measured (first-touch costs, the engine's first picks).
-WARM_UP_STEPS = 2
+
+MODELS = {
+    "deep": {"layers": 32, "d": 256, "heads": 4, "seq": 128, "kind": "transformer"},
+    "shallow": {"layers": 8, "d": 384, "heads": 6, "seq": 256, "kind": "transformer"},
+    "mlp": {"layers": 24, "d": 512, "heads": 0, "seq": 128, "kind": "mlp"},
+    "tiny": {"layers": 8, "d": 128, "heads": 2, "seq": 64, "kind": "transformer"},
+}
+CONFIGS = ["none", "checkpoint", "paper", "fastensor", "fastensor+checkpoint"]
 
 
 # ---------------------------------------------------------------- the worker process
 
 
-def _model_classes():
+def build(spec: dict):
     import torch
     from torch import nn
-    from torch.utils.checkpoint import checkpoint
 
-    class Block(nn.Module):
-        """Pre-norm MLP block: x + W2 gelu(W1 ln(x))."""
+    torch.manual_seed(0)
+    d, n = spec["d"], spec["layers"]
+    if spec["kind"] == "transformer":
+        layers = [
+            nn.TransformerEncoderLayer(d, spec["heads"], batch_first=True, norm_first=True)
+            for _ in range(n)
+        ]
+    else:
 
-        def __init__(self, d: int):
-            super().__init__()
-            self.ln = nn.LayerNorm(d)
-            self.fc1 = nn.Linear(d, 4 * d)
-            self.fc2 = nn.Linear(4 * d, d)
+        class Block(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.ln, self.fc1, self.fc2 = nn.LayerNorm(d), nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
 
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            return x + self.fc2(nn.functional.gelu(self.fc1(self.ln(x))))
+            def forward(self, x):
+                return x + self.fc2(nn.functional.gelu(self.fc1(self.ln(x))))
 
-    class Model(nn.Module):
-        def __init__(self, d: int, blocks: int, ckpt: bool = False):
-            super().__init__()
-            self.blocks = nn.ModuleList(Block(d) for _ in range(blocks))
-            self.ckpt = ckpt
-
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            for b in self.blocks:
-                x = checkpoint(b, x, use_reentrant=False) if self.ckpt else b(x)
-            return x
-
-    return Model
+        layers = [Block() for _ in range(n)]
+    return nn.ModuleList(layers)
 
 
-def rss_now() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+def paper_hooks(directory: str):
+    """The paper's scheme: every saved tensor of 1 MiB or more through torch.save/torch.load."""
+    import torch
+
+    count = [0]
+
+    def pack(t):
+        if t.untyped_storage().nbytes() < MIB:
+            return t
+        count[0] += 1
+        path = os.path.join(directory, f"saved-{os.getpid()}-{count[0]}.pt")
+        torch.save(t, path)
+        return path
+
+    def unpack(p):
+        if isinstance(p, torch.Tensor):
+            return p
+        t = torch.load(p, weights_only=True)
+        os.unlink(p)
+        return t
+
+    return torch.autograd.graph.saved_tensors_hooks(pack, unpack)
 
 
-def peak_rss() -> int:
+class CgroupPeak:
+    """The peak memory of this process's cgroup, reset on demand."""
+
+    def __init__(self, path: str | None):
+        self.path = path
+        if path is None:
+            self.file = None
+        elif os.path.exists(os.path.join(path, "memory.peak")):
+            self.file = os.path.join(path, "memory.peak")
+        else:
+            self.file = os.path.join(path, "memory.max_usage_in_bytes")
+
+    def reset(self) -> None:
+        if self.file:
+            with contextlib.suppress(OSError), open(self.file, "w") as f:
+                f.write("0")
+
+    def read(self) -> int:
+        if not self.file:
+            return rss_peak()
+        with open(self.file) as f:
+            return int(f.read().split()[0])
+
+
+def rss_peak() -> int:
     with open("/proc/self/status") as f:
         for line in f:
             if line.startswith("VmHWM:"):
                 return int(line.split()[1]) * 1024
-    raise RuntimeError("no VmHWM in /proc/self/status")
+    return 0
 
 
-def saved_bytes(model, x) -> int:
-    """Peak bytes of saved tensors held (unique storages), through a pass-through hook."""
+def worker(spec: dict) -> None:
     import torch
+    from torch.utils.checkpoint import checkpoint
 
-    live: dict[int, int] = {}
-    peak = [0]
+    if spec.get("threads"):
+        torch.set_num_threads(spec["threads"])
+    layers = build(spec)
+    opt = torch.optim.SGD(layers.parameters(), lr=1e-3)
+    batch, seq, d = spec["batch"], spec["seq"], spec["d"]
+    # The input requires grad, as an embedding's output does (a reentrant checkpoint of the
+    # first layer needs it).
+    x = torch.randn(batch, seq, d, requires_grad=True)
+    config = spec["config"]
+    peak = CgroupPeak(spec.get("cgroup"))
+    reentrant = config == "fastensor+checkpoint"
 
-    class Tag:
-        __slots__ = ("t", "__weakref__")
+    def forward(h):
+        for layer in layers:
+            if config in ("checkpoint", "fastensor+checkpoint"):
+                h = checkpoint(layer, h, use_reentrant=reentrant)
+            else:
+                h = layer(h)
+        return h
 
-    def pack(t: torch.Tensor) -> Tag:
-        s = t.untyped_storage()
-        key = s.data_ptr()
-        if key not in live:
-            live[key] = s.nbytes()
-            peak[0] = max(peak[0], sum(live.values()))
-        tag = Tag()
-        tag.t = t
-        weakref.finalize(tag, live.pop, key, None)
-        return tag
-
-    def unpack(tag: Tag) -> torch.Tensor:
-        return tag.t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
-        loss = model(x).square().mean()
-    loss.backward()
-    return peak[0]
-
-
-class Worker:
-    """One configuration's training loop, in its own process."""
-
-    def __init__(self, spec: dict):
-        import torch
-
-        if spec.get("threads"):
-            torch.set_num_threads(spec["threads"])
-        self.spec = spec
-        model_cls = _model_classes()
-        torch.manual_seed(0)
-        d, blocks, tokens = spec["width"], spec["blocks"], spec["tokens"]
-        self.model = model_cls(d, blocks, ckpt=spec["kind"] == "checkpoint")
-        for p in self.model.parameters():  # gradients exist from the start
-            p.grad = torch.zeros_like(p)
-        self.x = torch.randn(tokens, d)
-        self.params = sum(p.numel() * p.element_size() for p in self.model.parameters())
-        self.allocator = None
-        if spec["kind"] == "alloc":
-            from fastensor.torch import caching_allocator
-
-            self.allocator = caching_allocator(spec["min_bytes"]).__enter__()
-        # A one-token step first loads the code each configuration uses lazily (modules
-        # that checkpointing and offload import, the engine): the memory measured from here
-        # is the training step's.
-        full, self.x = self.x, self.x[:1].clone()
-        self.step()
-        self.x = full
-        gc.collect()
-        self.rss_base = rss_now()
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")  # VmHWM from here
-        self.footprint = None
-        if spec.get("footprint"):
-            self.footprint = saved_bytes(self.model, self.x)
-        for _ in range(WARM_UP_STEPS):
-            self.step()
-
-    def step(self) -> dict:
-        spec = self.spec
-        t0, c0 = time.perf_counter(), time.process_time()
-        if spec["kind"] == "offload":
+    def hooks():
+        if config.startswith("fastensor"):
             from fastensor.torch import offload
 
-            kw = {
-                "dir": spec["dir"],
-                "budget_bytes": spec["budget"],
-                "min_bytes": spec["min_bytes"],
-                "caching_allocator": spec.get("caching_allocator", True),
-            }
-            if spec.get("io_threads"):
-                kw["io_threads"] = spec["io_threads"]
-            if "prefetch" in spec:
-                kw["prefetch"] = spec["prefetch"]
-            with offload(**kw) as stats:
-                loss = self.model(self.x).square().mean()
-        else:
-            stats = None
-            loss = self.model(self.x).square().mean()
+            return offload(dir=spec["dir"], budget_bytes=spec["budget"])
+        if config == "paper":
+            return paper_hooks(spec["dir"])
+        return contextlib.nullcontext()
+
+    for _ in range(spec["steps"]):
+        peak.reset()
+        t0 = time.perf_counter()
+        with hooks() as stats:
+            loss = forward(x).square().mean()
         loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=False)
         del loss
-        out = {"time": time.perf_counter() - t0, "cpu": time.process_time() - c0}
-        if stats is not None:
-            d = stats.as_dict()
+        out = {"time": time.perf_counter() - t0, "peak": peak.read()}
+        if stats is not None and hasattr(stats, "as_dict"):
+            s = stats.as_dict()
             out.update(
-                held=d["peak_held_bytes"] + d["bytes_kept"],
-                stall=d["unpack_stall_s"],
-                wait=d["pack_wait_s"],
-                offloaded=d["bytes_offloaded"],
-                written=d["bytes_written"],
-                wgbps=stats.write_gbps,
-                rgbps=stats.read_gbps,
-                in_place=d["restored_in_place"],
-                tensors=d["tensors_offloaded"],
-                allocator=d["caching_allocator"],
+                written=s["bytes_written"],
+                read=s["bytes_read"],
+                write_s=s["write_time_s"],
+                read_s=s["read_time_s"],
+                stall=s["unpack_stall_s"],
+                wait=s["pack_wait_s"],
+                pool=s["caching_allocator"],
             )
-        return out
+        print(json.dumps(out), flush=True)
 
-    def serve(self) -> None:
-        reply({"ready": True, "footprint": self.footprint, "params": self.params})
-        for line in sys.stdin:
-            cmd = json.loads(line)
-            if cmd.get("quit"):
+
+def footprint(spec: dict) -> int:
+    """Bytes of the activations one layer saves at one sequence (in this process)."""
+    import torch
+
+    layers = build({**spec, "layers": 1})
+    x = torch.randn(1, spec["seq"], spec["d"])
+    seen: dict[int, int] = {}
+
+    def pack(t):
+        s = t.untyped_storage()
+        seen.setdefault(s.data_ptr(), s.nbytes())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        layers[0](x).sum()
+    params = {p.untyped_storage().data_ptr() for p in layers.parameters()}
+    return sum(n for ptr, n in seen.items() if ptr not in params)
+
+
+# ---------------------------------------------------------------- cgroups
+
+
+class Cgroups:
+    """Memory cgroups under this process's own, one per run."""
+
+    def __init__(self):
+        self.v2 = os.path.exists("/sys/fs/cgroup/cgroup.controllers")
+        if self.v2:
+            rel = next(
+                line.split(":", 2)[2].strip()
+                for line in open("/proc/self/cgroup")
+                if line.startswith("0::")
+            )
+            self.base = "/sys/fs/cgroup" + rel
+        else:
+            rel = next(
+                line.split(":", 2)[2].strip()
+                for line in open("/proc/self/cgroup")
+                if line.split(":")[1] == "memory"
+            )
+            self.base = "/sys/fs/cgroup/memory" + rel
+        self.count = 0
+
+    def make(self, limit: int | None) -> str:
+        self.count += 1
+        path = os.path.join(self.base, f"fastensor-bench-{os.getpid()}-{self.count}")
+        os.mkdir(path)
+        if limit is not None:
+            name = "memory.max" if self.v2 else "memory.limit_in_bytes"
+            with open(os.path.join(path, name), "w") as f:
+                f.write(str(limit))
+            if self.v2:
+                with contextlib.suppress(OSError), open(os.path.join(path, "memory.swap.max"), "w") as f:
+                    f.write("0")
+        return path
+
+    @staticmethod
+    def remove(path: str) -> None:
+        for _ in range(50):
+            try:
+                os.rmdir(path)
                 return
-            steps = [self.step() for _ in range(cmd["steps"])]
-            reply({"steps": steps, "peak_rss": peak_rss() - self.rss_base})
+            except OSError:
+                time.sleep(0.1)
 
 
-def reply(obj: dict) -> None:
-    sys.stdout.write(json.dumps(obj) + "\n")
-    sys.stdout.flush()
+def run(spec: dict, cgroups: Cgroups, limit: int | None, timeout: float) -> dict:
+    """Runs one configuration in a fresh process in a cgroup of its own: its steps, and
+    whether it finished (``ok``) or why not."""
+    path = cgroups.make(limit)
 
+    def enter():
+        with open(os.path.join(path, "cgroup.procs"), "w") as f:
+            f.write(str(os.getpid()))
 
-def worker_main() -> None:
-    spec = json.loads(sys.stdin.readline())
-    Worker(spec).serve()
+    spec = {**spec, "cgroup": path}
+    steps, why = [], None
+    try:
+        p = subprocess.run(
+            [sys.executable, os.path.abspath(__file__), "--worker", json.dumps(spec)],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            preexec_fn=enter,
+        )
+        steps = [json.loads(line) for line in p.stdout.splitlines() if line.startswith("{")]
+        if p.returncode != 0:
+            why = "killed: out of memory" if p.returncode == -9 else f"exit {p.returncode}"
+            tail = p.stderr.strip().splitlines()[-1:] if p.stderr else []
+            if tail and p.returncode != -9:
+                why += f" ({tail[0][:120]})"
+    except subprocess.TimeoutExpired:
+        why = f"over {timeout:.0f} s"
+    finally:
+        Cgroups.remove(path)
+    return {"ok": why is None and len(steps) == spec["steps"], "why": why, "steps": steps}
 
 
 # ---------------------------------------------------------------- the orchestrator
-
-
-class Proc:
-    """A worker process running one configuration."""
-
-    def __init__(self, spec: dict):
-        self.spec = spec
-        self.p = subprocess.Popen(
-            [sys.executable, os.path.abspath(__file__), "--worker"],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-            bufsize=1,
-        )
-        self.send(spec)
-        self.ready = self.recv()
-
-    def send(self, obj: dict) -> None:
-        assert self.p.stdin is not None
-        self.p.stdin.write(json.dumps(obj) + "\n")
-        self.p.stdin.flush()
-
-    def recv(self) -> dict:
-        assert self.p.stdout is not None
-        line = self.p.stdout.readline()
-        if not line:
-            raise RuntimeError(f"worker {self.spec['name']} died (exit {self.p.wait()})")
-        return json.loads(line)
-
-    def run(self, steps: int) -> dict:
-        self.send({"steps": steps})
-        return self.recv()
-
-    def close(self) -> None:
-        if self.p.poll() is None:
-            self.send({"quit": True})
-            self.p.wait(60)
 
 
 def med(xs) -> float:
     return statistics.median(xs)
 
 
-def round_figures(result: dict) -> dict:
-    """A round's figures: the median step (time, CPU and offload's figures)."""
-    steps = result["steps"]
-    out = {k: med(s[k] for s in steps) for k in steps[0] if k != "allocator"}
-    out["peak_rss"] = result["peak_rss"]
-    out["allocator"] = steps[-1].get("allocator")
-    return out
+def step_time(r: dict) -> float:
+    """The median step after the first two (first-touch costs)."""
+    s = r["steps"]
+    return med(x["time"] for x in (s[2:] or s[-1:]))
 
 
-def interleaved(procs: dict[str, Proc], rounds: int, steps: int) -> dict[str, list[dict]]:
-    """Each process runs ``steps`` steps in turn, ``rounds`` times (order reversed every
-    other round); per process, its rounds' figures."""
-    names = list(procs)
-    out: dict[str, list[dict]] = {n: [] for n in names}
-    for r in range(rounds):
-        for name in names if r % 2 == 0 else reversed(names):
-            out[name].append(round_figures(procs[name].run(steps)))
-    return out
+def flat(r: dict) -> tuple[bool, float]:
+    """Whether the peaks of the steps after the third stay within 2% of the third's (and
+    the growth, in MiB)."""
+    peaks = [x["peak"] for x in r["steps"]]
+    if len(peaks) < 4:
+        return True, 0.0
+    grow = max(peaks[3:]) - peaks[2]
+    return grow <= 0.02 * peaks[2], grow / MIB
 
 
-def ratio(rs: list[dict], base: list[dict], key: str = "time") -> float:
-    return med(r[key] / b[key] for r, b in zip(rs, base, strict=True))
+class Bench:
+    def __init__(self, args):
+        self.args = args
+        self.cgroups = Cgroups()
+        self.dir = args.dir
+        self.report: dict = {"models": {}}
+        self.lines: list[str] = []
 
+    def say(self, text: str = "") -> None:
+        print(text, flush=True)
+        self.lines.append(text)
 
-def io_time(rs: list[dict]) -> float:
-    """The offloaded bytes' write and read time at the store's per-transfer rates."""
-    return med(
-        r["written"] / 1e9 * (1 / r["wgbps"] + 1 / r["rgbps"])
-        for r in rs
-        if r["wgbps"] and r["rgbps"]
-    )
+    def spec(self, model: str, config: str, batch: int, steps: int) -> dict:
+        m = MODELS[model]
+        per_layer = self.footprints[model] * batch
+        budget = max(int(per_layer * self.args.budget_layers), 4 * MIB)
+        return {
+            **m,
+            "config": config,
+            "batch": batch,
+            "steps": steps,
+            "dir": self.dir,
+            "budget": budget,
+            "threads": self.args.threads,
+        }
+
+    def probe(self, model, config, batch, steps, limit) -> dict:
+        r = run(self.spec(model, config, batch, steps), self.cgroups, limit, self.args.timeout)
+        state = "ok" if r["ok"] else r["why"]
+        peak = max((x["peak"] for x in r["steps"]), default=0) / MIB
+        self.say(f"#   {config} at {batch}: {state}, peak {peak:.0f} MiB")
+        return r
+
+    def largest(self, model: str, config: str, cap: int) -> tuple[int, dict | None]:
+        base = self.args.base_batch
+        lo, hi, best = 0, None, None
+        b = base
+        while hi is None:
+            r = self.probe(model, config, b, self.args.search_steps, cap)
+            if r["ok"]:
+                lo, best = b, r
+                if b >= self.args.max_batch:
+                    break
+                b = min(b * 2, self.args.max_batch)
+            else:
+                hi = b
+        while hi is not None and hi - lo > max(1, lo // 16):
+            mid = (lo + hi) // 2
+            r = self.probe(model, config, mid, self.args.search_steps, cap)
+            if r["ok"]:
+                lo, best = mid, r
+            else:
+                hi = mid
+        if lo == 0:
+            return 0, None
+        # The largest found, run long: tokens/s and whether memory stays flat. A run that
+        # does not hold up over the longer run steps down.
+        for _ in range(4):
+            r = self.probe(model, config, lo, self.args.steps, cap)
+            if r["ok"]:
+                return lo, r
+            lo -= max(1, lo // 16)
+            if lo < 1:
+                break
+        return 0, best
+
+    def model(self, model: str) -> None:
+        a = self.args
+        m = MODELS[model]
+        base = a.base_batch
+        self.say()
+        self.say(
+            f"## {model}: {m['layers']} layers, d_model {m['d']}, {m['seq']} tokens a sequence; "
+            f"one layer saves {self.footprints[model] / MIB:.2f} MiB a sequence"
+        )
+        at_base = run(self.spec(model, "none", base, 3), self.cgroups, None, a.timeout)
+        over = run(self.spec(model, "none", base + 1, 3), self.cgroups, None, a.timeout)
+        if not (at_base["ok"] and over["ok"]):
+            raise SystemExit(f"no offload did not run: {at_base['why'] or over['why']}")
+        p0, p1 = at_base["steps"][-1]["peak"], over["steps"][-1]["peak"]
+        cap = (p0 + p1) // 2
+        self.say(
+            f"# cap {cap / MIB:.0f} MiB: halfway between no offload's peak at {base} sequences "
+            f"({p0 / MIB:.0f} MiB) and at {base + 1} ({p1 / MIB:.0f} MiB)"
+        )
+        rows = {}
+        for config in a.configs:
+            self.say(f"# largest batch: {config}")
+            batch, r = self.largest(model, config, cap)
+            rows[config] = {"batch": batch, "run": r}
+        none = rows.get("none", {})
+        none_tps = (
+            base * m["seq"] / step_time(none["run"]) if none.get("run") else None
+        )
+        self.say()
+        self.say(
+            f"| {model}, cap {cap / MIB:.0f} MiB | largest batch | vs no offload | tokens/s "
+            "| vs no offload | peak MiB (last step) | flat over the steps |"
+        )
+        self.say("|---|---:|---:|---:|---:|---:|---|")
+        for config, row in rows.items():
+            r = row["run"]
+            if not r or not row["batch"]:
+                self.say(f"| {config} | none found | - | - | - | - | - |")
+                continue
+            tps = row["batch"] * m["seq"] / step_time(r)
+            is_flat, grow = flat(r)
+            row.update(tokens_s=tps, flat=is_flat, growth_mib=grow)
+            self.say(
+                f"| {config} | {row['batch']} | {row['batch'] / base:.1f}x | {tps:.0f} "
+                f"| {tps / none_tps:.2f}x | {r['steps'][-1]['peak'] / MIB:.0f} "
+                f"| {'yes' if is_flat else 'no'} ({grow:+.0f} MiB) |"
+                if none_tps
+                else f"| {config} | {row['batch']} | - | {tps:.0f} | - | - | - |"
+            )
+        equal = self.equal_batch(model, cap)
+        self.report["models"][model] = {
+            "cap": cap,
+            "largest": {c: {k: v for k, v in row.items()} for c, row in rows.items()},
+            "equal_batch": equal,
+        }
+
+    def equal_batch(self, model: str, cap: int) -> dict:
+        a = self.args
+        m = MODELS[model]
+        base = a.base_batch
+        results: dict[str, list[dict]] = {c: [] for c in a.configs}
+        for _, order in interleaved(a.configs, a.rounds, seed=7):
+            for config in order:
+                results[config].append(
+                    run(self.spec(model, config, base, a.steps), self.cgroups, cap, a.timeout)
+                )
+        self.say()
+        self.say(
+            f"| {model} at {base} sequences (no offload's largest), {a.rounds} rounds "
+            "| step s | vs no offload | peak MiB | compute/I/O a layer |"
+        )
+        self.say("|---|---:|---:|---:|---:|")
+        out = {}
+        for config, rs in results.items():
+            ok = [r for r in rs if r["ok"]]
+            if not ok:
+                self.say(f"| {config} | {rs[0]['why']} | - | - | - |")
+                continue
+            t = med(step_time(r) for r in ok)
+            ratios = [
+                step_time(r) / step_time(n)
+                for r, n in zip(rs, results["none"], strict=True)
+                if r["ok"] and n["ok"]
+            ]
+            ratio = f"{med(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f})" if ratios else "-"
+            peak = med(r["steps"][-1]["peak"] for r in ok) / MIB
+            balance = "-"
+            last = ok[0]["steps"][-1]
+            if "written" in last and last["write_s"] > 0 and last["read_s"] > 0:
+                none_t = med(step_time(r) for r in results["none"] if r["ok"])
+                io = med(
+                    r["steps"][-1]["write_s"] + r["steps"][-1]["read_s"] for r in ok
+                ) / a.io_threads
+                balance = f"{none_t / max(io, 1e-9):.1f}"
+            out[config] = {"time": t, "ratios": ratios, "peak": peak}
+            self.say(f"| {config} | {t:.3f} | {ratio} | {peak:.0f} | {balance} |")
+        return out
 
 
 def main() -> None:
-    if "--worker" in sys.argv:
-        worker_main()
+    if len(sys.argv) == 3 and sys.argv[1] == "--worker":
+        worker(json.loads(sys.argv[2]))
         return
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--models", default="deep,shallow")
+    ap.add_argument("--configs", default=",".join(CONFIGS))
+    ap.add_argument("--steps", type=int, default=8, help="steps of a long run")
+    ap.add_argument("--search-steps", type=int, default=3, help="steps of a search probe")
+    ap.add_argument("--rounds", type=int, default=3, help="rounds of the equal-batch runs")
+    ap.add_argument("--base-batch", type=int, default=4, help="no offload's largest batch")
+    ap.add_argument("--max-batch", type=int, default=512)
+    ap.add_argument("--budget-layers", type=float, default=1.0, help="offload budget in layers")
+    ap.add_argument("--io-threads", type=int, default=2, help="offload's I/O threads (default)")
     ap.add_argument("--threads", type=int, default=None, help="torch's compute threads")
+    ap.add_argument("--timeout", type=float, default=1800, help="seconds a run may take")
     ap.add_argument("--dir", default=None, help="swap directory (default: a temp dir)")
-    ap.add_argument("--blocks", type=int, default=48)
-    ap.add_argument("--width", type=int, default=64)
-    ap.add_argument("--tokens", type=int, default=2048, help="tokens a step (batch x seq)")
-    ap.add_argument("--min-bytes", type=int, default=256 << 10, help="offload's min_bytes")
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--steps", type=int, default=4, help="steps a configuration runs a round")
-    ap.add_argument("--budgets", default="10,20,40", help="offload budgets: footprint/N")
-    ap.add_argument("--cap-div", type=int, default=8, help="cap: no offload at tokens/N")
-    ap.add_argument("--sweep-widths", default="1024,512,256,128,64,32,16")
-    ap.add_argument("--sweep-rounds", type=int, default=5)
-    # A budget of a tenth of the activations spans 2.4 blocks at 24 (below one block at 8:
-    # a block's writes could not overlap the next block's compute, which the sweep is about).
-    ap.add_argument("--sweep-blocks", type=int, default=24)
-    ap.add_argument("--no-largest", action="store_true", help="skip the largest-batch search")
-    ap.add_argument("--no-sweep", action="store_true", help="skip the stall sweep")
     ap.add_argument("--json", default=None, help="also write every figure to this file")
+    ap.add_argument("--out", default=None, help="also write the tables to this file")
+    ap.add_argument(
+        "--quick", action="store_true", help="the tiny model, 4 steps, 1 round: a smoke run"
+    )
     args = ap.parse_args()
+    if args.quick:
+        args.models, args.steps, args.search_steps, args.rounds = "tiny", 4, 2, 1
+        args.max_batch = min(args.max_batch, 64)
+    args.models = [m for m in args.models.split(",") if m]
+    args.configs = [c for c in args.configs.split(",") if c]
+    if "none" not in args.configs:
+        args.configs.insert(0, "none")
 
     import torch
 
+    import fastensor.torch  # noqa: F401 (its pages charged here, not to the runs)
+
     tmp = tempfile.TemporaryDirectory(dir=args.dir or os.environ.get("FASTENSOR_OFFLOAD_DIR"))
-    sdir = tmp.name
-    d, L, T = args.width, args.blocks, args.tokens
-    common = {"width": d, "blocks": L, "min_bytes": args.min_bytes, "threads": args.threads}
-    threads = args.threads or torch.get_num_threads()
-    report: dict = {"args": vars(args), "torch": torch.__version__, "threads": threads}
-
-    base = Proc({**common, "name": "no offload", "kind": "none", "tokens": T, "footprint": 1})
-    footprint = base.ready["footprint"]
-    block_bytes = footprint // L
-    ckpt_held = L * T * d * 4 + block_bytes
-    print(
-        f"# fastensor offload benchmark: {L} MLP blocks, width {d}, {T} tokens; torch "
-        f"{torch.__version__}, {threads} threads; swap dir {sdir}"
+    args.dir = tmp.name
+    bench = Bench(args)
+    bench.footprints = {m: footprint(MODELS[m]) for m in args.models}
+    bench.say(
+        f"# fastensor offload under a memory cgroup ({'v2' if bench.cgroups.v2 else 'v1'}): "
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads; swap dir {args.dir}; "
+        f"{args.steps} steps a long run, {args.search_steps} a probe; offload budget "
+        f"{args.budget_layers} layer(s) of activations"
     )
-    print(
-        f"# saved activations {footprint / MIB:.1f} MiB ({block_bytes / MIB:.2f} MiB a block), "
-        f"parameters {base.ready['params'] / MIB:.1f} MiB; {args.rounds} interleaved rounds "
-        f"of {args.steps} steps after {WARM_UP_STEPS} warm-up steps, one process a "
-        "configuration"
-    )
-    divs = [int(v) for v in args.budgets.split(",") if v]
-    specs = [
-        {**common, "name": "no offload + caching allocator", "kind": "alloc", "tokens": T},
-        {**common, "name": "checkpointing", "kind": "checkpoint", "tokens": T},
-    ]
-    for div in divs:
-        specs.append(
-            {
-                **common,
-                "name": f"offload F/{div}",
-                "kind": "offload",
-                "tokens": T,
-                "dir": sdir,
-                "budget": max(footprint // div, 2 * MIB),
-            }
-        )
-    big = f"offload F/{max(divs)}"
-    specs.append(
-        {
-            **next(s for s in specs if s["name"] == big),
-            "name": f"{big}, no caching allocator",
-            "caching_allocator": False,
-        }
-    )
-    procs = {"no offload": base}
-    for spec in specs:
-        procs[spec["name"]] = Proc(spec)
-    results = interleaved(procs, args.rounds, args.steps)
-    for p in procs.values():
-        p.close()
-    nb = results["no offload"]
-
-    print()
-    print(
-        "| configuration | budget MiB | act held MiB | footprint/held | peak RSS MiB "
-        "| step s | slowdown | CPU s | CPU ratio | compute/I/O | stall s | pack wait s "
-        "| write GB/s | read GB/s | in place |"
-    )
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-    rows = []
-    for name, rs in results.items():
-        spec = procs[name].spec
-        if spec["kind"] != "offload":
-            held = ckpt_held if spec["kind"] == "checkpoint" else footprint
-            budget, extra = "-", "| - | - | - | - | - | - |"
-        else:
-            held = med(r["held"] for r in rs)
-            budget = f"{spec['budget'] / MIB:.1f}"
-            extra = (
-                f"| {med(r['time'] for r in nb) / io_time(rs):.2f} "
-                f"| {med(r['stall'] for r in rs):.3f} | {med(r['wait'] for r in rs):.3f} "
-                f"| {med(r['wgbps'] for r in rs):.2f} | {med(r['rgbps'] for r in rs):.2f} "
-                f"| {med(r['in_place'] for r in rs):.0f}/{med(r['tensors'] for r in rs):.0f} |"
-            )
-        row = {
-            "name": name,
-            "held": held,
-            "peak_rss": med(r["peak_rss"] for r in rs),
-            "time": med(r["time"] for r in rs),
-            "slowdown": ratio(rs, nb),
-            "cpu": med(r["cpu"] for r in rs),
-            "cpu_ratio": ratio(rs, nb, "cpu"),
-        }
-        rows.append(row)
-        print(
-            f"| {name} | {budget} | {held / MIB:.1f} | {footprint / held:.1f}x "
-            f"| {row['peak_rss'] / MIB:.1f} | {row['time']:.3f} | {row['slowdown']:.3f}x "
-            f"| {row['cpu']:.3f} | {row['cpu_ratio']:.3f}x {extra}"
-        )
-    report["main"] = {"rows": rows, "rounds": results}
-    print(
-        "# rounds (step s): "
-        + "; ".join(
-            f"{name}: " + ", ".join(f"{r['time']:.3f}" for r in rs) for name, rs in results.items()
-        )
-    )
-
-    if not args.no_largest:
-        report["largest"] = largest_batch(args, common, sdir, footprint, results, divs)
-    if not args.no_sweep:
-        report["sweep"] = sweep(args, common, sdir)
+    for model in args.models:
+        bench.model(model)
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=1)
+        Path(args.json).write_text(json.dumps(bench.report, indent=1, default=str))
+    write_report(Path(args.out) if args.out else None, "\n".join(bench.lines) + "\n")
     tmp.cleanup()
-
-
-def largest_batch(args, common, sdir, footprint, results, divs) -> list[dict]:
-    """The largest batch within no offload's peak RSS growth at tokens/cap_div."""
-    T = args.tokens
-    cap_tokens = T // args.cap_div
-
-    def probe(kind: str, n: int, budget_div: int | None = None) -> dict:
-        spec = {**common, "name": kind, "kind": kind, "tokens": n}
-        if budget_div:
-            spec.update(dir=sdir, budget=max(footprint * n // T // budget_div, 2 * MIB))
-        p = Proc(spec)
-        try:
-            r = round_figures(p.run(2))
-        finally:
-            p.close()
-        return r
-
-    cap_run = probe("none", cap_tokens)
-    cap = cap_run["peak_rss"]
-    big = f"offload F/{max(divs)}"
-    print()
-    print(
-        f"## largest batch within a cap of {cap / MIB:.1f} MiB of peak RSS growth "
-        f"(no offload's at {cap_tokens} tokens; a fresh process a probe)"
-    )
-    print(
-        "| configuration | RSS per 1k tokens MiB (at base batch) | predicted max tokens "
-        "| checked max tokens | its peak RSS MiB | its step s | vs no offload |"
-    )
-    print("|---|---:|---:|---:|---:|---:|---:|")
-    out = []
-    for name, kind, div in (
-        ("no offload", "none", None),
-        ("checkpointing", "checkpoint", None),
-        (big, "offload", max(divs)),
-    ):
-        per_tok = med(r["peak_rss"] for r in results[name]) / T
-        predicted = max(1, int(cap / per_tok))
-        if kind == "none":
-            best, best_r = cap_tokens, cap_run
-        else:
-            best, best_r = None, None
-            lo, hi, n = cap_tokens, predicted, predicted
-            for _ in range(SEARCH_STEPS):
-                r = probe(kind, n, div)
-                if r["peak_rss"] <= cap:
-                    best, best_r, lo = n, r, n
-                    if n == hi:
-                        break
-                else:
-                    hi = n - 1
-                if hi <= lo:
-                    break
-                n = (lo + hi + 1) // 2
-        row = {"name": name, "per_1k": per_tok * 1024, "predicted": predicted, "tokens": best}
-        out.append(row)
-        if best is None:
-            print(f"| {name} | {per_tok * 1024 / MIB:.2f} | {predicted} | none found | - | - | - |")
-            continue
-        row.update(peak_rss=best_r["peak_rss"], time=best_r["time"])
-        print(
-            f"| {name} | {per_tok * 1024 / MIB:.2f} | {predicted} | {best} "
-            f"| {best_r['peak_rss'] / MIB:.1f} | {best_r['time']:.2f} | {best / cap_tokens:.1f}x |"
-        )
-    return out
-
-
-def sweep(args, common, sdir) -> list[dict]:
-    """Slowdown and stall as compute per byte shrinks, at constant activation bytes."""
-    widths = [int(w) for w in args.sweep_widths.split(",") if w]
-    Ls = args.sweep_blocks
-    T, d = args.tokens, args.width
-    print()
-    print(
-        f"## stall as compute per byte shrinks ({Ls} blocks, offload's budget = activations/10, "
-        f"{args.sweep_rounds} interleaved rounds of {args.steps} steps; compute/block = no "
-        "offload's step time / blocks, I/O/block = a block's offloaded bytes at the store's "
-        "write and read rates)"
-    )
-    print(
-        "| width | tokens | act MiB | act/held | compute/block ms | I/O/block ms | compute/I/O "
-        "| no offload s | offload s | slowdown | CPU ratio | stall s | pack wait s "
-        "| checkpointing s | its slowdown |"
-    )
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-    out = []
-    for w in widths:
-        tokens = max(1, T * d // w)
-        sweep_common = {**common, "width": w, "blocks": Ls, "tokens": tokens}
-        none = Proc({**sweep_common, "name": "none", "kind": "none", "footprint": 1})
-        act = none.ready["footprint"] - none.ready["params"]
-        off = Proc(
-            {
-                **sweep_common,
-                "name": "offload",
-                "kind": "offload",
-                "dir": sdir,
-                "budget": max(act // 10, 2 * MIB),
-            }
-        )
-        ckpt = Proc({**sweep_common, "name": "checkpointing", "kind": "checkpoint"})
-        procs = {"none": none, "off": off, "ckpt": ckpt}
-        res = interleaved(procs, args.sweep_rounds, args.steps)
-        for p in procs.values():
-            p.close()
-        a, b, c = res["none"], res["off"], res["ckpt"]
-        tn = med(r["time"] for r in a)
-        io = io_time(b)
-        held = med(r["held"] for r in b)
-        compute_ms, io_ms = tn / Ls * 1e3, io / Ls * 1e3
-        row = {
-            "width": w,
-            "tokens": tokens,
-            "act": act,
-            "held": held,
-            "compute_ms": compute_ms,
-            "io_ms": io_ms,
-            "none": tn,
-            "off": med(r["time"] for r in b),
-            "slowdown": ratio(b, a),
-            "cpu_ratio": ratio(b, a, "cpu"),
-            "stall": med(r["stall"] for r in b),
-            "wait": med(r["wait"] for r in b),
-            "checkpointing": med(r["time"] for r in c),
-            "checkpointing_slowdown": ratio(c, a),
-        }
-        out.append(row)
-        print(
-            f"| {w} | {tokens} | {act / MIB:.1f} | {act / held:.1f}x "
-            f"| {compute_ms:.1f} | {io_ms:.1f} | {compute_ms / io_ms:.2f} "
-            f"| {tn:.3f} | {row['off']:.3f} | {row['slowdown']:.3f}x | {row['cpu_ratio']:.3f}x "
-            f"| {row['stall']:.3f} | {row['wait']:.3f} "
-            f"| {row['checkpointing']:.3f} | {row['checkpointing_slowdown']:.3f}x |"
-        )
-        sys.stdout.flush()
-    return out
 
 
 if __name__ == "__main__":
