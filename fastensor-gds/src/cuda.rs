@@ -150,6 +150,23 @@ pub fn device_error(what: &str, e: DriverError) -> Error {
     Error::new(kind, format!("{what}: {}", describe(e)))
 }
 
+/// Those of `names` the driver library does not export (an older driver).
+pub fn missing_symbols<'a>(names: &[&'a str]) -> Vec<&'a str> {
+    // SAFETY: only looks the library up (it is loaded by `driver()` before any caller gets
+    // here; cudarc's loader returns the same library).
+    if !unsafe { sys::is_culib_present() } {
+        return names.to_vec();
+    }
+    // SAFETY: as in `init`: the library is present; looking a symbol up has no side effect.
+    let lib = unsafe { sys::culib() };
+    names
+        .iter()
+        // SAFETY: looking a symbol up has no side effect; the pointer is not called here.
+        .filter(|s| unsafe { lib.get::<*const ()>(s.as_bytes()) }.is_err())
+        .copied()
+        .collect()
+}
+
 /// The driver, or an [`ErrorKind::Unavailable`] error saying why CUDA cannot run.
 pub fn require() -> Result<&'static Driver> {
     driver().map_err(|reason| Error::new(ErrorKind::Unavailable, reason))
@@ -238,6 +255,8 @@ pub struct Event(sys::CUevent);
 
 // SAFETY: events may be recorded and waited on from any thread.
 unsafe impl Send for Event {}
+// SAFETY: the driver's event calls are thread-safe; the wrapper only passes the handle.
+unsafe impl Sync for Event {}
 
 impl Event {
     /// A new event in the current context.
@@ -245,6 +264,11 @@ impl Event {
         result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
             .map(Event)
             .map_err(|e| device_error("cuEventCreate failed", e))
+    }
+
+    /// The raw handle.
+    pub fn raw(&self) -> sys::CUevent {
+        self.0
     }
 
     /// Marks the current end of `stream`'s queue.

@@ -5,6 +5,8 @@
 //!   copy (or cuFile's compatibility mode, reported by [`GdsBackend::describe`]);
 //! * [`CUDA_STAGED`] (`cuda-staged`): `O_DIRECT` reads and writes through pinned host
 //!   buffers, overlapped with asynchronous copies to and from the GPU;
+//! * [`copies`]: stream-ordered copies between GPU memory and a pool of pinned host memory
+//!   (what offload of GPU tensors is built on);
 //! * [`DeviceBuffer`]: GPU memory usable wherever a host buffer is
 //!   ([`as_mem`](DeviceBuffer::as_mem), [`as_mem_mut`](DeviceBuffer::as_mem_mut)).
 //!
@@ -19,6 +21,7 @@
 #![deny(missing_docs)]
 
 mod batch;
+pub mod copies;
 pub mod cuda;
 pub mod cufile;
 mod device_buffer;

@@ -38,6 +38,8 @@
 //! share with the framework that allocates the tensors (see [`OffloadConfig::pool`]).
 
 mod allocator;
+#[cfg(feature = "gds")]
+mod device;
 mod payload;
 mod pool;
 mod schedule;
@@ -46,6 +48,8 @@ mod store;
 mod worker;
 
 pub use allocator::{round_up, Extent, ExtentAllocator, EXTENT_ALIGN};
+#[cfg(feature = "gds")]
+pub use device::{DevicePath, PINNED_WAIT};
 pub use payload::{ForeignBytes, Payload};
 pub use pool::{HostPool, PoolStats};
 pub use schedule::Schedule;
@@ -81,6 +85,14 @@ pub struct OffloadConfig {
     /// pool with whatever else allocates such memory in the process (the framework's
     /// tensors) so that memory freed by one serves the other.
     pub pool: Option<Arc<HostPool>>,
+    /// Most bytes of GPU memory the store holds: GPU tensors written straight from device
+    /// memory (the direct path) until written, and read back into device memory ahead of
+    /// use. GPU tensors staged through pinned memory count against `budget` instead (their
+    /// pinned blocks). Default: `budget`.
+    pub device_budget: u64,
+    /// How GPU tensors reach the swap file.
+    #[cfg(feature = "gds")]
+    pub device_path: DevicePath,
 }
 
 impl OffloadConfig {
@@ -96,6 +108,9 @@ impl OffloadConfig {
             initial_capacity: 0,
             pin: None,
             pool: None,
+            device_budget: budget,
+            #[cfg(feature = "gds")]
+            device_path: DevicePath::Auto,
         }
     }
 
@@ -129,6 +144,19 @@ impl OffloadConfig {
         self
     }
 
+    /// Sets [`OffloadConfig::device_budget`].
+    pub fn device_budget(mut self, bytes: u64) -> Self {
+        self.device_budget = bytes;
+        self
+    }
+
+    /// Sets [`OffloadConfig::device_path`].
+    #[cfg(feature = "gds")]
+    pub fn device_path(mut self, path: DevicePath) -> Self {
+        self.device_path = path;
+        self
+    }
+
     /// Sets [`OffloadConfig::pool`].
     pub fn pool(mut self, pool: Arc<HostPool>) -> Self {
         self.pool = Some(pool);
@@ -148,6 +176,22 @@ pub struct OffloadStats {
     /// The process's largest resident memory seen by `put` and `get` (bytes, as the kernel
     /// counts it: `/proc/self/statm`); 0 where it cannot be read.
     pub peak_resident_bytes: u64,
+    /// The GPU memory budget ([`OffloadConfig::device_budget`]).
+    pub device_budget: u64,
+    /// GPU memory held now (the direct path).
+    pub device_held_bytes: u64,
+    /// The most GPU memory held at once.
+    pub peak_device_held_bytes: u64,
+    /// GPU tensors put.
+    pub device_puts: u64,
+    /// GPU tensors copied into the caller's device memory by `get_into_device`.
+    pub device_gets: u64,
+    /// Bytes copied out of GPU memory into pinned memory (the staged path).
+    pub bytes_to_host: u64,
+    /// Bytes copied into GPU memory by `get_into_device`.
+    pub bytes_to_device: u64,
+    /// Time the I/O threads waited for copies out of GPU memory to finish before writing.
+    pub stage_wait: Duration,
     /// Bytes of small tensors kept in memory (not counted in the budget).
     pub small_bytes: u64,
     /// The swap file's capacity (bytes).

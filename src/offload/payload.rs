@@ -13,12 +13,16 @@ pub trait ForeignBytes: Send + Sync {
     fn bytes(&self) -> &[u8];
 }
 
-/// A tensor handed to [`OffloadStore::put`](super::OffloadStore::put).
+/// Host bytes of a tensor: handed to [`OffloadStore::put`](super::OffloadStore::put), or
+/// held by the store (written from, kept, read back into).
 pub enum Payload {
     /// A buffer the store owns (and may keep in memory after its write, as a prefetch).
     Owned(HostBuffer),
     /// Memory owned elsewhere, written in place and given back once written.
     Foreign(Box<dyn ForeignBytes>),
+    /// A block of a GPU's pinned pool (a GPU tensor on its way to or from the disk).
+    #[cfg(feature = "gds")]
+    Pinned(crate::gds::copies::PinnedBlock),
 }
 
 impl Payload {
@@ -41,6 +45,8 @@ impl Deref for Payload {
         match self {
             Payload::Owned(b) => b,
             Payload::Foreign(f) => f.bytes(),
+            #[cfg(feature = "gds")]
+            Payload::Pinned(b) => b,
         }
     }
 }
@@ -50,6 +56,8 @@ impl fmt::Debug for Payload {
         let kind = match self {
             Payload::Owned(_) => "Owned",
             Payload::Foreign(_) => "Foreign",
+            #[cfg(feature = "gds")]
+            Payload::Pinned(_) => "Pinned",
         };
         write!(f, "Payload::{kind}({} bytes)", self.len())
     }

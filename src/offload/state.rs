@@ -1,8 +1,11 @@
 //! The store's bookkeeping, kept under one lock: tensors and where their bytes are, the
 //! budget, the job queue of the I/O threads, and what to keep in memory or read back.
 //!
-//! The budget counts every byte the store holds: tensors being written, tensors written and
-//! still kept in memory, reads queued or running, and tensors read back and not yet taken.
+//! The budget counts every byte the store holds in host memory (pageable, or a GPU's pinned
+//! pool): tensors being written, tensors written and still kept in memory, reads queued or
+//! running, and tensors read back and not yet taken. GPU tensors written straight from
+//! device memory (the direct path) count against a device budget of their own instead, as
+//! do their reads back into device memory.
 //! A tensor written stays in memory while the budget has room (the last ones put are the
 //! first ones wanted back); room is made by dropping the kept tensors least needed: those
 //! the schedule does not expect soon, oldest first, then the farthest expected ones.
@@ -11,7 +14,7 @@ use super::allocator::{Extent, ExtentAllocator};
 use super::payload::Payload;
 use super::schedule::Schedule;
 use super::OffloadStats;
-use fastensor_core::{Error, ErrorKind, HostBuffer};
+use fastensor_core::{Error, ErrorKind};
 use std::collections::{BTreeMap, VecDeque};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -83,17 +86,55 @@ pub(crate) enum Data {
     Queued,
     /// A read is running.
     Reading,
-    /// Read back ahead of its `get`: in memory and on disk.
-    Loaded(HostBuffer),
+    /// Read back ahead of its `get` (into the host pool or a pinned block): in memory and on
+    /// disk.
+    Loaded(Payload),
     /// A background transfer failed.
     Failed(Failure),
+    /// A GPU tensor being copied into a pinned block (the staged path: the copy and its
+    /// device memory are in the tensor's job), then written.
+    #[cfg(feature = "gds")]
+    Staging,
+    /// A GPU tensor being written from its device memory (the direct path).
+    #[cfg(feature = "gds")]
+    WritingDevice(Arc<crate::gds::copies::DeviceSource>),
+    /// Read back ahead of its `get` into device memory (the direct path).
+    #[cfg(feature = "gds")]
+    LoadedDevice(crate::gds::DeviceBuffer),
 }
 
 impl Data {
+    /// A transfer queued or under way.
+    pub(crate) fn in_flight(&self) -> bool {
+        match self {
+            Data::Writing(_) | Data::Reading | Data::Queued => true,
+            #[cfg(feature = "gds")]
+            Data::Staging | Data::WritingDevice(_) => true,
+            _ => false,
+        }
+    }
+
     /// In memory and on disk: may be dropped to make room.
     fn droppable(&self) -> bool {
-        matches!(self, Data::Kept(_) | Data::Loaded(_))
+        match self {
+            Data::Kept(_) | Data::Loaded(_) => true,
+            #[cfg(feature = "gds")]
+            Data::LoadedDevice(_) => true,
+            _ => false,
+        }
     }
+}
+
+/// Where a tensor's bytes live while the store holds them, and where reads back go.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(not(feature = "gds"), allow(dead_code))]
+pub(crate) enum Home {
+    /// Host memory (the host pool).
+    Host,
+    /// A GPU tensor staged through its GPU's pinned pool.
+    Pinned(u32),
+    /// A GPU tensor written from and read back into device memory.
+    Device(u32),
 }
 
 /// One tensor.
@@ -101,6 +142,7 @@ impl Data {
 pub(crate) struct Entry {
     pub(crate) label: Arc<str>,
     pub(crate) len: u64,
+    pub(crate) home: Home,
     pub(crate) extent: Option<Extent>,
     pub(crate) data: Data,
     /// Already returned by `get` (not expected again by the schedule).
@@ -120,14 +162,35 @@ pub(crate) enum Job {
         offset: u64,
         buf: Arc<Payload>,
     },
-    /// Read `len` bytes at the offset.
-    Read { id: u64, offset: u64, len: u64 },
+    /// Read `len` bytes at the offset into memory of `home`.
+    Read {
+        id: u64,
+        offset: u64,
+        len: u64,
+        home: Home,
+    },
+    /// Wait for a GPU tensor's copy into its pinned block, then write the block.
+    #[cfg(feature = "gds")]
+    Stage {
+        id: u64,
+        offset: u64,
+        copy: crate::gds::copies::Outgoing,
+    },
+    /// Write a GPU tensor from its device memory.
+    #[cfg(feature = "gds")]
+    WriteDevice {
+        id: u64,
+        offset: u64,
+        src: Arc<crate::gds::copies::DeviceSource>,
+    },
 }
 
 impl Job {
     fn id(&self) -> u64 {
         match self {
             Job::Write { id, .. } | Job::Read { id, .. } => *id,
+            #[cfg(feature = "gds")]
+            Job::Stage { id, .. } | Job::WriteDevice { id, .. } => *id,
         }
     }
 }
@@ -135,6 +198,10 @@ impl Job {
 /// Everything under the store's lock.
 #[derive(Debug, Default)]
 pub(crate) struct State {
+    /// The host budget, the device budget, the prefetch depth.
+    pub(crate) budget: u64,
+    pub(crate) device_budget: u64,
+    pub(crate) depth: usize,
     pub(crate) entries: BTreeMap<u64, Entry>,
     pub(crate) jobs: VecDeque<Job>,
     pub(crate) alloc: ExtentAllocator,
@@ -143,7 +210,10 @@ pub(crate) struct State {
     pub(crate) explicit: VecDeque<u64>,
     /// Failures not yet reported by a `put`.
     pub(crate) unreported: VecDeque<Failure>,
+    /// Bytes held in host memory (pageable and pinned).
     pub(crate) held: u64,
+    /// Bytes held in device memory (the direct path).
+    pub(crate) device_held: u64,
     pub(crate) put_waiters: usize,
     pub(crate) next_id: u64,
     pub(crate) shutdown: bool,
@@ -151,10 +221,60 @@ pub(crate) struct State {
 }
 
 impl State {
-    /// Adds `bytes` to the held bytes and tracks the peak.
+    /// An empty state under these budgets and prefetch depth.
+    pub(crate) fn new(budget: u64, device_budget: u64, depth: usize) -> State {
+        State {
+            budget,
+            device_budget,
+            depth,
+            ..Default::default()
+        }
+    }
+
+    /// Whether `home` counts against the device budget.
+    fn on_device(home: Home) -> bool {
+        matches!(home, Home::Device(_))
+    }
+
+    /// Bytes held against `home`'s budget, and that budget.
+    pub(crate) fn room(&self, home: Home) -> (u64, u64) {
+        if Self::on_device(home) {
+            (self.device_held, self.device_budget)
+        } else {
+            (self.held, self.budget)
+        }
+    }
+
+    /// Whether `len` more bytes fit in `home`'s budget now.
+    pub(crate) fn fits(&self, home: Home, len: u64) -> bool {
+        let (held, budget) = self.room(home);
+        held + len <= budget
+    }
+
+    /// Adds `bytes` held in `home`'s memory and tracks the peak.
+    pub(crate) fn hold_in(&mut self, home: Home, bytes: u64) {
+        if Self::on_device(home) {
+            self.device_held += bytes;
+            self.stats.peak_device_held_bytes =
+                self.stats.peak_device_held_bytes.max(self.device_held);
+        } else {
+            self.held += bytes;
+            self.stats.peak_held_bytes = self.stats.peak_held_bytes.max(self.held);
+        }
+    }
+
+    /// Takes `bytes` held in `home`'s memory off the count.
+    pub(crate) fn unhold(&mut self, home: Home, bytes: u64) {
+        if Self::on_device(home) {
+            self.device_held -= bytes;
+        } else {
+            self.held -= bytes;
+        }
+    }
+
+    /// Adds `bytes` to the host bytes held and tracks the peak.
     pub(crate) fn hold(&mut self, bytes: u64) {
-        self.held += bytes;
-        self.stats.peak_held_bytes = self.stats.peak_held_bytes.max(self.held);
+        self.hold_in(Home::Host, bytes);
     }
 
     /// Records a reading of the process's resident memory.
@@ -183,37 +303,38 @@ impl State {
         out
     }
 
-    /// Queues reads for the desired tensors on disk while the budget has room for them,
+    /// Queues reads for the desired tensors on disk while their budget has room for them,
     /// dropping kept tensors expected later (or not at all) to make it; no read starts
-    /// while a `put` waits for room. Tensors larger than the budget are never read ahead.
+    /// while a `put` waits for room. Tensors larger than their budget are never read ahead.
     /// Returns whether a job was queued.
-    pub(crate) fn pump(&mut self, budget: u64, depth: usize) -> bool {
+    pub(crate) fn pump(&mut self) -> bool {
         if self.put_waiters > 0 || self.shutdown {
             return false;
         }
-        let desired = self.desired(depth);
+        let desired = self.desired(self.depth);
         let mut queued = false;
         for (rank, &id) in desired.iter().enumerate() {
             let e = &self.entries[&id];
-            if !matches!(e.data, Data::OnDisk) || e.len > budget {
+            let (home, len) = (e.home, e.len);
+            if !matches!(e.data, Data::OnDisk) || len > self.room(home).1 {
                 continue;
             }
-            let len = e.len;
-            if self.held + len > budget {
-                self.drop_for(len, budget, &desired, rank + 1);
-                if self.held + len > budget {
+            if !self.fits(home, len) {
+                self.drop_for(home, len, &desired, rank + 1);
+                if !self.fits(home, len) {
                     break;
                 }
             }
             let e = self.entries.get_mut(&id).expect("desired ids are live");
             let extent = e.extent.expect("tensors on disk have an extent");
             e.data = Data::Queued;
-            self.hold(len);
+            self.hold_in(home, len);
             self.stats.prefetches += 1;
             self.jobs.push_back(Job::Read {
                 id,
                 offset: extent.offset,
                 len,
+                home,
             });
             queued = true;
         }
@@ -222,15 +343,18 @@ impl State {
         queued
     }
 
-    /// Drops kept and read-back tensors until `need` more bytes fit in the budget: first
-    /// those not in `desired` (oldest first), then those of `desired` (nearest first) from
-    /// rank `from` on, the farthest first. Desired tensors before rank `from` stay.
-    fn drop_for(&mut self, need: u64, budget: u64, desired: &[u64], from: usize) {
+    /// Drops kept and read-back tensors held against `home`'s budget until `need` more bytes
+    /// fit: first those not in `desired` (oldest first), then those of `desired` (nearest
+    /// first) from rank `from` on, the farthest first. Desired tensors before rank `from`
+    /// stay.
+    fn drop_for(&mut self, home: Home, need: u64, desired: &[u64], from: usize) {
+        let device = Self::on_device(home);
+        let same = |e: &Entry| e.data.droppable() && Self::on_device(e.home) == device;
         let wanted: std::collections::HashSet<u64> = desired.iter().copied().collect();
         let mut order: Vec<u64> = self
             .entries
             .iter()
-            .filter(|(id, e)| e.data.droppable() && !wanted.contains(id))
+            .filter(|(id, e)| same(e) && !wanted.contains(id))
             .map(|(&id, _)| id)
             .collect();
         order.extend(
@@ -238,27 +362,29 @@ impl State {
                 .iter()
                 .rev()
                 .copied()
-                .filter(|id| self.entries[id].data.droppable()),
+                .filter(|id| same(&self.entries[id])),
         );
         for id in order {
-            if self.held + need <= budget {
+            if self.fits(home, need) {
                 break;
             }
             let e = self.entries.get_mut(&id).expect("listed above");
             e.data = Data::OnDisk;
-            self.held -= e.len;
+            let (h, len) = (e.home, e.len);
+            self.unhold(h, len);
             self.stats.evictions += 1;
         }
     }
 
-    /// Makes room for a `put` of `need` bytes: drops kept and read-back tensors, the least
-    /// needed first (see [`State::drop_for`]; a `put` may drop any of them).
-    pub(crate) fn evict_for(&mut self, need: u64, budget: u64, depth: usize) {
-        if self.held + need <= budget {
+    /// Makes room in `home`'s budget for a `put` of `need` bytes: drops kept and read-back
+    /// tensors, the least needed first (see [`State::drop_for`]; a `put` may drop any of
+    /// them).
+    pub(crate) fn evict_for(&mut self, home: Home, need: u64) {
+        if self.fits(home, need) {
             return;
         }
-        let desired = self.desired(depth);
-        self.drop_for(need, budget, &desired, 0);
+        let desired = self.desired(self.depth);
+        self.drop_for(home, need, &desired, 0);
     }
 
     /// Removes a tensor and frees its extent.
@@ -271,23 +397,34 @@ impl State {
         self.schedule.forget(id);
     }
 
+    /// Whether `data` is a transfer under way whose end frees the entry of a dropped handle.
+    fn in_transfer(data: &Data) -> bool {
+        match data {
+            Data::Writing(_) | Data::Reading => true,
+            #[cfg(feature = "gds")]
+            Data::Staging | Data::WritingDevice(_) => true,
+            _ => false,
+        }
+    }
+
     /// The handle of `id` was dropped.
     pub(crate) fn release(&mut self, id: u64) {
         let Some(e) = self.entries.get_mut(&id) else {
             return;
         };
+        if Self::in_transfer(&e.data) {
+            e.dropped = true;
+            return;
+        }
+        let (home, len) = (e.home, e.len);
         match &e.data {
-            Data::Writing(_) | Data::Reading => {
-                e.dropped = true;
-                return;
-            }
             Data::Queued => {
                 self.jobs.retain(|j| j.id() != id);
-                self.held -= e.len;
+                self.unhold(home, len);
             }
-            Data::Loaded(_) | Data::Kept(_) => self.held -= e.len,
-            Data::Small(_) => self.stats.small_bytes -= e.len,
+            Data::Small(_) => self.stats.small_bytes -= len,
             Data::OnDisk | Data::Failed(_) => {}
+            _ => self.unhold(home, len), // kept or read back
         }
         self.remove(id);
     }
@@ -301,7 +438,8 @@ impl State {
         e.discarded = true;
         if e.data.droppable() {
             e.data = Data::OnDisk;
-            self.held -= e.len;
+            let (home, len) = (e.home, e.len);
+            self.unhold(home, len);
         } else if self.jobs.iter().any(|j| j.id() == id) {
             // A write not yet started (never on disk: nothing to read) or a queued read.
             self.cancel_queued(id);
@@ -315,15 +453,17 @@ impl State {
         self.jobs.retain(|j| j.id() != id);
         let e = self.entries.get_mut(&id).expect("caller checked");
         e.data = Data::OnDisk;
-        self.held -= e.len;
+        let (home, len) = (e.home, e.len);
+        self.unhold(home, len);
     }
 
     /// Records the end of a write: the tensor stays in memory (kept) unless its handle was
-    /// dropped, its bytes were taken or discarded meanwhile.
+    /// dropped, its bytes were taken or discarded meanwhile. `buf` is what was written from
+    /// (`None` for device memory, which the direct path never keeps).
     pub(crate) fn write_done(
         &mut self,
         id: u64,
-        buf: Arc<Payload>,
+        buf: Option<Arc<Payload>>,
         result: fastensor_core::Result<()>,
     ) {
         if let Err(err) = result {
@@ -334,21 +474,25 @@ impl State {
             .get_mut(&id)
             .expect("written tensors stay until done");
         self.stats.bytes_written += e.len;
+        let (home, len) = (e.home, e.len);
         if e.dropped {
-            self.held -= e.len;
+            self.unhold(home, len);
             self.remove(id);
-        } else if e.taken || e.discarded {
-            e.data = Data::OnDisk;
-            self.held -= e.len;
-        } else {
-            e.data = Data::Kept(buf);
+            return;
+        }
+        match buf {
+            Some(buf) if !e.taken && !e.discarded => e.data = Data::Kept(buf),
+            _ => {
+                e.data = Data::OnDisk;
+                self.unhold(home, len);
+            }
         }
     }
 
     /// Records the end of a read.
-    pub(crate) fn read_done(&mut self, id: u64, result: fastensor_core::Result<HostBuffer>) {
-        let buf = match result {
-            Ok(buf) => buf,
+    pub(crate) fn read_done(&mut self, id: u64, result: fastensor_core::Result<Data>) {
+        let data = match result {
+            Ok(data) => data,
             Err(err) => return self.fail(id, &err, "background read"),
         };
         let e = self
@@ -356,15 +500,16 @@ impl State {
             .get_mut(&id)
             .expect("read tensors stay until done");
         self.stats.bytes_read += e.len;
+        let (home, len) = (e.home, e.len);
         if e.dropped {
-            self.held -= e.len;
+            self.unhold(home, len);
             self.remove(id);
         } else if e.discarded {
             // Read before the caller discarded it: not needed any more.
             e.data = Data::OnDisk;
-            self.held -= e.len;
+            self.unhold(home, len);
         } else {
-            e.data = Data::Loaded(buf);
+            e.data = data;
         }
     }
 
@@ -378,10 +523,10 @@ impl State {
             .expect("transferred tensors stay until done");
         let f = Failure::new(err, what, id, &e.label);
         e.data = Data::Failed(f.clone());
-        let (len, dropped) = (e.len, e.dropped);
+        let (home, len, dropped) = (e.home, e.len, e.dropped);
         self.unreported.push_back(f);
         self.stats.errors += 1;
-        self.held -= len;
+        self.unhold(home, len);
         if dropped {
             self.remove(id);
         }

@@ -2,7 +2,7 @@
 
 use super::allocator::round_up;
 use super::payload::Payload;
-use super::state::{Data, Entry, Failure, Job, State};
+use super::state::{Data, Entry, Failure, Home, Job, State};
 use super::{worker, HostPool, OffloadConfig, OffloadStats};
 use crate::{Engine, EngineFile};
 use fastensor_core::{Error, ErrorKind, HostBuffer, OpenMode, Purpose, Result};
@@ -28,6 +28,9 @@ pub(crate) struct Shared {
     changed: Condvar,
     /// Where the buffers of reads back come from (see [`OffloadStore::pool`]).
     pub(crate) pool: Arc<HostPool>,
+    /// The copies of each GPU that put a tensor here, made on its first one.
+    #[cfg(feature = "gds")]
+    copies: Mutex<std::collections::HashMap<u32, Arc<crate::gds::copies::CopyEngine>>>,
 }
 
 impl Shared {
@@ -35,20 +38,64 @@ impl Shared {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn wait<'a>(&self, st: MutexGuard<'a, State>) -> MutexGuard<'a, State> {
+    pub(crate) fn wait<'a>(&self, st: MutexGuard<'a, State>) -> MutexGuard<'a, State> {
         self.changed.wait(st).unwrap_or_else(|p| p.into_inner())
     }
 
     /// Starts the prefetches now possible and wakes the waiters.
     pub(crate) fn after_change(&self, st: &mut State) {
-        if st.pump(self.config.budget, self.config.prefetch_depth) {
+        if st.pump() {
             self.work.notify_all();
         }
         self.changed.notify_all();
     }
 
+    /// The copies of GPU `gpu` (made on first use, with a pinned pool of the budget's size).
+    #[cfg(feature = "gds")]
+    pub(crate) fn copies(&self, gpu: u32) -> Result<Arc<crate::gds::copies::CopyEngine>> {
+        let mut map = self.copies.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(e) = map.get(&gpu) {
+            return Ok(e.clone());
+        }
+        let engine = Arc::new(crate::gds::copies::CopyEngine::new(
+            gpu,
+            self.config.budget,
+        )?);
+        map.insert(gpu, engine.clone());
+        Ok(engine)
+    }
+
+    /// The copies of GPU `gpu`, if made.
+    #[cfg(feature = "gds")]
+    pub(crate) fn copies_made(&self, gpu: u32) -> Option<Arc<crate::gds::copies::CopyEngine>> {
+        let map = self.copies.lock().unwrap_or_else(|p| p.into_inner());
+        map.get(&gpu).cloned()
+    }
+
+    /// Waits until `len` more bytes fit in `home`'s budget, making room by dropping kept
+    /// tensors (backpressure: the time is counted as the puts' wait).
+    pub(crate) fn wait_for_room<'a>(
+        &self,
+        mut st: MutexGuard<'a, State>,
+        home: Home,
+        len: u64,
+    ) -> MutexGuard<'a, State> {
+        st.evict_for(home, len);
+        if !st.fits(home, len) {
+            let t0 = Instant::now();
+            st.put_waiters += 1;
+            while !st.fits(home, len) {
+                st = self.wait(st);
+                st.evict_for(home, len);
+            }
+            st.put_waiters -= 1;
+            st.stats.put_wait += t0.elapsed();
+        }
+        st
+    }
+
     /// An extent of `len` bytes of the swap file, growing the file when none is free.
-    fn extent_for(&self, st: &mut State, len: u64) -> Result<super::Extent> {
+    pub(crate) fn extent_for(&self, st: &mut State, len: u64) -> Result<super::Extent> {
         loop {
             match st.alloc.alloc(len) {
                 Ok(x) => return Ok(x),
@@ -58,7 +105,7 @@ impl Shared {
     }
 
     /// A copy of `bytes` in a block of the pool.
-    fn copy_to_pool(&self, bytes: &[u8]) -> Result<HostBuffer> {
+    pub(crate) fn copy_to_pool(&self, bytes: &[u8]) -> Result<HostBuffer> {
         let mut buf = self.pool.take(bytes.len())?;
         buf[..bytes.len()].copy_from_slice(bytes);
         buf.truncate(bytes.len());
@@ -86,7 +133,7 @@ impl Shared {
 /// however the process ends (a panic, `process::exit`, `SIGKILL`). Dropping the store stops
 /// its I/O threads and closes the file.
 pub struct OffloadStore {
-    shared: Arc<Shared>,
+    pub(crate) shared: Arc<Shared>,
     threads: Vec<JoinHandle<()>>,
 }
 
@@ -94,10 +141,10 @@ debug_fields!(OffloadStore, "OffloadStore", |s| { path: s.shared.path, config: s
 
 /// A tensor in an [`OffloadStore`]. Dropping it frees the tensor's memory and file space.
 pub struct Handle {
-    id: u64,
-    len: u64,
-    label: Arc<str>,
-    shared: Arc<Shared>,
+    pub(crate) id: u64,
+    pub(crate) len: u64,
+    pub(crate) label: Arc<str>,
+    pub(crate) shared: Arc<Shared>,
 }
 
 debug_fields!(Handle, "Handle", |s| { id: s.id, label: s.label, len: s.len });
@@ -164,10 +211,16 @@ impl OffloadStore {
                 path,
                 swap,
                 config: config.clone(),
-                state: Mutex::new(State::default()),
+                state: Mutex::new(State::new(
+                    config.budget,
+                    config.device_budget,
+                    config.prefetch_depth,
+                )),
                 work: Condvar::new(),
                 changed: Condvar::new(),
                 pool: config.pool.clone().unwrap_or_default(),
+                #[cfg(feature = "gds")]
+                copies: Mutex::new(std::collections::HashMap::new()),
             }),
             threads: Vec::new(),
         };
@@ -221,63 +274,24 @@ impl OffloadStore {
     pub fn put(&self, tensor: impl Into<Payload>, label: impl Into<String>) -> Result<Handle> {
         let tensor: Payload = tensor.into();
         let s = &self.shared;
-        let (budget, depth) = (s.config.budget, s.config.prefetch_depth);
         let len = tensor.len() as u64;
-        let label: Arc<str> = label.into().into();
-        let resident = fastensor_sys::pages::resident_bytes();
-        let mut st = s.lock();
-        st.note_resident(resident);
-        if let Some(f) = st.unreported.pop_front() {
-            let earlier = f.error();
-            return Err(Error::new(
-                earlier.kind(),
-                format!("tensor `{label}` was not stored: an earlier background transfer failed"),
-            )
-            .with_source(earlier));
-        }
-        let small = tensor.len() < s.config.small_threshold;
-        let id = st.next_id;
-        st.next_id += 1;
-        st.stats.puts += 1;
-        let handle = Handle {
-            id,
-            len,
-            label: label.clone(),
-            shared: s.clone(),
-        };
-        let mut entry = Entry {
-            label,
-            len,
-            extent: None,
-            data: Data::OnDisk,
-            taken: false,
-            dropped: false,
-            discarded: false,
-        };
-        if small {
+        let (st, handle, mut entry) = self.begin_put(len, label.into(), Home::Host)?;
+        let mut st = st;
+        let id = handle.id;
+        if tensor.len() < s.config.small_threshold {
             st.stats.small_bytes += len;
             entry.data = Data::Small(Arc::new(tensor));
             st.entries.insert(id, entry);
             return Ok(handle);
         }
-        if len > budget {
+        if len > s.config.budget {
             let extent = s.extent_for(&mut st, len)?;
             entry.extent = Some(extent);
             st.entries.insert(id, entry);
             drop(st);
             return self.write_through(handle, extent.offset, &tensor);
         }
-        st.evict_for(len, budget, depth);
-        if st.held + len > budget {
-            let t0 = Instant::now();
-            st.put_waiters += 1;
-            while st.held + len > budget {
-                st = s.wait(st);
-                st.evict_for(len, budget, depth);
-            }
-            st.put_waiters -= 1;
-            st.stats.put_wait += t0.elapsed();
-        }
+        let mut st = s.wait_for_room(st, Home::Host, len);
         let extent = s.extent_for(&mut st, len)?;
         st.hold(len);
         let buf = Arc::new(tensor);
@@ -291,6 +305,49 @@ impl OffloadStore {
         });
         s.work.notify_one();
         Ok(handle)
+    }
+
+    /// The common start of a put of `len` bytes homed in `home`: the lock, the handle, the
+    /// entry (not inserted yet). Fails with the first background failure not yet reported.
+    pub(crate) fn begin_put(
+        &self,
+        len: u64,
+        label: String,
+        home: Home,
+    ) -> Result<(MutexGuard<'_, State>, Handle, Entry)> {
+        let s = &self.shared;
+        let label: Arc<str> = label.into();
+        let resident = fastensor_sys::pages::resident_bytes();
+        let mut st = s.lock();
+        st.note_resident(resident);
+        if let Some(f) = st.unreported.pop_front() {
+            let earlier = f.error();
+            return Err(Error::new(
+                earlier.kind(),
+                format!("tensor `{label}` was not stored: an earlier background transfer failed"),
+            )
+            .with_source(earlier));
+        }
+        let id = st.next_id;
+        st.next_id += 1;
+        st.stats.puts += 1;
+        let handle = Handle {
+            id,
+            len,
+            label: label.clone(),
+            shared: s.clone(),
+        };
+        let entry = Entry {
+            label,
+            len,
+            home,
+            extent: None,
+            data: Data::OnDisk,
+            taken: false,
+            dropped: false,
+            discarded: false,
+        };
+        Ok((st, handle, entry))
     }
 
     /// Writes a tensor larger than the budget on the caller's thread (its entry, on disk
@@ -337,6 +394,36 @@ impl OffloadStore {
 
     fn get_from(&self, handle: &Handle, trust_foreign: bool) -> Result<HostBuffer> {
         let s = &self.shared;
+        match self.take(handle, trust_foreign)? {
+            Taken::Payload(Payload::Owned(buf)) => Ok(buf),
+            Taken::Payload(other) => s.copy_to_pool(&other),
+            Taken::Shared(bytes) => s.copy_to_pool(&bytes),
+            #[cfg(feature = "gds")]
+            Taken::Device(buf) => {
+                let mut out = s.pool.take(buf.len())?;
+                out.truncate(buf.len());
+                buf.copy_to_host(0, &mut out)?;
+                Ok(out)
+            }
+            #[cfg(feature = "gds")]
+            Taken::Source(src) => {
+                src.wait_ready()?;
+                let r = src.range();
+                let mut out = s.pool.take(r.len())?;
+                out.truncate(r.len());
+                crate::gds::copy_to_host(r.ptr(), r.ordinal(), &mut out)?;
+                Ok(out)
+            }
+        }
+    }
+
+    /// Takes the tensor's bytes out of the store for a get: from memory when they are
+    /// there, else after waiting for the transfer under way or reading them now (into
+    /// memory of the tensor's home). Moves the schedule's cursor to this tensor. With
+    /// `trust_foreign` false, memory owned elsewhere is not used (see
+    /// [`OffloadStore::get_written`]).
+    pub(crate) fn take(&self, handle: &Handle, trust_foreign: bool) -> Result<Taken> {
+        let s = &self.shared;
         if !Arc::ptr_eq(&handle.shared, s) {
             return Err(Error::new(
                 ErrorKind::InvalidInput,
@@ -357,88 +444,96 @@ impl OffloadStore {
                     format!("tensor `{}` was discarded", handle.label),
                 ));
             }
+            let (home, len) = (e.home, e.len);
             let foreign = |p: &Arc<Payload>| matches!(**p, Payload::Foreign(_));
-            match &e.data {
+            let wait = match &e.data {
                 Data::Kept(p) if !trust_foreign && foreign(p) => {
                     e.data = Data::OnDisk;
-                    st.held -= handle.len;
+                    st.unhold(home, len);
                     continue;
                 }
-                Data::Writing(p) if !trust_foreign && foreign(p) => {
-                    let t0 = Instant::now();
-                    st = s.wait(st);
-                    stall += t0.elapsed();
-                    continue;
-                }
-                _ => {}
+                Data::Writing(p) if !trust_foreign && foreign(p) => true,
+                Data::Reading => true,
+                #[cfg(feature = "gds")]
+                Data::Staging => true,
+                _ => false,
+            };
+            if wait {
+                let t0 = Instant::now();
+                st = s.wait(st);
+                stall += t0.elapsed();
+                continue;
             }
-            let copy_of = match &mut e.data {
+            let taken = match &mut e.data {
                 Data::Failed(f) => return Err(f.error()),
-                Data::Small(b) => Some(b.clone()),
-                Data::Writing(b) => {
-                    e.taken = true;
-                    Some(b.clone())
-                }
-                Data::Kept(_) | Data::Loaded(_) => {
-                    e.taken = true;
-                    let data = std::mem::replace(&mut e.data, Data::OnDisk);
-                    st.held -= handle.len;
-                    st.schedule.taken(id);
-                    if stall.is_zero() {
-                        st.stats.gets_from_memory += 1;
-                    } else {
-                        st.stats.gets_waited += 1;
-                        st.stats.get_stall += stall;
-                    }
-                    s.after_change(&mut st);
-                    drop(st);
-                    return match data {
-                        Data::Loaded(buf) => Ok(buf),
-                        Data::Kept(payload) => match Arc::try_unwrap(payload) {
-                            Ok(Payload::Owned(buf)) => Ok(buf),
-                            Ok(other) => s.copy_to_pool(&other),
-                            Err(shared) => s.copy_to_pool(&shared),
-                        },
-                        _ => unreachable!("matched above"),
-                    };
-                }
                 Data::Queued => {
                     st.cancel_queued(id);
                     continue;
                 }
-                Data::Reading => {
-                    let t0 = Instant::now();
-                    st = s.wait(st);
-                    stall += t0.elapsed();
-                    continue;
-                }
                 Data::OnDisk => None,
+                Data::Small(b) => Some(Taken::Shared(b.clone())),
+                Data::Writing(b) => {
+                    e.taken = true;
+                    Some(Taken::Shared(b.clone()))
+                }
+                #[cfg(feature = "gds")]
+                Data::WritingDevice(src) => {
+                    e.taken = true;
+                    Some(Taken::Source(src.clone()))
+                }
+                _ => {
+                    // Kept or read back: the bytes leave the store.
+                    e.taken = true;
+                    let data = std::mem::replace(&mut e.data, Data::OnDisk);
+                    st.unhold(home, len);
+                    Some(match data {
+                        Data::Loaded(p) => Taken::Payload(p),
+                        Data::Kept(p) => match Arc::try_unwrap(p) {
+                            Ok(p) => Taken::Payload(p),
+                            Err(shared) => Taken::Shared(shared),
+                        },
+                        #[cfg(feature = "gds")]
+                        Data::LoadedDevice(buf) => Taken::Device(buf),
+                        _ => unreachable!("the other states are matched above"),
+                    })
+                }
             };
-            if let Some(b) = copy_of {
+            if let Some(taken) = taken {
+                let e = st.entries.get_mut(&id).expect("live");
                 if e.taken {
                     st.schedule.taken(id);
                 }
-                st.stats.gets_from_memory += 1;
+                if stall.is_zero() {
+                    st.stats.gets_from_memory += 1;
+                } else {
+                    st.stats.gets_waited += 1;
+                    st.stats.get_stall += stall;
+                }
                 s.after_change(&mut st);
-                drop(st);
-                return s.copy_to_pool(&b);
+                return Ok(taken);
             }
             // On disk and nothing in flight: read it here.
+            let e = st.entries.get_mut(&id).expect("live");
             e.taken = true;
             let offset = e.extent.expect("tensors on disk have an extent").offset;
             st.schedule.taken(id);
             s.after_change(&mut st);
             drop(st);
             let t0 = Instant::now();
-            let result = worker::read(s, offset, handle.len);
+            let result = worker::read(s, offset, handle.len, home);
             let mut st = s.lock();
             st.stats.get_stall += stall + t0.elapsed();
             st.stats.read_time += t0.elapsed();
             st.stats.gets_from_disk += 1;
             return match result {
-                Ok(buf) => {
+                Ok(data) => {
                     st.stats.bytes_read += handle.len;
-                    Ok(buf)
+                    match data {
+                        Data::Loaded(p) => Ok(Taken::Payload(p)),
+                        #[cfg(feature = "gds")]
+                        Data::LoadedDevice(buf) => Ok(Taken::Device(buf)),
+                        _ => unreachable!("a read gives bytes in memory"),
+                    }
                 }
                 Err(err) => {
                     st.stats.errors += 1;
@@ -502,12 +597,7 @@ impl OffloadStore {
     /// Waits until every background write and read has finished.
     pub fn flush(&self) {
         let mut st = self.shared.lock();
-        while !st.jobs.is_empty()
-            || st
-                .entries
-                .values()
-                .any(|e| matches!(e.data, Data::Writing(_) | Data::Reading | Data::Queued))
-        {
+        while !st.jobs.is_empty() || st.entries.values().any(|e| e.data.in_flight()) {
             st = self.shared.wait(st);
         }
     }
@@ -518,10 +608,26 @@ impl OffloadStore {
         let mut out = st.stats.clone();
         out.budget = self.shared.config.budget;
         out.held_bytes = st.held;
+        out.device_budget = self.shared.config.device_budget;
+        out.device_held_bytes = st.device_held;
         out.file_capacity = st.alloc.capacity();
         out.file_allocated = st.alloc.allocated();
         out
     }
+}
+
+/// A tensor's bytes taken out of the store by a get.
+pub(crate) enum Taken {
+    /// Bytes the get now owns (a block read back, kept memory no one else holds).
+    Payload(Payload),
+    /// Bytes still shared (small, being written, or kept and held elsewhere): copied.
+    Shared(Arc<Payload>),
+    /// A GPU tensor read back into device memory.
+    #[cfg(feature = "gds")]
+    Device(crate::gds::DeviceBuffer),
+    /// A GPU tensor's own memory, not written yet (the direct path).
+    #[cfg(feature = "gds")]
+    Source(Arc<crate::gds::copies::DeviceSource>),
 }
 
 impl Drop for OffloadStore {

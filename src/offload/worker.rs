@@ -2,7 +2,8 @@
 //! through the engine with the store's lock released, and record the outcome.
 
 use super::allocator::round_up;
-use super::state::{Data, Job};
+use super::payload::Payload;
+use super::state::{Data, Home, Job};
 use super::store::Shared;
 use fastensor_core::{Error, ErrorKind, HostBuffer, Result};
 use std::sync::Arc;
@@ -48,46 +49,134 @@ fn run(shared: &Shared) {
                 let result = shared.file.write_at(offset, &buf[..]);
                 let mut st = shared.lock();
                 st.stats.write_time += t0.elapsed();
-                st.write_done(id, buf, result);
+                st.write_done(id, Some(buf), result);
                 shared.after_change(&mut st);
             }
-            Job::Read { id, offset, len } => {
+            Job::Read {
+                id,
+                offset,
+                len,
+                home,
+            } => {
                 let t0 = Instant::now();
-                let result = read(shared, offset, len);
+                let result = read(shared, offset, len, home);
                 let mut st = shared.lock();
                 st.stats.read_time += t0.elapsed();
                 st.read_done(id, result);
+                shared.after_change(&mut st);
+            }
+            #[cfg(feature = "gds")]
+            Job::Stage { id, offset, copy } => stage(shared, id, offset, copy),
+            #[cfg(feature = "gds")]
+            Job::WriteDevice { id, offset, src } => {
+                let t0 = Instant::now();
+                let result = src.wait_ready().and_then(|()| {
+                    shared
+                        .file
+                        .write_at(offset, fastensor_core::MemRef::Device(src.slice()))
+                });
+                drop(src); // the device memory goes back to its owner once written
+                let mut st = shared.lock();
+                st.stats.write_time += t0.elapsed();
+                st.write_done(id, None, result);
                 shared.after_change(&mut st);
             }
         }
     }
 }
 
-/// Reads the `len` bytes at `offset` of the swap file into a block of the store's pool:
-/// the extent's whole pages are read (with no bounce through a partial page), and the
-/// buffer returned holds exactly the `len` bytes.
-pub(crate) fn read(shared: &Shared, offset: u64, len: u64) -> Result<HostBuffer> {
+/// Finishes a GPU tensor's copy into its pinned block (its device memory then goes back to
+/// its owner) and writes the block (its whole pages).
+#[cfg(feature = "gds")]
+fn stage(shared: &Shared, id: u64, offset: u64, copy: crate::gds::copies::Outgoing) {
+    let t0 = Instant::now();
+    let staged = copy.finish();
+    let waited = t0.elapsed();
+    let t1 = Instant::now();
+    let result = staged.map(|mut block| {
+        let len = block.len();
+        block.set_len(round_up(len as u64) as usize);
+        let written = shared.file.write_at(offset, &block[..]);
+        block.set_len(len);
+        (written, Arc::new(Payload::Pinned(block)))
+    });
+    let mut st = shared.lock();
+    st.stats.stage_wait += waited;
+    match result {
+        Ok((written, buf)) => {
+            st.stats.write_time += t1.elapsed();
+            if let Some(e) = st.entries.get_mut(&id) {
+                e.data = Data::Writing(buf.clone());
+            }
+            st.write_done(id, Some(buf), written);
+        }
+        Err(e) => st.write_done(id, None, Err(e)),
+    }
+    shared.after_change(&mut st);
+}
+
+/// Reads the `len` bytes at `offset` of the swap file into memory of `home`: a block of the
+/// store's host pool, a GPU's pinned pool, or device memory. The extent's whole pages are
+/// read (with no bounce through a partial page); what is returned holds exactly the `len`
+/// bytes.
+pub(crate) fn read(shared: &Shared, offset: u64, len: u64, home: Home) -> Result<Data> {
     let n = usize::try_from(len)
         .map_err(|_| Error::new(ErrorKind::InvalidInput, "tensor too large for memory"))?;
+    match home {
+        Home::Host => read_host(shared, offset, n).map(|b| Data::Loaded(Payload::Owned(b))),
+        #[cfg(feature = "gds")]
+        Home::Pinned(gpu) => {
+            let engine = shared.copies(gpu)?;
+            let mut block = engine.pool().take(n, super::device::PINNED_WAIT)?;
+            block.set_len(round_up(len) as usize);
+            let got = shared.file.read_at(offset, &mut block[..])?;
+            block.set_len(n);
+            complete(shared, offset, n, got)?;
+            Ok(Data::Loaded(Payload::Pinned(block)))
+        }
+        #[cfg(feature = "gds")]
+        Home::Device(gpu) => {
+            let mut buf = crate::gds::DeviceBuffer::new(n, gpu)?;
+            let got = shared.file.read_at(offset, buf.as_mem_mut())?;
+            complete(shared, offset, n, got)?;
+            Ok(Data::LoadedDevice(buf))
+        }
+        #[cfg(not(feature = "gds"))]
+        Home::Pinned(_) | Home::Device(_) => Err(Error::new(
+            ErrorKind::Unsupported,
+            "GPU tensors need the `gds` feature",
+        )),
+    }
+}
+
+/// Reads `n` bytes at `offset` into a block of the store's host pool.
+fn read_host(shared: &Shared, offset: u64, n: usize) -> Result<HostBuffer> {
     let mut buf = shared.pool.take(n)?;
-    let span = (round_up(len) as usize).min(buf.len());
-    let result = shared.file.read_at(offset, &mut buf[..span]);
-    let got = match result {
+    let span = (round_up(n as u64) as usize).min(buf.len());
+    let got = match shared.file.read_at(offset, &mut buf[..span]) {
         Ok(got) => got,
         Err(e) => {
             shared.pool.give(buf);
             return Err(e);
         }
     };
-    if got < n {
+    if let Err(e) = complete(shared, offset, n, got) {
         shared.pool.give(buf);
-        return Err(Error::new(
-            ErrorKind::UnexpectedEof,
-            format!("wanted {n} bytes, the swap file ended after {got}"),
-        )
-        .with_path(&shared.path)
-        .with_offset(offset));
+        return Err(e);
     }
     buf.truncate(n);
     Ok(buf)
+}
+
+/// An error unless `got` bytes read cover the `n` wanted.
+fn complete(shared: &Shared, offset: u64, n: usize, got: usize) -> Result<()> {
+    if got >= n {
+        return Ok(());
+    }
+    Err(Error::new(
+        ErrorKind::UnexpectedEof,
+        format!("wanted {n} bytes, the swap file ended after {got}"),
+    )
+    .with_path(&shared.path)
+    .with_offset(offset))
 }

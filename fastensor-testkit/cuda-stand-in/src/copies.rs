@@ -94,9 +94,39 @@ fn copy_async(
         src,
         device,
         _host: Some(pin),
+        _source: None,
         counter: counter(to_device),
     }));
     Ok(())
+}
+
+/// `cuMemcpyDtoDAsync_v2`: queued on the stream; both allocations stay pinned until it ran.
+#[no_mangle]
+pub extern "C" fn cuMemcpyDtoDAsync_v2(
+    dst: u64,
+    src: u64,
+    len: usize,
+    stream: *mut c_void,
+) -> CUresult {
+    entry("cuMemcpyDtoDAsync_v2", || {
+        context::current("cuMemcpyDtoDAsync")?;
+        let s = streams::get("cuMemcpyDtoDAsync", stream)?;
+        if len == 0 {
+            return Ok(());
+        }
+        let from = memory::device_range("cuMemcpyDtoDAsync", src, 0, len)?;
+        let to = memory::device_range("cuMemcpyDtoDAsync", dst, 0, len)?;
+        stats::add("copies.async", 1);
+        s.submit(Op::Copy(Copy {
+            dst: to.host,
+            src: from.host.cast_const(),
+            device: to,
+            _host: None,
+            _source: Some(from),
+            counter: "bytes.d2d",
+        }));
+        Ok(())
+    })
 }
 
 /// `cuMemcpyHtoD_v2`.

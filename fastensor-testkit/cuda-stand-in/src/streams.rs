@@ -23,6 +23,8 @@ pub(crate) struct Copy {
     pub device: DeviceRange,
     /// The host side, when page-locked (held until the copy ran).
     pub _host: Option<HostPin>,
+    /// The source, when it is device memory too (held until the copy ran).
+    pub _source: Option<DeviceRange>,
     /// Counter of the bytes moved (`bytes.h2d` or `bytes.d2h`).
     pub counter: &'static str,
 }

@@ -397,7 +397,6 @@ unsupported!(
     cuMemcpyBatchAsync,
     cuMemcpyBatchAsync_v2,
     cuMemcpyDtoA_v2,
-    cuMemcpyDtoDAsync_v2,
     cuMemcpyHtoAAsync_v2,
     cuMemcpyHtoA_v2,
     cuMemcpyPeer,

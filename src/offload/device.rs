@@ -1,0 +1,256 @@
+//! GPU tensors in an [`OffloadStore`]: put from device memory, got back into device memory,
+//! both ordered on streams; the host never synchronizes a device for them.
+//!
+//! Two paths, chosen per store ([`DevicePath`]):
+//! - **staged**: a copy out of device memory into a block of the GPU's pinned pool, on a
+//!   copy stream of the store's that first waits for the producer's work; an I/O thread
+//!   waits for that copy's event, gives the device memory back, and writes the block
+//!   through the fastest host path (whole pages, no bounce). Reads back land in pinned
+//!   blocks; a get copies its block into the caller's device memory on the caller's stream,
+//!   and the block goes back to the pool once that copy's event has passed. Pinned blocks
+//!   count against the store's budget.
+//! - **direct**: an I/O thread waits for the producer's work, writes the device memory
+//!   through the engine (cuFile where it moves device memory itself), then gives it back;
+//!   reads back land in device memory of the store's, copied into the caller's on the
+//!   caller's stream. Device memory held counts against the device budget.
+
+use super::state::{Data, Home, Job};
+use super::store::Taken;
+use super::{Handle, OffloadStore, Payload};
+use crate::gds::copies::{CopyEngine, DeviceDest, DeviceSource};
+use fastensor_core::{Error, ErrorKind, Result};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// How long a copy waits for pinned memory to come back to its pool before failing.
+pub const PINNED_WAIT: Duration = Duration::from_secs(60);
+
+/// How GPU tensors reach the swap file (see the module documentation).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DevicePath {
+    /// Direct where cuFile moves device memory to files itself (GPUDirect Storage, not its
+    /// compatibility mode), else staged.
+    #[default]
+    Auto,
+    /// Through the GPU's pinned pool and the fastest host path.
+    Staged,
+    /// From and to device memory through the engine.
+    Direct,
+}
+
+impl DevicePath {
+    /// Whether this path writes from device memory, on this machine.
+    fn direct(self) -> bool {
+        match self {
+            DevicePath::Direct => true,
+            DevicePath::Staged => false,
+            DevicePath::Auto => crate::gds::cufile::cufile(None)
+                .is_ok_and(|cf| matches!(cf.mode(), crate::gds::cufile::GdsMode::Direct { .. })),
+        }
+    }
+}
+
+impl OffloadStore {
+    /// Offloads a GPU tensor under `label` and returns at once: its device memory (held
+    /// until copied out, or written on the direct path) is read once the producer's work
+    /// `src` names has passed. Waits first when the budget of the tensor's path has no
+    /// room (after dropping the kept tensors needed least); a tensor larger than that
+    /// budget is written through from device memory on the caller's thread (which waits for
+    /// the producer's work), and read back into device memory when got. Fails as [`OffloadStore::put`] does, and where the GPU's copies
+    /// cannot be set up (no CUDA; a driver without stream-ordered events).
+    pub fn put_device(&self, src: DeviceSource, label: impl Into<String>) -> Result<Handle> {
+        let s = &self.shared;
+        let range = src.range();
+        let (gpu, len) = (range.ordinal(), range.len() as u64);
+        let direct = s.config.device_path.direct();
+        let engine = if direct {
+            None
+        } else {
+            Some(s.copies(gpu).map_err(|err| {
+                Error::new(err.kind(), "GPU tensors cannot be offloaded here").with_source(err)
+            })?)
+        };
+        let home = if direct {
+            Home::Device(gpu)
+        } else {
+            Home::Pinned(gpu)
+        };
+        let (mut st, handle, mut entry) = self.begin_put(len, label.into(), home)?;
+        st.stats.device_puts += 1;
+        let id = handle.id;
+        if len > st.room(home).1 {
+            // Written from device memory and read back into it: no pinned block could hold
+            // it within the budget.
+            let extent = s.extent_for(&mut st, len)?;
+            entry.extent = Some(extent);
+            entry.home = Home::Device(gpu);
+            st.entries.insert(id, entry);
+            drop(st);
+            return self.write_device_through(handle, extent.offset, &src);
+        }
+        let mut st = s.wait_for_room(st, home, len);
+        let extent = s.extent_for(&mut st, len)?;
+        st.hold_in(home, len);
+        entry.extent = Some(extent);
+        let Some(engine) = engine else {
+            let src = Arc::new(src);
+            entry.data = Data::WritingDevice(src.clone());
+            st.entries.insert(id, entry);
+            st.jobs.push_back(Job::WriteDevice {
+                id,
+                offset: extent.offset,
+                src,
+            });
+            s.work.notify_one();
+            return Ok(handle);
+        };
+        // The room is reserved: the pinned block is taken with the lock released (it may
+        // wait for copies into device memory to give theirs back).
+        entry.data = Data::Staging;
+        st.entries.insert(id, entry);
+        drop(st);
+        let copy = engine
+            .pool()
+            .take(len as usize, PINNED_WAIT)
+            .and_then(|block| engine.copy_out(src, block));
+        let mut st = s.lock();
+        match copy {
+            Ok(copy) => {
+                st.stats.bytes_to_host += len;
+                st.jobs.push_back(Job::Stage {
+                    id,
+                    offset: extent.offset,
+                    copy,
+                });
+                s.work.notify_one();
+                Ok(handle)
+            }
+            Err(err) => {
+                st.unhold(home, len);
+                if let Some(e) = st.entries.get_mut(&id) {
+                    e.data = Data::OnDisk;
+                }
+                s.after_change(&mut st);
+                drop(st);
+                let e = Error::new(
+                    err.kind(),
+                    format!(
+                        "tensor `{}` was not stored: its copy out of device memory failed",
+                        handle.label
+                    ),
+                )
+                .with_source(err);
+                drop(handle);
+                Err(e)
+            }
+        }
+    }
+
+    /// Writes a GPU tensor larger than its budget from device memory on the caller's thread.
+    fn write_device_through(
+        &self,
+        handle: Handle,
+        offset: u64,
+        src: &DeviceSource,
+    ) -> Result<Handle> {
+        let s = &self.shared;
+        let t0 = Instant::now();
+        let result = src.wait_ready().and_then(|()| {
+            s.file
+                .write_at(offset, fastensor_core::MemRef::Device(src.slice()))
+        });
+        let mut st = s.lock();
+        st.stats.write_time += t0.elapsed();
+        st.stats.written_through += 1;
+        match result {
+            Ok(()) => {
+                st.stats.bytes_written += handle.len;
+                Ok(handle)
+            }
+            Err(err) => {
+                st.stats.errors += 1;
+                let f = super::state::Failure::new(&err, "write", handle.id, &handle.label);
+                drop(st);
+                drop(handle);
+                Err(f.error())
+            }
+        }
+    }
+
+    /// Copies the tensor into `dest` (device memory of the tensor's length) on `dest`'s
+    /// stream and returns at once: its later work sees the bytes, and the host never waits
+    /// for the device. The bytes come as [`OffloadStore::get`]'s do (from memory when there,
+    /// else read now), then: from a pinned block (back to its pool once the copy has
+    /// passed), from device memory of the store's, or from the tensor's own memory (not
+    /// written yet). A host tensor is staged through a pinned block.
+    pub fn get_into_device(&self, handle: &Handle, dest: &DeviceDest) -> Result<()> {
+        let s = &self.shared;
+        if dest.range().len() as u64 != handle.len {
+            return Err(Error::new(
+                ErrorKind::InvalidInput,
+                format!(
+                    "tensor `{}` holds {} bytes, not the {} of the destination",
+                    handle.label,
+                    handle.len,
+                    dest.range().len()
+                ),
+            ));
+        }
+        let engine = s.copies(dest.range().ordinal())?;
+        let taken = self.take(handle, true)?;
+        let gpu = engine.ordinal();
+        let result = match taken {
+            Taken::Payload(Payload::Pinned(block)) => engine.copy_in(block, dest),
+            Taken::Payload(other) => stage(&engine, &other).and_then(|b| engine.copy_in(b, dest)),
+            Taken::Shared(bytes) => stage(&engine, &bytes).and_then(|b| engine.copy_in(b, dest)),
+            Taken::Device(buf) if buf.ordinal() == gpu => engine.copy_device(buf, dest),
+            Taken::Source(src) if src.range().ordinal() == gpu => engine.copy_source(src, dest),
+            // Device memory of another GPU: through a pinned block, copied out synchronously
+            // on that GPU (the destination's stream still never waits on the host).
+            Taken::Device(buf) => {
+                let mut block = engine.pool().take(buf.len(), PINNED_WAIT)?;
+                buf.copy_to_host(0, &mut block)
+                    .and_then(|()| engine.copy_in(block, dest))
+            }
+            Taken::Source(src) => {
+                let r = src.range();
+                let mut block = engine.pool().take(r.len(), PINNED_WAIT)?;
+                src.wait_ready()
+                    .and_then(|()| crate::gds::copy_to_host(r.ptr(), r.ordinal(), &mut block))
+                    .and_then(|()| engine.copy_in(block, dest))
+            }
+        };
+        let mut st = s.lock();
+        match &result {
+            Ok(()) => {
+                st.stats.device_gets += 1;
+                st.stats.bytes_to_device += handle.len;
+            }
+            Err(_) => st.stats.errors += 1,
+        }
+        result.map_err(|err| {
+            Error::new(
+                err.kind(),
+                format!(
+                    "tensor `{}`: the copy into device memory failed",
+                    handle.label
+                ),
+            )
+            .with_source(err)
+        })
+    }
+}
+
+impl OffloadStore {
+    /// The counters of GPU `gpu`'s pinned pool, once a tensor of that GPU was put here.
+    pub fn pinned_stats(&self, gpu: u32) -> Option<crate::gds::copies::PinnedStats> {
+        self.shared.copies_made(gpu).map(|e| e.pool().stats())
+    }
+}
+
+/// A pinned block of `engine`'s pool holding a copy of `bytes`.
+fn stage(engine: &CopyEngine, bytes: &[u8]) -> Result<crate::gds::copies::PinnedBlock> {
+    let mut block = engine.pool().take(bytes.len(), PINNED_WAIT)?;
+    block.copy_from_slice(bytes);
+    Ok(block)
+}
