@@ -130,6 +130,19 @@ impl StreamRef {
         self.ordinal
     }
 
+    /// The stream's handle (what DLPack's stream handshake takes).
+    pub fn handle(&self) -> usize {
+        self.raw
+    }
+
+    /// Blocks the calling thread until the work queued on the stream has passed.
+    pub fn synchronize(&self) -> Result<()> {
+        cuda::require()?.bind(self.ordinal)?;
+        // SAFETY: the stream is alive (the contract of `from_raw`).
+        unsafe { result::stream::synchronize(self.raw()) }
+            .map_err(|e| device_error("cuStreamSynchronize failed", e))
+    }
+
     fn raw(&self) -> sys::CUstream {
         self.raw as sys::CUstream
     }
@@ -228,6 +241,24 @@ struct PoolShared {
     ordinal: u32,
     state: Mutex<PoolState>,
     returned: Condvar,
+}
+
+impl PoolShared {
+    /// Makes the pool's GPU context current on this thread, for `cuMemFreeHost`.
+    fn bind(&self) {
+        if let Ok(driver) = cuda::driver() {
+            let _ = driver.bind(self.ordinal);
+        }
+    }
+}
+
+impl Drop for PoolShared {
+    fn drop(&mut self) {
+        if !self.state.get_mut().idle.is_empty() {
+            self.bind();
+            self.state.get_mut().idle.clear();
+        }
+    }
 }
 
 /// Pinned host blocks of one GPU's context, reused within a budget. Clones share the pool.
@@ -360,6 +391,9 @@ impl PinnedPool {
                 });
             }
             // Room for a new block: idle blocks of other sizes go first.
+            if st.stats.held_bytes + want as u64 > st.stats.budget && !st.idle.is_empty() {
+                s.bind();
+            }
             while st.stats.held_bytes + want as u64 > st.stats.budget {
                 let Some((&key, _)) = st.idle.iter().next() else {
                     break;
@@ -425,6 +459,9 @@ impl PinnedPool {
         let idle = std::mem::take(&mut st.idle);
         st.stats.held_bytes -= idle.values().map(|b| b.len() as u64).sum::<u64>();
         drop(st);
+        if !idle.is_empty() {
+            self.shared.bind();
+        }
         drop(idle);
     }
 }
@@ -547,6 +584,15 @@ impl CopyEngine {
     /// The pinned pool.
     pub fn pool(&self) -> &PinnedPool {
         &self.pool
+    }
+
+    /// The stream copies out of device memory run on: work a producer orders before it
+    /// (DLPack's stream handshake, or [`Done::record`] on it) precedes them.
+    pub fn stream(&self) -> StreamRef {
+        StreamRef {
+            raw: self.out.lock().raw() as usize,
+            ordinal: self.ordinal,
+        }
     }
 
     /// Starts copying `src` into `block` (which must hold its length) on the copy stream,

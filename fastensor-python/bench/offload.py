@@ -91,7 +91,11 @@ def build(spec: dict):
         class Block(nn.Module):
             def __init__(self):
                 super().__init__()
-                self.ln, self.fc1, self.fc2 = nn.LayerNorm(d), nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+                self.ln, self.fc1, self.fc2 = (
+                    nn.LayerNorm(d),
+                    nn.Linear(d, 4 * d),
+                    nn.Linear(4 * d, d),
+                )
 
             def forward(self, x):
                 return x + self.fc2(nn.functional.gelu(self.fc1(self.ln(x))))
@@ -240,19 +244,13 @@ class Cgroups:
 
     def __init__(self):
         self.v2 = os.path.exists("/sys/fs/cgroup/cgroup.controllers")
+        with open("/proc/self/cgroup") as f:
+            lines = f.read().splitlines()
         if self.v2:
-            rel = next(
-                line.split(":", 2)[2].strip()
-                for line in open("/proc/self/cgroup")
-                if line.startswith("0::")
-            )
+            rel = next(line.split(":", 2)[2] for line in lines if line.startswith("0::"))
             self.base = "/sys/fs/cgroup" + rel
         else:
-            rel = next(
-                line.split(":", 2)[2].strip()
-                for line in open("/proc/self/cgroup")
-                if line.split(":")[1] == "memory"
-            )
+            rel = next(line.split(":", 2)[2] for line in lines if line.split(":")[1] == "memory")
             self.base = "/sys/fs/cgroup/memory" + rel
         self.count = 0
 
@@ -265,7 +263,10 @@ class Cgroups:
             with open(os.path.join(path, name), "w") as f:
                 f.write(str(limit))
             if self.v2:
-                with contextlib.suppress(OSError), open(os.path.join(path, "memory.swap.max"), "w") as f:
+                with (
+                    contextlib.suppress(OSError),
+                    open(os.path.join(path, "memory.swap.max"), "w") as f,
+                ):
                     f.write("0")
         return path
 
@@ -425,9 +426,7 @@ class Bench:
             batch, r = self.largest(model, config, cap)
             rows[config] = {"batch": batch, "run": r}
         none = rows.get("none", {})
-        none_tps = (
-            base * m["seq"] / step_time(none["run"]) if none.get("run") else None
-        )
+        none_tps = base * m["seq"] / step_time(none["run"]) if none.get("run") else None
         self.say()
         self.say(
             f"| {model}, cap {cap / MIB:.0f} MiB | largest batch | vs no offload | tokens/s "
@@ -458,7 +457,6 @@ class Bench:
 
     def equal_batch(self, model: str, cap: int) -> dict:
         a = self.args
-        m = MODELS[model]
         base = a.base_batch
         results: dict[str, list[dict]] = {c: [] for c in a.configs}
         for _, order in interleaved(a.configs, a.rounds, seed=7):
@@ -490,9 +488,10 @@ class Bench:
             last = ok[0]["steps"][-1]
             if "written" in last and last["write_s"] > 0 and last["read_s"] > 0:
                 none_t = med(step_time(r) for r in results["none"] if r["ok"])
-                io = med(
-                    r["steps"][-1]["write_s"] + r["steps"][-1]["read_s"] for r in ok
-                ) / a.io_threads
+                io = (
+                    med(r["steps"][-1]["write_s"] + r["steps"][-1]["read_s"] for r in ok)
+                    / a.io_threads
+                )
                 balance = f"{none_t / max(io, 1e-9):.1f}"
             out[config] = {"time": t, "ratios": ratios, "peak": peak}
             self.say(f"| {config} | {t:.3f} | {ratio} | {peak:.0f} | {balance} |")
@@ -530,9 +529,8 @@ def main() -> None:
     if "none" not in args.configs:
         args.configs.insert(0, "none")
 
-    import torch
-
     import fastensor.torch  # noqa: F401 (its pages charged here, not to the runs)
+    import torch
 
     tmp = tempfile.TemporaryDirectory(dir=args.dir or os.environ.get("FASTENSOR_OFFLOAD_DIR"))
     args.dir = tmp.name

@@ -1,5 +1,5 @@
-//! DLPack capsules this crate hands out: a one-dimensional `uint8` host tensor over memory
-//! an owner keeps alive, in the unversioned protocol (what `torch.from_dlpack` takes as a
+//! DLPack capsules this crate hands out: a one-dimensional `uint8` tensor (host memory, or
+//! a CUDA device's) over memory an owner keeps alive, in the unversioned protocol (what `torch.from_dlpack` takes as a
 //! capsule) or version 1 (which numpy needs to make the array writable). `torch.from_dlpack`
 //! (or numpy's) makes the capsule a tensor whose storage holds the owner; when the tensor
 //! dies the owner is dropped (the memory freed, recycled or unmapped, as the owner's `Drop`
@@ -7,7 +7,7 @@
 //! copied.
 use crate::dlpack::{
     DlDataType, DlDevice, DlManagedTensor, DlManagedTensorVersioned, DlTensor, DlVersion, DLTENSOR,
-    DLTENSOR_VERSIONED, KDL_CPU, KDL_UINT,
+    DLTENSOR_VERSIONED, KDL_CPU, KDL_CUDA, KDL_UINT,
 };
 use pyo3::exceptions::PyValueError;
 use pyo3::ffi;
@@ -102,15 +102,18 @@ unsafe extern "C" fn capsule_destructor<T: Protocol>(cap: *mut ffi::PyObject) {
     }
 }
 
-/// The `DLTensor` of `len` bytes at `data`: one-dimensional `uint8`, host memory; its shape
-/// and strides pointers are set by the caller once the box holding them is made.
-fn host_bytes(data: *mut u8) -> DlTensor {
+/// The host as a DLPack device.
+const HOST: DlDevice = DlDevice {
+    device_type: KDL_CPU,
+    device_id: 0,
+};
+
+/// The `DLTensor` of the bytes at `data` on `device`: one-dimensional `uint8`; its shape and
+/// strides pointers are set by the caller once the box holding them is made.
+fn bytes_on(data: *mut u8, device: DlDevice) -> DlTensor {
     DlTensor {
         data: data.cast::<c_void>(),
-        device: DlDevice {
-            device_type: KDL_CPU,
-            device_id: 0,
-        },
+        device,
         ndim: 1,
         dtype: DlDataType {
             code: KDL_UINT,
@@ -137,27 +140,51 @@ pub fn tensor_capsule(
     versioned: bool,
 ) -> PyResult<Py<PyAny>> {
     if versioned {
-        capsule_of::<DlManagedTensorVersioned>(py, data, len, owner)
+        capsule_of::<DlManagedTensorVersioned>(py, data, len, HOST, owner)
     } else {
-        capsule_of::<DlManagedTensor>(py, data, len, owner)
+        capsule_of::<DlManagedTensor>(py, data, len, HOST, owner)
     }
 }
 
 /// [`tensor_capsule`] in the unversioned protocol.
 pub fn capsule(py: Python<'_>, data: *mut u8, len: usize, owner: Owner) -> PyResult<Py<PyAny>> {
-    capsule_of::<DlManagedTensor>(py, data, len, owner)
+    capsule_of::<DlManagedTensor>(py, data, len, HOST, owner)
 }
 
-/// [`tensor_capsule`] in the protocol `T`.
+/// A capsule (version 1 when `versioned`) of the `len` bytes of device memory at `ptr` on
+/// CUDA device `ordinal`, a one-dimensional `uint8` tensor whose memory `owner` keeps
+/// alive. The memory must stay valid for as long as `owner` lives.
+pub fn device_capsule(
+    py: Python<'_>,
+    ptr: u64,
+    len: usize,
+    ordinal: u32,
+    owner: Owner,
+    versioned: bool,
+) -> PyResult<Py<PyAny>> {
+    let device = DlDevice {
+        device_type: KDL_CUDA,
+        device_id: i32::try_from(ordinal).map_err(|_| PyValueError::new_err("bad device"))?,
+    };
+    let data = ptr as usize as *mut u8;
+    if versioned {
+        capsule_of::<DlManagedTensorVersioned>(py, data, len, device, owner)
+    } else {
+        capsule_of::<DlManagedTensor>(py, data, len, device, owner)
+    }
+}
+
+/// [`tensor_capsule`] in the protocol `T`, of memory on `device`.
 fn capsule_of<T: Protocol>(
     py: Python<'_>,
     data: *mut u8,
     len: usize,
+    device: DlDevice,
     owner: Owner,
 ) -> PyResult<Py<PyAny>> {
     let len = i64::try_from(len).map_err(|_| PyValueError::new_err("tensor too large"))?;
     let mut m = Box::new(Managed {
-        tensor: T::managed(host_bytes(data), delete_managed::<T>),
+        tensor: T::managed(bytes_on(data, device), delete_managed::<T>),
         shape: [len],
         strides: [1],
         _owner: owner,

@@ -6,6 +6,7 @@
 
 mod c10;
 mod checksum;
+mod device_array;
 mod dlpack;
 mod engine;
 mod errors;
@@ -131,6 +132,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<engine::PyCheckpointFile>()?;
     m.add_class::<snapshot::SaveHandle>()?;
     m.add_class::<later::PyPendingPages>()?;
+    m.add_class::<device_array::PyDeviceArray>()?;
     offload::register(m)?;
     m.add_function(wrap_pyfunction!(backends, m)?)?;
     m.add_function(wrap_pyfunction!(default_profile_path, m)?)?;

@@ -274,10 +274,16 @@ fn export_dlpack<'py>(
     obj: &Bound<'py, PyAny>,
     access: Access,
     what: &str,
+    stream: Option<usize>,
 ) -> Result<Bound<'py, PyAny>> {
     let py = obj.py();
     let err = |e: PyErr| py_to_err(e, what);
     let kwargs = PyDict::new(py);
+    if let Some(stream) = stream {
+        // DLPack's stream handshake: the producer orders its pending work on the memory
+        // before whatever is queued on `stream` from now on.
+        kwargs.set_item("stream", stream).map_err(err)?;
+    }
     kwargs
         .set_item("max_version", PyTuple::new(py, [1u32, 0u32]).map_err(err)?)
         .map_err(err)?;
@@ -291,8 +297,10 @@ fn export_dlpack<'py>(
             Err(e) if e.is_instance_of::<PyTypeError>(py) && !kwargs.is_empty() => {
                 let newest = if kwargs.contains("read_only").map_err(err)? {
                     "read_only"
-                } else {
+                } else if kwargs.contains("max_version").map_err(err)? {
                     "max_version"
+                } else {
+                    "stream"
                 };
                 kwargs.del_item(newest).map_err(err)?;
             }
@@ -307,7 +315,19 @@ fn export_dlpack<'py>(
 /// Lends `obj` through DLPack (see [`export_dlpack`]). Dropping the [`Lent`] needs no GIL
 /// (the capsule's reference is released by pyo3, deferred if need be).
 pub fn lend_dlpack(obj: &Bound<'_, PyAny>, access: Access, what: &str) -> Result<Lent> {
-    let capsule = export_dlpack(obj, access, what)?;
+    lend_dlpack_on(obj, access, what, None)
+}
+
+/// As [`lend_dlpack`], with DLPack's stream handshake for device memory: `stream` is the
+/// handle of the stream that will use the memory (the producer orders its pending work on
+/// it first).
+pub fn lend_dlpack_on(
+    obj: &Bound<'_, PyAny>,
+    access: Access,
+    what: &str,
+    stream: Option<usize>,
+) -> Result<Lent> {
+    let capsule = export_dlpack(obj, access, what, stream)?;
     let cap = capsule.as_ptr();
     // SAFETY: `cap` is a live object; `PyCapsule_IsValid` only reads it.
     let (region, read_only) = unsafe {

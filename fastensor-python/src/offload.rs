@@ -16,7 +16,10 @@
 use crate::engine::PyEngine;
 use crate::errors::IntoPy;
 use crate::memory::{self, Access, Lent, Place};
-use fastensor::offload::{ForeignBytes, Handle, HostPool, OffloadConfig, OffloadStore, Payload};
+use fastensor::gds::copies::{DeviceBytes, DeviceDest, DeviceSource, StreamRef};
+use fastensor::offload::{
+    DevicePath, ForeignBytes, Handle, HostPool, OffloadConfig, OffloadStore, Payload,
+};
 use fastensor::HostBuffer;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -46,6 +49,31 @@ impl ForeignBytes for TensorBytes {
         // by `put`); the Python wrapper writes none of it while it is offloaded (autograd
         // refuses saved tensors modified in place).
         unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+}
+
+/// A CUDA tensor's memory, lent to the store by the object that owns it.
+struct DeviceLent {
+    range: fastensor::core::DeviceRange,
+    /// Keeps the memory alive and lent; dropped (without the GIL, deferred by pyo3) once
+    /// copied out or written.
+    _lent: Lent,
+}
+
+// SAFETY: the value is only read (`range`, plain data) from other threads, and dropped on
+// one; a `Lent` holds only Python references (dropped under the GIL, which pyo3 takes or
+// defers) and a DLPack capsule (device memory is never lent through the buffer protocol).
+unsafe impl Send for DeviceLent {}
+// SAFETY: as above: shared access only reads `range`.
+unsafe impl Sync for DeviceLent {}
+
+// SAFETY: `range` is the device memory `_lent`'s export describes (checked by `put_device`),
+// kept allocated by the export while the value lives; the producer ordered its writes
+// before the store's copy stream (the stream handshake), and autograd refuses saved
+// tensors modified in place later.
+unsafe impl DeviceBytes for DeviceLent {
+    fn range(&self) -> fastensor::core::DeviceRange {
+        self.range
     }
 }
 
@@ -106,7 +134,8 @@ impl PyOffloadStore {
     /// put is written (the caller keeps small ones itself). `initial_capacity` bytes are
     /// reserved in the swap file at once: growing it later waits for the writes in flight.
     #[new]
-    #[pyo3(signature = (engine, dir, budget, prefetch_depth=4, io_threads=2, initial_capacity=0))]
+    #[pyo3(signature = (engine, dir, budget, prefetch_depth=4, io_threads=2, initial_capacity=0, device_path="auto"))]
+    #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
         engine: &PyEngine,
@@ -115,8 +144,20 @@ impl PyOffloadStore {
         prefetch_depth: usize,
         io_threads: usize,
         initial_capacity: u64,
+        device_path: &str,
     ) -> PyResult<Self> {
+        let device_path = match device_path {
+            "auto" => DevicePath::Auto,
+            "staged" => DevicePath::Staged,
+            "direct" => DevicePath::Direct,
+            other => {
+                return Err(PyValueError::new_err(format!(
+                    "device_path is 'auto', 'staged' or 'direct', not {other:?}"
+                )))
+            }
+        };
         let config = OffloadConfig::new(dir, budget)
+            .device_path(device_path)
             .prefetch_depth(prefetch_depth)
             .small_threshold(0)
             .io_threads(io_threads)
@@ -204,6 +245,106 @@ impl PyOffloadStore {
         })
     }
 
+    /// Offloads the memory of `owner`, a contiguous CUDA tensor (or any object exporting
+    /// CUDA memory through DLPack), and returns at once. It is handed over with DLPack's
+    /// stream handshake on the store's copy stream of its device (the producer orders its
+    /// pending work on the tensor first), kept lent until copied out of device memory (or
+    /// written, on the direct path), then given back; nothing waits for the device here.
+    fn put_device(
+        &self,
+        py: Python<'_>,
+        owner: &Bound<'_, PyAny>,
+        label: String,
+    ) -> PyResult<PyHandle> {
+        let device = owner
+            .call_method0("__dlpack_device__")
+            .and_then(|d| d.extract::<(i32, i32)>());
+        let Ok((kind, index)) = device else {
+            return Err(PyValueError::new_err(
+                "put_device takes CUDA memory: an object exporting it through DLPack",
+            ));
+        };
+        if kind != crate::dlpack::KDL_CUDA {
+            return Err(PyValueError::new_err(
+                "put_device takes CUDA memory (DLPack device type kDLCUDA)",
+            ));
+        }
+        let gpu = u32::try_from(index).map_err(|_| PyValueError::new_err("bad CUDA device"))?;
+        let stream = self.with(|s| py.detach(|| s.copy_stream(gpu)).py_err())?;
+        let lent = memory::lend_dlpack_on(
+            owner,
+            Access::Read,
+            "an offloaded tensor",
+            Some(stream.handle()),
+        )
+        .py_err()?;
+        let region = lent.region();
+        if region.place() != Place::Cuda(gpu) {
+            return Err(PyValueError::new_err(format!(
+                "the tensor's memory is not on CUDA device {gpu}"
+            )));
+        }
+        let nbytes = region.len();
+        let bytes = DeviceLent {
+            range: fastensor::core::DeviceRange::new(region.addr() as u64, nbytes, gpu),
+            _lent: lent,
+        };
+        let handle = self.with(|s| {
+            py.detach(|| {
+                let ready = s.ready_after_handshake(gpu)?;
+                s.put_device(DeviceSource::new(Box::new(bytes), Some(ready)), label)
+            })
+            .py_err()
+        })?;
+        Ok(PyHandle {
+            handle: Mutex::new(Some(handle)),
+            nbytes: nbytes as u64,
+        })
+    }
+
+    /// Copies the tensor into `dest` (contiguous CUDA memory of its length) on `stream` (an
+    /// object with the stream's handle as `cuda_stream`, such as `torch.cuda.Stream`; `None`:
+    /// the default stream) and returns at once: work queued on `stream` after this sees the
+    /// bytes. `dest` is handed over with DLPack's stream handshake on `stream`.
+    #[pyo3(signature = (handle, dest, stream=None))]
+    fn get_into(
+        &self,
+        py: Python<'_>,
+        handle: &PyHandle,
+        dest: &Bound<'_, PyAny>,
+        stream: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<()> {
+        let raw: usize = match stream {
+            Some(s) => s.getattr("cuda_stream")?.extract()?,
+            None => 0,
+        };
+        if !dest.hasattr("__dlpack__")? {
+            return Err(PyValueError::new_err(
+                "get_into fills CUDA memory: an object exporting it through DLPack",
+            ));
+        }
+        let handshake = (raw != 0).then_some(raw);
+        let lent =
+            memory::lend_dlpack_on(dest, Access::Write, "the destination", handshake).py_err()?;
+        let region = lent.region();
+        let Place::Cuda(gpu) = region.place() else {
+            return Err(PyValueError::new_err("get_into fills CUDA memory"));
+        };
+        let range = fastensor::core::DeviceRange::new(region.addr() as u64, region.len(), gpu);
+        // SAFETY: `range` is the memory `dest` exports for writing, on its device; `raw` is
+        // the caller's stream of that device (or the default stream). The copy is queued on
+        // that stream: the memory's owner, a stream-ordered allocator or the caller, keeps
+        // it until the stream's work has passed it (as for any kernel queued there).
+        let dest = unsafe { DeviceDest::new(range, StreamRef::from_raw(raw, gpu)) };
+        self.with(|s| {
+            handle
+                .with(|h| py.detach(|| s.get_into_device(h, &dest)))?
+                .py_err()
+        })?;
+        drop(lent);
+        Ok(())
+    }
+
     /// The tensor's bytes as a DLPack capsule (one-dimensional `uint8`, host memory) that
     /// owns them; waits (the GIL released) when they are not back yet. `length` shortens the
     /// tensor to the bytes that matter (a `put` may have written a padded length). With
@@ -286,6 +427,12 @@ impl PyOffloadStore {
             ("evictions", s.evictions),
             ("errors", s.errors),
             ("written_through", s.written_through),
+            ("device_puts", s.device_puts),
+            ("device_gets", s.device_gets),
+            ("bytes_to_host", s.bytes_to_host),
+            ("bytes_to_device", s.bytes_to_device),
+            ("device_held_bytes", s.device_held_bytes),
+            ("peak_device_held_bytes", s.peak_device_held_bytes),
             ("peak_resident_bytes", s.peak_resident_bytes),
         ] {
             d.set_item(k, v)?;
@@ -295,6 +442,7 @@ impl PyOffloadStore {
             ("get_stall_s", s.get_stall),
             ("write_time_s", s.write_time),
             ("read_time_s", s.read_time),
+            ("stage_wait_s", s.stage_wait),
         ] {
             d.set_item(k, v.as_secs_f64())?;
         }

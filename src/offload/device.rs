@@ -242,6 +242,19 @@ impl OffloadStore {
 }
 
 impl OffloadStore {
+    /// The stream of the store's copies of GPU `gpu` (made on first use): a producer that
+    /// orders its work on a tensor before the work queued on this stream (DLPack's stream
+    /// handshake) may then put the tensor with [`OffloadStore::ready_after_handshake`].
+    pub fn copy_stream(&self, gpu: u32) -> Result<crate::gds::copies::StreamRef> {
+        Ok(self.shared.copies(gpu)?.stream())
+    }
+
+    /// The end of the work ordered on [`OffloadStore::copy_stream`] so far: a tensor
+    /// handed over with the stream handshake is ready once it has passed.
+    pub fn ready_after_handshake(&self, gpu: u32) -> Result<crate::gds::copies::Done> {
+        crate::gds::copies::Done::record(self.copy_stream(gpu)?)
+    }
+
     /// The counters of GPU `gpu`'s pinned pool, once a tensor of that GPU was put here.
     pub fn pinned_stats(&self, gpu: u32) -> Option<crate::gds::copies::PinnedStats> {
         self.shared.copies_made(gpu).map(|e| e.pool().stats())

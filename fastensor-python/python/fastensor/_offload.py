@@ -29,8 +29,14 @@ Who owns what:
   pool when that tensor is freed. The saved tensor is rebuilt as a view of it with its
   dtype, shape, strides and storage offset, so views of one storage share one write and one
   read.
-- CUDA tensors are copied to pinned host memory first (the copy is offloaded; the device
-  memory is freed with the tensor) and copied back to their device on unpack.
+- CUDA tensors: the last ones saved (``budget_bytes`` of them per device) stay on their
+  device, unoffloaded, since backward needs them first. Older ones are handed to the store
+  through DLPack with the stream handshake: a copy stream of the store's waits for the
+  compute stream's work on the tensor, copies it into pinned memory reused step after step
+  (or, where cuFile moves device memory itself, the tensor is written from device memory),
+  and the device memory is given back once that copy (or write) has passed. On unpack the
+  bytes are copied into new device memory on the current stream, which orders them before
+  backward's kernels. Nothing waits for the device in pack or unpack.
 
 The swap file is read and written around the page cache (where a backend that does so can
 open it): a cached copy would hold the very memory offload frees. It lives as long as the
@@ -43,6 +49,7 @@ leave it behind.
 from __future__ import annotations
 
 import atexit
+import collections
 import contextlib
 import itertools
 import os
@@ -133,6 +140,7 @@ class _Record:
     __slots__ = (
         "session",
         "handle",
+        "kept",
         "source",
         "original",
         "saved",
@@ -146,6 +154,8 @@ class _Record:
     def __init__(self, session: _Session, handle: Any, source: StorageWeakRef, device, nbytes):
         self.session = session
         self.handle = handle
+        #: A CUDA storage kept on its device, not offloaded (yet): a uint8 tensor over it.
+        self.kept: torch.Tensor | None = None
         #: The original storage, weakly: a dead one means its address may be reused.
         self.source = source
         #: The original storage's Python object (CPU), weakly: alive while its write is still
@@ -236,6 +246,15 @@ class OffloadStats:
         "gets_from_memory", "Reads back answered from memory (prefetched or still there)."
     )
     swap_path = _field("swap_path", "The swap file's path.")
+    devices = _field(
+        "devices",
+        "Per CUDA device (``'cuda:0'``...): bytes offloaded, bytes kept on the device (the last "
+        "ones saved, used in place by backward), and the time unpack waited.",
+    )
+    bytes_to_host = _field(
+        "bytes_to_host", "Bytes copied out of GPU memory into pinned memory (the staged path)."
+    )
+    bytes_to_device = _field("bytes_to_device", "Bytes copied back into GPU memory.")
     caching_allocator = _field(
         "caching_allocator",
         "Whether torch's large CPU allocations came from fastensor's pool.",
@@ -270,7 +289,15 @@ class _Session:
     """One store and the bookkeeping of the tensors packed into it. It lives while its
     block runs or any record is alive, and closes the store when it dies."""
 
-    def __init__(self, store: Any, min_bytes: int, depth: int, allocator: tuple, hint_key: str):
+    def __init__(
+        self,
+        store: Any,
+        min_bytes: int,
+        depth: int,
+        allocator: tuple,
+        hint_key: str,
+        gpu_keep_bytes: int,
+    ):
         self.store = store
         self.hint_key = hint_key
         self.min_bytes = min_bytes
@@ -291,6 +318,12 @@ class _Session:
             0,
         )
         self.unpack_stall_s = 0.0
+        #: CUDA storages kept on their device, oldest first, per device, and their bytes.
+        self.gpu_tail: dict[torch.device, collections.OrderedDict[int, _Record]] = {}
+        self.gpu_tail_bytes: dict[torch.device, int] = {}
+        self.gpu_keep_bytes = gpu_keep_bytes
+        #: Per CUDA device: bytes offloaded, bytes kept on the device, unpack stall.
+        self.per_device: dict[str, dict[str, float]] = {}
         self.labels = itertools.count()
         self.stats = OffloadStats(self)
         self.swap_path = os.fspath(store.path)
@@ -303,6 +336,7 @@ class _Session:
         out: dict[str, Any] = dict(self.counts)
         out["unpack_stall_s"] = self.unpack_stall_s
         out["swap_path"] = self.swap_path
+        out["devices"] = {k: dict(v) for k, v in self.per_device.items()}
         out["caching_allocator"] = self.allocator_token is not None
         out["caching_allocator_reason"] = self.allocator_reason
         if not self.store.closed:
@@ -322,6 +356,9 @@ class _Session:
         ):
             out[k] = n.get(k, 0)
         out["gets_from_memory"] = n.get("gets_from_memory", 0)
+        for k in ("bytes_to_host", "bytes_to_device", "device_puts", "device_gets"):
+            out[k] = n.get(k, 0)
+        out["stage_wait_s"] = n.get("stage_wait_s", 0.0)
         out["pack_wait_s"] = n.get("put_wait_s", 0.0)
         out["write_time_s"] = n.get("write_time_s", 0.0)
         out["read_time_s"] = n.get("read_time_s", 0.0)
@@ -381,10 +418,10 @@ class _Session:
         rec = ref() if ref is not None else None
         if rec is None or rec.source.expired():
             rec = self._offload(storage, dev, nbytes)
+            rec.saved = weakref.ref(t)
+            rec.version = t._version
             if dev.type == "cpu":
                 rec.original = weakref.ref(storage)
-                rec.saved = weakref.ref(t)
-                rec.version = t._version
             by_key = self.by_key
 
             def forget(r: weakref.ref, key: tuple = key) -> None:
@@ -399,19 +436,51 @@ class _Session:
 
     def _offload(self, storage: torch.UntypedStorage, dev: torch.device, nbytes: int) -> _Record:
         source = StorageWeakRef(storage)
-        if dev.type == "cuda":
-            flat = torch.empty(0, dtype=torch.uint8, device=dev).set_(storage)
-            owner = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
-            owner.copy_(flat)  # synchronous: the host copy is complete when it returns
-        else:
-            owner = torch.empty(0, dtype=torch.uint8).set_(storage)
-        # A block of the caching allocator may be written to its page-rounded end (direct
-        # I/O from the tensor, with no copy of a partial page): the store checks the block.
-        label = f"saved{next(self.labels)}"
-        handle = self.store.put(owner, label, whole_pages=True)
+        flat = torch.empty(0, dtype=torch.uint8, device=dev).set_(storage)
         self.counts["tensors_offloaded"] += 1
         self.counts["bytes_offloaded"] += nbytes
+        if dev.type == "cuda":
+            rec = _Record(self, None, source, dev, nbytes)
+            self._keep_on_device(rec, flat)
+            return rec
+        # A block of the caching allocator may be written to its page-rounded end (direct
+        # I/O from the tensor, with no copy of a partial page): the store checks the block.
+        handle = self.store.put(flat, f"saved{next(self.labels)}", whole_pages=True)
         return _Record(self, handle, source, dev, nbytes)
+
+    def _device_figures(self, dev: torch.device) -> dict[str, float]:
+        return self.per_device.setdefault(
+            str(dev),
+            {"bytes_offloaded": 0, "bytes_kept_on_device": 0, "unpack_stall_s": 0.0},
+        )
+
+    def _keep_on_device(self, rec: _Record, flat: torch.Tensor) -> None:
+        """Keeps a CUDA storage on its device as the newest of the tail; hands the oldest
+        ones to the store while the tail holds more than its budget."""
+        dev = rec.device
+        rec.kept = flat
+        tail = self.gpu_tail.setdefault(dev, collections.OrderedDict())
+        tail[id(rec)] = rec
+        self.gpu_tail_bytes[dev] = self.gpu_tail_bytes.get(dev, 0) + rec.nbytes
+        while self.gpu_tail_bytes[dev] > self.gpu_keep_bytes and tail:
+            _, old = tail.popitem(last=False)
+            self.gpu_tail_bytes[dev] -= old.nbytes
+            kept, old.kept = old.kept, None
+            # Handed over with the stream handshake: no wait for the device here.
+            old.handle = self.store.put_device(kept, f"saved{next(self.labels)}")
+            old.original = weakref.ref(kept.untyped_storage())
+            self._device_figures(dev)["bytes_offloaded"] += old.nbytes
+
+    def _take_kept(self, rec: _Record) -> torch.UntypedStorage | None:
+        """The storage of a record still kept on its device (leaving the tail), or None."""
+        if rec.kept is None:
+            return None
+        tail = self.gpu_tail.get(rec.device)
+        if tail is not None and tail.pop(id(rec), None) is not None:
+            self.gpu_tail_bytes[rec.device] -= rec.nbytes
+        kept, rec.kept = rec.kept, None
+        self._device_figures(rec.device)["bytes_kept_on_device"] += rec.nbytes
+        return kept.untyped_storage()
 
     def unpack(self, p: torch.Tensor | _Packed) -> torch.Tensor:
         """The saved tensor back: ``p`` itself, or rebuilt from the bytes read back."""
@@ -421,20 +490,31 @@ class _Session:
         self.counts["unpacks"] += 1
         storage = rec.restored
         if storage is None:
+            storage = self._take_kept(rec)
+            if storage is not None:
+                rec.restored = storage
+        if storage is None:
             storage = rec.in_memory()
             if storage is not None:
                 # Still in memory (its write pending, or held elsewhere): no read at all.
                 self.store.discard(rec.handle)
                 self.counts["restored_in_place"] += 1
                 rec.restored = storage
+        if storage is None and rec.device.type == "cuda":
+            t0 = time.perf_counter()
+            flat = torch.empty(rec.nbytes, dtype=torch.uint8, device=rec.device)
+            # Queued on the current stream, before backward's kernels: no wait here.
+            self.store.get_into(rec.handle, flat, torch.cuda.current_stream(rec.device))
+            stall = time.perf_counter() - t0
+            self.unpack_stall_s += stall
+            self._device_figures(rec.device)["unpack_stall_s"] += stall
+            storage = flat.untyped_storage()
+            rec.restored = storage
         if storage is None:
             t0 = time.perf_counter()
             # Memory the store kept is the original storage's: changed since (or gone), the
             # bytes come from disk as they were packed.
-            written = rec.device.type == "cpu"  # a CUDA tensor's host copy is the store's
-            flat = torch.from_dlpack(self.store.get(rec.handle, rec.nbytes, written=written))
-            if rec.device.type == "cuda":
-                flat = flat.to(rec.device)
+            flat = torch.from_dlpack(self.store.get(rec.handle, rec.nbytes, written=True))
             self.unpack_stall_s += time.perf_counter() - t0
             storage = flat.untyped_storage()
             rec.restored = storage
@@ -475,6 +555,10 @@ class offload:  # noqa: N801 (a context manager named as a function, like torch.
             written to disk without a copy. Default True; where torch's allocator cannot be
             replaced, ``stats.as_dict()["caching_allocator_reason"]`` says why (offload
             works without it, holding more memory).
+        device_path: how CUDA tensors reach the swap file: ``"staged"`` (copied into pinned
+            memory on a copy stream, written through the host path), ``"direct"`` (written
+            from device memory: cuFile), or ``"auto"`` (direct where cuFile moves device
+            memory itself, GPUDirect Storage; else staged).
         release_memory: where the pool is not in use, make glibc give freed blocks of
             ``min_bytes`` or more back to the system (:func:`release_freed_memory`:
             ``mallopt``, process-wide and for the rest of the process), so that the memory
@@ -500,6 +584,7 @@ class offload:  # noqa: N801 (a context manager named as a function, like torch.
         io_threads: int = 2,
         caching_allocator: bool = True,
         release_memory: bool = False,
+        device_path: str = "auto",
         engine: Engine | None = None,
     ):
         if budget_bytes <= 0:
@@ -513,6 +598,12 @@ class offload:  # noqa: N801 (a context manager named as a function, like torch.
         self.io_threads = io_threads
         self.caching_allocator = caching_allocator
         self.release_memory = release_memory
+        if device_path not in ("auto", "staged", "direct"):
+            raise _invalid(
+                "fastensor offload: device_path is 'auto', 'staged' or 'direct', "
+                f"not {device_path!r}"
+            )
+        self.device_path = device_path
         self.engine = engine
         self._session: _Session | None = None
         self._hooks: contextlib.AbstractContextManager | None = None
@@ -542,11 +633,14 @@ class offload:  # noqa: N801 (a context manager named as a function, like torch.
                 prefetch_depth=depth,
                 io_threads=self.io_threads,
                 initial_capacity=_capacity_hints.get(hint_key, 0),
+                device_path=self.device_path,
             )
         except BaseException:
             _allocator_disable(allocator[0])
             raise
-        session = _Session(store, self.min_bytes, depth, allocator, hint_key)
+        session = _Session(
+            store, self.min_bytes, depth, allocator, hint_key, gpu_keep_bytes=self.budget_bytes
+        )
         self._hooks = torch.autograd.graph.saved_tensors_hooks(session.pack, session.unpack)
         self._hooks.__enter__()
         self._session = session
