@@ -12,7 +12,8 @@
 #     cargo build --release -p fastensor-gds --example gds_bench   # file <-> GPU bandwidth
 #
 # and copies the executables, stripped, into gpu-bundle/, with a safetensors wheel for the
-# anchor (for a GPU machine whose Python lacks it; fetched with pip when this machine can).
+# anchor (for a GPU machine whose Python lacks it; fetched with pip when this machine can)
+# and fastensor's own wheel (`pip wheel ./fastensor-python`, abi3) for the offload section.
 # Copy the repository (or just scripts/ and gpu-bundle/) to the GPU machine and run
 #
 #     scripts/gpu-check.sh [run]          # GPU_BENCH_MIB=256 GPU_BENCH_REPEAT=3 by default
@@ -23,7 +24,10 @@
 # cuda-staged, and posix-direct + cuMemcpy as the reference, and the read ceiling
 # min(disk, host-to-device copy), each part measured alone), and the anchor:
 # safetensors.torch.load_file(device="cuda") of a file that size (scripts/gpu-anchor.py,
-# with PyTorch). It prints a table of the steps, the conformance results and the bandwidth
+# with PyTorch), and the offload section (scripts/gpu-offload.py: a transformer stack's step
+# time and largest batch for no offload, checkpointing, save_on_cpu and fastensor offload on
+# the staged and the direct path; on the stand-in, the offload store's GPU path round trips,
+# logic only). It prints a table of the steps, the conformance results and the bandwidth
 # table, and leaves every log in gpu-bundle/results/. Exit status: 0 when every step passed.
 #
 # Without a GPU the same run goes through the CUDA stand-in (host memory: it checks that
@@ -65,6 +69,9 @@ bundle() {
     python3 -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 \
         --platform "manylinux2014_$(uname -m)" --dest "$BUNDLE/wheels" safetensors ||
         echo "no safetensors wheel fetched: the anchor needs safetensors on the GPU machine"
+    # fastensor's wheel (abi3: any CPython from 3.11), for the offload section.
+    rm -f "$BUNDLE"/wheels/fastensor-*.whl
+    "${PYTHON:-python3}" -m pip wheel --quiet --no-deps --wheel-dir "$BUNDLE/wheels" ./fastensor-python
     ls -l "$BUNDLE"
     echo "bundle ready: copy scripts/ and gpu-bundle/ to the GPU machine, run scripts/gpu-check.sh"
 }
@@ -145,6 +152,18 @@ run() {
     fi
     PYTHONPATH="$pypath${PYTHONPATH:+:$PYTHONPATH}" step anchor python3 "$ROOT/scripts/gpu-anchor.py" \
         "$FASTENSOR_TEST_DIR" "${GPU_BENCH_MIB:-256}" "${GPU_BENCH_REPEAT:-3}" "${ceiling:-nan}" || failed=1
+    # The offload section, with the bundled fastensor wheel where fastensor is not installed.
+    local offpath="$pypath"
+    if ! python3 -c 'import fastensor' 2>/dev/null; then
+        local fwhl
+        for fwhl in "$BUNDLE"/wheels/fastensor-*.whl; do
+            [ -e "$fwhl" ] || continue
+            python3 -m pip install --quiet --no-deps --target "$BUNDLE/fpy" "$fwhl" &&
+                offpath="$BUNDLE/fpy${offpath:+:$offpath}"
+        done
+    fi
+    PYTHONPATH="$offpath${PYTHONPATH:+:$PYTHONPATH}" step offload python3 "$ROOT/scripts/gpu-offload.py" \
+        "$FASTENSOR_TEST_DIR" || failed=1
     echo
     printf '%-20s %-9s %8s  %s\n' step result seconds log
     printf '%s\n' "${STEPS[@]}"
@@ -153,6 +172,7 @@ run() {
     # gds_bench's tables (from the line naming the size on), then the anchor's row.
     sed -n '/MiB file <-> GPU/,$p' "$BUNDLE/results/gds_bench.log" | grep -v '^ceiling_read_gib_s'
     grep -h 'safetensors load_file' "$BUNDLE/results/anchor.log"
+    sed -n '/^offload/,$p' "$BUNDLE/results/offload.log"
     exit "$failed"
 }
 

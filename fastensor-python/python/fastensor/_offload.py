@@ -141,6 +141,7 @@ class _Record:
         "session",
         "handle",
         "kept",
+        "tail_key",
         "source",
         "original",
         "saved",
@@ -154,8 +155,10 @@ class _Record:
     def __init__(self, session: _Session, handle: Any, source: StorageWeakRef, device, nbytes):
         self.session = session
         self.handle = handle
-        #: A CUDA storage kept on its device, not offloaded (yet): a uint8 tensor over it.
+        #: A CUDA storage kept on its device, not offloaded (yet): a uint8 tensor over it,
+        #: and its key in the session's tail.
         self.kept: torch.Tensor | None = None
+        self.tail_key = 0
         #: The original storage, weakly: a dead one means its address may be reused.
         self.source = source
         #: The original storage's Python object (CPU), weakly: alive while its write is still
@@ -318,9 +321,11 @@ class _Session:
             0,
         )
         self.unpack_stall_s = 0.0
-        #: CUDA storages kept on their device, oldest first, per device, and their bytes.
-        self.gpu_tail: dict[torch.device, collections.OrderedDict[int, _Record]] = {}
+        #: CUDA storages kept on their device, oldest first, per device (weakly: a record
+        #: dies with its graph), and their bytes.
+        self.gpu_tail: dict[torch.device, collections.OrderedDict[int, tuple]] = {}
         self.gpu_tail_bytes: dict[torch.device, int] = {}
+        self.tail_keys = itertools.count(1)
         self.gpu_keep_bytes = gpu_keep_bytes
         #: Per CUDA device: bytes offloaded, bytes kept on the device, unpack stall.
         self.per_device: dict[str, dict[str, float]] = {}
@@ -460,23 +465,29 @@ class _Session:
         dev = rec.device
         rec.kept = flat
         tail = self.gpu_tail.setdefault(dev, collections.OrderedDict())
-        tail[id(rec)] = rec
+        rec.tail_key = next(self.tail_keys)
+        tail[rec.tail_key] = (weakref.ref(rec), rec.nbytes)
         self.gpu_tail_bytes[dev] = self.gpu_tail_bytes.get(dev, 0) + rec.nbytes
         while self.gpu_tail_bytes[dev] > self.gpu_keep_bytes and tail:
-            _, old = tail.popitem(last=False)
-            self.gpu_tail_bytes[dev] -= old.nbytes
-            kept, old.kept = old.kept, None
-            # Handed over with the stream handshake: no wait for the device here.
-            old.handle = self.store.put_device(kept, f"saved{next(self.labels)}")
-            old.original = weakref.ref(kept.untyped_storage())
-            self._device_figures(dev)["bytes_offloaded"] += old.nbytes
+            ref, nbytes = next(iter(tail.values()))
+            old = ref()
+            if old is not None and old.kept is not None:
+                # Handed over with the stream handshake: no wait for the device here. Should
+                # the store refuse it, the record keeps its tensor on the device (and the
+                # error is raised in the forward pass).
+                old.handle = self.store.put_device(old.kept, f"saved{next(self.labels)}")
+                kept, old.kept = old.kept, None
+                old.original = weakref.ref(kept.untyped_storage())
+                self._device_figures(dev)["bytes_offloaded"] += nbytes
+            tail.popitem(last=False)
+            self.gpu_tail_bytes[dev] -= nbytes
 
     def _take_kept(self, rec: _Record) -> torch.UntypedStorage | None:
         """The storage of a record still kept on its device (leaving the tail), or None."""
         if rec.kept is None:
             return None
         tail = self.gpu_tail.get(rec.device)
-        if tail is not None and tail.pop(id(rec), None) is not None:
+        if tail is not None and tail.pop(rec.tail_key, None) is not None:
             self.gpu_tail_bytes[rec.device] -= rec.nbytes
         kept, rec.kept = rec.kept, None
         self._device_figures(rec.device)["bytes_kept_on_device"] += rec.nbytes
