@@ -467,14 +467,14 @@ class Bench:
         self.say()
         self.say(
             f"| {model} at {base} sequences (no offload's largest), {a.rounds} rounds "
-            "| step s | vs no offload | peak MiB | compute/I/O a layer |"
+            "| step s | vs no offload | peak MiB | flat over the steps | compute/I/O a layer |"
         )
-        self.say("|---|---:|---:|---:|---:|")
+        self.say("|---|---:|---:|---:|---|---:|")
         out = {}
         for config, rs in results.items():
             ok = [r for r in rs if r["ok"]]
             if not ok:
-                self.say(f"| {config} | {rs[0]['why']} | - | - | - |")
+                self.say(f"| {config} | {rs[0]['why']} | - | - | - | - |")
                 continue
             t = med(step_time(r) for r in ok)
             ratios = [
@@ -493,8 +493,14 @@ class Bench:
                     / a.io_threads
                 )
                 balance = f"{none_t / max(io, 1e-9):.1f}"
-            out[config] = {"time": t, "ratios": ratios, "peak": peak}
-            self.say(f"| {config} | {t:.3f} | {ratio} | {peak:.0f} | {balance} |")
+            flats = [flat(r) for r in ok]
+            is_flat = all(f for f, _ in flats)
+            grow = max(g for _, g in flats)
+            out[config] = {"time": t, "ratios": ratios, "peak": peak, "flat": is_flat}
+            self.say(
+                f"| {config} | {t:.3f} | {ratio} | {peak:.0f} "
+                f"| {'yes' if is_flat else 'no'} ({grow:+.0f} MiB) | {balance} |"
+            )
         return out
 
 
