@@ -63,7 +63,10 @@ impl FileMap {
             .filter(|r| r.end > r.start)
             .map(|r| {
                 let start = (r.start as usize).min(end) / PAGE * PAGE;
-                let stop = (r.end as usize).div_ceil(PAGE).saturating_mul(PAGE).min(end);
+                let stop = (r.end as usize)
+                    .div_ceil(PAGE)
+                    .saturating_mul(PAGE)
+                    .min(end);
                 base + start..base + stop
             })
             .filter(|r| r.end > r.start)

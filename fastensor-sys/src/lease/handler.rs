@@ -152,7 +152,10 @@ fn answer(entry: &Entry) {
     }
     // `F_GETLEASE` gives the type the lease is being broken to (`F_UNLCK`), or
     // `F_UNLCK` once the kernel removed it after the lease-break time.
-    if matches!(fcntl_int(entry.fd(), libc::F_GETLEASE, 0), Ok(libc::F_RDLCK)) {
+    if matches!(
+        fcntl_int(entry.fd(), libc::F_GETLEASE, 0),
+        Ok(libc::F_RDLCK)
+    ) {
         return;
     }
     let started = Instant::now();

@@ -95,7 +95,12 @@ pub struct Refused {
 
 impl fmt::Display for Refused {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "no read lease: {} ({})", self.refusal.as_str(), self.source)
+        write!(
+            f,
+            "no read lease: {} ({})",
+            self.refusal.as_str(),
+            self.source
+        )
     }
 }
 

@@ -36,7 +36,10 @@ fn a_break_moves_the_guarded_memory_out_of_the_file_before_the_writer_goes_on() 
     w.set_len(0).unwrap();
     (&w).write_all(&[0xEE; 4096 * 4]).unwrap();
     let held = started.elapsed();
-    assert!(held < Duration::from_secs(10), "the writer was held {held:?}");
+    assert!(
+        held < Duration::from_secs(10),
+        "the writer was held {held:?}"
+    );
 
     assert_eq!(map.protection(), Protection::Moved);
     assert_eq!(map[4096], 2);
@@ -71,7 +74,10 @@ fn a_file_open_for_writing_refuses_a_lease() {
     let file = File::open(&path).unwrap();
     let refused = take(&file).unwrap_err();
     assert_eq!(refused.refusal, Refusal::OpenForWriting, "{refused}");
-    assert!(refused.to_string().contains("open for writing"), "{refused}");
+    assert!(
+        refused.to_string().contains("open for writing"),
+        "{refused}"
+    );
 }
 
 #[test]
