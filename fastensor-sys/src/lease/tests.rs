@@ -126,3 +126,38 @@ fn an_unprotected_map_says_so() {
     assert_eq!(map.protection(), Protection::Unprotected);
     assert_eq!(map[4096], 2);
 }
+
+/// How fast a break moves resident memory (release build:
+/// `cargo test --release -p fastensor-sys --lib break_throughput -- --ignored --nocapture`).
+#[test]
+#[ignore]
+fn break_throughput() {
+    let gib: usize = std::env::var("FASTENSOR_BREAK_GIB")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1);
+    let len = gib << 30;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("f");
+    let mut f = File::create(&path).unwrap();
+    let chunk = vec![7u8; 64 << 20];
+    for _ in 0..len / chunk.len() {
+        f.write_all(&chunk).unwrap();
+    }
+    drop(f);
+    let file = File::open(&path).unwrap();
+    let lease = take(&file).unwrap();
+    let map = FileMap::leased(&file, len, lease, &[0..len as u64])
+        .unwrap()
+        .unwrap();
+    crate::populate::populate_read(map.as_ptr(), len).unwrap();
+    crate::populate::touch(map.as_ptr(), len).unwrap();
+    let started = Instant::now();
+    drop(open_writer(&path));
+    let held = started.elapsed();
+    assert_eq!(map.protection(), Protection::Moved);
+    println!(
+        "moved {gib} GiB in {held:?}: {:.2} GB/s",
+        len as f64 / held.as_secs_f64() / 1e9
+    );
+}
