@@ -60,8 +60,11 @@ fn assert_intact(ckpt: &Checkpoint, t: &[(TensorDesc, Vec<u8>)], what: &str) {
     }
 }
 
+/// Something another program may do to a checkpoint file in place, named.
+type Act = (&'static str, fn(&Path));
+
 /// What another program may do to a checkpoint file in place.
-fn acts() -> Vec<(&'static str, fn(&Path))> {
+fn acts() -> Vec<Act> {
     vec![
         ("copied over (O_TRUNC)", |p| {
             let mut f = std::fs::File::create(p).unwrap();
