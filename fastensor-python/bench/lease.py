@@ -18,7 +18,9 @@ touched inside the timed region:
   (``MADV_PAGEOUT``) and the file's page cache dropped: the move reads the file again.
 
     python fastensor-python/bench/lease.py [--dir DIR] [--sizes 1,2,4] [--rounds 3]
-        [--out docs/lab/leases.md]
+        [--out FILE]
+
+Results of runs: docs/lab/leases.md.
 """
 
 from __future__ import annotations
