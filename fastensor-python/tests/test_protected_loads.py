@@ -204,7 +204,7 @@ def test_an_unprotected_map_cut_by_a_truncation_raises_sigbus_as_documented(tmp_
 @pytest.mark.skipif(os.uname().machine != "x86_64", reason="the seccomp filter is for x86_64")
 def test_where_the_file_system_refuses_leases_loads_read_the_file(tmp_path, other_checkpoint):
     """A seccomp filter in the holder makes ``F_SETLEASE`` fail with EINVAL, as a file
-    system without leases (NFS, FUSE, ``fs.leases-enable = 0``) does."""
+    system without leases (NFS, ``fs.leases-enable = 0``) does."""
     path = make_checkpoint(tmp_path)
     holder = Holder(tmp_path, "--seccomp-einval")
     assert holder.ready["placement"] == "read"
