@@ -14,6 +14,11 @@ fn file_of_pages(pages: usize) -> (tempfile::TempDir, std::path::PathBuf) {
     (dir, path)
 }
 
+/// The offsets a map guards: one range.
+fn guard(r: Range<u64>) -> Vec<Range<u64>> {
+    vec![r]
+}
+
 fn open_writer(path: &std::path::Path) -> File {
     std::fs::OpenOptions::new().write(true).open(path).unwrap()
 }
@@ -24,7 +29,7 @@ fn a_break_moves_the_guarded_memory_out_of_the_file_before_the_writer_goes_on() 
     let file = File::open(&path).unwrap();
     let lease = take(&file).unwrap();
     let before = stats();
-    let mut map = FileMap::leased(&file, 1024 * 4096, lease, &[4096..1024 * 4096])
+    let mut map = FileMap::leased(&file, 1024 * 4096, lease, &guard(4096..1024 * 4096))
         .unwrap()
         .expect("not broken yet");
     assert_eq!(map.protection(), Protection::Leased);
@@ -57,7 +62,7 @@ fn a_truncation_through_the_path_is_held_as_well() {
     let (_dir, path) = file_of_pages(64);
     let file = File::open(&path).unwrap();
     let lease = take(&file).unwrap();
-    let map = FileMap::leased(&file, 64 * 4096, lease, &[0..64 * 4096])
+    let map = FileMap::leased(&file, 64 * 4096, lease, &guard(0..64 * 4096))
         .unwrap()
         .unwrap();
     let c_path = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
@@ -94,7 +99,7 @@ fn refusals_are_told_from_their_errors() {
 fn a_lease_let_go_holds_no_writer() {
     let (_dir, path) = file_of_pages(4);
     let file = File::open(&path).unwrap();
-    let map = FileMap::leased(&file, 4 * 4096, take(&file).unwrap(), &[0..4 * 4096])
+    let map = FileMap::leased(&file, 4 * 4096, take(&file).unwrap(), &guard(0..4 * 4096))
         .unwrap()
         .unwrap();
     let before = stats().breaks;
@@ -114,7 +119,7 @@ fn a_lease_broken_before_its_memory_is_guarded_guards_nothing() {
     let file = File::open(&path).unwrap();
     let lease = take(&file).unwrap();
     open_writer(&path).set_len(4096).unwrap();
-    let map = FileMap::leased(&file, 4096, lease, &[0..4096]).unwrap();
+    let map = FileMap::leased(&file, 4096, lease, &guard(0..4096)).unwrap();
     assert!(map.is_none(), "the file changed before it was mapped");
 }
 
@@ -147,7 +152,7 @@ fn break_throughput() {
     drop(f);
     let file = File::open(&path).unwrap();
     let lease = take(&file).unwrap();
-    let map = FileMap::leased(&file, len, lease, &[0..len as u64])
+    let map = FileMap::leased(&file, len, lease, &guard(0..len as u64))
         .unwrap()
         .unwrap();
     crate::populate::populate_read(map.as_ptr(), len).unwrap();
