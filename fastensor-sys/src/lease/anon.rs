@@ -2,10 +2,10 @@
 //! the same addresses.
 
 use crate::populate::copy_out;
-use fastensor_core::parallel;
 use std::io;
 use std::ops::Range;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Mutex;
 
 /// Bytes copied and swapped in at a time: a write of another thread to a piece while it is
 /// copied may be lost, so pieces are small.
@@ -50,44 +50,79 @@ fn move_range(range: Range<usize>) -> io::Result<()> {
         return Err(io::Error::last_os_error());
     }
     let fresh = fresh as usize;
-    let pieces: Vec<(usize, usize)> = (0..len).step_by(PIECE).enumerate().collect();
-    let done: Vec<AtomicBool> = pieces.iter().map(|_| AtomicBool::new(false)).collect();
-    let result = parallel::for_each(pieces.clone(), THREADS, |(i, at)| {
-        let n = PIECE.min(len - at);
-        let failed = |e: io::Error| fastensor_core::Error::io(e, "cannot move a leased piece");
-        // Faulted in first, in one call (cheaper than a fault per page during the copy).
-        populate_write(fresh + at, n).map_err(failed)?;
-        // SAFETY: `fresh + at .. + n` is a piece of the new mapping not moved yet, which
-        // only this call refers to.
-        let dst = unsafe { std::slice::from_raw_parts_mut((fresh + at) as *mut u8, n) };
-        copy_out((range.start + at) as *const u8, dst).map_err(failed)?;
-        // SAFETY: moves the piece over `range.start + at .. + n`, memory of the caller's
-        // mapping whose contents it now holds; `MREMAP_FIXED` unmaps what was there in the
-        // same step, so no access to the range ever finds it unmapped.
-        let p = unsafe {
-            libc::mremap(
-                (fresh + at) as *mut libc::c_void,
-                n,
-                n,
-                libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED,
-                (range.start + at) as *mut libc::c_void,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return Err(failed(io::Error::last_os_error()));
+    let pieces = len.div_ceil(PIECE);
+    let done: Vec<AtomicBool> = (0..pieces).map(|_| AtomicBool::new(false)).collect();
+    let next = AtomicUsize::new(0);
+    let failure: Mutex<Option<io::Error>> = Mutex::new(None);
+    let work = || loop {
+        if failure.lock().unwrap_or_else(|p| p.into_inner()).is_some() {
+            return;
         }
-        done[i].store(true, Ordering::Release);
-        Ok(())
+        let i = next.fetch_add(1, Ordering::Relaxed);
+        if i >= pieces {
+            return;
+        }
+        let at = i * PIECE;
+        match move_piece(fresh + at, range.start + at, PIECE.min(len - at)) {
+            Ok(()) => done[i].store(true, Ordering::Release),
+            Err(e) => {
+                failure
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .get_or_insert(e);
+                return;
+            }
+        }
+    };
+    // Helpers of this call's own, not the I/O pool's: threads made here inherit the signal
+    // mask of the thread answering breaks, and must not outlive the call.
+    std::thread::scope(|s| {
+        for _ in 1..THREADS.min(pieces) {
+            let _ = std::thread::Builder::new().spawn_scoped(s, work);
+        }
+        work();
     });
-    for (i, at) in pieces {
-        if !done[i].load(Ordering::Acquire) {
+    for (i, moved) in done.iter().enumerate() {
+        if !moved.load(Ordering::Acquire) {
+            let at = i * PIECE;
             // SAFETY: a piece of the new mapping that was not moved: still this call's
             // alone (a moved piece's old addresses may hold another mapping by now, and
             // are never unmapped here).
             unsafe { libc::munmap((fresh + at) as *mut libc::c_void, PIECE.min(len - at)) };
         }
     }
-    result.map_err(|e| io::Error::other(e.to_string()))
+    match failure.into_inner().unwrap_or_else(|p| p.into_inner()) {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
+}
+
+/// Moves the `n` bytes at `to` (memory of the caller's mapping) into the piece of fresh
+/// anonymous memory at `piece` (not moved yet, referred to by this call alone): faulted in,
+/// filled with the bytes at `to` through the kernel, then `mremap`ed over `to`.
+fn move_piece(piece: usize, to: usize, n: usize) -> io::Result<()> {
+    // Faulted in first, in one call (cheaper than a fault per page during the copy).
+    populate_write(piece, n)?;
+    // SAFETY: `piece .. piece + n` is memory of the fresh mapping that only this call
+    // refers to.
+    let dst = unsafe { std::slice::from_raw_parts_mut(piece as *mut u8, n) };
+    copy_out(to as *const u8, dst)?;
+    // SAFETY: moves the piece over `to .. to + n`, memory of the caller's mapping whose
+    // contents it now holds; `MREMAP_FIXED` unmaps what was there in the same step, so no
+    // access to the range ever finds it unmapped.
+    let p = unsafe {
+        libc::mremap(
+            piece as *mut libc::c_void,
+            n,
+            n,
+            libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED,
+            to as *mut libc::c_void,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 /// Faults in the `len` bytes of anonymous memory at `addr` (a piece of a mapping made by

@@ -16,7 +16,7 @@
 //! first lease of a process and blocking that signal alone; no other thread's signal
 //! mask or handler is touched. On a break that thread moves the memory the lease guards
 //! ([`crate::filemap::FileMap`]) into anonymous memory at the same addresses (copied
-//! through the kernel, then `mremap`ed over, 2 MiB at a time on the I/O threads), and
+//! through the kernel, then `mremap`ed over, 2 MiB at a time on four threads), and
 //! then lets go of the lease: the writer goes on, and the memory no longer has anything to
 //! do with the file.
 //!
