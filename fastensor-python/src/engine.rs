@@ -33,7 +33,7 @@ pub type TargetSpec<'py> = (String, Bound<'py, PyAny>, usize, usize);
 pub type Exported = Vec<(String, String, Vec<u64>, Py<PyAny>)>;
 
 /// What `load_new` returns: the tensors, the metadata, and where their bytes live
-/// (`fastensor::checkpoint::Placement`: `read`, `leased` or `unprotected`).
+/// (`fastensor::checkpoint::Placement`: `read`, `leased`, `moved` or `unprotected`).
 pub type Loaded = (Exported, BTreeMap<String, String>, &'static str);
 
 /// What `load_new_later` returns: the tensors and metadata of `load_new`, and the pages
@@ -351,8 +351,9 @@ impl PyEngine {
     /// bytes that keeps the loaded memory alive (unmapped or freed when the last tensor
     /// dies), the file's metadata, and where the bytes live: `read` (memory of their own),
     /// `leased` (the file mapped under a read lease: a writer of the file waits until the
-    /// pages are moved into memory of the process) or `unprotected` (mapped without a
-    /// lease, where none could be had and the engine maps those). `versioned`: capsules of
+    /// pages are moved into memory of the process), `moved` (so moved already) or
+    /// `unprotected` (mapped without a lease, where none could be had and the engine maps
+    /// those). `versioned`: capsules of
     /// version 1 of the protocol (numpy makes writable arrays only from those), else
     /// unversioned ones (what `torch.from_dlpack` takes). `verify`: every tensor checked
     /// against the checksum the file stores (see `fastensor::checkpoint::load_verified`).
