@@ -2,14 +2,15 @@
 //! backend choice, nothing read through a backend), a load into existing memory goes
 //! through one backend chosen once, and a cold read into fresh memory never explores a
 //! page-cache backend. The mapped load's guarantees: a file replaced by rename leaves the
-//! loaded tensors as they were; one truncated in place is an error during the load, and
-//! `SIGBUS` on a later read of the cut pages (what every mmap-based loader does). A later
-//! load (`load_later`) maps the file and leaves its pages to `PendingPages::bring_in`.
+//! loaded tensors as they were; one truncated in place waits until the tensors' pages are
+//! moved into memory of the process (the read lease: `tests/protected_loads.rs`); mapped
+//! unprotected (opt-in), a cut is an error during the load. A later load (`load_later`)
+//! maps the file and leaves its pages to `PendingPages::bring_in`.
 
 mod common;
 
 use common::{buffers, targets, views};
-use fastensor::checkpoint;
+use fastensor::checkpoint::{self, Placement};
 use fastensor::engine::NewLoads;
 use fastensor::{DType, Engine, TensorDesc};
 use std::path::{Path, PathBuf};
@@ -288,12 +289,24 @@ fn a_later_load_by_name_pinned_or_cut_behaves_as_a_load() {
     assert!(pending.is_none() && !ckpt.arena().is_mapped());
     assert_eq!(ckpt.tensor("t1").unwrap().1, &t[1].1[..]);
 
-    // A file cut in place before its pages are in: an error naming it, no signal.
+    // A file cut in place before its pages are in: the lease moves them into memory of
+    // the process first, and the load keeps its bytes.
     let cut = dir.path().join("cut.safetensors");
     std::fs::copy(&path, &cut).unwrap();
     evict(&cut);
     let (ckpt, pending) = checkpoint::load_later(&engine, &cut, None).unwrap();
     let f = std::fs::OpenOptions::new().write(true).open(&cut).unwrap();
+    f.set_len(8192).unwrap();
+    pending.unwrap().bring_in(ckpt.arena()).unwrap();
+    assert_eq!(ckpt.tensor("t1").unwrap().1, &t[1].1[..]);
+
+    // Mapped unprotected (opt-in; here because a writer has the file open, so no lease can
+    // be had): the cut is an error naming the file, not a signal.
+    std::fs::copy(&path, &cut).unwrap();
+    evict(&cut);
+    let unprotected = Engine::builder().unprotected_maps(true).build().unwrap();
+    let (ckpt, pending) = checkpoint::load_later(&unprotected, &cut, None).unwrap();
+    assert_eq!(ckpt.arena().placement(), Placement::Unprotected);
     f.set_len(8192).unwrap();
     let err = pending.unwrap().bring_in(ckpt.arena()).unwrap_err();
     assert_eq!(err.kind(), fastensor::ErrorKind::Changed, "{err}");

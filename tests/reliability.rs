@@ -69,24 +69,15 @@ fn a_save_refuses_a_fifo_a_directory_and_a_device() {
 }
 
 #[test]
-fn a_replaced_file_keeps_its_mode_and_owner() {
+fn a_replaced_file_keeps_its_mode() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("m.safetensors");
     save_small(&path, 1).unwrap();
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
-    let owner = if is_root() {
-        std::os::unix::fs::chown(&path, Some(65534), Some(65534)).unwrap();
-        Some((65534, 65534))
-    } else {
-        skip("the owner check: needs root (chown to another user)");
-        None
-    };
     save_small(&path, 2).unwrap();
     let meta = std::fs::metadata(&path).unwrap();
     assert_eq!(meta.mode() & 0o7777, 0o600);
-    if let Some((uid, gid)) = owner {
-        assert_eq!((meta.uid(), meta.gid()), (uid, gid));
-    }
+    assert_eq!(meta.uid(), rustix::process::geteuid().as_raw());
     // Profiles too.
     let profile = dir.path().join("p.toml");
     std::fs::write(&profile, "x").unwrap();
@@ -94,6 +85,86 @@ fn a_replaced_file_keeps_its_mode_and_owner() {
     fastensor::atomic::write(&profile, b"y").unwrap();
     assert_eq!(std::fs::read(&profile).unwrap(), b"y");
     assert_eq!(std::fs::metadata(&profile).unwrap().mode() & 0o7777, 0o640);
+}
+
+/// A user that is not root, and its group.
+const NOBODY: u32 = 65534;
+
+#[test]
+fn a_save_as_root_never_gives_the_file_to_the_user_who_owned_the_one_it_replaces() {
+    if !is_root() {
+        skip("the owner rule: needs root (files owned by another user)");
+        return;
+    }
+    // A sticky directory anyone may write, as /tmp.
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o1777)).unwrap();
+    for (mode, kept) in [
+        (0o640, 0o640),
+        (0o1604, 0o1604),
+        // Set-user-ID is another user's to give: dropped; set-group-ID stays with the group.
+        (0o4755, 0o755),
+        (0o6750, 0o2750),
+    ] {
+        let path = dir.path().join("m.safetensors");
+        save_small(&path, 1).unwrap();
+        std::os::unix::fs::chown(&path, Some(NOBODY), Some(NOBODY)).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
+        save_small(&path, 2).unwrap();
+        let meta = std::fs::metadata(&path).unwrap();
+        assert_eq!(
+            (meta.uid(), meta.gid()),
+            (0, NOBODY),
+            "{mode:o}: root's, its group kept"
+        );
+        assert_eq!(meta.mode() & 0o7777, kept, "{mode:o}");
+        std::fs::remove_file(&path).unwrap();
+    }
+    // Profiles and reports go through the same helper.
+    let profile = dir.path().join("p.toml");
+    std::fs::write(&profile, "x").unwrap();
+    std::os::unix::fs::chown(&profile, Some(NOBODY), Some(NOBODY)).unwrap();
+    fastensor::atomic::write(&profile, b"y").unwrap();
+    assert_eq!(std::fs::metadata(&profile).unwrap().uid(), 0);
+}
+
+#[test]
+fn a_save_by_a_user_keeps_the_group_only_where_the_user_is_a_member() {
+    if !is_root() {
+        skip("the group rule: needs root (to become another user)");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    let path = dir.path().join("m.safetensors");
+    save_small(&path, 1).unwrap(); // root's, group root
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o664)).unwrap();
+    // A child process as `nobody` saves over it (a save takes no lock a fork would hold).
+    // SAFETY: the child only calls async-signal-safe functions and the save (which opens,
+    // writes, renames and exits), then `_exit`.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        // SAFETY: plain system calls in the child.
+        let ok = unsafe { libc::setgid(NOBODY) == 0 && libc::setuid(NOBODY) == 0 };
+        let saved = ok && fastensor::atomic::write(&path, b"theirs").is_ok();
+        // SAFETY: ends the child without running the parent's exit handlers.
+        unsafe { libc::_exit(if saved { 0 } else { 1 }) };
+    }
+    let mut status = 0;
+    // SAFETY: waits for the child made above.
+    assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+    assert!(
+        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+        "{status}"
+    );
+    let meta = std::fs::metadata(&path).unwrap();
+    assert_eq!(std::fs::read(&path).unwrap(), b"theirs");
+    assert_eq!(
+        (meta.uid(), meta.gid()),
+        (NOBODY, NOBODY),
+        "not a member of root's group"
+    );
+    assert_eq!(meta.mode() & 0o7777, 0o664);
 }
 
 #[test]

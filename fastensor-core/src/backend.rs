@@ -434,6 +434,17 @@ pub trait FileOpener: Send + Sync {
         let _ = path;
         false
     }
+
+    /// Where a load that maps the file ([`maps_new_loads`](Self::maps_new_loads)) cannot
+    /// have a read lease on it (a writer has it open, the file system grants none, another
+    /// user's file): whether it maps the file anyway, its memory then unprotected from
+    /// changes to the file (rewritten in place, they show through; truncated, a read of a
+    /// page cut raises `SIGBUS`), rather than reading it into memory of its own. The
+    /// default: it reads.
+    fn maps_unprotected(&self, path: &Path) -> bool {
+        let _ = path;
+        false
+    }
 }
 
 impl<B: Backend + ?Sized> FileOpener for B {

@@ -32,8 +32,9 @@ pub type TargetSpec<'py> = (String, Bound<'py, PyAny>, usize, usize);
 /// Loaded tensors as `(name, dtype, shape, capsule)`.
 pub type Exported = Vec<(String, String, Vec<u64>, Py<PyAny>)>;
 
-/// What `load_new` returns: the tensors, the metadata, and whether the file was mapped.
-pub type Loaded = (Exported, BTreeMap<String, String>, bool);
+/// What `load_new` returns: the tensors, the metadata, and where their bytes live
+/// (`fastensor::checkpoint::Placement`: `read`, `leased`, `moved` or `unprotected`).
+pub type Loaded = (Exported, BTreeMap<String, String>, &'static str);
 
 /// What `load_new_later` returns: the tensors and metadata of `load_new`, and the pages
 /// still to be brought in (if any).
@@ -196,19 +197,24 @@ impl PyEngine {
     /// Builds an engine. `backends`: the names allowed (default: every available one);
     /// `profile`: where the selection profile is loaded from and saved to (default: none,
     /// nothing is remembered); `pin`: one backend for every transfer; `mapped_loads`:
-    /// whether loads into new host memory may map the file.
+    /// whether loads into new host memory may map the file; `unprotected_maps`: whether
+    /// such a load that cannot have a read lease on the file maps it anyway, unprotected
+    /// from changes to the file, rather than reading it.
     #[new]
-    #[pyo3(signature = (backends=None, profile=None, pin=None, mapped_loads=true))]
+    #[pyo3(signature = (backends=None, profile=None, pin=None, mapped_loads=true, unprotected_maps=false))]
     fn new(
         py: Python<'_>,
         backends: Option<Vec<String>>,
         profile: Option<PathBuf>,
         pin: Option<String>,
         mapped_loads: bool,
+        unprotected_maps: bool,
     ) -> PyResult<Self> {
         let engine = py
             .detach(|| {
-                let mut b = Engine::builder().mapped_loads(mapped_loads);
+                let mut b = Engine::builder()
+                    .mapped_loads(mapped_loads)
+                    .unprotected_maps(unprotected_maps);
                 if let Some(names) = backends {
                     b = b.backends(names);
                 }
@@ -343,7 +349,11 @@ impl PyEngine {
     /// memory of its own (see `fastensor::checkpoint::load`). Returns the tensors in file
     /// order, `(name, dtype, shape, capsule)`, each capsule a `uint8` DLPack tensor over its
     /// bytes that keeps the loaded memory alive (unmapped or freed when the last tensor
-    /// dies), the file's metadata, and whether the file was mapped. `versioned`: capsules of
+    /// dies), the file's metadata, and where the bytes live: `read` (memory of their own),
+    /// `leased` (the file mapped under a read lease: a writer of the file waits until the
+    /// pages are moved into memory of the process), `moved` (so moved already) or
+    /// `unprotected` (mapped without a lease, where none could be had and the engine maps
+    /// those). `versioned`: capsules of
     /// version 1 of the protocol (numpy makes writable arrays only from those), else
     /// unversioned ones (what `torch.from_dlpack` takes). `verify`: every tensor checked
     /// against the checksum the file stores (see `fastensor::checkpoint::load_verified`).
@@ -368,9 +378,9 @@ impl PyEngine {
                 }
             })
             .py_err()?;
-        let mapped = ckpt.arena().is_mapped();
+        let placement = ckpt.arena().placement().as_str();
         let (out, metadata, _) = exported(py, ckpt, versioned)?;
-        Ok((out, metadata, mapped))
+        Ok((out, metadata, placement))
     }
 
     /// `load_new` (torch's capsules) returning as soon as the file is mapped, while the

@@ -114,6 +114,24 @@ fn set_mmap_threshold(threshold: usize) -> bool {
     unsafe { libc::mallopt(M_MMAP_THRESHOLD, t) == 1 }
 }
 
+/// What the read leases of mapped loads did in this process so far: `taken`, `refused`,
+/// `breaks` (answered), `bytes_moved` (into memory of the process by those breaks),
+/// `seconds_held` (writers held, in all), `longest_held`, `failed` (breaks whose memory
+/// could not be moved).
+#[pyfunction]
+fn lease_stats() -> std::collections::BTreeMap<&'static str, f64> {
+    let s = fastensor::sys::lease::stats();
+    std::collections::BTreeMap::from([
+        ("taken", s.taken as f64),
+        ("refused", s.refused as f64),
+        ("breaks", s.breaks as f64),
+        ("bytes_moved", s.bytes_moved as f64),
+        ("seconds_held", s.seconds_held),
+        ("longest_held", s.longest_held),
+        ("failed", s.failed as f64),
+    ])
+}
+
 /// The target paths of this process's background saves that have not finished.
 #[pyfunction]
 fn pending_saves() -> Vec<std::path::PathBuf> {
@@ -142,6 +160,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(fs_type, m)?)?;
     m.add_function(wrap_pyfunction!(set_mmap_threshold, m)?)?;
     m.add_function(wrap_pyfunction!(wait_pending_saves, m)?)?;
+    m.add_function(wrap_pyfunction!(lease_stats, m)?)?;
     sharded::register(m)?;
     slice::register(m)?;
     checksum::register(m)?;

@@ -257,6 +257,18 @@ def test_a_save_through_another_users_link_in_a_sticky_directory_changes_nothing
     assert oct(secret.stat().st_mode & 0o777) == oct(0o600)
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to make a file of another user")
+def test_a_save_as_root_over_another_users_file_keeps_it_roots(tmp_path):
+    os.chmod(tmp_path, 0o1777)  # a sticky directory anyone may write, as /tmp
+    path = tmp_path / "m.safetensors"
+    save_file({"w": torch.zeros(8)}, path)
+    os.chown(path, 65534, 65534)
+    os.chmod(path, 0o640)
+    save_file({"w": torch.ones(8)}, path)
+    st = path.stat()
+    assert (st.st_uid, st.st_gid, oct(st.st_mode & 0o7777)) == (0, 65534, oct(0o640))
+
+
 # 6. A load racing an atomic replace gets one whole version, or a builtin-typed error.
 
 

@@ -4,8 +4,9 @@
 //! [`AtomicFile::new`] opens the target's directory and makes an unnamed temporary file
 //! (`O_TMPFILE`) in it, or where the file system lacks it a hidden named one
 //! (`.NAME.tmp.PID.N`, created with `O_CREAT | O_EXCL | O_NOFOLLOW`); the caller writes it;
-//! [`AtomicFile::commit`] syncs it, gives it the mode (and, as root, the owner) of the file
-//! it replaces, renames it over the target's name within that same open directory
+//! [`AtomicFile::commit`] syncs it, gives it the mode and group of the file it replaces
+//! where the saver may set them, renames it over the target's name within that same open
+//! directory
 //! (`renameat`) and syncs the directory. Every step after the directory is opened works
 //! relative to that directory's descriptor: nothing is looked up by path again.
 //!
@@ -24,9 +25,13 @@
 //!   of the kernel's `protected_symlinks` rule.) The directories on the way to the target
 //!   may be symbolic links: the kernel resolves them, under its own rules, when the
 //!   directory is opened.
-//! * A regular file replaced gives the new one its mode (and, when running as root, its
-//!   owner and group); a new file, or one replacing a symbolic link, gets `0o666` less the
-//!   umask and the caller's owner.
+//! * A save never gives a file to another user: the new file is the saver's, whoever owned
+//!   the file it replaces (root saving over another user's file, say in a sticky `/tmp`,
+//!   keeps its bytes its own). A regular file replaced gives the new one its group where
+//!   the saver may set it (root, or a member of that group; else the saver's), and its
+//!   permission and sticky bits; its set-user-ID bit only when the old file was the
+//!   saver's too, its set-group-ID bit only when the new file has the old one's group. A
+//!   new file, or one replacing a symbolic link, gets `0o666` less the umask.
 
 use fastensor_core::{Error, ErrorKind, Result};
 use rustix::fs::{AtFlags, FileType, Mode, OFlags, CWD};
@@ -58,7 +63,7 @@ pub struct AtomicFile {
     file: File,
     /// Its name in `dir` when it has one (no `O_TMPFILE`); removed unless committed.
     named: Option<OsString>,
-    /// Mode, owner and group of the regular file replaced.
+    /// Mode, owner and group of the regular file replaced (see [`inherit`]).
     old: Option<(u32, u32, u32)>,
 }
 
@@ -137,21 +142,15 @@ impl AtomicFile {
         &self.target
     }
 
-    /// Makes the temporary file the target: syncs it, gives it the replaced file's mode
-    /// (and owner, when running as root), renames it over the target's name in the
-    /// directory opened by [`new`](Self::new) and syncs that directory. Errors name the
-    /// target.
+    /// Makes the temporary file the target: syncs it, gives it the replaced file's group
+    /// and mode where the saver may (see the [module docs](self); its owner stays the
+    /// saver), renames it over the target's name in the directory opened by
+    /// [`new`](Self::new) and syncs that directory. Errors name the target.
     pub fn commit(mut self) -> Result<()> {
         let target = self.target.clone();
         let fail = |e: std::io::Error, what: &str| save_error(e, what).with_path(&target);
-        if let Some((mode, uid, gid)) = self.old {
-            self.file
-                .set_permissions(std::fs::Permissions::from_mode(mode))
-                .map_err(|e| fail(e, "cannot give the new file the old one's mode"))?;
-            if rustix::process::geteuid().is_root() {
-                std::os::unix::fs::fchown(&self.file, Some(uid), Some(gid))
-                    .map_err(|e| fail(e, "cannot give the new file the old one's owner"))?;
-            }
+        if let Some(old) = self.old {
+            inherit(&self.file, old).map_err(|(e, what)| fail(e, what))?;
         }
         self.file
             .sync_all()
@@ -209,6 +208,39 @@ impl Drop for AtomicFile {
             let _ = rustix::fs::unlinkat(&self.dir, temp.as_os_str(), AtFlags::empty());
         }
     }
+}
+
+/// Gives `new` (a file this process just made) what it may keep of the file it replaces,
+/// `(mode, owner, group)`: the group where this process may set it, then the mode bits (see
+/// the [module docs](self)). Never the owner. An error says what failed.
+fn inherit(
+    new: &File,
+    (mode, uid, gid): (u32, u32, u32),
+) -> std::result::Result<(), (std::io::Error, &'static str)> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = new
+        .metadata()
+        .map_err(|e| (e, "cannot stat the new file"))?;
+    let mut group = meta.gid();
+    if gid != group {
+        match std::os::unix::fs::fchown(new, None, Some(gid)) {
+            Ok(()) => group = gid,
+            // Not a group this process may give its files: the new file keeps its own.
+            Err(e) if matches!(e.raw_os_error(), Some(libc::EPERM | libc::EINVAL)) => {}
+            Err(e) => return Err((e, "cannot give the new file the old one's group")),
+        }
+    }
+    const SET_UID: u32 = 0o4000;
+    const SET_GID: u32 = 0o2000;
+    let mut keep = mode & 0o1777;
+    if uid == meta.uid() {
+        keep |= mode & SET_UID;
+    }
+    if gid == group {
+        keep |= mode & SET_GID;
+    }
+    new.set_permissions(std::fs::Permissions::from_mode(keep))
+        .map_err(|e| (e, "cannot give the new file the old one's mode"))
 }
 
 /// Replaces `path` with `bytes`, atomically and durably (see [`AtomicFile`]).

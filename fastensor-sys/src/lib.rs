@@ -1,12 +1,15 @@
 //! The OS helpers every fastensor layer shares: opening files (refusing special ones),
 //! mapping OS errors, the file facts direct I/O needs, page-cache probes, file location,
-//! sync, preallocation and eviction. Used by the backends and by the engine alike, so the
+//! sync, preallocation and eviction; private file mappings and the read leases that keep
+//! them from changes to their files. Used by the backends and by the engine alike, so the
 //! engine keeps its cache probes and device identity in every build.
 #![deny(missing_docs)]
 
 pub mod atomic;
 mod cache;
+pub mod filemap;
 pub mod fork;
+pub mod lease;
 pub mod local;
 pub mod pages;
 pub mod populate;

@@ -1,6 +1,7 @@
 //! The memory a checkpoint is loaded into.
 
 use crate::{Error, ErrorKind, HostBuffer, Result};
+use fastensor_sys::filemap::{FileMap, Protection};
 use std::ops::{Deref, DerefMut};
 
 /// Page-aligned memory holding a loaded checkpoint's bytes: either memory of its own, or
@@ -13,17 +14,51 @@ use std::ops::{Deref, DerefMut};
 ///
 /// A mapped arena is a private mapping of the whole file (`MAP_PRIVATE`): its pages are the
 /// page cache's until written, then copies of their own; the file's inode lives as long as
-/// the arena (removing or renaming over the path changes nothing). Writing the file in
-/// place, or truncating it, while the arena lives shows through in pages not yet written
-/// (a truncated page raises `SIGBUS` when read): files saved by this crate are never
-/// written in place.
+/// the arena (removing or renaming over the path changes nothing). What another program
+/// writing the file in place or truncating it does is the arena's [`Placement`]: with a
+/// read lease ([`Placement::Leased`]) the pages of the loaded tensors are moved into memory
+/// of the process before that program's call goes on, and keep their bytes; without one
+/// ([`Placement::Unprotected`], opt-in) the change shows through pages not yet written and
+/// a truncated page raises `SIGBUS` when read. Bytes of the mapping outside the loaded
+/// tensors (and the header's page) are not guarded.
 pub struct Arena {
     mem: Memory,
 }
 
 enum Memory {
     Owned(HostBuffer),
-    Mapped(memmap2::MmapMut),
+    Mapped(FileMap),
+}
+
+/// Where a checkpoint's bytes live, and what a change another program makes to its file
+/// does to them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Placement {
+    /// Memory of the arena's own, read into: the file is not involved.
+    Read,
+    /// The file mapped copy-on-write under a read lease: the tensors share the page
+    /// cache's pages until someone opens the file for writing or truncates it, which waits
+    /// until their pages are moved into memory of the process.
+    Leased,
+    /// The file was mapped under a lease that was broken since: the tensors' pages were
+    /// moved into memory of the process; the file is not involved any more.
+    Moved,
+    /// The file mapped with no lease (opt-in, where none could be had): the file
+    /// rewritten in place shows through pages not yet written, and a truncated page raises
+    /// `SIGBUS` when read.
+    Unprotected,
+}
+
+impl Placement {
+    /// Its name: `read`, `leased`, `moved` or `unprotected`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Placement::Read => "read",
+            Placement::Leased => "leased",
+            Placement::Moved => "moved",
+            Placement::Unprotected => "unprotected",
+        }
+    }
 }
 
 impl Arena {
@@ -43,7 +78,7 @@ impl Arena {
 
     /// An arena over a private mapping of a whole checkpoint file (offsets in the arena are
     /// offsets in the file).
-    pub(crate) fn mapped(map: memmap2::MmapMut) -> Arena {
+    pub(crate) fn mapped(map: FileMap) -> Arena {
         Arena {
             mem: Memory::Mapped(map),
         }
@@ -61,6 +96,18 @@ impl Arena {
     /// memory of its own.
     pub fn is_mapped(&self) -> bool {
         matches!(self.mem, Memory::Mapped(_))
+    }
+
+    /// Where the arena's bytes live now (see [`Placement`]).
+    pub fn placement(&self) -> Placement {
+        match &self.mem {
+            Memory::Owned(_) => Placement::Read,
+            Memory::Mapped(m) => match m.protection() {
+                Protection::Leased => Placement::Leased,
+                Protection::Moved => Placement::Moved,
+                Protection::Unprotected => Placement::Unprotected,
+            },
+        }
     }
 }
 
@@ -94,4 +141,4 @@ impl DerefMut for Arena {
     }
 }
 
-debug_fields!(Arena, "Arena", |s| { ptr: s.as_ptr(), len: s.len(), mapped: s.is_mapped() });
+debug_fields!(Arena, "Arena", |s| { ptr: s.as_ptr(), len: s.len(), placement: s.placement() });

@@ -6,7 +6,7 @@ use super::header::{
     PARSE_WHOLE_MAX,
 };
 use super::into_arena::{load_chosen, named};
-use super::mapped::PendingPages;
+use super::mapped::{PendingPages, WithoutLease};
 use super::save::{TensorView, Tensors};
 use super::source::CheckpointSource;
 use super::{validate, Arena, FileOpener};
@@ -229,8 +229,11 @@ pub(crate) fn retry_changed<T>(mut attempt: impl FnMut() -> Result<T>) -> Result
 ///
 /// One decision for the whole load: where the opener maps new loads
 /// ([`FileOpener::maps_new_loads`], the engine's default) the file is mapped copy-on-write
-/// and its pages brought in by several threads (see [`Arena`] for what a mapping shares
-/// with the file); otherwise, or where the file system cannot map the file, the data section
+/// under a read lease and its pages brought in by several threads: the tensors share the
+/// page cache's pages, and another program that opens the file for writing or truncates it
+/// waits until they are moved into memory of this process (see [`Arena`]). Otherwise,
+/// where the file system cannot map the file, or where no lease can be had (unless the
+/// opener [maps those unprotected](FileOpener::maps_unprotected)), the data section
 /// is read into one page-aligned arena of its own. When the data
 /// section is not aligned in the file (files written by other tools), the arena is offset so
 /// that file and memory alignments still match and direct I/O still copies nothing. A file
@@ -253,7 +256,8 @@ pub(crate) fn load_placed<O: FileOpener + ?Sized>(
     placement: NewLoads,
 ) -> Result<Checkpoint> {
     if placement == NewLoads::Mapped {
-        let mapped = retry_changed(|| super::mapped::load(path, &|_, _| true, false));
+        let without = WithoutLease::of(opener, path);
+        let mapped = retry_changed(|| super::mapped::load(path, &|_, _| true, false, without));
         if let Some(done) = super::mapped::mappable(mapped) {
             return done;
         }
@@ -276,7 +280,8 @@ where
     let names: Vec<S> = names.into_iter().collect();
     if opener.maps_new_loads(path) {
         let wanted: Vec<&str> = names.iter().map(AsRef::as_ref).collect();
-        let mapped = retry_changed(|| super::mapped::load_named(path, &wanted, false));
+        let without = WithoutLease::of(opener, path);
+        let mapped = retry_changed(|| super::mapped::load_named(path, &wanted, false, without));
         if let Some(done) = super::mapped::mappable(mapped) {
             return done;
         }
@@ -298,9 +303,10 @@ pub fn load_verified<O: FileOpener + ?Sized>(
     names: Option<&[&str]>,
 ) -> Result<Checkpoint> {
     if opener.maps_new_loads(path) {
+        let without = WithoutLease::of(opener, path);
         let mapped = retry_changed(|| match names {
-            None => super::mapped::load(path, &|_, _| true, true),
-            Some(names) => super::mapped::load_named(path, names, true),
+            None => super::mapped::load(path, &|_, _| true, true, without),
+            Some(names) => super::mapped::load_named(path, names, true, without),
         });
         if let Some(done) = super::mapped::mappable(mapped) {
             return done;
@@ -321,18 +327,21 @@ pub fn load_verified<O: FileOpener + ?Sized>(
 /// the opener does not map new loads, or the file cannot be mapped, this is the whole load
 /// and nothing is pending.
 ///
-/// A file replaced while it is opened is opened again, as [`load`] does; one that shrinks
-/// before its pages are in makes `bring_in` fail with [`ErrorKind::Changed`] (load it
-/// again). Reading a tensor before `bring_in` returns is correct but slower (its pages
-/// fault in on first use), and a page cut from the file meanwhile raises `SIGBUS` in that
-/// reader instead of an error (see [`Arena`] for what a mapping shares with the file).
+/// A file replaced while it is opened is opened again, as [`load`] does. Reading a tensor
+/// before `bring_in` returns is correct but slower (its pages fault in on first use). The
+/// lease guards every page of the tensors, brought in or not: a writer of the file waits
+/// until they are all in memory of this process. Mapped unprotected
+/// ([`FileOpener::maps_unprotected`]), a file that shrinks before its pages are in makes
+/// `bring_in` fail with [`ErrorKind::Changed`] (load it again), and a page cut from the
+/// file raises `SIGBUS` in a reader.
 pub fn load_later<O: FileOpener + ?Sized>(
     opener: &O,
     path: &Path,
     names: Option<&[&str]>,
 ) -> Result<(Checkpoint, Option<PendingPages>)> {
     if opener.maps_new_loads(path) {
-        let mapped = retry_changed(|| super::mapped::load_later_named(path, names));
+        let without = WithoutLease::of(opener, path);
+        let mapped = retry_changed(|| super::mapped::load_later_named(path, names, without));
         match mapped {
             Err(e) if e.kind() == ErrorKind::Unsupported => {}
             done => return done.map(|(ckpt, pending)| (ckpt, Some(pending))),

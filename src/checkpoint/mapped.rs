@@ -1,6 +1,12 @@
 //! Loads into new host memory by mapping the checkpoint file copy-on-write: the device
 //! fills page-cache pages that the tensors then use as they are (no zeroing of fresh memory,
 //! no copy), brought in by several threads at once before the load returns.
+//!
+//! The file is mapped under a read lease taken right after it is opened
+//! ([`fastensor_sys::lease`]): another program that opens it for writing or truncates it
+//! waits until the loaded tensors' pages are moved into memory of this process, so they
+//! keep their bytes whatever is done to the file. Where no lease can be had, the load reads
+//! the file instead, or maps it unprotected where the caller chose that ([`WithoutLease`]).
 
 use super::checksum::Checksums;
 use super::header::Header;
@@ -9,12 +15,35 @@ use super::{Arena, IO_THREADS};
 use crate::core::align::align_down;
 use crate::core::parallel;
 use crate::{Error, ErrorKind, Result};
+use fastensor_sys::filemap::FileMap;
+use fastensor_sys::lease;
 use std::ops::Range;
 use std::path::Path;
 use std::sync::Mutex;
 
 /// Bytes one worker brings in at a time.
 const WINDOW: u64 = 16 << 20;
+
+/// What a mapped load does where it cannot have a read lease on its file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum WithoutLease {
+    /// Fails with [`ErrorKind::Unsupported`], naming the refusal: the caller reads the
+    /// file into memory of its own instead.
+    Read,
+    /// Maps the file unprotected (see [`crate::checkpoint::Placement::Unprotected`]).
+    Map,
+}
+
+impl WithoutLease {
+    /// What `opener` chose for the file at `path`.
+    pub(crate) fn of<O: super::FileOpener + ?Sized>(opener: &O, path: &Path) -> WithoutLease {
+        if opener.maps_unprotected(path) {
+            WithoutLease::Map
+        } else {
+            WithoutLease::Read
+        }
+    }
+}
 
 /// Maps the whole file at `path` (opened once: header and bytes come from the same file,
 /// whatever is renamed over the path meanwhile) and brings in the file ranges of the
@@ -27,8 +56,9 @@ pub(crate) fn load(
     path: &Path,
     keep: &dyn Fn(&Header, usize) -> bool,
     verify: bool,
+    without: WithoutLease,
 ) -> Result<Checkpoint> {
-    let mapped = map(path, keep)?;
+    let mapped = map(path, keep, without)?;
     let sums = if verify {
         Some(Checksums::from_header(&mapped.header, path)?)
     } else {
@@ -48,8 +78,9 @@ pub(crate) fn load(
 pub(crate) fn load_later(
     path: &Path,
     keep: &dyn Fn(&Header, usize) -> bool,
+    without: WithoutLease,
 ) -> Result<(Checkpoint, PendingPages)> {
-    let mapped = map(path, keep)?;
+    let mapped = map(path, keep, without)?;
     let pending = PendingPages {
         spans: merged(&mapped.ranges),
         base: mapped.map.as_ptr() as usize,
@@ -96,16 +127,34 @@ impl PendingPages {
 
 /// A file mapped whole, its header, and the entries kept (indices and file ranges).
 struct Mapped {
-    map: memmap2::MmapMut,
+    map: FileMap,
     header: Header,
     kept: Vec<usize>,
     ranges: Vec<Range<u64>>,
 }
 
-/// Opens and maps the file at `path`, reads its header and picks the entries `keep`
-/// accepts; no data page is brought in.
-fn map(path: &Path, keep: &dyn Fn(&Header, usize) -> bool) -> Result<Mapped> {
+/// Opens the file at `path`, takes a read lease on it, reads its header, picks the entries
+/// `keep` accepts and maps the file, the pages of those entries guarded by the lease; no
+/// data page is brought in. Without a lease, `without` says what to do. A lease broken
+/// before the mapping was guarded (the file may have changed since its header was read) is
+/// [`ErrorKind::Changed`].
+fn map(
+    path: &Path,
+    keep: &dyn Fn(&Header, usize) -> bool,
+    without: WithoutLease,
+) -> Result<Mapped> {
     let file = crate::atomic::open_regular(path)?;
+    let lease = match lease::take(&file) {
+        Ok(lease) => Some(lease),
+        Err(_) if without == WithoutLease::Map => None,
+        Err(refused) => {
+            return Err(Error::new(
+                ErrorKind::Unsupported,
+                format!("{refused}: the file is read instead of mapped"),
+            )
+            .with_path(path))
+        }
+    };
     let file_len = file
         .metadata()
         .map_err(|e| Error::io(e, "cannot stat").with_path(path))?
@@ -118,16 +167,27 @@ fn map(path: &Path, keep: &dyn Fn(&Header, usize) -> bool) -> Result<Mapped> {
     let len = usize::try_from(header.file_len()).map_err(|_| {
         Error::new(ErrorKind::OutOfMemory, "the file does not fit in memory").with_path(path)
     })?;
-    // What a file changed in place does to the mapping: see `Arena`.
-    let map = fastensor_sys::populate::map_private(&file, len)
-        .map_err(|e| map_failed(e, &header).with_path(path))?;
     let kept: Vec<usize> = (0..header.entries().len())
         .filter(|&i| keep(&header, i))
         .collect();
-    let ranges = kept
+    let ranges: Vec<Range<u64>> = kept
         .iter()
         .map(|&i| header.file_range(&header.entries()[i]))
         .collect();
+    // What a file changed in place does to the mapping: see `Arena`.
+    let failed = |e| map_failed(e, &header).with_path(path);
+    let map = match lease {
+        Some(lease) => FileMap::leased(&file, len, lease, &merged(&ranges))
+            .map_err(failed)?
+            .ok_or_else(|| {
+                Error::new(
+                    ErrorKind::Changed,
+                    "the file was opened for writing while it was mapped",
+                )
+                .with_path(path)
+            })?,
+        None => FileMap::unprotected(&file, len).map_err(failed)?,
+    };
     Ok(Mapped {
         map,
         header,
@@ -154,9 +214,14 @@ impl Mapped {
 
 /// A mapped load of the tensors `names` of `path` ([`load`] of those); a name the file
 /// lacks is [`ErrorKind::NotFound`].
-pub(crate) fn load_named(path: &Path, names: &[&str], verify: bool) -> Result<Checkpoint> {
+pub(crate) fn load_named(
+    path: &Path,
+    names: &[&str],
+    verify: bool,
+    without: WithoutLease,
+) -> Result<Checkpoint> {
     let wanted = Wanted::new(names);
-    let ckpt = load(path, &|h, i| wanted.keeps(h, i), verify)?;
+    let ckpt = load(path, &|h, i| wanted.keeps(h, i), verify, without)?;
     wanted.all_found(ckpt, path)
 }
 
@@ -165,12 +230,13 @@ pub(crate) fn load_named(path: &Path, names: &[&str], verify: bool) -> Result<Ch
 pub(crate) fn load_later_named(
     path: &Path,
     names: Option<&[&str]>,
+    without: WithoutLease,
 ) -> Result<(Checkpoint, PendingPages)> {
     let Some(names) = names else {
-        return load_later(path, &|_, _| true);
+        return load_later(path, &|_, _| true, without);
     };
     let wanted = Wanted::new(names);
-    let (ckpt, pending) = load_later(path, &|h, i| wanted.keeps(h, i))?;
+    let (ckpt, pending) = load_later(path, &|h, i| wanted.keeps(h, i), without)?;
     Ok((wanted.all_found(ckpt, path)?, pending))
 }
 

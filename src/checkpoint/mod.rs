@@ -36,7 +36,7 @@ mod source;
 mod tools;
 mod validate;
 
-pub use arena::Arena;
+pub use arena::{Arena, Placement};
 pub use checksum::{verify_file, Checksums, Verified, CHECKSUMS_KEY};
 pub use header::{
     parse_header, Header, HeaderEntry, DATA_ALIGN, MAX_HEADER_LEN, MAX_RANK, METADATA_KEY,

@@ -23,6 +23,7 @@ pub struct EngineBuilder {
     pinned: Option<String>,
     no_cache_probe: bool,
     no_mapped_loads: bool,
+    unprotected_maps: bool,
 }
 
 debug_fields!(EngineBuilder, "EngineBuilder", |s| {
@@ -97,6 +98,15 @@ impl EngineBuilder {
         self
     }
 
+    /// Whether a mapped load that cannot have a read lease on its file maps it anyway,
+    /// unprotected from changes to the file, rather than reading it into memory of its own
+    /// (off by default; see
+    /// [`Engine::maps_unprotected`](fastensor_core::FileOpener::maps_unprotected)).
+    pub fn unprotected_maps(mut self, on: bool) -> Self {
+        self.unprotected_maps = on;
+        self
+    }
+
     /// Turns off the page-cache probe of reads (then every read context is `Unknown`).
     pub fn probe_page_cache(mut self, on: bool) -> Self {
         self.no_cache_probe = !on;
@@ -156,6 +166,7 @@ impl EngineBuilder {
             built_pin: self.pinned.clone(),
             profile: self.profile,
             mapped_loads: !self.no_mapped_loads,
+            unprotected_maps: self.unprotected_maps,
             measured_new_loads,
             warning,
         };

@@ -95,6 +95,9 @@ pub(crate) struct Inner {
     pub(crate) profile: Option<PathBuf>,
     /// Whether loads into new host memory may map the file (see `maps_new_loads`).
     mapped_loads: bool,
+    /// Whether a mapped load that cannot have a lease on its file maps it unprotected
+    /// (see `maps_unprotected`) rather than reading it.
+    unprotected_maps: bool,
     /// Where loads into new host memory put their bytes, as the profile's `fastensor tune`
     /// measured it (`None`: not measured; they map).
     measured_new_loads: Option<NewLoads>,

@@ -43,6 +43,12 @@ impl fastensor_core::FileOpener for Engine {
         });
         map
     }
+
+    /// Off unless [`EngineBuilder::unprotected_maps`](super::EngineBuilder::unprotected_maps)
+    /// turned it on.
+    fn maps_unprotected(&self, _path: &Path) -> bool {
+        self.inner.unprotected_maps
+    }
 }
 
 impl Engine {

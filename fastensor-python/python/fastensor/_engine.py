@@ -31,8 +31,16 @@ class Engine:
             ``load_selected`` to the CPU) may map the file copy-on-write, its pages brought
             in by several threads, instead of reading it into new memory through a
             backend (default: yes, unless a backend is pinned or none of ``backends``
-            reads through the page cache). See :func:`fastensor.torch.load_file` for what
-            mapped tensors share with the file.
+            reads through the page cache). A mapped load holds a read lease on the file:
+            another program that opens the file for writing or truncates it waits until
+            the loaded tensors' pages are moved into memory of this process, so they keep
+            their bytes. See :func:`fastensor.torch.load_file`.
+        unprotected_maps: where a mapped load cannot have a read lease (another process
+            has the file open for writing, a file system that grants none, another user's
+            file without ``CAP_LEASE``), map the file anyway, unprotected: a rewrite in
+            place then shows through the tensors and a truncation makes a read of them
+            raise ``SIGBUS``, as with every mmap-based loader (default: no; such a load
+            reads the file into memory of its own).
 
     Raises:
         NotFoundError: an unknown backend name (the message lists the known ones).
@@ -47,11 +55,16 @@ class Engine:
         profile: str | os.PathLike[str] | None = None,
         pin: str | None = None,
         mapped_loads: bool = True,
+        unprotected_maps: bool = False,
     ) -> None:
         if profile is not None:
             profile = os.fspath(profile)
         self._native = _native.Engine(
-            backends=backends, profile=profile, pin=pin, mapped_loads=mapped_loads
+            backends=backends,
+            profile=profile,
+            pin=pin,
+            mapped_loads=mapped_loads,
+            unprotected_maps=unprotected_maps,
         )
 
     def new_loads(self) -> tuple[int, int]:

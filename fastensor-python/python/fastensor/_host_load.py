@@ -4,11 +4,12 @@ DLPack capsules it returns (no byte copied).
 What the tensors are: each owns a storage of its own over its bytes in the loaded memory,
 which is freed (or unmapped) when the last tensor of the load dies. Where the engine maps
 the file (its default, see ``Engine(mapped_loads=...)``) that memory is a private,
-copy-on-write mapping of the file: writing a tensor changes only this process's copy of
-the pages written; renaming or removing the file changes nothing; a file rewritten in
-place or truncated by another program while the tensors live shows through (truncated
-pages raise ``SIGBUS``), as with every mmap-based loader. Files saved by fastensor are
-replaced by rename, never written in place.
+copy-on-write mapping of the file under a read lease: writing a tensor changes only this
+process's copy of the pages written; renaming or removing the file changes nothing; a
+program that opens the file for writing or truncates it waits until the tensors' pages are
+moved into memory of this process, so they keep their bytes. Where no lease can be had the
+file is read into memory of its own instead (or, with ``Engine(unprotected_maps=True)``,
+mapped unprotected: changes then show through, as with every mmap-based loader).
 """
 
 from __future__ import annotations
@@ -36,7 +37,9 @@ def _load(
     """The tensors of ``path`` (all in file order, or ``names`` in their order), each made
     by ``make(name, dtype, shape, capsule)``; ``None`` from it means a dtype ``framework``
     cannot hold, and an error it raises becomes one naming the file and the tensor."""
-    tensors, _metadata, _mapped = native.load_new(path, names, versioned=versioned, verify=verify)
+    tensors, _metadata, _placement = native.load_new(
+        path, names, versioned=versioned, verify=verify
+    )
     return _made(path, tensors, names, framework, make)
 
 
@@ -100,9 +103,9 @@ def load_host_later(
     """:func:`load_host` returning as soon as the file is mapped, its pages brought in by a
     thread of their own: the tensors, and the ``PendingPages`` whose ``wait()`` waits for
     every page (``None`` where the load was whole). Reading a tensor before ``wait()``
-    returns is correct but slower, and a page cut from the file meanwhile raises ``SIGBUS``
-    in the reader instead of an error: for callers that hand the tensors on without
-    reading them (building a model), then wait."""
+    returns is correct but slower: for callers that hand the tensors on without reading
+    them (building a model), then wait. The lease guards the pages not brought in yet as
+    well: a writer of the file waits until they are all in memory of this process."""
     tensors, _metadata, pending = native.load_new_later(path, names)
     return _made(path, tensors, names, _torch_name(), _make_torch), pending
 

@@ -320,9 +320,12 @@ def load_file(
     Each tensor has a storage of its own (``torch.save`` of one tensor saves its bytes
     only); the memory is released when the last tensor of the load dies. A mapped tensor
     is this process's to write (writes never reach the file); renaming or removing the file
-    changes nothing, but a file rewritten or truncated *in place* by another program while
-    the tensors live shows through (a read of a truncated page raises ``SIGBUS``), as with
-    every mmap-based loader; fastensor's own saves always replace files by rename. To a
+    changes nothing, and the load holds a read lease on the file: a program that opens it
+    for writing or truncates it (``cp`` over it, ``torch.save`` to its path) waits until
+    the tensors' pages are moved into memory of this process, so they keep their bytes.
+    Where no lease can be had (another process has the file open for writing, a file
+    system without leases, another user's file) the file is read into new memory instead,
+    unless the engine was made with ``unprotected_maps=True``. To a
     GPU, the bytes go straight to device memory where a backend takes it, else through
     host memory. Files written by other tools load too. With ``verify``, each tensor is
     read into new host memory and checked against the checksum saved with it
