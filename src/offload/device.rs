@@ -14,16 +14,13 @@
 //!   reads back land in device memory of the store's, copied into the caller's on the
 //!   caller's stream. Device memory held counts against the device budget.
 
+use super::state::Taken;
 use super::state::{Data, Home, Job};
-use super::store::Taken;
-use super::{Handle, OffloadStore, Payload};
+use super::{Handle, OffloadStore, Payload, PINNED_WAIT};
 use crate::gds::copies::{CopyEngine, DeviceDest, DeviceSource};
 use fastensor_core::{Error, ErrorKind, Result};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
-
-/// How long a copy waits for pinned memory to come back to its pool before failing.
-pub const PINNED_WAIT: Duration = Duration::from_secs(60);
+use std::time::Instant;
 
 /// How GPU tensors reach the swap file (see the module documentation).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

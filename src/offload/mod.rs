@@ -43,16 +43,19 @@ mod device;
 mod payload;
 mod pool;
 mod schedule;
+mod shared;
 mod state;
 mod store;
 mod worker;
 
 pub use allocator::{round_up, Extent, ExtentAllocator, EXTENT_ALIGN};
 #[cfg(feature = "gds")]
-pub use device::{DevicePath, PINNED_WAIT};
+pub use device::DevicePath;
 pub use payload::{ForeignBytes, Payload};
 pub use pool::{HostPool, PoolStats};
 pub use schedule::Schedule;
+#[cfg(feature = "gds")]
+pub use shared::PINNED_WAIT;
 pub use store::{Handle, OffloadStore};
 
 use std::path::PathBuf;

@@ -1,132 +1,16 @@
 //! [`OffloadStore`] and its [`Handle`]s.
 
-use super::allocator::round_up;
 use super::payload::Payload;
-pub(crate) use super::state::Taken;
-use super::state::{Data, Entry, Failure, Home, Job, State, Step};
+use super::shared::Shared;
+use super::state::{Data, Entry, Failure, Home, Job, State, Step, Taken};
 use super::{worker, HostPool, OffloadConfig, OffloadStats};
-use crate::{Engine, EngineFile};
+use crate::Engine;
 use fastensor_core::{Error, ErrorKind, HostBuffer, OpenMode, Purpose, Result};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
-
-/// What the store, its I/O threads and its handles share.
-pub(crate) struct Shared {
-    pub(crate) file: EngineFile,
-    /// `/proc/self/fd/N` of `swap`: how the engine's backends open the swap file.
-    pub(crate) path: PathBuf,
-    /// The swap file, which has no name: it goes away with the last descriptor, however
-    /// the process ends.
-    swap: std::fs::File,
-    pub(crate) config: OffloadConfig,
-    state: Mutex<State>,
-    /// Jobs were queued (I/O threads wait on it).
-    pub(crate) work: Condvar,
-    /// Something finished or was freed (`put` and `get` wait on it).
-    changed: Condvar,
-    /// Where the buffers of reads back come from (see [`OffloadStore::pool`]).
-    pub(crate) pool: Arc<HostPool>,
-    /// The copies of each GPU that put a tensor here, made on its first one.
-    #[cfg(feature = "gds")]
-    copies: Mutex<std::collections::HashMap<u32, Arc<crate::gds::copies::CopyEngine>>>,
-}
-
-impl Shared {
-    pub(crate) fn lock(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    pub(crate) fn wait<'a>(&self, st: MutexGuard<'a, State>) -> MutexGuard<'a, State> {
-        self.changed.wait(st).unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// Starts the prefetches now possible and wakes the waiters.
-    pub(crate) fn after_change(&self, st: &mut State) {
-        if st.pump() {
-            self.work.notify_all();
-        }
-        self.changed.notify_all();
-    }
-
-    /// The copies of GPU `gpu` (made on first use, with a pinned pool of the budget's size).
-    #[cfg(feature = "gds")]
-    pub(crate) fn copies(&self, gpu: u32) -> Result<Arc<crate::gds::copies::CopyEngine>> {
-        let mut map = self.copies.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(e) = map.get(&gpu) {
-            return Ok(e.clone());
-        }
-        let engine = Arc::new(crate::gds::copies::CopyEngine::new(
-            gpu,
-            self.config.budget,
-        )?);
-        map.insert(gpu, engine.clone());
-        Ok(engine)
-    }
-
-    /// The copies of GPU `gpu`, if made.
-    #[cfg(feature = "gds")]
-    pub(crate) fn copies_made(&self, gpu: u32) -> Option<Arc<crate::gds::copies::CopyEngine>> {
-        let map = self.copies.lock().unwrap_or_else(|p| p.into_inner());
-        map.get(&gpu).cloned()
-    }
-
-    /// Waits until `len` more bytes fit in `home`'s budget, making room by dropping kept
-    /// tensors (backpressure: the time is counted as the puts' wait).
-    pub(crate) fn wait_for_room<'a>(
-        &self,
-        mut st: MutexGuard<'a, State>,
-        home: Home,
-        len: u64,
-    ) -> MutexGuard<'a, State> {
-        st.evict_for(home, len);
-        if !st.fits(home, len) {
-            let t0 = Instant::now();
-            st.put_waiters += 1;
-            while !st.fits(home, len) {
-                st = self.wait(st);
-                st.evict_for(home, len);
-            }
-            st.put_waiters -= 1;
-            st.stats.put_wait += t0.elapsed();
-        }
-        st
-    }
-
-    /// An extent of `len` bytes of the swap file, growing the file when none is free.
-    pub(crate) fn extent_for(&self, st: &mut State, len: u64) -> Result<super::Extent> {
-        loop {
-            match st.alloc.alloc(len) {
-                Ok(x) => return Ok(x),
-                Err(needed) => self.grow(st, needed)?,
-            }
-        }
-    }
-
-    /// A copy of `bytes` in a block of the pool.
-    pub(crate) fn copy_to_pool(&self, bytes: &[u8]) -> Result<HostBuffer> {
-        let mut buf = self.pool.take(bytes.len())?;
-        buf[..bytes.len()].copy_from_slice(bytes);
-        buf.truncate(bytes.len());
-        Ok(buf)
-    }
-
-    /// Grows the swap file to at least `needed` bytes (doubling it at least). Changing a
-    /// file's size waits for the direct writes in flight on it (the file system's rule), so
-    /// growth is rare: doubling, or [`OffloadConfig::initial_capacity`] reserved at once.
-    fn grow(&self, st: &mut State, needed: u64) -> Result<()> {
-        let cap = st.alloc.capacity();
-        let new = round_up(needed.max(cap * 2));
-        fastensor_core::BackendFile::set_len(&self.file, new)?;
-        // Best effort: reserve the blocks so later writes do not allocate.
-        let flags = rustix::fs::FallocateFlags::KEEP_SIZE;
-        let _ = rustix::fs::fallocate(&self.swap, flags, cap, new - cap);
-        st.alloc.grow_to(new);
-        Ok(())
-    }
-}
 
 /// Activations offloaded to one swap file, under a memory budget, with background writes
 /// and scheduled prefetch. `Send + Sync`. The swap file has no name in its directory (it is
@@ -207,22 +91,7 @@ impl OffloadStore {
                 .with_source(e)
         })?;
         let mut store = OffloadStore {
-            shared: Arc::new(Shared {
-                file,
-                path,
-                swap,
-                config: config.clone(),
-                state: Mutex::new(State::new(
-                    config.budget,
-                    config.device_budget,
-                    config.prefetch_depth,
-                )),
-                work: Condvar::new(),
-                changed: Condvar::new(),
-                pool: config.pool.clone().unwrap_or_default(),
-                #[cfg(feature = "gds")]
-                copies: Mutex::new(std::collections::HashMap::new()),
-            }),
+            shared: Arc::new(Shared::new(file, path, swap, &config)),
             threads: Vec::new(),
         };
         // From here on, Drop stops the threads whatever fails.
@@ -564,7 +433,7 @@ impl Drop for OffloadStore {
             st.jobs.clear();
         }
         self.shared.work.notify_all();
-        self.shared.changed.notify_all();
+        self.shared.notify_changed();
         for t in self.threads.drain(..) {
             let _ = t.join();
         }

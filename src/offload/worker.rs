@@ -3,8 +3,10 @@
 
 use super::allocator::round_up;
 use super::payload::Payload;
+use super::shared::Shared;
+#[cfg(feature = "gds")]
+use super::shared::PINNED_WAIT;
 use super::state::{Data, Home, Job};
-use super::store::Shared;
 use fastensor_core::{Error, ErrorKind, HostBuffer, Result};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -127,7 +129,7 @@ pub(crate) fn read(shared: &Shared, offset: u64, len: u64, home: Home) -> Result
         #[cfg(feature = "gds")]
         Home::Pinned(gpu) => {
             let engine = shared.copies(gpu)?;
-            let mut block = engine.pool().take(n, super::device::PINNED_WAIT)?;
+            let mut block = engine.pool().take(n, PINNED_WAIT)?;
             block.set_len(round_up(len) as usize);
             let got = shared.file.read_at(offset, &mut block[..])?;
             block.set_len(n);
