@@ -188,8 +188,8 @@ impl PyOffloadStore {
 
     /// Closes the store: the handles left fail to `get` from now on; its I/O threads stop
     /// and its swap file (which has no name) goes in a background thread, since tearing
-    /// down a store's I/O (an io_uring instance, the file's blocks) was measured at
-    /// 85-190 ms, which a training step need not wait for. Closing twice does nothing.
+    /// down a store's I/O (an io_uring instance, the file's blocks) takes time a training
+    /// step need not wait for. Closing twice does nothing.
     fn close(&self, _py: Python<'_>) {
         let store = self.store.write().unwrap_or_else(|p| p.into_inner()).take();
         if let Some(store) = store {

@@ -14,7 +14,7 @@ use super::allocator::{Extent, ExtentAllocator};
 use super::payload::Payload;
 use super::schedule::Schedule;
 use super::OffloadStats;
-use fastensor_core::{Error, ErrorKind};
+use fastensor_core::{Error, ErrorKind, Result};
 use std::collections::{BTreeMap, VecDeque};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -151,6 +151,42 @@ pub(crate) struct Entry {
     pub(crate) dropped: bool,
     /// The caller took its bytes elsewhere (`OffloadStore::discard`): no `get` is answered.
     pub(crate) discarded: bool,
+}
+
+/// A tensor's bytes taken out of the store by a get.
+pub(crate) enum Taken {
+    /// Bytes the get now owns (a block read back, kept memory no one else holds).
+    Payload(Payload),
+    /// Bytes still shared (small, being written, or kept and held elsewhere): copied.
+    Shared(Arc<Payload>),
+    /// A GPU tensor read back into device memory.
+    #[cfg(feature = "gds")]
+    Device(crate::gds::DeviceBuffer),
+    /// A GPU tensor's own memory, not written yet (the direct path).
+    #[cfg(feature = "gds")]
+    Source(Arc<crate::gds::copies::DeviceSource>),
+}
+
+impl Taken {
+    /// The bytes a read gave (`worker::read`'s result).
+    pub(crate) fn of_read(data: Data) -> Taken {
+        match data {
+            Data::Loaded(p) => Taken::Payload(p),
+            #[cfg(feature = "gds")]
+            Data::LoadedDevice(buf) => Taken::Device(buf),
+            _ => unreachable!("a read gives bytes in memory"),
+        }
+    }
+}
+
+/// What a get does next (see [`State::take_step`]).
+pub(crate) enum Step {
+    /// Wait for a transfer under way, then look again.
+    Wait,
+    /// The bytes, taken.
+    Taken(Taken),
+    /// Read them now, at this offset into memory of this home.
+    Read { offset: u64, home: Home },
 }
 
 /// Work for an I/O thread.
@@ -301,6 +337,68 @@ impl State {
             }
         }
         out
+    }
+
+    /// The next step of a get of `id` (labelled `label`): the bytes taken out of the store
+    /// (the schedule's cursor moved to it), a wait for a transfer under way, or a read to
+    /// do now. With `trust_foreign` false, memory owned elsewhere is not used.
+    pub(crate) fn take_step(&mut self, id: u64, label: &str, trust_foreign: bool) -> Result<Step> {
+        loop {
+            let e = self
+                .entries
+                .get_mut(&id)
+                .expect("a live handle has an entry");
+            if e.discarded {
+                return Err(Error::new(
+                    ErrorKind::InvalidInput,
+                    format!("tensor `{label}` was discarded"),
+                ));
+            }
+            let (home, len) = (e.home, e.len);
+            let foreign = |p: &Arc<Payload>| matches!(**p, Payload::Foreign(_));
+            let step = match &mut e.data {
+                Data::Kept(p) if !trust_foreign && foreign(p) => {
+                    e.data = Data::OnDisk;
+                    self.unhold(home, len);
+                    continue;
+                }
+                Data::Writing(p) if !trust_foreign && foreign(p) => return Ok(Step::Wait),
+                Data::Reading => return Ok(Step::Wait),
+                #[cfg(feature = "gds")]
+                Data::Staging => return Ok(Step::Wait),
+                Data::Failed(f) => return Err(f.error()),
+                Data::Queued => {
+                    self.cancel_queued(id);
+                    continue;
+                }
+                Data::OnDisk => {
+                    let offset = e.extent.expect("tensors on disk have an extent").offset;
+                    Step::Read { offset, home }
+                }
+                Data::Small(b) => {
+                    let b = b.clone();
+                    return Ok(Step::Taken(Taken::Shared(b)));
+                }
+                Data::Writing(b) => Step::Taken(Taken::Shared(b.clone())),
+                #[cfg(feature = "gds")]
+                Data::WritingDevice(src) => Step::Taken(Taken::Source(src.clone())),
+                _ => {
+                    // Kept or read back: the bytes leave the store.
+                    let data = std::mem::replace(&mut e.data, Data::OnDisk);
+                    self.unhold(home, len);
+                    Step::Taken(match data {
+                        Data::Kept(p) => match Arc::try_unwrap(p) {
+                            Ok(p) => Taken::Payload(p),
+                            Err(shared) => Taken::Shared(shared),
+                        },
+                        other => Taken::of_read(other),
+                    })
+                }
+            };
+            self.entries.get_mut(&id).expect("live").taken = true;
+            self.schedule.taken(id);
+            return Ok(step);
+        }
     }
 
     /// Queues reads for the desired tensors on disk while their budget has room for them,

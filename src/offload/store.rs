@@ -2,7 +2,8 @@
 
 use super::allocator::round_up;
 use super::payload::Payload;
-use super::state::{Data, Entry, Failure, Home, Job, State};
+pub(crate) use super::state::Taken;
+use super::state::{Data, Entry, Failure, Home, Job, State, Step};
 use super::{worker, HostPool, OffloadConfig, OffloadStats};
 use crate::{Engine, EngineFile};
 use fastensor_core::{Error, ErrorKind, HostBuffer, OpenMode, Purpose, Result};
@@ -430,116 +431,55 @@ impl OffloadStore {
                 format!("tensor `{}` belongs to another offload store", handle.label),
             ));
         }
-        let id = handle.id;
         let resident = fastensor_sys::pages::resident_bytes();
         let mut st = s.lock();
         st.note_resident(resident);
         st.stats.gets += 1;
         let mut stall = Duration::ZERO;
         loop {
-            let e = st.entries.get_mut(&id).expect("a live handle has an entry");
-            if e.discarded {
-                return Err(Error::new(
-                    ErrorKind::InvalidInput,
-                    format!("tensor `{}` was discarded", handle.label),
-                ));
-            }
-            let (home, len) = (e.home, e.len);
-            let foreign = |p: &Arc<Payload>| matches!(**p, Payload::Foreign(_));
-            let wait = match &e.data {
-                Data::Kept(p) if !trust_foreign && foreign(p) => {
-                    e.data = Data::OnDisk;
-                    st.unhold(home, len);
-                    continue;
+            match st.take_step(handle.id, &handle.label, trust_foreign)? {
+                Step::Wait => {
+                    let t0 = Instant::now();
+                    st = s.wait(st);
+                    stall += t0.elapsed();
                 }
-                Data::Writing(p) if !trust_foreign && foreign(p) => true,
-                Data::Reading => true,
-                #[cfg(feature = "gds")]
-                Data::Staging => true,
-                _ => false,
-            };
-            if wait {
-                let t0 = Instant::now();
-                st = s.wait(st);
-                stall += t0.elapsed();
-                continue;
-            }
-            let taken = match &mut e.data {
-                Data::Failed(f) => return Err(f.error()),
-                Data::Queued => {
-                    st.cancel_queued(id);
-                    continue;
-                }
-                Data::OnDisk => None,
-                Data::Small(b) => Some(Taken::Shared(b.clone())),
-                Data::Writing(b) => {
-                    e.taken = true;
-                    Some(Taken::Shared(b.clone()))
-                }
-                #[cfg(feature = "gds")]
-                Data::WritingDevice(src) => {
-                    e.taken = true;
-                    Some(Taken::Source(src.clone()))
-                }
-                _ => {
-                    // Kept or read back: the bytes leave the store.
-                    e.taken = true;
-                    let data = std::mem::replace(&mut e.data, Data::OnDisk);
-                    st.unhold(home, len);
-                    Some(match data {
-                        Data::Loaded(p) => Taken::Payload(p),
-                        Data::Kept(p) => match Arc::try_unwrap(p) {
-                            Ok(p) => Taken::Payload(p),
-                            Err(shared) => Taken::Shared(shared),
-                        },
-                        #[cfg(feature = "gds")]
-                        Data::LoadedDevice(buf) => Taken::Device(buf),
-                        _ => unreachable!("the other states are matched above"),
-                    })
-                }
-            };
-            if let Some(taken) = taken {
-                let e = st.entries.get_mut(&id).expect("live");
-                if e.taken {
-                    st.schedule.taken(id);
-                }
-                if stall.is_zero() {
-                    st.stats.gets_from_memory += 1;
-                } else {
-                    st.stats.gets_waited += 1;
-                    st.stats.get_stall += stall;
-                }
-                s.after_change(&mut st);
-                return Ok(taken);
-            }
-            // On disk and nothing in flight: read it here.
-            let e = st.entries.get_mut(&id).expect("live");
-            e.taken = true;
-            let offset = e.extent.expect("tensors on disk have an extent").offset;
-            st.schedule.taken(id);
-            s.after_change(&mut st);
-            drop(st);
-            let t0 = Instant::now();
-            let result = worker::read(s, offset, handle.len, home);
-            let mut st = s.lock();
-            st.stats.get_stall += stall + t0.elapsed();
-            st.stats.read_time += t0.elapsed();
-            st.stats.gets_from_disk += 1;
-            return match result {
-                Ok(data) => {
-                    st.stats.bytes_read += handle.len;
-                    match data {
-                        Data::Loaded(p) => Ok(Taken::Payload(p)),
-                        #[cfg(feature = "gds")]
-                        Data::LoadedDevice(buf) => Ok(Taken::Device(buf)),
-                        _ => unreachable!("a read gives bytes in memory"),
+                Step::Taken(taken) => {
+                    if stall.is_zero() {
+                        st.stats.gets_from_memory += 1;
+                    } else {
+                        st.stats.gets_waited += 1;
+                        st.stats.get_stall += stall;
                     }
+                    s.after_change(&mut st);
+                    return Ok(taken);
                 }
-                Err(err) => {
-                    st.stats.errors += 1;
-                    Err(Failure::new(&err, "read", id, &handle.label).error())
+                Step::Read { offset, home } => {
+                    s.after_change(&mut st);
+                    drop(st);
+                    return self.read_now(handle, offset, home, stall);
                 }
-            };
+            }
+        }
+    }
+
+    /// Reads a tensor on disk with nothing in flight for it, on the caller's thread.
+    fn read_now(&self, handle: &Handle, offset: u64, home: Home, stall: Duration) -> Result<Taken> {
+        let s = &self.shared;
+        let t0 = Instant::now();
+        let result = worker::read(s, offset, handle.len, home);
+        let mut st = s.lock();
+        st.stats.get_stall += stall + t0.elapsed();
+        st.stats.read_time += t0.elapsed();
+        st.stats.gets_from_disk += 1;
+        match result {
+            Ok(data) => {
+                st.stats.bytes_read += handle.len;
+                Ok(Taken::of_read(data))
+            }
+            Err(err) => {
+                st.stats.errors += 1;
+                Err(Failure::new(&err, "read", handle.id, &handle.label).error())
+            }
         }
     }
 
@@ -614,20 +554,6 @@ impl OffloadStore {
         out.file_allocated = st.alloc.allocated();
         out
     }
-}
-
-/// A tensor's bytes taken out of the store by a get.
-pub(crate) enum Taken {
-    /// Bytes the get now owns (a block read back, kept memory no one else holds).
-    Payload(Payload),
-    /// Bytes still shared (small, being written, or kept and held elsewhere): copied.
-    Shared(Arc<Payload>),
-    /// A GPU tensor read back into device memory.
-    #[cfg(feature = "gds")]
-    Device(crate::gds::DeviceBuffer),
-    /// A GPU tensor's own memory, not written yet (the direct path).
-    #[cfg(feature = "gds")]
-    Source(Arc<crate::gds::copies::DeviceSource>),
 }
 
 impl Drop for OffloadStore {

@@ -2,8 +2,8 @@
 
 torch gets a CPU tensor's memory from glibc. Blocks of a MiB or more are then mappings of
 their own, or glibc hands freed ones back to the system, so every training step faults its
-activations in again (page faults cost 1-2 CPU seconds per GiB on some virtual machines,
-often more than the step's compute), and memory freed by tensors of one size does not serve
+activations in again (page faults can cost more than the step's compute on virtual
+machines: docs/lab/cold-start.md), and memory freed by tensors of one size does not serve
 another. Inside ``with caching_allocator():`` torch's requests of at least ``min_bytes``
 come from fastensor's pool of page-aligned blocks instead, as torch's CUDA caching allocator
 does on a GPU: a freed block serves the next request of about its size, and idle blocks of

@@ -100,12 +100,9 @@ def release_freed_memory(threshold: int = 1 << 20) -> bool:
     """Makes glibc give blocks of at least ``threshold`` bytes back to the system when freed.
 
     glibc's malloc raises its mmap threshold as large blocks are freed, after which such
-    blocks come from its heap, and freed ones stay there: offloaded activations, freed
-    once written, were measured to leave the process's resident memory after a forward
-    pass at 64-77% of what it was without offload (24 MLP blocks, 245 MiB of activations,
-    a 12 MiB budget), against 1-4% with a fixed threshold. Fixing the threshold (``mallopt``, as
-    ``MALLOC_MMAP_THRESHOLD_`` does) maps such blocks on their own and unmaps them on
-    free.
+    blocks come from its heap, and freed ones stay there (docs/lab/performance.md has the
+    figures). Fixing the threshold (``mallopt``, as ``MALLOC_MMAP_THRESHOLD_`` does) maps
+    such blocks on their own and unmaps them on free.
 
     Never called behind the caller's back: only by the caller, or by
     ``offload(..., release_memory=True)`` (with its ``min_bytes``, where the pool is not in
