@@ -227,15 +227,7 @@ def save(tensor_dict: Mapping[str, np.ndarray], metadata: Mapping[str, str] | No
     where = _bytes.WHERE
     meta = check_metadata(metadata, where)
     specs = _save_specs(tensor_dict, where)
-    header, places = _bytes.layout([(n, d, s, b.nbytes) for n, d, s, b in specs], meta)
-    src = {n: b for n, _, _, b in specs}
-    buf = bytearray(len(header) + (places[-1][2] if places else 0))
-    buf[: len(header)] = header
-    dst = np.frombuffer(buf, dtype=np.uint8)
-    base = len(header)
-    for name, start, end in places:
-        dst[base + start : base + end] = src[name]
-    return bytes(buf)
+    return _native.serialize(specs, meta)
 
 
 def load(data: bytes) -> dict[str, np.ndarray]:

@@ -528,17 +528,7 @@ def save(tensors: Mapping[str, torch.Tensor], metadata: Mapping[str, str] | None
     where = _bytes.WHERE
     meta = check_metadata(metadata, where)
     specs = _save_specs(tensors, where, None, host_only=True)
-    header, places = _bytes.layout([(n, d, s, b.numel()) for n, d, s, b in specs], meta)
-    src = {n: b for n, _, _, b in specs}
-    buf = bytearray(len(header) + (places[-1][2] if places else 0))
-    buf[: len(header)] = header
-    if len(buf) > len(header):
-        dst = torch.frombuffer(buf, dtype=torch.uint8)
-        base = len(header)
-        for name, start, end in places:
-            if end > start:
-                dst[base + start : base + end].copy_(src[name])
-    return bytes(buf)
+    return _native.serialize(specs, meta)
 
 
 def load(data: bytes, device: str | int | torch.device = "cpu") -> dict[str, torch.Tensor]:
