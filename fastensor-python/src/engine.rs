@@ -46,7 +46,7 @@ pub type LoadedLater = (
 
 /// The tensors of a loaded checkpoint as `(name, dtype, shape, capsule)`, each capsule a
 /// `uint8` DLPack tensor over its bytes holding the arena (returned too) alive; the metadata.
-fn exported(
+pub(crate) fn exported(
     py: Python<'_>,
     ckpt: checkpoint::Checkpoint,
     versioned: bool,
@@ -144,6 +144,26 @@ pub fn read_targets(
         source.read_into(dsts)
     })
     .py_err()
+}
+
+/// The tensors `names` of `source` (every tensor when `None`) read into new memory
+/// (`CheckpointSource::read_new`: one arena laid out for direct reads), the GIL released,
+/// as `(name, dtype, shape, capsule)` (capsules as `load_new` makes them).
+pub fn read_new(
+    py: Python<'_>,
+    source: &CheckpointSource,
+    names: Option<Vec<String>>,
+    versioned: bool,
+) -> PyResult<Exported> {
+    let ckpt = py
+        .detach(|| {
+            let names: Option<Vec<&str>> = names
+                .as_ref()
+                .map(|n| n.iter().map(String::as_str).collect());
+            source.read_new(names.as_deref())
+        })
+        .py_err()?;
+    Ok(exported(py, ckpt, versioned)?.0)
 }
 
 /// Views of lent tensors, for a save.
@@ -461,5 +481,17 @@ impl PyCheckpointFile {
     /// Fills each target `(name, object, byte_offset, nbytes)` with that tensor's bytes.
     fn read_into(&self, py: Python<'_>, targets: Vec<TargetSpec<'_>>) -> PyResult<()> {
         read_targets(py, self.file.source(), targets)
+    }
+
+    /// The tensors `names` (all when `None`) read into new host memory, as
+    /// `(name, dtype, shape, capsule)` (see `load_new` for `versioned`).
+    #[pyo3(signature = (names=None, versioned=false))]
+    fn read_new(
+        &self,
+        py: Python<'_>,
+        names: Option<Vec<String>>,
+        versioned: bool,
+    ) -> PyResult<Exported> {
+        read_new(py, self.file.source(), names, versioned)
     }
 }

@@ -171,6 +171,18 @@ impl PyShardedFile {
         read_targets(py, self.file.source(), targets)
     }
 
+    /// The tensors `names` (all when `None`) read into new host memory, as
+    /// `(name, dtype, shape, capsule)` (see `Engine.load_new` for `versioned`).
+    #[pyo3(signature = (names=None, versioned=false))]
+    fn read_new(
+        &self,
+        py: Python<'_>,
+        names: Option<Vec<String>>,
+        versioned: bool,
+    ) -> PyResult<crate::engine::Exported> {
+        crate::engine::read_new(py, self.file.source(), names, versioned)
+    }
+
     fn __repr__(&self) -> String {
         format!(
             "<ShardedFile {} ({} shards)>",

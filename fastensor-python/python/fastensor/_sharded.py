@@ -11,9 +11,7 @@ of all files in flight together.
 
 from __future__ import annotations
 
-import ctypes
 import os
-import re
 from collections.abc import Iterable, Mapping
 
 import torch
@@ -22,7 +20,7 @@ from . import _checksum, _native
 from . import torch as _fst
 from ._common import PathLike, check_metadata, fspath, retry_changed
 from ._engine import Engine, engine_or_default
-from ._host_load import load_host, load_host_later
+from ._host_load import load_host, load_host_later, read_host
 
 __all__ = [
     "is_sharded",
@@ -31,83 +29,26 @@ __all__ = [
     "save_sharded",
 ]
 
-_UNITS = {
-    "": 1,
-    "B": 1,
-    "KB": 10**3,
-    "MB": 10**6,
-    "GB": 10**9,
-    "TB": 10**12,
-    "KIB": 2**10,
-    "MIB": 2**20,
-    "GIB": 2**30,
-    "TIB": 2**40,
-}
-
 
 def parse_size(size: int | str) -> int:
     """Bytes of ``size``: an int, or a string such as ``"5GB"`` (10^9) or ``"500MiB"``
-    (2^20), as ``transformers``' ``max_shard_size`` takes."""
+    (2^20), as ``transformers``' ``max_shard_size`` takes it; strings are read by the native
+    size parser, the one every size of fastensor goes through."""
     if isinstance(size, bool):
         raise TypeError("max_shard_size must be an int or a size string")
     if isinstance(size, int):
         if size <= 0:
             raise ValueError(f"max_shard_size must be positive, got {size}")
         return size
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]I?B|B)?\s*", str(size), re.IGNORECASE)
-    if not m:
-        raise ValueError(f"cannot read {size!r} as a size (e.g. '5GB', '500MiB', 1000000)")
-    n = int(float(m.group(1)) * _UNITS[(m.group(2) or "").upper()])
+    try:
+        n = _native.parse_size(str(size))
+    except ValueError as exc:
+        raise ValueError(
+            f"cannot read {size!r} as a size (e.g. '5GB', '500MiB', 1000000): {exc}"
+        ) from None
     if n <= 0:
         raise ValueError(f"max_shard_size must be positive, got {size!r}")
     return n
-
-
-#: Loads onto the CPU go into one allocation aligned to this, marked for transparent huge
-#: pages: fresh memory faults in 2 MiB at a time instead of 4 KiB (faulting 0.7 GB of
-#: fresh 4 KiB pages costs about 1 s of CPU here, as long as reading it from the disk).
-_HUGE = 2 << 20
-_MADV_HUGEPAGE = 14
-
-
-def _madvise_huge(addr: int, length: int) -> None:
-    """Asks for transparent huge pages on ``addr..addr+length`` (best effort)."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.madvise(ctypes.c_void_p(addr), ctypes.c_size_t(length), _MADV_HUGEPAGE)
-    except (OSError, AttributeError):
-        pass
-
-
-def _read_into_arena(file, path: str, entries) -> dict[str, torch.Tensor]:
-    """Every entry read into views of one CPU allocation (huge pages where the kernel
-    grants them), each placed so that its address and its file offset agree modulo 4096
-    (direct reads fill it with no copy); neighbours in a file stay neighbours."""
-    places, pos, prev_end = [], 0, None
-    for _, dtype, _, offset, nbytes in entries:
-        itemsize = _fst._torch_dtype(path, "", dtype).itemsize
-        if offset != prev_end:
-            pos += (offset % 4096 - pos % 4096) % 4096
-        if pos % itemsize:
-            pos += itemsize - pos % itemsize
-        places.append(pos)
-        pos += nbytes
-        prev_end = offset + nbytes
-    raw = torch.empty(pos + _HUGE, dtype=torch.uint8)
-    start = (-raw.data_ptr()) % _HUGE
-    arena = raw[start : start + pos]
-    if pos >= _HUGE:
-        _madvise_huge(arena.data_ptr(), pos - pos % _HUGE)
-    out, targets = {}, []
-    for (name, dtype, shape, _, nbytes), at in zip(entries, places, strict=True):
-        dt = _fst._torch_dtype(path, name, dtype)
-        if nbytes == 0:
-            out[name] = torch.empty(shape, dtype=dt)
-            continue
-        out[name] = arena[at : at + nbytes].view(dt).view(shape)
-        targets.append((name, arena, at, nbytes))
-    file.read_into(targets)
-    return out
 
 
 def is_sharded(path: PathLike) -> bool:
@@ -243,7 +184,8 @@ def load_sharded(
     if torch.device(device).type == "cpu" and not verify:
         return _load_host_by_shard(engine, file, names)
     if torch.device(device).type == "cpu":
-        return _read_into_arena(file, p, entries)
+        return read_host(file, p, [e[0] for e in entries])
     if verify:  # (checked in host memory, then moved)
-        return {k: v.to(device) for k, v in _read_into_arena(file, p, entries).items()}
+        host = read_host(file, p, [e[0] for e in entries])
+        return {k: v.to(device) for k, v in host.items()}
     return _fst._read_new(file, p, entries, device, engine)

@@ -16,21 +16,15 @@ import numpy as np
 from . import _bytes, _native
 from ._checksum import open_file
 from ._common import (
-    HUGE_PAGE,
-    IO_ALIGN,
     PathLike,
-    allocation_error,
     check_metadata,
     check_names,
     fspath,
-    huge_page_pad,
-    pad_for,
-    read_new,
     retry_changed,
     unknown_dtype,
 )
 from ._engine import Engine, engine_or_default, watch_pending_saves
-from ._host_load import load_host_numpy
+from ._host_load import load_host_numpy, read_host_numpy
 from ._safe_open import SafeOpenBase
 from .errors import _invalid
 
@@ -60,10 +54,6 @@ _TO_NAME = {
     np.dtype(np.complex64): "C64",
 }
 _FROM_NAME = {v: k for k, v in _TO_NAME.items()}
-
-
-def _address(a: np.ndarray) -> int:
-    return a.__array_interface__["data"][0]
 
 
 def _bytes_of(a: np.ndarray) -> np.ndarray:
@@ -125,37 +115,8 @@ def save_file_async(
     return engine.save_async(path, specs, meta, checksum=checksum)
 
 
-def _place_new(entry, path: str) -> tuple[np.ndarray, np.ndarray, int]:
-    """A new array for ``entry``: the array, the ``uint8`` array whose memory holds it, and
-    its byte offset there."""
-    name, dtype, shape, offset, nbytes = entry
-    shape = tuple(shape)
-    dt = _FROM_NAME.get(dtype)
-    if dt is None:
-        raise unknown_dtype(path, name, dtype, "numpy")
-    if nbytes < 1 << 20:
-        a = np.empty(shape, dtype=dt)
-        return a, _bytes_of(a), 0
-    if nbytes >= HUGE_PAGE and offset % dt.itemsize == 0:
-        raw = np.empty(nbytes + HUGE_PAGE + IO_ALIGN, dtype=np.uint8)
-        pad = huge_page_pad(offset, _address(raw), nbytes)
-    else:
-        raw = np.empty(nbytes + IO_ALIGN, dtype=np.uint8)
-        pad = pad_for(offset, _address(raw), nbytes, dt.itemsize)
-    return raw[pad : pad + nbytes].view(dt).reshape(shape), raw, pad
-
-
-def _empty_for(entry, path: str) -> tuple[np.ndarray, np.ndarray, int]:
-    """:func:`_place_new`, with numpy's errors as fastensor errors naming the file and the
-    tensor: a shape numpy cannot hold, memory that cannot be allocated."""
-    try:
-        return _place_new(entry, path)
-    except (ValueError, MemoryError) as exc:
-        raise allocation_error(path, entry, exc, "numpy") from exc
-
-
 def _read_new(file, path: str, entries) -> dict[str, np.ndarray]:
-    return read_new(file, entries, lambda e: _empty_for(e, path))
+    return read_host_numpy(file, path, _FROM_NAME, [e[0] for e in entries])
 
 
 @retry_changed

@@ -28,20 +28,18 @@ from . import _bytes, _native
 from ._allocator import allocator_stats, caching_allocator, empty_cache
 from ._checksum import load_torch_verified, open_file
 from ._common import (
-    HUGE_PAGE,
     IO_ALIGN,
     PathLike,
     allocation_error,
     check_metadata,
     fspath,
-    huge_page_pad,
     pad_for,
     read_new,
     retry_changed,
     unknown_dtype,
 )
 from ._engine import Engine, engine_or_default, watch_pending_saves
-from ._host_load import load_host
+from ._host_load import load_host, read_host
 from ._model import _end_ptr as _end_ptr  # (`x as x`: safetensors.torch's helpers)
 from ._model import _find_shared_tensors as _find_shared_tensors
 from ._model import _is_complete as _is_complete
@@ -230,25 +228,17 @@ def _torch_dtype(path: str, name: str, dtype: str) -> torch.dtype:
 
 
 def _place_new(entry, path: str, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """A new tensor for ``entry``, placed for a direct read (see ``pad_for``): the tensor,
-    the ``uint8`` tensor whose memory holds it, and its byte offset there (torch's errors
-    unwrapped: see :func:`_empty_for`)."""
+    """A new tensor for ``entry`` in device memory, placed for a direct read (see
+    ``pad_for``): the tensor, the ``uint8`` tensor whose memory holds it, and its byte
+    offset there (torch's errors unwrapped: see :func:`_empty_for`)."""
     name, dtype, shape, offset, nbytes = entry
     dt = _torch_dtype(path, name, dtype)
     shape = torch_shape(dtype, shape)
     if nbytes == 0:
         t = torch.empty(shape, dtype=dt, device=device)
         return t, t, 0
-    itemsize = dt.itemsize
-    if device.type == "cpu" and nbytes >= HUGE_PAGE and offset % itemsize == 0:
-        raw = torch.empty(nbytes + HUGE_PAGE + IO_ALIGN, dtype=torch.uint8)
-        pad = huge_page_pad(offset, raw.data_ptr(), nbytes)
-        return raw[pad : pad + nbytes].view(dt).view(shape), raw, pad
-    if nbytes < 1 << 20:
-        raw = torch.empty(nbytes, dtype=torch.uint8, device=device)
-        return raw.view(dt).view(shape), raw, 0
     raw = torch.empty(nbytes + IO_ALIGN, dtype=torch.uint8, device=device)
-    pad = pad_for(offset, raw.data_ptr(), nbytes, itemsize)
+    pad = pad_for(offset, raw.data_ptr(), nbytes, dt.itemsize)
     return raw[pad : pad + nbytes].view(dt).view(shape), raw, pad
 
 
@@ -297,9 +287,11 @@ def _read_new(
     dev = torch.device(device)
     if dev.type not in ("cpu", "cuda"):
         raise _invalid(f"{path}: cannot load to device {dev} (only cpu and cuda)", path)
-    if dev.type == "cuda" and not _takes_device_memory(engine):
+    if dev.type == "cpu":
+        return read_host(file, path, [e[0] for e in entries])
+    if not _takes_device_memory(engine):
         _warn_staged_once("loads to CUDA")
-        host = _read_new(file, path, entries, "cpu", engine)
+        host = read_host(file, path, [e[0] for e in entries])
         return {k: v.to(dev) for k, v in host.items()}
     return read_new(file, entries, lambda e: _empty_for(e, path, dev))
 
