@@ -130,5 +130,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     checksum::register(m)?;
     torch_alloc::register(m)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    m.add("LOAD_ATTEMPTS", fastensor::checkpoint::LOAD_ATTEMPTS)?;
     Ok(())
 }

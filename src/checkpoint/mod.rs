@@ -46,7 +46,7 @@ pub use header::{
 pub(crate) use load::load_placed;
 pub use load::{
     load, load_into, load_later, load_selected, load_verified, open, Checkpoint, CheckpointFile,
-    CheckpointParts,
+    CheckpointParts, LOAD_ATTEMPTS,
 };
 pub use mapped::PendingPages;
 pub use save::{save, save_checked, save_section, save_with_metadata, TensorView};

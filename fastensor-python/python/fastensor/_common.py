@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import functools
 import os
 from collections.abc import Callable, Mapping
-from typing import Any, TypeVar, Union
+from typing import Any, Union
 
-from .errors import FileChangedError, OutOfMemoryError, _invalid
-
-F = TypeVar("F", bound=Callable[..., Any])
+from .errors import OutOfMemoryError, _invalid
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -20,28 +17,6 @@ IO_ALIGN = 4096
 
 #: Tensors smaller than this are not worth a padded allocation (they are read staged).
 ALIGN_MIN_BYTES = 1 << 20
-
-
-#: How many times a load starts over when the file was replaced while it was read.
-LOAD_ATTEMPTS = 5
-
-
-def retry_changed(load: F) -> F:
-    """``load`` started over (the file opened again) when the file it read was replaced
-    meanwhile (an atomic save by another process or thread): the caller gets one whole
-    version; after :data:`LOAD_ATTEMPTS` tries, the last :class:`FileChangedError`."""
-
-    @functools.wraps(load)
-    def again(*args, **kwargs):
-        for attempt in range(LOAD_ATTEMPTS):
-            try:
-                return load(*args, **kwargs)
-            except FileChangedError:
-                if attempt + 1 == LOAD_ATTEMPTS:
-                    raise
-        raise AssertionError("unreachable")
-
-    return again  # type: ignore[return-value]
 
 
 def fspath(path: PathLike) -> str:

@@ -6,10 +6,11 @@ object with the buffer protocol), never as an address; every range is checked ag
 
 from collections.abc import Mapping, Sequence
 from os import PathLike
+from typing import Any
 
 __version__: str
-
-from typing import Any
+#: Tries of one load whose file is replaced while it is read (the one retry, native).
+LOAD_ATTEMPTS: int
 
 #: ``(name, dtype, shape, memory)``: the memory holds exactly the tensor's bytes.
 SaveSpec = tuple[str, str, Sequence[int], Any]

@@ -18,7 +18,7 @@ import torch
 
 from . import _checksum, _native
 from . import torch as _fst
-from ._common import PathLike, check_metadata, fspath, retry_changed
+from ._common import PathLike, check_metadata, fspath
 from ._engine import Engine, engine_or_default
 from ._host_load import load_host, load_host_later, read_host
 
@@ -109,7 +109,6 @@ def save_sharded(
     return _native.save_sharded(engine, path, specs, limit, meta)
 
 
-@retry_changed
 def _load_host_by_shard(engine, file, names: Iterable[str] | None) -> dict[str, torch.Tensor]:
     """Every tensor (or ``names``, in their order) into new host memory, one load per shard
     (each mapped and brought in as ``load_file`` does, by all the I/O threads)."""
@@ -124,7 +123,6 @@ def _load_host_by_shard(engine, file, names: Iterable[str] | None) -> dict[str, 
     return {n: out[n] for n in dict.fromkeys(names)}
 
 
-@retry_changed
 def load_host_later_by_shard(engine, path: str) -> tuple[dict[str, torch.Tensor], list]:
     """Every tensor of the sharded checkpoint at ``path`` in new host memory, returned as
     soon as each shard is mapped (see :func:`fastensor._host_load.load_host_later`): the

@@ -20,7 +20,6 @@ from ._common import (
     check_metadata,
     check_names,
     fspath,
-    retry_changed,
     unknown_dtype,
 )
 from ._engine import Engine, engine_or_default, watch_pending_saves
@@ -119,7 +118,6 @@ def _read_new(file, path: str, entries) -> dict[str, np.ndarray]:
     return read_host_numpy(file, path, _FROM_NAME, [e[0] for e in entries])
 
 
-@retry_changed
 def load_file(
     filename: PathLike, *, engine: Engine | None = None, verify: bool = False
 ) -> dict[str, np.ndarray]:
@@ -136,7 +134,6 @@ def load_file(
     return load_host_numpy(engine_or_default(engine), path, _FROM_NAME, verify=verify)
 
 
-@retry_changed
 def load_selected(
     filename: PathLike, names: Iterable[str], *, engine: Engine | None = None
 ) -> dict[str, np.ndarray]:

@@ -35,7 +35,6 @@ from ._common import (
     fspath,
     pad_for,
     read_new,
-    retry_changed,
     unknown_dtype,
 )
 from ._engine import Engine, engine_or_default, watch_pending_saves
@@ -296,7 +295,6 @@ def _read_new(
     return read_new(file, entries, lambda e: _empty_for(e, path, dev))
 
 
-@retry_changed
 def load_file(
     filename: PathLike,
     device: str | int | torch.device = "cpu",
@@ -338,7 +336,6 @@ def load_file(
     return _load_new(engine, path, None, device, verify)
 
 
-@retry_changed
 def load_selected(
     filename: PathLike,
     names: Iterable[str],
@@ -371,7 +368,6 @@ def _state_of(target) -> dict[str, torch.Tensor]:
     )
 
 
-@retry_changed
 def load_into(
     target: torch.nn.Module | Mapping[str, torch.Tensor],
     filename: PathLike,
@@ -398,6 +394,8 @@ def load_into(
             ``load_state_dict`` lists them); or any shape mismatch.
         ValueError (CorruptError): with ``verify``, a tensor whose checksum does not match
             (its destination's contents are then unspecified).
+        OSError (FileChangedError): the file was replaced (renamed over) after it was
+            opened (opening it is retried natively), before its reads.
     """
     path = fspath(filename)
     engine = engine_or_default(engine)
