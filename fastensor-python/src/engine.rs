@@ -277,6 +277,16 @@ impl PyEngine {
         self.engine.backend_names()
     }
 
+    /// Whether a backend the engine may use takes GPU device memory (its capabilities'
+    /// `device_memory`): device tensors then move with no stop in host memory.
+    fn takes_device_memory(&self) -> bool {
+        self.engine.backend_names().iter().any(|name| {
+            fastensor::registry()
+                .get(name)
+                .is_ok_and(|b| b.capabilities().device_memory)
+        })
+    }
+
     /// Uses `backend` for every transfer, or lets the selector choose again with `None`.
     #[pyo3(signature = (backend=None))]
     fn pin(&self, backend: Option<String>) -> PyResult<()> {

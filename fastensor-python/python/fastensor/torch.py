@@ -80,9 +80,6 @@ __all__ = [
 ]
 
 
-_CUDA_BACKENDS = ("gds", "cuda-staged")
-
-
 class LoadResult(NamedTuple):
     """What :func:`load_into` did not match, as ``nn.Module.load_state_dict`` reports it."""
 
@@ -99,7 +96,8 @@ def _device_ordinal(t: torch.Tensor) -> int:
 
 
 def _takes_device_memory(engine: _native.Engine) -> bool:
-    return any(b in _CUDA_BACKENDS for b in engine.backend_names())
+    """Whether ``engine`` moves device memory itself (a backend's capabilities say so)."""
+    return engine.takes_device_memory()
 
 
 def _warn_staged_once(what: str) -> None:
