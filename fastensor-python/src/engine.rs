@@ -146,22 +146,37 @@ pub fn read_targets(
     .py_err()
 }
 
-/// The tensors `names` of `source` (every tensor when `None`) read into new memory
-/// (`CheckpointSource::read_new`: one arena laid out for direct reads), the GIL released,
-/// as `(name, dtype, shape, capsule)` (capsules as `load_new` makes them).
+/// `names` as the Rust calls take them.
+fn name_refs(names: &Option<Vec<String>>) -> Option<Vec<&str>> {
+    names
+        .as_ref()
+        .map(|n| n.iter().map(String::as_str).collect())
+}
+
+/// The tensors `names` (every tensor when `None`) of `file`, an open `CheckpointFile` or
+/// `ShardedFile`, read into new host memory (`CheckpointSource::read_new`: one arena laid
+/// out for direct reads, each tensor read whole and checked where the file verifies), the
+/// GIL released, as `(name, dtype, shape, capsule)` (see `Engine.load_new` for
+/// `versioned`).
+#[pyfunction]
+#[pyo3(signature = (file, names=None, versioned=false))]
 pub fn read_new(
     py: Python<'_>,
-    source: &CheckpointSource,
+    file: &Bound<'_, PyAny>,
     names: Option<Vec<String>>,
     versioned: bool,
 ) -> PyResult<Exported> {
+    let one;
+    let sharded;
+    let source = if let Ok(f) = file.cast::<PyCheckpointFile>() {
+        one = f.clone();
+        one.get().file.source()
+    } else {
+        sharded = file.cast::<crate::sharded::PyShardedFile>()?.clone();
+        sharded.get().file.source()
+    };
     let ckpt = py
-        .detach(|| {
-            let names: Option<Vec<&str>> = names
-                .as_ref()
-                .map(|n| n.iter().map(String::as_str).collect());
-            source.read_new(names.as_deref())
-        })
+        .detach(|| source.read_new(name_refs(&names).as_deref()))
         .py_err()?;
     Ok(exported(py, ckpt, versioned)?.0)
 }
@@ -398,9 +413,7 @@ impl PyEngine {
     ) -> PyResult<Loaded> {
         let ckpt = py
             .detach(|| {
-                let names: Option<Vec<&str>> = names
-                    .as_ref()
-                    .map(|n| n.iter().map(String::as_str).collect());
+                let names = name_refs(&names);
                 match (&names, verify) {
                     (_, true) => checkpoint::load_verified(&self.engine, &path, names.as_deref()),
                     (None, false) => checkpoint::load(&self.engine, &path),
@@ -427,9 +440,7 @@ impl PyEngine {
     ) -> PyResult<LoadedLater> {
         let (ckpt, pending) = py
             .detach(|| {
-                let names: Option<Vec<&str>> = names
-                    .as_ref()
-                    .map(|n| n.iter().map(String::as_str).collect());
+                let names = name_refs(&names);
                 checkpoint::load_later(&self.engine, &path, names.as_deref())
             })
             .py_err()?;
@@ -491,17 +502,5 @@ impl PyCheckpointFile {
     /// Fills each target `(name, object, byte_offset, nbytes)` with that tensor's bytes.
     fn read_into(&self, py: Python<'_>, targets: Vec<TargetSpec<'_>>) -> PyResult<()> {
         read_targets(py, self.file.source(), targets)
-    }
-
-    /// The tensors `names` (all when `None`) read into new host memory, as
-    /// `(name, dtype, shape, capsule)` (see `load_new` for `versioned`).
-    #[pyo3(signature = (names=None, versioned=false))]
-    fn read_new(
-        &self,
-        py: Python<'_>,
-        names: Option<Vec<String>>,
-        versioned: bool,
-    ) -> PyResult<Exported> {
-        read_new(py, self.file.source(), names, versioned)
     }
 }

@@ -108,7 +108,7 @@ pub fn read_ranges(py: Python<'_>, engine: &PyEngine, ranges: Vec<RangeSpec<'_>>
 /// `CheckpointFile` offers, so the same Python code loads from either.
 #[pyclass(name = "ShardedFile", module = "fastensor._native", frozen)]
 pub struct PyShardedFile {
-    file: ShardedFile,
+    pub(crate) file: ShardedFile,
 }
 
 #[pymethods]
@@ -169,18 +169,6 @@ impl PyShardedFile {
     /// Fills each target `(name, object, byte_offset, nbytes)` with that tensor's bytes.
     fn read_into(&self, py: Python<'_>, targets: Vec<TargetSpec<'_>>) -> PyResult<()> {
         read_targets(py, self.file.source(), targets)
-    }
-
-    /// The tensors `names` (all when `None`) read into new host memory, as
-    /// `(name, dtype, shape, capsule)` (see `Engine.load_new` for `versioned`).
-    #[pyo3(signature = (names=None, versioned=false))]
-    fn read_new(
-        &self,
-        py: Python<'_>,
-        names: Option<Vec<String>>,
-        versioned: bool,
-    ) -> PyResult<crate::engine::Exported> {
-        crate::engine::read_new(py, self.file.source(), names, versioned)
     }
 
     fn __repr__(&self) -> String {

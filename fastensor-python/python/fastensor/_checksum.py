@@ -38,6 +38,16 @@ def open_file(engine: _native.Engine, path: str, verify: bool):
     return _native.open_verified(engine, path) if verify else engine.open(path)
 
 
+def open_any(engine: _native.Engine, path: str, verify: bool = False):
+    """A sharded checkpoint's open file for a directory or an index, else the file's; with
+    ``verify``, its reads are checked against the checksums saved with it."""
+    from ._common import is_sharded
+
+    if is_sharded(path):
+        return _native.open_sharded(engine, path, verify)
+    return open_file(engine, path, verify)
+
+
 def verify_file(path, *, engine=None) -> tuple[int, int]:
     """Checks every tensor of the safetensors file ``path`` against the checksums saved with
     it, without loading it (as ``fastensor ckpt verify`` does); returns ``(tensors,

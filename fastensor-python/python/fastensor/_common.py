@@ -29,6 +29,12 @@ def fspath(path: PathLike) -> str:
         ) from None
 
 
+def is_sharded(path: PathLike) -> bool:
+    """True when ``path`` names a sharded checkpoint: a directory or a ``*.index.json``."""
+    p = fspath(path)
+    return os.path.isdir(p) or p.endswith(".index.json")
+
+
 def check_metadata(metadata: Mapping[str, str] | None, path: str) -> dict[str, str] | None:
     """The metadata as a plain ``dict[str, str]``, as safetensors requires."""
     if metadata is None:

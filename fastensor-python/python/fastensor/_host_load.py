@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from . import _native
 from ._common import unknown_dtype
 from .errors import _invalid
 
@@ -101,7 +102,7 @@ def read_host(file, path: str, names: list[str] | None = None) -> dict[str, torc
     """The tensors ``names`` (all, in file order, when ``None``) of the open native ``file``
     read into new host memory, as torch tensors: one arena the native side lays out for
     direct reads (each tensor read whole, checked where ``file`` verifies)."""
-    return _made(path, file.read_new(names), names, _torch_name(), _make_torch)
+    return _made(path, _native.read_new(file, names), names, _torch_name(), _make_torch)
 
 
 def load_host_later(
@@ -157,5 +158,5 @@ def read_host_numpy(
     file, path: str, from_name: dict, names: list[str] | None = None
 ) -> dict[str, np.ndarray]:
     """:func:`read_host` for numpy (``from_name``: dtype name -> numpy dtype)."""
-    tensors = file.read_new(names, versioned=True)
+    tensors = _native.read_new(file, names, versioned=True)
     return _made(path, tensors, names, "numpy", _numpy_maker(from_name))

@@ -11,16 +11,15 @@ of all files in flight together.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable, Mapping
 
 import torch
 
 from . import _checksum, _native
-from . import torch as _fst
-from ._common import PathLike, check_metadata, fspath
+from ._common import PathLike, check_metadata, fspath, is_sharded
 from ._engine import Engine, engine_or_default
 from ._host_load import load_host, load_host_later, read_host
+from ._torch_io import _read_new, _save_specs
 
 __all__ = [
     "is_sharded",
@@ -51,12 +50,6 @@ def parse_size(size: int | str) -> int:
     return n
 
 
-def is_sharded(path: PathLike) -> bool:
-    """True when ``path`` names a sharded checkpoint: a directory or a ``*.index.json``."""
-    p = fspath(path)
-    return os.path.isdir(p) or p.endswith(".index.json")
-
-
 def open_sharded(path: PathLike, *, engine: Engine | None = None) -> _native.ShardedFile:
     """Opens the sharded checkpoint at ``path`` (its directory or its index): the index and
     every shard's header are validated; nothing else is read.
@@ -67,14 +60,6 @@ def open_sharded(path: PathLike, *, engine: Engine | None = None) -> _native.Sha
             there.
     """
     return _native.open_sharded(engine_or_default(engine), fspath(path))
-
-
-def _open_any(engine: _native.Engine, path: str, verify: bool = False):
-    """A sharded checkpoint's open file for a directory or an index, else the file's; with
-    ``verify``, its reads are checked against the checksums saved with it."""
-    if is_sharded(path):
-        return _native.open_sharded(engine, path, verify)
-    return _native.open_verified(engine, path) if verify else engine.open(path)
 
 
 def save_sharded(
@@ -103,7 +88,7 @@ def save_sharded(
     engine = engine_or_default(engine)
     meta = check_metadata(metadata, path) if metadata is not None else {"format": "pt"}
     limit = parse_size(max_shard_size)
-    specs = _fst._save_specs(tensors, path, engine, host_only=checksum)
+    specs = _save_specs(tensors, path, engine, host_only=checksum)
     if checksum:
         meta = _checksum.stamp(specs, meta)  # (split per shard by the native save)
     return _native.save_sharded(engine, path, specs, limit, meta)
@@ -186,4 +171,4 @@ def load_sharded(
     if verify:  # (checked in host memory, then moved)
         host = read_host(file, p, [e[0] for e in entries])
         return {k: v.to(device) for k, v in host.items()}
-    return _fst._read_new(file, p, entries, device, engine)
+    return _read_new(file, p, entries, device, engine)

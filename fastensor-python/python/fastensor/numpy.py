@@ -1,9 +1,10 @@
 """Safetensors checkpoints for NumPy, moved by fastensor's engine.
 
-The names follow ``safetensors.numpy``. Arrays returned by :func:`load_file` own their
-memory (allocated by NumPy, one buffer per array, filled in place by the engine with the
-GIL released); so do those of :func:`load`, which reads the bytes of a safetensors file
-(:func:`save` gives them). The save functions read the caller's arrays in place while they run
+The names follow ``safetensors.numpy``. Arrays returned by :func:`load_file` and
+``safe_open`` are writable and each views memory the native side laid out and filled with
+the GIL released (or the file mapped), freed when the last array of the same read dies;
+those of :func:`load`, which reads the bytes of a safetensors file (:func:`save` gives
+them), are allocated by NumPy. The save functions read the caller's arrays in place while they run
 (C-contiguous little-endian ones without a copy); :func:`save_file_async` copies them first.
 """
 
@@ -24,6 +25,8 @@ from ._common import (
 )
 from ._engine import Engine, engine_or_default, watch_pending_saves
 from ._host_load import load_host_numpy, read_host_numpy
+from ._numpy_dtypes import FROM_NAME as _FROM_NAME
+from ._numpy_dtypes import TO_NAME as _TO_NAME
 from ._safe_open import SafeOpenBase
 from .errors import _invalid
 
@@ -36,23 +39,6 @@ __all__ = [
     "save_file",
     "save_file_async",
 ]
-
-_TO_NAME = {
-    np.dtype(np.bool_): "BOOL",
-    np.dtype(np.uint8): "U8",
-    np.dtype(np.int8): "I8",
-    np.dtype(np.int16): "I16",
-    np.dtype(np.uint16): "U16",
-    np.dtype(np.float16): "F16",
-    np.dtype(np.int32): "I32",
-    np.dtype(np.uint32): "U32",
-    np.dtype(np.float32): "F32",
-    np.dtype(np.int64): "I64",
-    np.dtype(np.uint64): "U64",
-    np.dtype(np.float64): "F64",
-    np.dtype(np.complex64): "C64",
-}
-_FROM_NAME = {v: k for k, v in _TO_NAME.items()}
 
 
 def _bytes_of(a: np.ndarray) -> np.ndarray:
