@@ -118,10 +118,10 @@ pub(crate) fn named<S: AsRef<str>>(
 
 impl CheckpointSource {
     /// The tensors `names` (every tensor when `None`), in new memory: one page-aligned
-    /// [`Arena`] (huge pages where large, see [`Arena::new`]) in which each tensor is placed
-    /// so that its address and its file offset agree modulo 4096 (direct reads fill it with
-    /// no copy) while staying aligned to its element size, neighbours in a file staying
-    /// neighbours. Each tensor is read whole, as [`read_into`](Self::read_into) reads it
+    /// [`Arena`] (huge pages where large, see [`Arena::new`]) in which each tensor whose
+    /// file offset is a multiple of its element size is placed so that its address and its
+    /// file offset agree modulo 4096 (direct reads fill it with no copy; neighbours in a file
+    /// stay neighbours), any other aligned to its element size. Each tensor is read whole, as [`read_into`](Self::read_into) reads it
     /// (checked against its stored checksum where the source verifies). A name the source
     /// lacks is [`ErrorKind::NotFound`]; the checkpoint carries the first file's metadata.
     pub fn read_new(&self, names: Option<&[&str]>) -> Result<Checkpoint> {
@@ -131,17 +131,18 @@ impl CheckpointSource {
         };
         let mut places = Vec::with_capacity(chosen.len());
         let mut pos = 0u64;
-        let mut prev_end = None;
         for &at in &chosen {
             let (e, r) = self.entry(at);
-            if prev_end != Some((at.0, r.start)) {
-                pos += (r.start % ALIGN + ALIGN - pos % ALIGN) % ALIGN;
-            }
             let item = e.desc.dtype.size().unwrap_or(1) as u64;
-            pos = pos.div_ceil(item) * item;
+            if r.start % item == 0 {
+                // Congruent, hence aligned to the element (it divides ALIGN); no gap after
+                // a neighbour that ends where this one starts in the file.
+                pos += (r.start % ALIGN + ALIGN - pos % ALIGN) % ALIGN;
+            } else {
+                pos = pos.div_ceil(item) * item;
+            }
             places.push(pos..pos + (r.end - r.start));
             pos += r.end - r.start;
-            prev_end = Some((at.0, r.end));
         }
         let len = usize::try_from(pos).map_err(|_| {
             Error::new(ErrorKind::OutOfMemory, "the tensors do not fit in memory")
