@@ -173,7 +173,7 @@ pub fn read_new(
         one.get().file.source()
     } else {
         sharded = file.cast::<crate::sharded::PyShardedFile>()?.clone();
-        sharded.get().file.source()
+        sharded.get().source()
     };
     let ckpt = py
         .detach(|| source.read_new(name_refs(&names).as_deref()))

@@ -108,7 +108,14 @@ pub fn read_ranges(py: Python<'_>, engine: &PyEngine, ranges: Vec<RangeSpec<'_>>
 /// `CheckpointFile` offers, so the same Python code loads from either.
 #[pyclass(name = "ShardedFile", module = "fastensor._native", frozen)]
 pub struct PyShardedFile {
-    pub(crate) file: ShardedFile,
+    file: ShardedFile,
+}
+
+impl PyShardedFile {
+    /// The checkpoint as the source its reads go through.
+    pub(crate) fn source(&self) -> &fastensor::checkpoint::CheckpointSource {
+        self.file.source()
+    }
 }
 
 #[pymethods]

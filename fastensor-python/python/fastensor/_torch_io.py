@@ -24,7 +24,7 @@ from ._common import (
     read_new,
     unknown_dtype,
 )
-from ._engine import Engine, engine_or_default
+from ._engine import Engine, engine_or_default, watch_pending_saves
 from ._host_load import load_host, read_host
 from ._torch_checks import check_savable
 from ._torch_dtypes import FROM_NAME as _FROM_NAME
@@ -144,6 +144,31 @@ def save_file(
     meta = check_metadata(metadata, path)
     specs = _save_specs(tensors, path, engine, host_only=checksum)
     engine.save(path, specs, meta, checksum=checksum)
+
+
+def save_file_async(
+    tensors: Mapping[str, torch.Tensor],
+    filename: PathLike,
+    metadata: Mapping[str, str] | None = None,
+    *,
+    engine: Engine | None = None,
+    checksum: bool = False,
+) -> _native.SaveHandle:
+    """Snapshots ``tensors`` and saves them to ``filename`` in the background.
+
+    Returns once the tensors' bytes are copied to host staging memory (CUDA tensors are
+    copied to the host first), so the caller may change them at once. The save itself is
+    durable and atomic as :func:`save_file`'s. The returned handle's ``wait()`` blocks until
+    the file is saved and raises its error, if any; ``done()`` polls. The staging memory is
+    kept by the engine for the next snapshot (``engine.release_staging()`` frees it).
+    ``checksum`` as :func:`save_file`'s (computed before this returns).
+    """
+    path = fspath(filename)
+    engine = engine_or_default(engine)
+    meta = check_metadata(metadata, path)
+    watch_pending_saves()
+    specs = _save_specs(tensors, path, engine, host_only=True)
+    return engine.save_async(path, specs, meta, checksum=checksum)
 
 
 def _torch_dtype(path: str, name: str, dtype: str) -> torch.dtype:

@@ -29,7 +29,7 @@ from . import _bytes, _native
 from ._allocator import allocator_stats, caching_allocator, empty_cache
 from ._checksum import load_torch_verified, open_file
 from ._common import PathLike, check_metadata, fspath, is_sharded
-from ._engine import Engine, engine_or_default, watch_pending_saves
+from ._engine import Engine, engine_or_default
 from ._model import _remove_duplicate_names as _remove_duplicate_names  # (safetensors.torch)
 from ._model import load_model, save_model
 from ._offload import offload, release_freed_memory
@@ -46,6 +46,7 @@ from ._torch_io import (
     _torch_dtype,
     load_into,
     save_file,
+    save_file_async,
 )
 from ._torch_shared import _end_ptr as _end_ptr  # (`x as x`: safetensors.torch's helpers)
 from ._torch_shared import _find_shared_tensors as _find_shared_tensors
@@ -75,31 +76,6 @@ __all__ = [
     "save_file_async",
     "save_model",
 ]
-
-
-def save_file_async(
-    tensors: Mapping[str, torch.Tensor],
-    filename: PathLike,
-    metadata: Mapping[str, str] | None = None,
-    *,
-    engine: Engine | None = None,
-    checksum: bool = False,
-) -> _native.SaveHandle:
-    """Snapshots ``tensors`` and saves them to ``filename`` in the background.
-
-    Returns once the tensors' bytes are copied to host staging memory (CUDA tensors are
-    copied to the host first), so the caller may change them at once. The save itself is
-    durable and atomic as :func:`save_file`'s. The returned handle's ``wait()`` blocks until
-    the file is saved and raises its error, if any; ``done()`` polls. The staging memory is
-    kept by the engine for the next snapshot (``engine.release_staging()`` frees it).
-    ``checksum`` as :func:`save_file`'s (computed before this returns).
-    """
-    path = fspath(filename)
-    engine = engine_or_default(engine)
-    meta = check_metadata(metadata, path)
-    watch_pending_saves()
-    specs = _save_specs(tensors, path, engine, host_only=True)
-    return engine.save_async(path, specs, meta, checksum=checksum)
 
 
 def load_file(
