@@ -413,3 +413,60 @@ fn save_section_writes_what_save_writes() {
     assert!(!c.exists());
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 2);
 }
+
+#[test]
+fn read_new_places_each_tensor_for_direct_reads_and_checks_it_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("new.safetensors");
+    let data = sample();
+    checkpoint::save_checked(&PosixBackend, &path, &views(&data), &meta()).unwrap();
+    let file = checkpoint::open(&PosixBackend, &path).unwrap();
+    let starts: BTreeMap<String, u64> = file
+        .source()
+        .entries()
+        .into_iter()
+        .map(|(_, e, r)| (e.desc.name.clone(), r.start))
+        .collect();
+    let ckpt = file.source().read_new(None).unwrap();
+    assert_eq!(ckpt.len(), data.len());
+    let base = ckpt.arena().base_ptr() as usize;
+    for (desc, bytes) in &data {
+        let (got_desc, got) = ckpt.tensor(&desc.name).unwrap();
+        assert_eq!(got_desc, desc);
+        assert_eq!(got, &bytes[..], "{}", desc.name);
+        let item = desc.dtype.size().unwrap_or(1);
+        let at = got.as_ptr() as usize;
+        assert_eq!(
+            (at - base) % item,
+            0,
+            "{} keeps its element alignment",
+            desc.name
+        );
+        if starts[&desc.name] % item as u64 == 0 {
+            assert_eq!(
+                at % 4096,
+                (starts[&desc.name] % 4096) as usize,
+                "{}",
+                desc.name
+            );
+        }
+    }
+    let some = file.source().read_new(Some(&["mid", "scalar"])).unwrap();
+    assert_eq!(some.len(), 2);
+    assert_eq!(some.tensor("mid").unwrap().1, &data[data.len() - 1].1[..]);
+    let missing = file.source().read_new(Some(&["nope"])).unwrap_err();
+    assert_eq!(missing.kind(), ErrorKind::NotFound);
+
+    // A verifying file checks each tensor it reads whole.
+    let mut raw = std::fs::read(&path).unwrap();
+    let at = starts["big"] as usize + 12345;
+    raw[at] ^= 0xff;
+    std::fs::write(&path, &raw).unwrap();
+    let verifying = checkpoint::open(&PosixBackend, &path)
+        .unwrap()
+        .verifying()
+        .unwrap();
+    let e = verifying.source().read_new(None).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Corrupt, "{e}");
+    assert!(e.to_string().contains("big"), "{e}");
+}

@@ -1,23 +1,8 @@
-//! Byte sizes written as `4K`, `256M`, `1G`.
+//! Byte sizes of the command's options: read by [`fastensor::core::size::parse_size`]
+//! (`4K`, `16M`, `1G`, `4KiB`: powers of 1024; `4KB`, `5GB`: powers of 1000), and written
+//! for people with a binary unit.
 
-/// Parses `4096`, `4K`, `4KiB`, `16M`, `1G` (binary units).
-pub fn parse_size(text: &str) -> Result<u64, String> {
-    let t = text.trim();
-    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
-    let n: u64 = num
-        .parse()
-        .map_err(|_| format!("`{text}` is not a size (examples: 4096, 4K, 16M, 1G)"))?;
-    let mult: u64 = match unit.trim().to_ascii_uppercase().as_str() {
-        "" | "B" => 1,
-        "K" | "KB" | "KIB" => 1 << 10,
-        "M" | "MB" | "MIB" => 1 << 20,
-        "G" | "GB" | "GIB" => 1 << 30,
-        _ => return Err(format!("`{text}`: unknown unit `{unit}` (use K, M or G)")),
-    };
-    n.checked_mul(mult)
-        .ok_or_else(|| format!("`{text}` is too large"))
-}
+pub use fastensor::core::size::parse_size;
 
 /// Formats a byte count with a binary unit: `4 KiB`, `256 MiB`.
 pub fn format_size(bytes: u64) -> String {

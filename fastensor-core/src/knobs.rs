@@ -97,11 +97,15 @@ impl Knobs {
         )
     }
 
-    /// The value of `name` as a byte size (`4096`, `512K`, `4M`, `1G`; at least 1), if set.
+    /// The value of `name` as a byte size (`4096`, `512K`, `4M`, `1G`; at least 1; units as
+    /// [`crate::size`] reads them), if set.
     pub fn size(&self, name: &str) -> Result<Option<usize>> {
         self.parsed(
             name,
-            |v| parse_size(v).filter(|&n| n > 0),
+            |v| {
+                let n = crate::size::parse_size(v).ok()?;
+                usize::try_from(n).ok().filter(|&n| n > 0)
+            },
             "a size of at least 1 byte, such as 512K or 4M",
         )
     }
@@ -156,35 +160,10 @@ impl From<BTreeMap<String, String>> for Knobs {
     }
 }
 
-/// Parses `4096`, `4K`, `4KiB`, `16M`, `1G` (binary units).
-pub fn parse_size(text: &str) -> Option<usize> {
-    let t = text.trim();
-    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
-    let n: usize = num.parse().ok()?;
-    let mult: usize = match unit.trim().to_ascii_uppercase().as_str() {
-        "" | "B" => 1,
-        "K" | "KB" | "KIB" => 1 << 10,
-        "M" | "MB" | "MIB" => 1 << 20,
-        "G" | "GB" | "GIB" => 1 << 30,
-        _ => return None,
-    };
-    n.checked_mul(mult)
-}
-
-/// Formats a byte size as a knob value: `512K`, `4M`, `1G`, or plain bytes.
-pub fn format_size(bytes: usize) -> String {
-    for (shift, unit) in [(30, "G"), (20, "M"), (10, "K")] {
-        if bytes >= 1 << shift && bytes % (1 << shift) == 0 {
-            return format!("{}{unit}", bytes >> shift);
-        }
-    }
-    bytes.to_string()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::size::{format_size, parse_size};
 
     #[test]
     fn values_parse_and_names_are_checked() {
@@ -204,7 +183,7 @@ mod tests {
         assert_eq!(format_size(4 << 20), "4M");
         assert_eq!(format_size(512 << 10), "512K");
         assert_eq!(format_size(1000), "1000");
-        assert_eq!(parse_size("2G"), Some(2 << 30));
+        assert_eq!(parse_size("2G"), Ok(2 << 30));
     }
 
     #[test]

@@ -26,6 +26,7 @@ mod layer;
 mod memory;
 pub mod parallel;
 mod registry;
+pub mod size;
 mod tensor;
 
 pub use backend::{

@@ -46,7 +46,7 @@ pub type LoadedLater = (
 
 /// The tensors of a loaded checkpoint as `(name, dtype, shape, capsule)`, each capsule a
 /// `uint8` DLPack tensor over its bytes holding the arena (returned too) alive; the metadata.
-fn exported(
+pub(crate) fn exported(
     py: Python<'_>,
     ckpt: checkpoint::Checkpoint,
     versioned: bool,
@@ -144,6 +144,41 @@ pub fn read_targets(
         source.read_into(dsts)
     })
     .py_err()
+}
+
+/// `names` as the Rust calls take them.
+fn name_refs(names: &Option<Vec<String>>) -> Option<Vec<&str>> {
+    names
+        .as_ref()
+        .map(|n| n.iter().map(String::as_str).collect())
+}
+
+/// The tensors `names` (every tensor when `None`) of `file`, an open `CheckpointFile` or
+/// `ShardedFile`, read into new host memory (`CheckpointSource::read_new`: one arena laid
+/// out for direct reads, each tensor read whole and checked where the file verifies), the
+/// GIL released, as `(name, dtype, shape, capsule)` (see `Engine.load_new` for
+/// `versioned`).
+#[pyfunction]
+#[pyo3(signature = (file, names=None, versioned=false))]
+pub fn read_new(
+    py: Python<'_>,
+    file: &Bound<'_, PyAny>,
+    names: Option<Vec<String>>,
+    versioned: bool,
+) -> PyResult<Exported> {
+    let one;
+    let sharded;
+    let source = if let Ok(f) = file.cast::<PyCheckpointFile>() {
+        one = f.clone();
+        one.get().file.source()
+    } else {
+        sharded = file.cast::<crate::sharded::PyShardedFile>()?.clone();
+        sharded.get().source()
+    };
+    let ckpt = py
+        .detach(|| source.read_new(name_refs(&names).as_deref()))
+        .py_err()?;
+    Ok(exported(py, ckpt, versioned)?.0)
 }
 
 /// Views of lent tensors, for a save.
@@ -257,6 +292,16 @@ impl PyEngine {
         self.engine.backend_names()
     }
 
+    /// Whether a backend the engine may use takes GPU device memory (its capabilities'
+    /// `device_memory`): device tensors then move with no stop in host memory.
+    fn takes_device_memory(&self) -> bool {
+        self.engine.backend_names().iter().any(|name| {
+            fastensor::registry()
+                .get(name)
+                .is_ok_and(|b| b.capabilities().device_memory)
+        })
+    }
+
     /// Uses `backend` for every transfer, or lets the selector choose again with `None`.
     #[pyo3(signature = (backend=None))]
     fn pin(&self, backend: Option<String>) -> PyResult<()> {
@@ -368,9 +413,7 @@ impl PyEngine {
     ) -> PyResult<Loaded> {
         let ckpt = py
             .detach(|| {
-                let names: Option<Vec<&str>> = names
-                    .as_ref()
-                    .map(|n| n.iter().map(String::as_str).collect());
+                let names = name_refs(&names);
                 match (&names, verify) {
                     (_, true) => checkpoint::load_verified(&self.engine, &path, names.as_deref()),
                     (None, false) => checkpoint::load(&self.engine, &path),
@@ -397,9 +440,7 @@ impl PyEngine {
     ) -> PyResult<LoadedLater> {
         let (ckpt, pending) = py
             .detach(|| {
-                let names: Option<Vec<&str>> = names
-                    .as_ref()
-                    .map(|n| n.iter().map(String::as_str).collect());
+                let names = name_refs(&names);
                 checkpoint::load_later(&self.engine, &path, names.as_deref())
             })
             .py_err()?;

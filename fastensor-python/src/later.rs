@@ -42,10 +42,10 @@ impl PyPendingPages {
     }
 }
 
-/// The lock that lets one load's pages in at a time in this process (each load already
-/// keeps several windows in flight; the shards of a checkpoint brought in all at once
-/// measured slower and less steady than one after another). A forked child gets a lock of
-/// its own, whatever its parent's threads held.
+/// The lock that lets one load's pages in at a time in this process: each load already
+/// keeps several windows in flight, so the shards of a checkpoint come in one after another
+/// (why: docs/lab/performance.md, "Figures behind the Python package's rules"). A forked
+/// child gets a lock of its own, whatever its parent's threads held.
 fn turns() -> Arc<Mutex<()>> {
     static BY_PROCESS: Mutex<Option<(u32, Arc<Mutex<()>>)>> = Mutex::new(None);
     let pid = std::process::id();

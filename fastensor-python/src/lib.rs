@@ -11,6 +11,7 @@ mod dlpack;
 mod engine;
 mod errors;
 mod export;
+mod format;
 mod later;
 mod memory;
 mod offload;
@@ -55,43 +56,6 @@ fn write_atomic(py: Python<'_>, path: std::path::PathBuf, data: Vec<u8>) -> PyRe
     use errors::IntoPy;
     py.detach(|| fastensor::atomic::write(&path, &data))
         .py_err()
-}
-
-/// One tensor of a parsed header: `(name, dtype, shape, start, end)`, its bytes at
-/// `start..end` of the data section.
-type HeaderRow = (String, &'static str, Vec<u64>, u64, u64);
-
-/// A parsed header: the data section's offset, the tensors, the `__metadata__` map.
-type ParsedHeader = (
-    u64,
-    Vec<HeaderRow>,
-    std::collections::BTreeMap<String, String>,
-);
-
-/// Parses and validates a safetensors header held in memory (as a file's is): `prefix` is
-/// the start of the buffer (the 8-byte length and the JSON header; more is ignored),
-/// `total_len` the whole buffer's length. Returns the offset of the data section, the
-/// tensors in data order and the `__metadata__` map; a defect is a `CorruptError`.
-#[pyfunction]
-fn parse_header(prefix: &[u8], total_len: u64) -> PyResult<ParsedHeader> {
-    use errors::IntoPy;
-    let header = fastensor::checkpoint::parse_header(prefix, total_len).py_err()?;
-    let start = header.data_start();
-    let (entries, metadata) = header.into_parts();
-    let rows = entries
-        .into_iter()
-        .map(|e| {
-            let dtype = e.desc.dtype.name();
-            (
-                e.desc.name,
-                dtype,
-                e.desc.shape,
-                e.offsets.start,
-                e.offsets.end,
-            )
-        })
-        .collect();
-    Ok((start, rows, metadata))
 }
 
 /// The type of the file system holding `path` (its directory when it does not exist):
@@ -155,16 +119,18 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(backends, m)?)?;
     m.add_function(wrap_pyfunction!(default_profile_path, m)?)?;
     m.add_function(wrap_pyfunction!(write_atomic, m)?)?;
-    m.add_function(wrap_pyfunction!(parse_header, m)?)?;
     m.add_function(wrap_pyfunction!(pending_saves, m)?)?;
     m.add_function(wrap_pyfunction!(fs_type, m)?)?;
     m.add_function(wrap_pyfunction!(set_mmap_threshold, m)?)?;
     m.add_function(wrap_pyfunction!(wait_pending_saves, m)?)?;
     m.add_function(wrap_pyfunction!(lease_stats, m)?)?;
+    m.add_function(wrap_pyfunction!(engine::read_new, m)?)?;
+    format::register(m)?;
     sharded::register(m)?;
     slice::register(m)?;
     checksum::register(m)?;
     torch_alloc::register(m)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    m.add("LOAD_ATTEMPTS", fastensor::checkpoint::LOAD_ATTEMPTS)?;
     Ok(())
 }

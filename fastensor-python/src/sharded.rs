@@ -111,6 +111,13 @@ pub struct PyShardedFile {
     file: ShardedFile,
 }
 
+impl PyShardedFile {
+    /// The checkpoint as the source its reads go through.
+    pub(crate) fn source(&self) -> &fastensor::checkpoint::CheckpointSource {
+        self.file.source()
+    }
+}
+
 #[pymethods]
 impl PyShardedFile {
     /// Every tensor as `(name, dtype, shape, file_offset, nbytes)`, shard by shard in file

@@ -348,17 +348,29 @@ impl<'de> Deserialize<'de> for Shape {
     }
 }
 
-/// Writes the JSON of a header: `metadata`, then each tensor `tensor(i)` gives for `i` in
-/// `0..count` (descriptor and offsets relative to the data section), with no padding.
+/// Writes the JSON of a header: `metadata` (where not empty), then each tensor `tensor(i)`
+/// gives for `i` in `0..count` (descriptor and offsets relative to the data section), with
+/// no padding.
 pub(crate) fn write_json<'a, W: std::io::Write>(
     out: &mut W,
     count: usize,
     tensor: impl Fn(usize) -> (&'a TensorDesc, Range<u64>),
     metadata: &BTreeMap<String, String>,
 ) -> std::io::Result<()> {
+    write_json_with(out, count, tensor, Some(metadata).filter(|m| !m.is_empty()))
+}
+
+/// [`write_json`] with `metadata` written whenever it is given, empty or not (as the
+/// `safetensors` crate writes a map it is given).
+pub(crate) fn write_json_with<'a, W: std::io::Write>(
+    out: &mut W,
+    count: usize,
+    tensor: impl Fn(usize) -> (&'a TensorDesc, Range<u64>),
+    metadata: Option<&BTreeMap<String, String>>,
+) -> std::io::Result<()> {
     out.write_all(b"{")?;
     let mut first = true;
-    if !metadata.is_empty() {
+    if let Some(metadata) = metadata {
         first = false;
         serde_json::to_writer(&mut *out, METADATA_KEY)?;
         out.write_all(b":")?;

@@ -115,3 +115,68 @@ pub(crate) fn named<S: AsRef<str>>(
     chosen.dedup();
     Ok(chosen)
 }
+
+impl CheckpointSource {
+    /// The tensors `names` (every tensor when `None`), in new memory: one page-aligned
+    /// [`Arena`] (huge pages where large, see [`Arena::new`]) in which each tensor whose
+    /// file offset is a multiple of its element size is placed so that its address and its
+    /// file offset agree modulo 4096 (direct reads fill it with no copy; neighbours in a file
+    /// stay neighbours), any other aligned to its element size. Each tensor is read whole, as [`read_into`](Self::read_into) reads it
+    /// (checked against its stored checksum where the source verifies). A name the source
+    /// lacks is [`ErrorKind::NotFound`]; the checkpoint carries the first file's metadata.
+    pub fn read_new(&self, names: Option<&[&str]>) -> Result<Checkpoint> {
+        let chosen = match names {
+            None => self.tensors(),
+            Some(names) => named(self, names)?,
+        };
+        let mut places = Vec::with_capacity(chosen.len());
+        let mut pos = 0u64;
+        for &at in &chosen {
+            let (e, r) = self.entry(at);
+            let item = e.desc.dtype.size().unwrap_or(1) as u64;
+            if r.start % item == 0 {
+                // Congruent, hence aligned to the element (it divides ALIGN); no gap after
+                // a neighbour that ends where this one starts in the file.
+                pos += (r.start % ALIGN + ALIGN - pos % ALIGN) % ALIGN;
+            } else {
+                pos = pos.div_ceil(item) * item;
+            }
+            places.push(pos..pos + (r.end - r.start));
+            pos += r.end - r.start;
+        }
+        let len = usize::try_from(pos).map_err(|_| {
+            Error::new(ErrorKind::OutOfMemory, "the tensors do not fit in memory")
+                .with_path(self.path())
+        })?;
+        let mut arena = Arena::new(len).map_err(|e| e.with_path(self.path()))?;
+        {
+            let mut reqs = Vec::with_capacity(chosen.len());
+            let mut rest: &mut [u8] = &mut arena;
+            let mut at = 0u64;
+            for (&(file, entry), place) in chosen.iter().zip(&places) {
+                let (_, r) = self.entry((file, entry));
+                let (_, tail) = std::mem::take(&mut rest).split_at_mut((place.start - at) as usize);
+                let (piece, tail) = tail.split_at_mut((place.end - place.start) as usize);
+                if !piece.is_empty() {
+                    reqs.push(Request::at(file, r.start, MemMut::Host(piece)));
+                }
+                rest = tail;
+                at = place.end;
+            }
+            let how = How {
+                fresh: true,
+                windows: true,
+            };
+            self.read(&mut reqs, how)?;
+        }
+        let entries = chosen
+            .iter()
+            .zip(places)
+            .map(|(&at, place)| {
+                let (e, _) = self.entry(at);
+                (e.desc.clone(), place.start as usize..place.end as usize)
+            })
+            .collect();
+        Checkpoint::from_parts(self.path(), arena, entries, self.metadata())
+    }
+}

@@ -208,18 +208,19 @@ impl std::io::Read for FileReader<'_> {
     }
 }
 
-/// Tries of one load whose file is replaced (renamed over) while it is read.
-const ATTEMPTS: usize = 5;
+/// Tries of one load whose file is replaced (renamed over) while it is read: the one
+/// retry of fastensor (the Python package adds none).
+pub const LOAD_ATTEMPTS: usize = 5;
 
 /// Runs `attempt` (a whole load: open the path, read the header, read the data) again
 /// while it fails with [`ErrorKind::Changed`] (the file was replaced by another while it was
-/// read), at most [`ATTEMPTS`] times in all; each try reads one version of the file, and a
-/// failed try's bytes are never returned. The last error is returned as it is.
+/// read), at most [`LOAD_ATTEMPTS`] times in all; each try reads one version of the file,
+/// and a failed try's bytes are never returned. The last error is returned as it is.
 pub(crate) fn retry_changed<T>(mut attempt: impl FnMut() -> Result<T>) -> Result<T> {
     let mut tries = 1;
     loop {
         match attempt() {
-            Err(e) if e.kind() == ErrorKind::Changed && tries < ATTEMPTS => tries += 1,
+            Err(e) if e.kind() == ErrorKind::Changed && tries < LOAD_ATTEMPTS => tries += 1,
             done => return done,
         }
     }
@@ -237,8 +238,8 @@ pub(crate) fn retry_changed<T>(mut attempt: impl FnMut() -> Result<T>) -> Result
 /// is read into one page-aligned arena of its own. When the data
 /// section is not aligned in the file (files written by other tools), the arena is offset so
 /// that file and memory alignments still match and direct I/O still copies nothing. A file
-/// replaced (renamed over) during the load is loaded again, whole (up to 3 tries); when it
-/// keeps changing the error is [`ErrorKind::Changed`].
+/// replaced (renamed over) during the load is loaded again, whole (at most
+/// [`LOAD_ATTEMPTS`] tries); when it keeps changing the error is [`ErrorKind::Changed`].
 pub fn load<O: FileOpener + ?Sized>(opener: &O, path: &Path) -> Result<Checkpoint> {
     let placement = if opener.maps_new_loads(path) {
         NewLoads::Mapped
@@ -357,8 +358,9 @@ pub fn load_later<O: FileOpener + ?Sized>(
 /// Loads tensors straight into the caller's buffers: each `(name, destination)` pair is
 /// filled with that tensor's bytes; see [`CheckpointFile::read_into`]. Returns the file's
 /// header. A file replaced (renamed over) during the load is opened and read again, every
-/// destination filled anew from the new version (up to 3 tries); when it keeps changing
-/// the error is [`ErrorKind::Changed`] and the destinations' contents are unspecified.
+/// destination filled anew from the new version (at most [`LOAD_ATTEMPTS`] tries); when it
+/// keeps changing the error is [`ErrorKind::Changed`] and the destinations' contents are
+/// unspecified.
 pub fn load_into<O: FileOpener + ?Sized>(
     opener: &O,
     path: &Path,
@@ -380,9 +382,9 @@ pub fn load_into<O: FileOpener + ?Sized>(
 pub struct CheckpointFile(CheckpointSource);
 
 /// Opens the safetensors file at `path` and validates its header; nothing else is read. A
-/// file replaced (renamed over) while it is opened is opened again (up to 3 tries); one
-/// replaced later makes reads that would reach the new file fail with
-/// [`ErrorKind::Changed`] (the header read belongs to the file first opened).
+/// file replaced (renamed over) while it is opened is opened again (at most
+/// [`LOAD_ATTEMPTS`] tries); one replaced later makes reads that would reach the new file
+/// fail with [`ErrorKind::Changed`] (the header read belongs to the file first opened).
 pub fn open<O: FileOpener + ?Sized>(opener: &O, path: &Path) -> Result<CheckpointFile> {
     retry_changed(|| CheckpointSource::single(opener, path).map(CheckpointFile))
 }

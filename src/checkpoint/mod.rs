@@ -13,6 +13,7 @@
 //!   reads (into caller memory, into a new arena, slices, raw ranges) go through one
 //!   planner: one job per file, small neighbours staged, the files' reads in flight together.
 //!   [`CheckpointFile`] and [`ShardedFile`] are its single-file and sharded faces.
+//! * [`serialize`] lays tensors out as a file in memory, as the `safetensors` crate does.
 //! * [`parse_header`] validates hostile input without panicking; every defect is an
 //!   [`ErrorKind::Corrupt`](crate::ErrorKind::Corrupt) error naming the file and the tensor.
 //! * [`inspect`], [`rows`] and [`copy`] serve the command line.
@@ -30,6 +31,7 @@ mod load;
 mod mapped;
 mod plan;
 mod save;
+mod serialize;
 pub mod sharded;
 mod slice;
 mod source;
@@ -44,10 +46,11 @@ pub use header::{
 pub(crate) use load::load_placed;
 pub use load::{
     load, load_into, load_later, load_selected, load_verified, open, Checkpoint, CheckpointFile,
-    CheckpointParts,
+    CheckpointParts, LOAD_ATTEMPTS,
 };
 pub use mapped::PendingPages;
 pub use save::{save, save_checked, save_section, save_with_metadata, TensorView};
+pub use serialize::{serialize, serialized, Serialized, SERIALIZED_ALIGN};
 pub use sharded::{
     load_into_sharded, load_selected_sharded, load_sharded, open_sharded, read_ranges,
     save_sharded, save_sharded_with_metadata, ShardedCheckpoint, ShardedFile, ShardedIndex,

@@ -4,7 +4,8 @@
 //! [`Backend::with_knobs`](crate::Backend::with_knobs) builds from, so a backend states each
 //! knob once. [`knob_table!`](crate::knob_table) writes the rows.
 
-use super::{format_size, KnobSpec, Knobs};
+use super::{KnobSpec, Knobs};
+use crate::size::format_size;
 use crate::Result;
 
 /// The field of settings `C` that a knob sets, and how its value is parsed and shown.
@@ -26,7 +27,7 @@ impl<C> KnobField<C> {
         match self {
             KnobField::Count(f) => f(config).to_string(),
             KnobField::Count32(f) => f(config).to_string(),
-            KnobField::Size(f) => format_size(*f(config)),
+            KnobField::Size(f) => format_size(*f(config) as u64),
             KnobField::Flag(f) => f(config).to_string(),
         }
     }

@@ -1,17 +1,14 @@
-"""Safetensors in memory: the layout of ``save`` and the checks of ``load`` (no framework).
+"""Safetensors in memory, for the framework-free API and the torch and numpy front ends.
 
-The layout is the one ``safetensors`` writes, byte for byte: an 8-byte little-endian header
-length, a compact JSON header (``__metadata__`` first, then the tensors in data order), padded
-with spaces to a multiple of 8, then the tensors' bytes, ordered as the safetensors crate
-orders them (the widest dtypes first, then by name). :func:`parse` validates hostile bytes
-with the engine's header parser before anything is allocated and raises
-:class:`~fastensor.errors.CorruptError`.
+The format is Rust's (``fastensor::checkpoint``): :func:`serialize` hands the tensors to the
+native layout (byte for byte the one ``safetensors`` writes) and :func:`parse` validates
+hostile bytes with the engine's header parser before anything is allocated (raising
+:class:`~fastensor.errors.CorruptError`). The dtype table comes from the native module too;
+this module only checks what Python callers pass and shapes the results.
 """
 
 from __future__ import annotations
 
-import json
-import struct
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
@@ -20,38 +17,8 @@ from ._common import PathLike, check_metadata, fspath
 from ._engine import Engine, engine_or_default
 from .errors import WrongTypeError, _invalid
 
-#: Bits per element of every dtype name safetensors knows.
-BITS = {
-    "BOOL": 8,
-    "F4": 4,
-    "F6_E2M3": 6,
-    "F6_E3M2": 6,
-    "U8": 8,
-    "I8": 8,
-    "F8_E5M2": 8,
-    "F8_E4M3": 8,
-    "F8_E8M0": 8,
-    "F8_E4M3FNUZ": 8,
-    "F8_E5M2FNUZ": 8,
-    "I16": 16,
-    "U16": 16,
-    "F16": 16,
-    "BF16": 16,
-    "I32": 32,
-    "U32": 32,
-    "F32": 32,
-    "C64": 64,
-    "F64": 64,
-    "I64": 64,
-    "U64": 64,
-}
-
-#: The safetensors crate's ``Dtype`` order; tensors are laid out by it, descending.
-_RANK = {name: i for i, name in enumerate(BITS)}
-
-#: The header size safetensors (and the engine's parser) refuses beyond (100 MB): at most
-#: this much of a buffer is copied for the parser.
-MAX_HEADER = 100_000_000
+#: Bits per element of every dtype name the format knows (the native table).
+BITS: dict[str, int] = dict(_native.dtypes())
 
 #: What the messages name instead of a file.
 WHERE = "<bytes>"
@@ -65,32 +32,6 @@ class Entry(NamedTuple):
     shape: list[int]
     start: int
     end: int
-
-
-def layout(
-    specs: Sequence[tuple[str, str, Sequence[int], int]],
-    metadata: dict[str, str] | None,
-) -> tuple[bytes, list[tuple[str, int, int]]]:
-    """The header (length prefix, JSON, padding) for ``specs`` ``(name, dtype, shape,
-    nbytes)`` and where each tensor's bytes go: ``(name, start, end)`` relative to the end of
-    the header, in data order."""
-    ordered = sorted(specs, key=lambda s: (-_RANK.get(s[1], -1), s[0]))
-    header: dict[str, Any] = {}
-    if metadata is not None:
-        header["__metadata__"] = metadata
-    places = []
-    at = 0
-    for name, dtype, shape, nbytes in ordered:
-        header[name] = {
-            "dtype": dtype,
-            "shape": [int(d) for d in shape],
-            "data_offsets": [at, at + nbytes],
-        }
-        places.append((name, at, at + nbytes))
-        at += nbytes
-    text = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode()
-    text += b" " * (-len(text) % 8)
-    return struct.pack("<Q", len(text)) + text, places
 
 
 def _uint(value: object) -> bool:
@@ -113,10 +54,7 @@ def parse(data: bytes | bytearray | memoryview) -> tuple[memoryview, list[Entry]
         raise TypeError(f"expected bytes, got {type(data).__name__}") from None
     if view.ndim != 1 or view.itemsize != 1:
         view = view.cast("B")
-    # Only the header is handed over (the parser checks its length before reading it).
-    n = struct.unpack("<Q", view[:8])[0] if len(view) >= 8 else 0
-    prefix = bytes(view[: 8 + min(n, MAX_HEADER + 1)])
-    start, rows, metadata = _native.parse_header(prefix, len(view))
+    start, rows, metadata = _native.parse_header(view)
     entries = [Entry(name, dtype, list(shape), s, e) for name, dtype, shape, s, e in rows]
     return view[start:], entries, (metadata or None)
 
@@ -243,13 +181,7 @@ def serialize(
         ValueError (InvalidInputError): an unknown dtype, data that does not match its shape.
     """
     meta = check_metadata(metadata, WHERE)
-    specs = _specs(tensor_dict, WHERE)
-    header, places = layout([(n, d, s, len(b)) for n, d, s, b in specs], meta)
-    src = {n: b for n, _, _, b in specs}
-    out = bytearray(header)
-    for name, _, _ in places:
-        out += src[name]
-    return bytes(out)
+    return _native.serialize(_specs(tensor_dict, WHERE), meta)
 
 
 def serialize_file(

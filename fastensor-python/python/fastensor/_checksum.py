@@ -38,6 +38,16 @@ def open_file(engine: _native.Engine, path: str, verify: bool):
     return _native.open_verified(engine, path) if verify else engine.open(path)
 
 
+def open_any(engine: _native.Engine, path: str, verify: bool = False):
+    """A sharded checkpoint's open file for a directory or an index, else the file's; with
+    ``verify``, its reads are checked against the checksums saved with it."""
+    from ._common import is_sharded
+
+    if is_sharded(path):
+        return _native.open_sharded(engine, path, verify)
+    return open_file(engine, path, verify)
+
+
 def verify_file(path, *, engine=None) -> tuple[int, int]:
     """Checks every tensor of the safetensors file ``path`` against the checksums saved with
     it, without loading it (as ``fastensor ckpt verify`` does); returns ``(tensors,
@@ -59,20 +69,9 @@ def load_torch_verified(engine: _native.Engine, path: str, device) -> dict[str, 
     (each checked as it arrives), then moved to ``device``."""
     import torch
 
-    from ._common import unknown_dtype
-    from ._torch_dtypes import FROM_NAME, torch_shape
+    from ._host_load import read_host
 
-    file = _native.open_verified(engine, path)
-    out, targets = {}, []
-    for name, dtype, shape, _offset, nbytes in file.entries():
-        dt = FROM_NAME.get(dtype)
-        if dt is None:
-            raise unknown_dtype(path, name, dtype, f"torch {torch.__version__}")
-        t = torch.empty(torch_shape(dtype, shape), dtype=dt)
-        out[name] = t
-        if nbytes:
-            targets.append((name, t.reshape(-1).view(torch.uint8), 0, nbytes))
-    file.read_into(targets)
+    out = read_host(_native.open_verified(engine, path), path)
     if torch.device(device).type != "cpu":
         out = {k: v.to(device) for k, v in out.items()}
     return out

@@ -2,45 +2,21 @@
 
 from __future__ import annotations
 
-import functools
 import os
 from collections.abc import Callable, Mapping
-from typing import Any, TypeVar, Union
+from typing import Any, Union
 
-from .errors import FileChangedError, OutOfMemoryError, _invalid
-
-F = TypeVar("F", bound=Callable[..., Any])
+from .errors import OutOfMemoryError, _invalid
 
 PathLike = Union[str, "os.PathLike[str]"]
 
-#: Memory of a tensor read from a file is placed so that its address and its file offset
-#: agree modulo this many bytes: a direct (O_DIRECT) read can then fill it with no copy.
+#: Device memory of a tensor read from a file is placed so that its address and its file
+#: offset agree modulo this many bytes: a direct read can then fill it with no copy (host
+#: memory is laid out by the native side).
 IO_ALIGN = 4096
 
 #: Tensors smaller than this are not worth a padded allocation (they are read staged).
 ALIGN_MIN_BYTES = 1 << 20
-
-
-#: How many times a load starts over when the file was replaced while it was read.
-LOAD_ATTEMPTS = 5
-
-
-def retry_changed(load: F) -> F:
-    """``load`` started over (the file opened again) when the file it read was replaced
-    meanwhile (an atomic save by another process or thread): the caller gets one whole
-    version; after :data:`LOAD_ATTEMPTS` tries, the last :class:`FileChangedError`."""
-
-    @functools.wraps(load)
-    def again(*args, **kwargs):
-        for attempt in range(LOAD_ATTEMPTS):
-            try:
-                return load(*args, **kwargs)
-            except FileChangedError:
-                if attempt + 1 == LOAD_ATTEMPTS:
-                    raise
-        raise AssertionError("unreachable")
-
-    return again  # type: ignore[return-value]
 
 
 def fspath(path: PathLike) -> str:
@@ -51,6 +27,12 @@ def fspath(path: PathLike) -> str:
         raise TypeError(
             f"expected a path (str or os.PathLike), got {type(path).__name__}"
         ) from None
+
+
+def is_sharded(path: PathLike) -> bool:
+    """True when ``path`` names a sharded checkpoint: a directory or a ``*.index.json``."""
+    p = fspath(path)
+    return os.path.isdir(p) or p.endswith(".index.json")
 
 
 def check_metadata(metadata: Mapping[str, str] | None, path: str) -> dict[str, str] | None:
@@ -79,45 +61,6 @@ def check_names(tensors: Mapping[str, object], path: str) -> None:
     for k in tensors:
         if not isinstance(k, str):
             raise TypeError(f"{path}: tensor names must be str, got {type(k).__name__} ({k!r})")
-
-
-#: Tensors this large get memory backed by transparent huge pages: a direct read into 4 KiB
-#: pages is cut into requests of at most the device's segment count of pages (about 1 MiB),
-#: into 2 MiB pages it is not.
-HUGE_PAGE = 2 << 20
-
-_MADV_HUGEPAGE = 14
-
-
-def _libc():
-    global _LIBC
-    if _LIBC is None:
-        import ctypes
-
-        try:
-            _LIBC = ctypes.CDLL(None, use_errno=True)
-        except OSError:
-            _LIBC = False
-    return _LIBC
-
-
-_LIBC = None
-
-
-def huge_page_pad(file_offset: int, base_address: int, nbytes: int) -> int:
-    """For a buffer of ``nbytes + HUGE_PAGE + IO_ALIGN`` bytes at ``base_address``: asks for
-    huge pages from its first 2 MiB boundary on (``madvise``; a no-op where THP is off) and
-    returns the bytes to skip so that the tensor starts there, congruent to ``file_offset``
-    modulo :data:`IO_ALIGN`."""
-    start = -(-base_address // HUGE_PAGE) * HUGE_PAGE
-    end = base_address + nbytes + HUGE_PAGE + IO_ALIGN
-    libc = _libc()
-    if libc:
-        import ctypes
-
-        length = (end - start) // HUGE_PAGE * HUGE_PAGE
-        libc.madvise(ctypes.c_void_p(start), ctypes.c_size_t(length), _MADV_HUGEPAGE)
-    return start - base_address + file_offset % IO_ALIGN
 
 
 def pad_for(file_offset: int, base_address: int, nbytes: int, itemsize: int) -> int:

@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from . import _native
 from ._common import unknown_dtype
 from .errors import _invalid
 
@@ -97,6 +98,13 @@ def load_host(
     return _load(native, path, names, verify, False, _torch_name(), _make_torch)
 
 
+def read_host(file, path: str, names: list[str] | None = None) -> dict[str, torch.Tensor]:
+    """The tensors ``names`` (all, in file order, when ``None``) of the open native ``file``
+    read into new host memory, as torch tensors: one arena the native side lays out for
+    direct reads (each tensor read whole, checked where ``file`` verifies)."""
+    return _made(path, _native.read_new(file, names), names, _torch_name(), _make_torch)
+
+
 def load_host_later(
     native, path: str, names: list[str] | None = None
 ) -> tuple[dict[str, torch.Tensor], Any]:
@@ -125,11 +133,9 @@ class _Exported:
         return (1, 0)  # kDLCPU
 
 
-def load_host_numpy(
-    native, path: str, from_name: dict, names: list[str] | None = None, verify: bool = False
-) -> dict[str, np.ndarray]:
-    """:func:`load_host` for numpy: writable arrays (``from_name``: dtype name -> numpy
-    dtype; numpy makes writable arrays only from version 1 capsules)."""
+def _numpy_maker(from_name: dict) -> Callable[[str, str, list[int], Any], Any]:
+    """``make`` for numpy: writable arrays (``from_name``: dtype name -> numpy dtype;
+    numpy makes writable arrays only from version 1 capsules)."""
     import numpy as np
 
     def make(name: str, dtype: str, shape: list[int], capsule: Any) -> np.ndarray | None:
@@ -138,4 +144,19 @@ def load_host_numpy(
             return None
         return np.from_dlpack(_Exported(capsule)).view(dt).reshape(tuple(shape))
 
-    return _load(native, path, names, verify, True, "numpy", make)
+    return make
+
+
+def load_host_numpy(
+    native, path: str, from_name: dict, names: list[str] | None = None, verify: bool = False
+) -> dict[str, np.ndarray]:
+    """:func:`load_host` for numpy (``from_name``: dtype name -> numpy dtype)."""
+    return _load(native, path, names, verify, True, "numpy", _numpy_maker(from_name))
+
+
+def read_host_numpy(
+    file, path: str, from_name: dict, names: list[str] | None = None
+) -> dict[str, np.ndarray]:
+    """:func:`read_host` for numpy (``from_name``: dtype name -> numpy dtype)."""
+    tensors = _native.read_new(file, names, versioned=True)
+    return _made(path, tensors, names, "numpy", _numpy_maker(from_name))

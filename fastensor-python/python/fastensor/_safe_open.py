@@ -224,7 +224,7 @@ def _torch_target(dtype: str, shape: list[int], path: str, name: str):
 def _numpy_target(dtype: str, shape: list[int], path: str, name: str):
     import numpy as np
 
-    from .numpy import _FROM_NAME
+    from ._numpy_dtypes import FROM_NAME as _FROM_NAME
 
     dt = _FROM_NAME.get(dtype)
     if dt is None:

@@ -11,18 +11,15 @@ of all files in flight together.
 
 from __future__ import annotations
 
-import ctypes
-import os
-import re
 from collections.abc import Iterable, Mapping
 
 import torch
 
 from . import _checksum, _native
-from . import torch as _fst
-from ._common import PathLike, check_metadata, fspath, retry_changed
+from ._common import PathLike, check_metadata, fspath, is_sharded
 from ._engine import Engine, engine_or_default
-from ._host_load import load_host, load_host_later
+from ._host_load import load_host, load_host_later, read_host
+from ._torch_io import _read_new, _save_specs
 
 __all__ = [
     "is_sharded",
@@ -31,89 +28,26 @@ __all__ = [
     "save_sharded",
 ]
 
-_UNITS = {
-    "": 1,
-    "B": 1,
-    "KB": 10**3,
-    "MB": 10**6,
-    "GB": 10**9,
-    "TB": 10**12,
-    "KIB": 2**10,
-    "MIB": 2**20,
-    "GIB": 2**30,
-    "TIB": 2**40,
-}
-
 
 def parse_size(size: int | str) -> int:
     """Bytes of ``size``: an int, or a string such as ``"5GB"`` (10^9) or ``"500MiB"``
-    (2^20), as ``transformers``' ``max_shard_size`` takes."""
+    (2^20), as ``transformers``' ``max_shard_size`` takes it; strings are read by the native
+    size parser, the one every size of fastensor goes through."""
     if isinstance(size, bool):
         raise TypeError("max_shard_size must be an int or a size string")
     if isinstance(size, int):
         if size <= 0:
             raise ValueError(f"max_shard_size must be positive, got {size}")
         return size
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]I?B|B)?\s*", str(size), re.IGNORECASE)
-    if not m:
-        raise ValueError(f"cannot read {size!r} as a size (e.g. '5GB', '500MiB', 1000000)")
-    n = int(float(m.group(1)) * _UNITS[(m.group(2) or "").upper()])
+    try:
+        n = _native.parse_size(str(size))
+    except ValueError as exc:
+        raise ValueError(
+            f"cannot read {size!r} as a size (e.g. '5GB', '500MiB', 1000000): {exc}"
+        ) from None
     if n <= 0:
         raise ValueError(f"max_shard_size must be positive, got {size!r}")
     return n
-
-
-#: Loads onto the CPU go into one allocation aligned to this, marked for transparent huge
-#: pages: fresh memory faults in 2 MiB at a time instead of 4 KiB (faulting 0.7 GB of
-#: fresh 4 KiB pages costs about 1 s of CPU here, as long as reading it from the disk).
-_HUGE = 2 << 20
-_MADV_HUGEPAGE = 14
-
-
-def _madvise_huge(addr: int, length: int) -> None:
-    """Asks for transparent huge pages on ``addr..addr+length`` (best effort)."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.madvise(ctypes.c_void_p(addr), ctypes.c_size_t(length), _MADV_HUGEPAGE)
-    except (OSError, AttributeError):
-        pass
-
-
-def _read_into_arena(file, path: str, entries) -> dict[str, torch.Tensor]:
-    """Every entry read into views of one CPU allocation (huge pages where the kernel
-    grants them), each placed so that its address and its file offset agree modulo 4096
-    (direct reads fill it with no copy); neighbours in a file stay neighbours."""
-    places, pos, prev_end = [], 0, None
-    for _, dtype, _, offset, nbytes in entries:
-        itemsize = _fst._torch_dtype(path, "", dtype).itemsize
-        if offset != prev_end:
-            pos += (offset % 4096 - pos % 4096) % 4096
-        if pos % itemsize:
-            pos += itemsize - pos % itemsize
-        places.append(pos)
-        pos += nbytes
-        prev_end = offset + nbytes
-    raw = torch.empty(pos + _HUGE, dtype=torch.uint8)
-    start = (-raw.data_ptr()) % _HUGE
-    arena = raw[start : start + pos]
-    if pos >= _HUGE:
-        _madvise_huge(arena.data_ptr(), pos - pos % _HUGE)
-    out, targets = {}, []
-    for (name, dtype, shape, _, nbytes), at in zip(entries, places, strict=True):
-        dt = _fst._torch_dtype(path, name, dtype)
-        if nbytes == 0:
-            out[name] = torch.empty(shape, dtype=dt)
-            continue
-        out[name] = arena[at : at + nbytes].view(dt).view(shape)
-        targets.append((name, arena, at, nbytes))
-    file.read_into(targets)
-    return out
-
-
-def is_sharded(path: PathLike) -> bool:
-    """True when ``path`` names a sharded checkpoint: a directory or a ``*.index.json``."""
-    p = fspath(path)
-    return os.path.isdir(p) or p.endswith(".index.json")
 
 
 def open_sharded(path: PathLike, *, engine: Engine | None = None) -> _native.ShardedFile:
@@ -126,14 +60,6 @@ def open_sharded(path: PathLike, *, engine: Engine | None = None) -> _native.Sha
             there.
     """
     return _native.open_sharded(engine_or_default(engine), fspath(path))
-
-
-def _open_any(engine: _native.Engine, path: str, verify: bool = False):
-    """A sharded checkpoint's open file for a directory or an index, else the file's; with
-    ``verify``, its reads are checked against the checksums saved with it."""
-    if is_sharded(path):
-        return _native.open_sharded(engine, path, verify)
-    return _native.open_verified(engine, path) if verify else engine.open(path)
 
 
 def save_sharded(
@@ -162,13 +88,12 @@ def save_sharded(
     engine = engine_or_default(engine)
     meta = check_metadata(metadata, path) if metadata is not None else {"format": "pt"}
     limit = parse_size(max_shard_size)
-    specs = _fst._save_specs(tensors, path, engine, host_only=checksum)
+    specs = _save_specs(tensors, path, engine, host_only=checksum)
     if checksum:
         meta = _checksum.stamp(specs, meta)  # (split per shard by the native save)
     return _native.save_sharded(engine, path, specs, limit, meta)
 
 
-@retry_changed
 def _load_host_by_shard(engine, file, names: Iterable[str] | None) -> dict[str, torch.Tensor]:
     """Every tensor (or ``names``, in their order) into new host memory, one load per shard
     (each mapped and brought in as ``load_file`` does, by all the I/O threads)."""
@@ -183,7 +108,6 @@ def _load_host_by_shard(engine, file, names: Iterable[str] | None) -> dict[str, 
     return {n: out[n] for n in dict.fromkeys(names)}
 
 
-@retry_changed
 def load_host_later_by_shard(engine, path: str) -> tuple[dict[str, torch.Tensor], list]:
     """Every tensor of the sharded checkpoint at ``path`` in new host memory, returned as
     soon as each shard is mapped (see :func:`fastensor._host_load.load_host_later`): the
@@ -243,7 +167,8 @@ def load_sharded(
     if torch.device(device).type == "cpu" and not verify:
         return _load_host_by_shard(engine, file, names)
     if torch.device(device).type == "cpu":
-        return _read_into_arena(file, p, entries)
+        return read_host(file, p, [e[0] for e in entries])
     if verify:  # (checked in host memory, then moved)
-        return {k: v.to(device) for k, v in _read_into_arena(file, p, entries).items()}
-    return _fst._read_new(file, p, entries, device, engine)
+        host = read_host(file, p, [e[0] for e in entries])
+        return {k: v.to(device) for k, v in host.items()}
+    return _read_new(file, p, entries, device, engine)

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 
 import torch
 
-from ._model import _end_ptr, _find_shared_tensors
+from ._torch_shared import _end_ptr, _find_shared_tensors
 from .errors import NoDataError, SharedTensorsError, WrongTypeError, _invalid
 
 _SPARSE = {

@@ -1,9 +1,10 @@
 """Safetensors checkpoints for NumPy, moved by fastensor's engine.
 
-The names follow ``safetensors.numpy``. Arrays returned by :func:`load_file` own their
-memory (allocated by NumPy, one buffer per array, filled in place by the engine with the
-GIL released); so do those of :func:`load`, which reads the bytes of a safetensors file
-(:func:`save` gives them). The save functions read the caller's arrays in place while they run
+The names follow ``safetensors.numpy``. Arrays returned by :func:`load_file` and
+``safe_open`` are writable and each views memory the native side laid out and filled with
+the GIL released (or the file mapped), freed when the last array of the same read dies;
+those of :func:`load`, which reads the bytes of a safetensors file (:func:`save` gives
+them), are allocated by NumPy. The save functions read the caller's arrays in place while they run
 (C-contiguous little-endian ones without a copy); :func:`save_file_async` copies them first.
 """
 
@@ -16,21 +17,16 @@ import numpy as np
 from . import _bytes, _native
 from ._checksum import open_file
 from ._common import (
-    HUGE_PAGE,
-    IO_ALIGN,
     PathLike,
-    allocation_error,
     check_metadata,
     check_names,
     fspath,
-    huge_page_pad,
-    pad_for,
-    read_new,
-    retry_changed,
     unknown_dtype,
 )
 from ._engine import Engine, engine_or_default, watch_pending_saves
-from ._host_load import load_host_numpy
+from ._host_load import load_host_numpy, read_host_numpy
+from ._numpy_dtypes import FROM_NAME as _FROM_NAME
+from ._numpy_dtypes import TO_NAME as _TO_NAME
 from ._safe_open import SafeOpenBase
 from .errors import _invalid
 
@@ -43,27 +39,6 @@ __all__ = [
     "save_file",
     "save_file_async",
 ]
-
-_TO_NAME = {
-    np.dtype(np.bool_): "BOOL",
-    np.dtype(np.uint8): "U8",
-    np.dtype(np.int8): "I8",
-    np.dtype(np.int16): "I16",
-    np.dtype(np.uint16): "U16",
-    np.dtype(np.float16): "F16",
-    np.dtype(np.int32): "I32",
-    np.dtype(np.uint32): "U32",
-    np.dtype(np.float32): "F32",
-    np.dtype(np.int64): "I64",
-    np.dtype(np.uint64): "U64",
-    np.dtype(np.float64): "F64",
-    np.dtype(np.complex64): "C64",
-}
-_FROM_NAME = {v: k for k, v in _TO_NAME.items()}
-
-
-def _address(a: np.ndarray) -> int:
-    return a.__array_interface__["data"][0]
 
 
 def _bytes_of(a: np.ndarray) -> np.ndarray:
@@ -125,40 +100,10 @@ def save_file_async(
     return engine.save_async(path, specs, meta, checksum=checksum)
 
 
-def _place_new(entry, path: str) -> tuple[np.ndarray, np.ndarray, int]:
-    """A new array for ``entry``: the array, the ``uint8`` array whose memory holds it, and
-    its byte offset there."""
-    name, dtype, shape, offset, nbytes = entry
-    shape = tuple(shape)
-    dt = _FROM_NAME.get(dtype)
-    if dt is None:
-        raise unknown_dtype(path, name, dtype, "numpy")
-    if nbytes < 1 << 20:
-        a = np.empty(shape, dtype=dt)
-        return a, _bytes_of(a), 0
-    if nbytes >= HUGE_PAGE and offset % dt.itemsize == 0:
-        raw = np.empty(nbytes + HUGE_PAGE + IO_ALIGN, dtype=np.uint8)
-        pad = huge_page_pad(offset, _address(raw), nbytes)
-    else:
-        raw = np.empty(nbytes + IO_ALIGN, dtype=np.uint8)
-        pad = pad_for(offset, _address(raw), nbytes, dt.itemsize)
-    return raw[pad : pad + nbytes].view(dt).reshape(shape), raw, pad
-
-
-def _empty_for(entry, path: str) -> tuple[np.ndarray, np.ndarray, int]:
-    """:func:`_place_new`, with numpy's errors as fastensor errors naming the file and the
-    tensor: a shape numpy cannot hold, memory that cannot be allocated."""
-    try:
-        return _place_new(entry, path)
-    except (ValueError, MemoryError) as exc:
-        raise allocation_error(path, entry, exc, "numpy") from exc
-
-
 def _read_new(file, path: str, entries) -> dict[str, np.ndarray]:
-    return read_new(file, entries, lambda e: _empty_for(e, path))
+    return read_host_numpy(file, path, _FROM_NAME, [e[0] for e in entries])
 
 
-@retry_changed
 def load_file(
     filename: PathLike, *, engine: Engine | None = None, verify: bool = False
 ) -> dict[str, np.ndarray]:
@@ -175,7 +120,6 @@ def load_file(
     return load_host_numpy(engine_or_default(engine), path, _FROM_NAME, verify=verify)
 
 
-@retry_changed
 def load_selected(
     filename: PathLike, names: Iterable[str], *, engine: Engine | None = None
 ) -> dict[str, np.ndarray]:
@@ -227,15 +171,7 @@ def save(tensor_dict: Mapping[str, np.ndarray], metadata: Mapping[str, str] | No
     where = _bytes.WHERE
     meta = check_metadata(metadata, where)
     specs = _save_specs(tensor_dict, where)
-    header, places = _bytes.layout([(n, d, s, b.nbytes) for n, d, s, b in specs], meta)
-    src = {n: b for n, _, _, b in specs}
-    buf = bytearray(len(header) + (places[-1][2] if places else 0))
-    buf[: len(header)] = header
-    dst = np.frombuffer(buf, dtype=np.uint8)
-    base = len(header)
-    for name, start, end in places:
-        dst[base + start : base + end] = src[name]
-    return bytes(buf)
+    return _native.serialize(specs, meta)
 
 
 def load(data: bytes) -> dict[str, np.ndarray]:

@@ -38,8 +38,9 @@ from typing import Any
 
 import torch
 
+from . import _native
 from . import torch as _fst
-from ._common import LOAD_ATTEMPTS, PathLike, fspath, retry_changed
+from ._common import PathLike, fspath
 from ._engine import Engine, engine_or_default
 from ._host_load import load_host_later
 from ._sharded import load_host_later_by_shard, parse_size
@@ -114,13 +115,8 @@ def _load_weights(path: str, device: torch.device, engine: Engine | None) -> tup
     native = engine_or_default(engine)
     if path.endswith(".json"):
         return load_host_later_by_shard(native, path)
-    weights, pages = _load_host_later(native, path)
+    weights, pages = load_host_later(native, path)
     return weights, [] if pages is None else [pages]
-
-
-@retry_changed
-def _load_host_later(native: Any, path: str) -> tuple[dict, Any]:
-    return load_host_later(native, path)
 
 
 class _WeightsInFlight(dict):
@@ -230,12 +226,15 @@ def from_pretrained(
     if kwargs.get("config") is None:
         kwargs["config"] = path  # read (with subfolder and config kwargs) as from_pretrained does
     generation_config = kwargs.get("generation_config")
-    for attempt in range(LOAD_ATTEMPTS):
+    # Each native load retries on its own; what starts over here is the model built around
+    # tensors already handed out, when their file changed while their pages came in (the
+    # native side cannot take those tensors back). As many tries as a native load makes.
+    for attempt in range(_native.LOAD_ATTEMPTS):
         try:
             out = _build(model_class, model_args, kwargs, weights, target, engine)
             break
-        except FileChangedError:  # (a file replaced while its pages came in: start over)
-            if attempt + 1 == LOAD_ATTEMPTS:
+        except FileChangedError:
+            if attempt + 1 == _native.LOAD_ATTEMPTS:
                 raise
     model = out[0] if isinstance(out, tuple) else out
     model.config.name_or_path = path

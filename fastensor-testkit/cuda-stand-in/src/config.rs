@@ -123,16 +123,10 @@ pub fn parse_faults(spec: &str, errors: &mut Vec<String>) -> Faults {
     f
 }
 
-/// `123`, `4K`, `16M`, `2G` (powers of 1024).
+/// `123`, `4K`, `16M`, `2G` (powers of 1024), `4GB` (of 1000): as every size of fastensor is
+/// read ([`fastensor_core::size`]).
 pub fn parse_size(s: &str) -> Option<u64> {
-    let s = s.trim();
-    let (digits, shift) = match s.as_bytes().last()? {
-        b'k' | b'K' => (&s[..s.len() - 1], 10),
-        b'm' | b'M' => (&s[..s.len() - 1], 20),
-        b'g' | b'G' => (&s[..s.len() - 1], 30),
-        _ => (s, 0),
-    };
-    digits.parse::<u64>().ok()?.checked_mul(1 << shift)
+    fastensor_core::size::parse_size(s).ok()
 }
 
 #[cfg(test)]

@@ -22,7 +22,8 @@ pub struct ShardedFile(CheckpointSource);
 /// index and every shard's header (read in parallel). A tensor of the weight map missing
 /// from its shard is [`ErrorKind::Corrupt`](crate::ErrorKind::Corrupt); a missing shard
 /// [`ErrorKind::NotFound`](crate::ErrorKind::NotFound). A shard replaced (renamed over)
-/// while it is opened makes the whole checkpoint be opened again (up to 3 tries; then
+/// while it is opened makes the whole checkpoint be opened again (at most
+/// [`LOAD_ATTEMPTS`](crate::checkpoint::LOAD_ATTEMPTS) tries; then
 /// [`ErrorKind::Changed`](crate::ErrorKind::Changed)).
 pub fn open_sharded<O: FileOpener + ?Sized>(opener: &O, path: &Path) -> Result<ShardedFile> {
     retry_changed(|| CheckpointSource::sharded(opener, path).map(ShardedFile))
@@ -143,8 +144,9 @@ impl std::ops::Deref for ShardedCheckpoint {
 
 /// Loads every tensor of the sharded checkpoint at `path` (a directory or an index file)
 /// into one arena: each shard's reads go out as one job, all shards' in flight together. A
-/// shard replaced (renamed over) during the load makes the whole load start again (up to 3
-/// tries; then [`ErrorKind::Changed`](crate::ErrorKind::Changed)).
+/// shard replaced (renamed over) during the load makes the whole load start again (at most
+/// [`LOAD_ATTEMPTS`](crate::checkpoint::LOAD_ATTEMPTS) tries; then
+/// [`ErrorKind::Changed`](crate::ErrorKind::Changed)).
 pub fn load_sharded<O: FileOpener + ?Sized>(opener: &O, path: &Path) -> Result<ShardedCheckpoint> {
     retry_changed(|| ShardedFile(CheckpointSource::sharded(opener, path)?).load_all())
 }
@@ -174,7 +176,8 @@ where
 /// Fills the caller's buffers `(name, destination)` from the sharded checkpoint at `path`,
 /// requests of every shard in flight together; returns the index. A shard replaced (renamed
 /// over) during the load makes the whole load start again, every destination filled anew
-/// (up to 3 tries; then [`ErrorKind::Changed`](crate::ErrorKind::Changed), the
+/// (at most [`LOAD_ATTEMPTS`](crate::checkpoint::LOAD_ATTEMPTS) tries; then
+/// [`ErrorKind::Changed`](crate::ErrorKind::Changed), the
 /// destinations' contents unspecified).
 pub fn load_into_sharded<O: FileOpener + ?Sized>(
     opener: &O,
