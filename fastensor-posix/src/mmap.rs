@@ -37,7 +37,8 @@ impl Backend for MmapBackend {
     fn capabilities(&self) -> Capabilities {
         Capabilities {
             write: false,
-            ..Capabilities::default()
+            maps_file: true,
+            ..Capabilities::local()
         }
     }
 
