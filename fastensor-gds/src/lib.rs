@@ -20,7 +20,6 @@
 //! `nvidia/cufile/lib/` (see [`probe`]).
 #![deny(missing_docs)]
 
-mod batch;
 pub mod copies;
 pub mod cuda;
 pub mod cufile;

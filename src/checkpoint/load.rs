@@ -1,6 +1,7 @@
 //! Loads: the whole data section into one aligned arena, a selection of tensors (only the
 //! ranges needed, neighbours merged), or the caller's own buffers.
 
+use super::header::validate;
 use super::header::{
     check_header_len, header_len_of, lookup, parse_header, parse_header_from, Header,
     PARSE_WHOLE_MAX,
@@ -9,7 +10,7 @@ use super::into_arena::{load_chosen, named};
 use super::mapped::{PendingPages, WithoutLease};
 use super::save::{TensorView, Tensors};
 use super::source::CheckpointSource;
-use super::{validate, Arena, FileOpener};
+use super::{Arena, FileOpener};
 use crate::core::policy::{plan_new_load, NewLoads};
 use crate::{BackendFile, Error, ErrorKind, HostBuffer, MemMut, MemRef, Result, TensorDesc};
 use std::collections::BTreeMap;

@@ -4,8 +4,8 @@
 //! tensors are coalesced, never written one by one).
 
 use super::checksum::{self, CHECKSUMS_KEY};
-use super::header::{self, DATA_ALIGN};
-use super::{validate, FileOpener};
+use super::header::{self, validate, DATA_ALIGN};
+use super::FileOpener;
 use crate::atomic::AtomicFile;
 use crate::{BackendFile, Error, ErrorKind, HostBuffer, MemRef, OpenMode, Result, TensorDesc};
 use std::collections::BTreeMap;
