@@ -43,9 +43,9 @@ impl PyPendingPages {
 }
 
 /// The lock that lets one load's pages in at a time in this process (each load already
-/// keeps several windows in flight; the shards of a checkpoint brought in all at once
-/// measured slower and less steady than one after another). A forked child gets a lock of
-/// its own, whatever its parent's threads held.
+/// keeps several windows in flight, so shards take turns rather than compete: see
+/// `docs/lab/performance.md`, "Figures behind settings in the code"). A forked child gets a
+/// lock of its own, whatever its parent's threads held.
 fn turns() -> Arc<Mutex<()>> {
     static BY_PROCESS: Mutex<Option<(u32, Arc<Mutex<()>>)>> = Mutex::new(None);
     let pid = std::process::id();
