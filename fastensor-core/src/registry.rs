@@ -225,17 +225,18 @@ mod tests {
     use crate::{BackendFile, Capabilities, OpenMode};
     use std::path::Path;
 
+    /// Opens nothing; registered plainly, from this crate.
     struct Nothing;
 
     impl Backend for Nothing {
+        fn open(&self, path: &Path, _: OpenMode) -> Result<Box<dyn BackendFile>> {
+            Err(Error::new(ErrorKind::Unsupported, "opens nothing").with_path(path))
+        }
         fn name(&self) -> &str {
             "registry-test-nothing"
         }
         fn capabilities(&self) -> Capabilities {
             Capabilities::default()
-        }
-        fn open(&self, path: &Path, _: OpenMode) -> Result<Box<dyn BackendFile>> {
-            Err(Error::new(ErrorKind::Unsupported, "opens nothing").with_path(path))
         }
     }
 
