@@ -242,6 +242,22 @@ fn ratio_interval(ours: &[Phases], theirs: &[Phases], rng: &mut SplitMix) -> (f6
     (point, at(0.05), at(0.95))
 }
 
+/// A workload: its label and its transfers (offset, size).
+type Workload = (String, Vec<(u64, usize)>);
+
+/// `samples[workload][label]`: the phases of every round.
+type Samples = Vec<BTreeMap<String, Vec<Phases>>>;
+
+/// What every round shares: the directory, the fixed backends, the profile's path, the
+/// engine that writes for read-only backends, and whether to print every run.
+struct Bench {
+    dir: PathBuf,
+    names: Vec<String>,
+    profile: PathBuf,
+    posix: Engine,
+    verbose: bool,
+}
+
 fn main() -> fastensor::Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let dir = PathBuf::from(args.first().cloned().unwrap_or_else(|| ".".into()));
@@ -249,7 +265,6 @@ fn main() -> fastensor::Result<()> {
         fastensor::Error::io(e, "cannot create the benchmark directory").with_path(&dir)
     })?;
     let quick = args.iter().any(|a| a == "--quick");
-    let verbose = args.iter().any(|a| a == "--verbose");
     let rounds: usize = args
         .iter()
         .position(|a| a == "--rounds")
@@ -257,6 +272,59 @@ fn main() -> fastensor::Result<()> {
         .and_then(|v| v.parse().ok())
         .unwrap_or(12)
         .max(1);
+    let workloads = workloads(&args, quick);
+    let all = fastensor::registry();
+    let names: Vec<String> = Engine::builder().registry(all).build()?.backend_names();
+    println!("dir {}  backends {names:?}  rounds {rounds}", dir.display());
+    let bench = Bench {
+        profile: dir.join(".auto_vs_fixed-profile.toml"),
+        posix: Engine::builder().backends(["posix"]).build()?,
+        verbose: args.iter().any(|a| a == "--verbose"),
+        dir,
+        names,
+    };
+    // A huge-page-backed buffer, as an application moving tensors would use.
+    let mut buf = fastensor::HostBuffer::new(8 << 20)?;
+    for (i, b) in buf.iter_mut().enumerate() {
+        *b = (i as u32).wrapping_mul(2_654_435_761).to_le_bytes()[1];
+    }
+    first_profile(&bench, &workloads, &mut buf)?;
+    let mut samples: Samples = vec![BTreeMap::new(); workloads.len()];
+    let mut last_auto: Option<Engine> = None;
+    let mut warm_explorations = Vec::new();
+    for round in 0..rounds {
+        let (auto_cold, explorations) =
+            run_round(&bench, round, &workloads, &mut buf, &mut samples)?;
+        warm_explorations.push(explorations);
+        last_auto = Some(auto_cold);
+        eprintln!("round {} of {rounds} done", round + 1);
+    }
+    let mut labels: Vec<String> = bench.names.clone();
+    labels.push("auto".into());
+    labels.push("auto-warm".into());
+    let (intervals, verdicts) = print_medians(&workloads, &samples, &labels, rounds);
+    println!();
+    println!("total ratios to the best fixed backend, with 90% intervals (rounds resampled)");
+    for line in &intervals {
+        println!("{line}");
+    }
+    println!();
+    println!("goal (within 5% of the best fixed backend per size class, below it on the mix):");
+    for v in &verdicts {
+        println!("  {v}");
+    }
+    print_per_round(&workloads, &samples);
+    if let Some(a) = last_auto {
+        println!("\nauto (cold start, last round) report:\n{}", a.report());
+    }
+    println!("auto-warm explorations per round: {warm_explorations:?}");
+    let _ = std::fs::remove_file(&bench.profile);
+    Ok(())
+}
+
+/// The workloads: one per size class, then a shuffled mix of them (only the one `--only`
+/// names, when given: an unknown name ends the program).
+fn workloads(args: &[String], quick: bool) -> Vec<Workload> {
     let scale = if quick { 4 } else { 1 };
     // (size, transfers per phase)
     // Each phase moves 64 MiB (4 KiB) to 1 GiB (8 MiB): long enough that a context's
@@ -267,18 +335,7 @@ fn main() -> fastensor::Result<()> {
         (1 << 20, 512 / scale),
         (8 << 20, 128 / scale),
     ];
-    let all = fastensor::registry();
-    let names: Vec<String> = Engine::builder().registry(all).build()?.backend_names();
-    println!("dir {}  backends {names:?}  rounds {rounds}", dir.display());
-    let profile = dir.join(".auto_vs_fixed-profile.toml");
-    let posix = Engine::builder().backends(["posix"]).build()?;
-    // A huge-page-backed buffer, as an application moving tensors would use.
-    let mut buf = fastensor::HostBuffer::new(8 << 20)?;
-    for (i, b) in buf.iter_mut().enumerate() {
-        *b = (i as u32).wrapping_mul(2_654_435_761).to_le_bytes()[1];
-    }
-
-    let mut workloads: Vec<(String, Vec<(u64, usize)>)> = classes
+    let mut workloads: Vec<Workload> = classes
         .iter()
         .map(|&(s, n)| {
             (
@@ -305,121 +362,112 @@ fn main() -> fastensor::Result<()> {
             std::process::exit(2);
         }
     }
+    workloads
+}
 
-    let mut labels: Vec<String> = names.clone();
-    labels.push("auto".into());
-    labels.push("auto-warm".into());
-    // samples[workload][label] = phases of every round
-    let mut samples: Vec<BTreeMap<String, Vec<Phases>>> = vec![BTreeMap::new(); workloads.len()];
-    let mut last_auto: Option<Engine> = None;
-    let mut warm_explorations = Vec::new();
-    // The first profile: a cold-start engine runs every workload once, untimed.
-    let _ = std::fs::remove_file(&profile);
-    let tuner = Engine::builder().profile(&profile).build()?;
-    for (_, work) in &workloads {
-        let path = dir.join(".auto_vs_fixed-tune.bin");
-        run(&tuner, &tuner, &path, work, &mut buf)?;
-        clean_up(&dir);
+/// The first profile: a cold-start engine runs every workload once, untimed.
+fn first_profile(
+    bench: &Bench,
+    workloads: &[Workload],
+    buf: &mut fastensor::HostBuffer,
+) -> fastensor::Result<()> {
+    let _ = std::fs::remove_file(&bench.profile);
+    let tuner = Engine::builder().profile(&bench.profile).build()?;
+    for (_, work) in workloads {
+        let path = bench.dir.join(".auto_vs_fixed-tune.bin");
+        run(&tuner, &tuner, &path, work, buf)?;
+        clean_up(&bench.dir);
     }
     tuner.save_profile()?;
     eprintln!("first profile made");
-    for round in 0..rounds {
-        // A cold-start engine for the whole round, and a warm one from the last profile.
-        let warm = Engine::builder().profile(&profile).build()?;
-        if let Some(w) = warm.load_warning() {
-            println!("warning: {w}");
-        }
-        let _ = std::fs::remove_file(&profile);
-        let auto_cold = Engine::builder().profile(&profile).build()?;
-        for (w, (_, work)) in workloads.iter().enumerate() {
-            let mut contenders: Vec<Contender> = names
-                .iter()
-                .map(|n| Contender {
-                    label: n.clone(),
-                    engine: Engine::builder()
-                        .backends([n.as_str()])
-                        .build()
-                        .expect("available"),
-                })
-                .collect();
-            contenders.push(Contender {
-                label: "auto".into(),
-                engine: auto_cold.clone(),
-            });
-            contenders.push(Contender {
-                label: "auto-warm".into(),
-                engine: warm.clone(),
-            });
-            let order = balanced_order(contenders.len(), round);
-            for c in order.iter().map(|&i| &contenders[i]) {
-                let writer = if c.label == "mmap" { &posix } else { &c.engine };
-                let path = dir.join(format!(".auto_vs_fixed-{}.bin", c.label));
-                let p = run(&c.engine, writer, &path, work, &mut buf)?;
-                if verbose {
-                    eprintln!("round {round} {} {}: {p:?}", workloads[w].0, c.label);
-                    if c.label.starts_with("auto") {
-                        eprintln!("{}", c.engine.report());
-                    }
-                }
-                samples[w].entry(c.label.clone()).or_default().push(p);
-            }
-            clean_up(&dir);
-        }
-        auto_cold.save_profile()?;
-        warm_explorations.push(warm.selector_stats().explorations);
-        last_auto = Some(auto_cold);
-        eprintln!("round {} of {rounds} done", round + 1);
+    Ok(())
+}
+
+/// One round: a cold-start engine for the whole round and a warm one from the last profile
+/// run every workload beside every fixed backend, in the round's order. Returns the
+/// cold-start engine (its profile saved) and the warm one's explorations.
+fn run_round(
+    bench: &Bench,
+    round: usize,
+    workloads: &[Workload],
+    buf: &mut fastensor::HostBuffer,
+    samples: &mut Samples,
+) -> fastensor::Result<(Engine, u64)> {
+    let warm = Engine::builder().profile(&bench.profile).build()?;
+    if let Some(w) = warm.load_warning() {
+        println!("warning: {w}");
     }
+    let _ = std::fs::remove_file(&bench.profile);
+    let auto_cold = Engine::builder().profile(&bench.profile).build()?;
+    for (w, (_, work)) in workloads.iter().enumerate() {
+        let mut contenders: Vec<Contender> = bench
+            .names
+            .iter()
+            .map(|n| Contender {
+                label: n.clone(),
+                engine: Engine::builder()
+                    .backends([n.as_str()])
+                    .build()
+                    .expect("available"),
+            })
+            .collect();
+        contenders.push(Contender {
+            label: "auto".into(),
+            engine: auto_cold.clone(),
+        });
+        contenders.push(Contender {
+            label: "auto-warm".into(),
+            engine: warm.clone(),
+        });
+        let order = balanced_order(contenders.len(), round);
+        for c in order.iter().map(|&i| &contenders[i]) {
+            let writer = if c.label == "mmap" {
+                &bench.posix
+            } else {
+                &c.engine
+            };
+            let path = bench.dir.join(format!(".auto_vs_fixed-{}.bin", c.label));
+            let p = run(&c.engine, writer, &path, work, buf)?;
+            if bench.verbose {
+                eprintln!("round {round} {} {}: {p:?}", workloads[w].0, c.label);
+                if c.label.starts_with("auto") {
+                    eprintln!("{}", c.engine.report());
+                }
+            }
+            samples[w].entry(c.label.clone()).or_default().push(p);
+        }
+        clean_up(&bench.dir);
+    }
+    auto_cold.save_profile()?;
+    Ok((auto_cold, warm.selector_stats().explorations))
+}
+
+/// Prints each phase's median per workload and engine, with its ratio to the best fixed
+/// backend's; returns the total ratios' intervals and the goal's verdicts, one line each.
+fn print_medians(
+    workloads: &[Workload],
+    samples: &Samples,
+    labels: &[String],
+    rounds: usize,
+) -> (Vec<String>, Vec<String>) {
     let mut rng = SplitMix(0x5EED);
     println!();
     println!("medians over {rounds} rounds (total: the median of the rounds' totals)");
     println!("{:8} {:12} {:>10} {:>10} {:>10} {:>10}   ratios to the best fixed (write cold cached total)", "size", "engine", "write ms", "cold ms", "cached ms", "total ms");
     let mut verdicts: Vec<String> = Vec::new();
     let mut intervals: Vec<String> = Vec::new();
-    for ((label, _), by_label) in workloads.iter().zip(&samples) {
+    for ((label, _), by_label) in workloads.iter().zip(samples) {
         let results: Vec<(&String, Summary)> = labels
             .iter()
             .filter_map(|l| Some((l, Summary::of(by_label.get(l)?))))
             .collect();
-        let fixed = |with_mmap: bool| {
-            results
-                .iter()
-                .filter(move |(n, _)| !n.starts_with("auto") && (with_mmap || *n != "mmap"))
-        };
-        let best = |f: fn(&Summary) -> Duration, with_mmap: bool| {
-            fixed(with_mmap)
-                .map(|(_, s)| f(s))
-                .min()
-                .unwrap_or_default()
-        };
-        let bw = best(|s| s.phases.write, false);
-        let bc = best(|s| s.phases.cold, true);
-        let bk = best(|s| s.phases.cached, true);
-        let bt = best(|s| s.total, false);
-        for (name, s) in &results {
-            let ms = |d: Duration| d.as_secs_f64() * 1e3;
-            let p = &s.phases;
-            println!(
-                "{:8} {:12} {:10.1} {:10.1} {:10.1} {:10.1}   {:5.2} {:5.2} {:5.2} {}",
-                label,
-                name,
-                ms(p.write),
-                ms(p.cold),
-                ms(p.cached),
-                ms(s.total),
-                ratio(p.write, bw),
-                ratio(p.cold, bc),
-                ratio(p.cached, bk),
-                if *name == "mmap" {
-                    "  n/a (read-only)".to_string()
-                } else {
-                    format!("{:5.2}", ratio(s.total, bt))
-                },
-            );
-        }
+        print_rows(label, &results);
         // The same ratios with their uncertainty, and the next fixed backend's, which shows
         // how far apart this disk's noise puts two paths.
-        let mut ranked: Vec<&(&String, Summary)> = fixed(false).collect();
+        let mut ranked: Vec<&(&String, Summary)> = results
+            .iter()
+            .filter(|(n, _)| !n.starts_with("auto") && *n != "mmap")
+            .collect();
         ranked.sort_by_key(|(_, s)| s.total);
         let Some((best_name, _)) = ranked.first() else {
             continue;
@@ -449,21 +497,56 @@ fn main() -> fastensor::Result<()> {
         }
         intervals.push(line);
     }
-    println!();
-    println!("total ratios to the best fixed backend, with 90% intervals (rounds resampled)");
-    for line in &intervals {
-        println!("{line}");
+    (intervals, verdicts)
+}
+
+/// The rows of one workload: each engine's phase medians and their ratios to the best
+/// fixed backend's (`mmap`, read-only, is left out of the write and total bests).
+fn print_rows(label: &str, results: &[(&String, Summary)]) {
+    let fixed = |with_mmap: bool| {
+        results
+            .iter()
+            .filter(move |(n, _)| !n.starts_with("auto") && (with_mmap || *n != "mmap"))
+    };
+    let best = |f: fn(&Summary) -> Duration, with_mmap: bool| {
+        fixed(with_mmap)
+            .map(|(_, s)| f(s))
+            .min()
+            .unwrap_or_default()
+    };
+    let bw = best(|s| s.phases.write, false);
+    let bc = best(|s| s.phases.cold, true);
+    let bk = best(|s| s.phases.cached, true);
+    let bt = best(|s| s.total, false);
+    for (name, s) in results {
+        let ms = |d: Duration| d.as_secs_f64() * 1e3;
+        let p = &s.phases;
+        println!(
+            "{:8} {:12} {:10.1} {:10.1} {:10.1} {:10.1}   {:5.2} {:5.2} {:5.2} {}",
+            label,
+            name,
+            ms(p.write),
+            ms(p.cold),
+            ms(p.cached),
+            ms(s.total),
+            ratio(p.write, bw),
+            ratio(p.cold, bc),
+            ratio(p.cached, bk),
+            if *name == "mmap" {
+                "  n/a (read-only)".to_string()
+            } else {
+                format!("{:5.2}", ratio(s.total, bt))
+            },
+        );
     }
-    println!();
-    println!("goal (within 5% of the best fixed backend per size class, below it on the mix):");
-    for v in &verdicts {
-        println!("  {v}");
-    }
-    // The same ratio round by round (each `auto` total against the best fixed backend's
-    // total of the same round): how much of a ratio the disk's swings alone move.
+}
+
+/// The total ratios round by round (each `auto` total against the best fixed backend's
+/// total of the same round): how much of a ratio the disk's swings alone move.
+fn print_per_round(workloads: &[Workload], samples: &Samples) {
     println!();
     println!("per-round total ratios to the best fixed backend (median [lowest highest])");
-    for ((label, _), by_label) in workloads.iter().zip(&samples) {
+    for ((label, _), by_label) in workloads.iter().zip(samples) {
         let Some((best, theirs)) = by_label
             .iter()
             .filter(|(n, _)| !n.starts_with("auto") && *n != "mmap")
@@ -491,10 +574,4 @@ fn main() -> fastensor::Result<()> {
         }
         println!("{line}");
     }
-    if let Some(a) = last_auto {
-        println!("\nauto (cold start, last round) report:\n{}", a.report());
-    }
-    println!("auto-warm explorations per round: {warm_explorations:?}");
-    let _ = std::fs::remove_file(&profile);
-    Ok(())
 }

@@ -1,122 +1,11 @@
 //! The contract every I/O path implements.
 
 use crate::knobs::{KnobSpec, Knobs};
-use crate::{Error, ErrorKind, MemMut, MemRef, MemoryKind, Result};
+use crate::policy::{NewLoadFacts, NewLoads};
+use crate::{Capabilities, Error, ErrorKind, MemMut, MemRef, MemoryKind, Result};
 use std::fmt;
 use std::path::Path;
 use std::sync::Arc;
-
-/// What a backend can do. One struct drives both run-time checks and which conformance
-/// tests run for the backend.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Capabilities {
-    /// Can read files into memory.
-    pub read: bool,
-    /// Can write memory into files.
-    pub write: bool,
-    /// Accepts host memory.
-    pub host_memory: bool,
-    /// Accepts GPU device memory.
-    pub device_memory: bool,
-    /// Memory alignment (bytes) for the zero-copy path; 1 when any address is as fast.
-    /// Unaligned buffers still work, through a bounce buffer.
-    pub memory_alignment: u64,
-    /// File offset alignment (bytes) for the zero-copy path; 1 when any offset is as fast.
-    pub offset_alignment: u64,
-    /// The batch calls submit many requests at once (rather than one after another).
-    pub native_batch: bool,
-    /// How many requests the backend keeps in flight for one transfer.
-    pub queue_depth: u32,
-    /// `sync` makes written data durable.
-    pub durable_sync: bool,
-    /// Reads bypass the page cache (their speed does not depend on what is cached).
-    pub bypasses_page_cache: bool,
-}
-
-impl Default for Capabilities {
-    fn default() -> Self {
-        Capabilities {
-            read: true,
-            write: true,
-            host_memory: true,
-            device_memory: false,
-            memory_alignment: 1,
-            offset_alignment: 1,
-            native_batch: false,
-            queue_depth: 1,
-            durable_sync: true,
-            bypasses_page_cache: false,
-        }
-    }
-}
-
-impl Capabilities {
-    /// A backend of `O_DIRECT` transfers keeping `queue_depth` requests in flight:
-    /// page-aligned memory and offsets for the zero-copy path, reads past the page cache;
-    /// otherwise the defaults.
-    pub fn direct(queue_depth: u32) -> Self {
-        Capabilities {
-            memory_alignment: 4096,
-            offset_alignment: 4096,
-            queue_depth,
-            bypasses_page_cache: true,
-            ..Capabilities::default()
-        }
-    }
-
-    /// These capabilities for a backend that takes GPU device memory and no host memory.
-    pub fn on_device(self) -> Self {
-        Capabilities {
-            host_memory: false,
-            device_memory: true,
-            ..self
-        }
-    }
-}
-
-impl Capabilities {
-    /// True when the backend accepts memory of this kind.
-    pub fn supports_memory(&self, kind: MemoryKind) -> bool {
-        match kind {
-            MemoryKind::Host => self.host_memory,
-            MemoryKind::Device { .. } => self.device_memory,
-        }
-    }
-
-    /// A one-line summary such as `read write host align=4096 qd=4 batch`.
-    pub fn summary(&self) -> String {
-        let mut parts = Vec::new();
-        if self.read {
-            parts.push("read".to_string());
-        }
-        if self.write {
-            parts.push("write".to_string());
-        }
-        if self.host_memory {
-            parts.push("host".to_string());
-        }
-        if self.device_memory {
-            parts.push("device".to_string());
-        }
-        if self.offset_alignment > 1 || self.memory_alignment > 1 {
-            parts.push(format!(
-                "align={}",
-                self.offset_alignment.max(self.memory_alignment)
-            ));
-        }
-        parts.push(format!("qd={}", self.queue_depth));
-        if self.native_batch {
-            parts.push("batch".to_string());
-        }
-        if self.bypasses_page_cache {
-            parts.push("direct".to_string());
-        }
-        if !self.durable_sync {
-            parts.push("no-durable-sync".to_string());
-        }
-        parts.join(" ")
-    }
-}
 
 /// Whether a backend can run here.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -427,29 +316,35 @@ pub trait FileOpener: Send + Sync {
     /// Opens `path` in `mode` for checkpoint transfers. Errors name the file.
     fn open_file(&self, path: &Path, mode: OpenMode) -> Result<Box<dyn BackendFile>>;
 
-    /// Whether a load of a checkpoint into new host memory (one job) maps the file
-    /// copy-on-write instead of reading it through [`open_file`](Self::open_file)'s files:
-    /// decided once per load. The default, for a plain backend, reads through it.
-    fn maps_new_loads(&self, path: &Path) -> bool {
-        let _ = path;
-        false
+    /// What a load of a whole checkpoint into new host memory is planned from
+    /// ([`plan_new_load`](crate::policy::plan_new_load): map the file copy-on-write, or read
+    /// it through [`open_file`](Self::open_file)'s files). A query, with no effect. The
+    /// default, facts that plan a read.
+    fn new_load_facts(&self) -> NewLoadFacts {
+        NewLoadFacts::default()
     }
 
-    /// Where a load that maps the file ([`maps_new_loads`](Self::maps_new_loads)) cannot
-    /// have a read lease on it (a writer has it open, the file system grants none, another
-    /// user's file): whether it maps the file anyway, its memory then unprotected from
-    /// changes to the file (rewritten in place, they show through; truncated, a read of a
-    /// page cut raises `SIGBUS`), rather than reading it into memory of its own. The
-    /// default: it reads.
-    fn maps_unprotected(&self, path: &Path) -> bool {
-        let _ = path;
-        false
+    /// Told once per load of a whole checkpoint into new host memory where it put the bytes
+    /// (a mapping the file system or a lease refused counts as the read that replaced it).
+    /// The default does nothing; an engine counts them.
+    fn note_new_load(&self, placement: NewLoads) {
+        let _ = placement;
     }
 }
 
+/// A plain backend is the caller's choice: every transfer goes through it, and loads into
+/// new memory read through it.
 impl<B: Backend + ?Sized> FileOpener for B {
     fn open_file(&self, path: &Path, mode: OpenMode) -> Result<Box<dyn BackendFile>> {
         self.open(path, mode)
+    }
+
+    fn new_load_facts(&self) -> NewLoadFacts {
+        NewLoadFacts {
+            readers: vec![self.capabilities()],
+            chosen: true,
+            ..NewLoadFacts::default()
+        }
     }
 }
 

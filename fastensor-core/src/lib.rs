@@ -16,6 +16,7 @@ macro_rules! display_as_str {
 
 pub mod align;
 mod backend;
+mod capabilities;
 mod clock;
 mod context;
 mod dtype;
@@ -25,15 +26,16 @@ pub mod knobs;
 mod layer;
 mod memory;
 pub mod parallel;
+pub mod policy;
 mod registry;
 pub mod size;
 mod tensor;
 
 pub use backend::{
     readable_len, unsupported_memory, write_end, Availability, Backend, BackendFile,
-    BackendFileExt, Capabilities, FileOpener, OpenMode, ReadJob, ReadRequest, SharedBackend,
-    WriteRequest,
+    BackendFileExt, FileOpener, OpenMode, ReadJob, ReadRequest, SharedBackend, WriteRequest,
 };
+pub use capabilities::Capabilities;
 pub use clock::{Clock, ClockReading};
 pub use context::{CacheState, Direction, FileLocation, Purpose, TransferContext};
 pub use dtype::DType;

@@ -20,6 +20,9 @@ pub struct BackendRegistration {
     pub create: fn() -> SharedBackend,
     /// `module_path!()` of the registering code.
     pub module: &'static str,
+    /// Registered by one of fastensor's own backend crates (`register_backend!(@built_in
+    /// ...)`); a crate of another author registers without it and is a plugin.
+    pub built_in: bool,
 }
 
 inventory::collect!(BackendRegistration);
@@ -32,29 +35,21 @@ inventory::collect!(BackendRegistration);
 #[macro_export]
 macro_rules! register_backend {
     ($name:expr, $create:expr) => {
+        $crate::register_backend!(@registration $name, $create, false);
+    };
+    (@built_in $name:expr, $create:expr) => {
+        $crate::register_backend!(@registration $name, $create, true);
+    };
+    (@registration $name:expr, $create:expr, $built_in:expr) => {
         $crate::inventory::submit! {
             $crate::BackendRegistration {
                 name: $name,
                 create: $create,
                 module: module_path!(),
+                built_in: $built_in,
             }
         }
     };
-}
-
-/// The crates whose backends are fastensor's own.
-const BUILT_IN_CRATES: [&str; 4] = [
-    "fastensor_posix",
-    "fastensor_uring",
-    "fastensor_gds",
-    "fastensor_testkit",
-];
-
-/// True when `module` (a `module_path!()`) belongs to one of fastensor's own crates; a
-/// third-party crate named `fastensor_foo` is a plugin.
-fn is_built_in(module: &str) -> bool {
-    let krate = module.split("::").next().unwrap_or(module);
-    BUILT_IN_CRATES.contains(&krate)
 }
 
 /// Where a registered backend came from.
@@ -122,7 +117,7 @@ impl Registry {
     pub fn compiled_in() -> Self {
         let mut reg = Registry::new();
         for r in inventory::iter::<BackendRegistration> {
-            let origin = if is_built_in(r.module) {
+            let origin = if r.built_in {
                 Origin::BuiltIn
             } else {
                 Origin::CompiledInPlugin { module: r.module }
@@ -226,14 +221,36 @@ impl Registry {
 
 #[cfg(test)]
 mod tests {
-    use super::is_built_in;
+    use super::*;
+    use crate::{BackendFile, Capabilities, OpenMode};
+    use std::path::Path;
+
+    /// Opens nothing; registered plainly, from this crate.
+    struct Nothing;
+
+    impl Backend for Nothing {
+        fn open(&self, path: &Path, _: OpenMode) -> Result<Box<dyn BackendFile>> {
+            Err(Error::new(ErrorKind::Unsupported, "opens nothing").with_path(path))
+        }
+        fn name(&self) -> &str {
+            "registry-test-nothing"
+        }
+        fn capabilities(&self) -> Capabilities {
+            Capabilities::default()
+        }
+    }
+
+    crate::register_backend!("registry-test-nothing", || Arc::new(Nothing));
 
     #[test]
-    fn only_fastensor_crates_are_built_in() {
-        assert!(is_built_in("fastensor_posix"));
-        assert!(is_built_in("fastensor_uring::probe"));
-        assert!(!is_built_in("fastensor_foo"));
-        assert!(!is_built_in("fastensor_posixx::x"));
-        assert!(!is_built_in("checksum_plugin"));
+    fn a_backend_registered_plainly_is_a_plugin_whatever_its_crate_is_called() {
+        let registry = Registry::compiled_in();
+        let entry = registry.entry("registry-test-nothing").unwrap();
+        assert_eq!(
+            entry.origin,
+            Origin::CompiledInPlugin {
+                module: "fastensor_core::registry::tests"
+            }
+        );
     }
 }

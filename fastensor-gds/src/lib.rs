@@ -20,7 +20,6 @@
 //! `nvidia/cufile/lib/` (see [`probe`]).
 #![deny(missing_docs)]
 
-mod batch;
 pub mod copies;
 pub mod cuda;
 pub mod cufile;
@@ -39,8 +38,8 @@ use fastensor_core::{write_end, DeviceSlice, Error, ErrorKind, MemRef, Result};
 use std::path::Path;
 use std::sync::Arc;
 
-fastensor_core::register_backend!(GDS, || Arc::new(GdsBackend::default()));
-fastensor_core::register_backend!(CUDA_STAGED, || Arc::new(StagedBackend::default()));
+fastensor_core::register_backend!(@built_in GDS, || Arc::new(GdsBackend::default()));
+fastensor_core::register_backend!(@built_in CUDA_STAGED, || Arc::new(StagedBackend::default()));
 
 /// Makes sure this crate is linked, so its registrations are seen. The `fastensor` facade
 /// calls it under its `gds` feature.

@@ -86,7 +86,7 @@ impl Backend for StagedBackend {
             offset_alignment: 4096,
             queue_depth: (self.config.threads.max(1) * self.config.buffers.max(2)) as u32,
             bypasses_page_cache: self.config.direct,
-            ..Capabilities::default()
+            ..Capabilities::local()
         }
         .on_device()
     }

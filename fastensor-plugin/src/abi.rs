@@ -161,7 +161,8 @@ pub fn mode_of_code(code: u32) -> Result<OpenMode, Error> {
 }
 
 /// [`Capabilities`] on the wire. Flags are bytes (`0` false, anything else true) so that no
-/// invalid `bool` can cross the boundary.
+/// invalid `bool` can cross the boundary. [`Capabilities::maps_file`] does not cross (false
+/// for a plugin).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct FfiCapabilities {
@@ -179,8 +180,9 @@ pub struct FfiCapabilities {
     pub durable_sync: u8,
     /// [`Capabilities::bypasses_page_cache`].
     pub bypasses_page_cache: u8,
-    /// Padding, zero.
-    pub reserved: u8,
+    /// [`Capabilities::local_files`] (zero from plugins built before it was named: their
+    /// loads are read, never mapped).
+    pub local_files: u8,
     /// [`Capabilities::memory_alignment`].
     pub memory_alignment: u64,
     /// [`Capabilities::offset_alignment`].
@@ -201,7 +203,7 @@ impl From<&Capabilities> for FfiCapabilities {
             native_batch: c.native_batch.into(),
             durable_sync: c.durable_sync.into(),
             bypasses_page_cache: c.bypasses_page_cache.into(),
-            reserved: 0,
+            local_files: c.local_files.into(),
             memory_alignment: c.memory_alignment,
             offset_alignment: c.offset_alignment,
             queue_depth: c.queue_depth,
@@ -220,6 +222,8 @@ impl From<&FfiCapabilities> for Capabilities {
             native_batch: c.native_batch != 0,
             durable_sync: c.durable_sync != 0,
             bypasses_page_cache: c.bypasses_page_cache != 0,
+            local_files: c.local_files != 0,
+            maps_file: false,
             memory_alignment: c.memory_alignment.max(1),
             offset_alignment: c.offset_alignment.max(1),
             queue_depth: c.queue_depth.max(1),

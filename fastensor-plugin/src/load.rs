@@ -126,144 +126,15 @@ impl DynamicBackend {
     /// searched for like `dlopen` does.
     pub fn load(path: impl AsRef<Path>) -> Result<DynamicBackend> {
         let path = path.as_ref();
-        let has_dir = path.components().count() > 1;
-        if has_dir && !path.exists() {
-            return Err(load_error(
-                ErrorKind::NotFound,
-                path,
-                "cannot load plugin: no such file",
-            ));
-        }
-        // SAFETY: loading runs the library's initialisers; the caller trusts this file (see
-        // `# Trust`). Nothing else is assumed about it until its header is checked below.
-        let lib = unsafe { libloading::Library::new(path) }.map_err(|e| {
-            let text = e.to_string();
-            let kind = if !has_dir && text.contains("No such file") {
-                ErrorKind::NotFound
-            } else {
-                ErrorKind::InvalidInput
-            };
-            load_error(
-                kind,
-                path,
-                format!(
-                    "cannot load plugin: not a loadable shared library ({})",
-                    chain(&e)
-                ),
-            )
-        })?;
-        let symbol = format!("{ENTRY_SYMBOL}\0");
-        // SAFETY: the symbol, when present, is the plugin entry point whose type the ABI fixes
-        // as `EntryFn`; the copied fn pointer is used only while `lib` stays loaded.
-        let entry: EntryFn = unsafe { lib.get::<EntryFn>(symbol.as_bytes()) }
-            .map(|s| *s)
-            .map_err(|e| {
-                load_error(
-                    ErrorKind::InvalidInput,
-                    path,
-                    format!(
-                        "cannot load plugin: not a fastensor plugin (the library exports no \
-                         `{ENTRY_SYMBOL}` symbol: {})",
-                        chain(&e)
-                    ),
-                )
-            })?;
-        // SAFETY: calling the entry point takes no arguments; it returns a pointer to a
-        // table that lives as long as the library.
-        let table_ptr = unsafe { entry() };
-        if table_ptr.is_null() {
-            return Err(load_error(
-                ErrorKind::InvalidInput,
-                path,
-                format!("cannot load plugin: `{ENTRY_SYMBOL}` returned no table"),
-            ));
-        }
-        // SAFETY: every ABI version starts its table with a PluginHeader, which is read alone
-        // before anything else; the pointer is non-null and points into the loaded library.
-        let header = unsafe { table_ptr.cast::<PluginHeader>().read_unaligned() };
-        if header.abi_version != ABI_VERSION {
-            return Err(load_error(
-                ErrorKind::Unsupported,
-                path,
-                format!(
-                    "cannot load plugin: it was built for plugin ABI version {}, but this \
-                     fastensor speaks version {ABI_VERSION}; rebuild it against fastensor-plugin {}",
-                    header.abi_version,
-                    env!("CARGO_PKG_VERSION")
-                ),
-            ));
-        }
-        let want = std::mem::size_of::<PluginV1>();
-        if (header.struct_size as usize) < want {
-            return Err(load_error(
-                ErrorKind::InvalidInput,
-                path,
-                format!(
-                    "cannot load plugin: its function table is {} bytes, version {ABI_VERSION} \
-                     needs {want}",
-                    header.struct_size
-                ),
-            ));
-        }
-        // SAFETY: the header says this is a version-1 table of at least size_of::<PluginV1>()
-        // bytes, so reading one PluginV1 (fn pointers and integers) is valid.
-        let table = unsafe { table_ptr.read_unaligned() };
+        let lib = open_library(path)?;
+        let table = function_table(&lib, path)?;
         let lib = Arc::new(Library {
             path: path.to_path_buf(),
             table,
             _lib: lib,
         });
-        let mut ptr: *mut c_void = std::ptr::null_mut();
-        // SAFETY: `create` is the plugin's, out points to a local pointer.
-        let status = unsafe { (table.create)(&mut ptr) };
-        if status != STATUS_OK || ptr.is_null() {
-            let e = fetch_error(&table, status);
-            return Err(load_error(
-                e.kind(),
-                path,
-                format!(
-                    "cannot load plugin: creating its backend failed: {}",
-                    e.message()
-                ),
-            ));
-        }
-        let mut inst = Instance {
-            lib,
-            ptr,
-            name: String::new(),
-        };
-        let mut name_ptr: *const u8 = std::ptr::null();
-        let mut name_len = 0usize;
-        // SAFETY: inst.ptr is a live instance; the outputs point to locals.
-        let status = unsafe { (table.name)(inst.ptr, &mut name_ptr, &mut name_len) };
-        if status != STATUS_OK {
-            return Err(inst.error(status).with_path(path));
-        }
-        let name_bytes = if name_len == 0 || name_ptr.is_null() {
-            &[][..]
-        } else {
-            // SAFETY: the plugin says name_ptr holds name_len bytes owned by the live instance;
-            // they are copied at once.
-            unsafe { std::slice::from_raw_parts(name_ptr, name_len) }
-        };
-        let name = String::from_utf8_lossy(name_bytes).into_owned();
-        if name.is_empty() {
-            return Err(load_error(
-                ErrorKind::InvalidInput,
-                path,
-                "cannot load plugin: its backend has an empty name",
-            ));
-        }
-        inst.name = name;
-        let mut caps = FfiCapabilities::default();
-        // SAFETY: inst.ptr is a live instance; out points to a local.
-        let status = unsafe { (table.capabilities)(inst.ptr, &mut caps) };
-        if status != STATUS_OK {
-            return Err(inst.error(status).with_path(path));
-        }
-        let mut caps = Capabilities::from(&caps);
-        // Only host memory crosses the boundary.
-        caps.device_memory = false;
+        let inst = create_instance(lib, path)?;
+        let caps = instance_capabilities(&inst, path)?;
         Ok(DynamicBackend {
             inst: Arc::new(inst),
             caps,
@@ -274,6 +145,161 @@ impl DynamicBackend {
     pub fn library_path(&self) -> &Path {
         &self.inst.lib.path
     }
+}
+
+/// Loads the shared library at `path` (see [`DynamicBackend::load`]: missing,
+/// [`ErrorKind::NotFound`]; not a library, [`ErrorKind::InvalidInput`]).
+fn open_library(path: &Path) -> Result<libloading::Library> {
+    let has_dir = path.components().count() > 1;
+    if has_dir && !path.exists() {
+        return Err(load_error(
+            ErrorKind::NotFound,
+            path,
+            "cannot load plugin: no such file",
+        ));
+    }
+    // SAFETY: loading runs the library's initialisers; the caller trusts this file (see
+    // `# Trust`). Nothing else is assumed about it until its header is checked below.
+    unsafe { libloading::Library::new(path) }.map_err(|e| {
+        let text = e.to_string();
+        let kind = if !has_dir && text.contains("No such file") {
+            ErrorKind::NotFound
+        } else {
+            ErrorKind::InvalidInput
+        };
+        load_error(
+            kind,
+            path,
+            format!(
+                "cannot load plugin: not a loadable shared library ({})",
+                chain(&e)
+            ),
+        )
+    })
+}
+
+/// The plugin's function table: its entry point called, the header's ABI version and the
+/// table's size checked before the table is read.
+fn function_table(lib: &libloading::Library, path: &Path) -> Result<PluginV1> {
+    let symbol = format!("{ENTRY_SYMBOL}\0");
+    // SAFETY: the symbol, when present, is the plugin entry point whose type the ABI fixes
+    // as `EntryFn`; the copied fn pointer is used only while `lib` stays loaded.
+    let entry: EntryFn = unsafe { lib.get::<EntryFn>(symbol.as_bytes()) }
+        .map(|s| *s)
+        .map_err(|e| {
+            load_error(
+                ErrorKind::InvalidInput,
+                path,
+                format!(
+                    "cannot load plugin: not a fastensor plugin (the library exports no \
+                     `{ENTRY_SYMBOL}` symbol: {})",
+                    chain(&e)
+                ),
+            )
+        })?;
+    // SAFETY: calling the entry point takes no arguments; it returns a pointer to a
+    // table that lives as long as the library.
+    let table_ptr = unsafe { entry() };
+    if table_ptr.is_null() {
+        return Err(load_error(
+            ErrorKind::InvalidInput,
+            path,
+            format!("cannot load plugin: `{ENTRY_SYMBOL}` returned no table"),
+        ));
+    }
+    // SAFETY: every ABI version starts its table with a PluginHeader, which is read alone
+    // before anything else; the pointer is non-null and points into the loaded library.
+    let header = unsafe { table_ptr.cast::<PluginHeader>().read_unaligned() };
+    if header.abi_version != ABI_VERSION {
+        return Err(load_error(
+            ErrorKind::Unsupported,
+            path,
+            format!(
+                "cannot load plugin: it was built for plugin ABI version {}, but this \
+                 fastensor speaks version {ABI_VERSION}; rebuild it against fastensor-plugin {}",
+                header.abi_version,
+                env!("CARGO_PKG_VERSION")
+            ),
+        ));
+    }
+    let want = std::mem::size_of::<PluginV1>();
+    if (header.struct_size as usize) < want {
+        return Err(load_error(
+            ErrorKind::InvalidInput,
+            path,
+            format!(
+                "cannot load plugin: its function table is {} bytes, version {ABI_VERSION} \
+                 needs {want}",
+                header.struct_size
+            ),
+        ));
+    }
+    // SAFETY: the header says this is a version-1 table of at least size_of::<PluginV1>()
+    // bytes, so reading one PluginV1 (fn pointers and integers) is valid.
+    Ok(unsafe { table_ptr.read_unaligned() })
+}
+
+/// Creates the plugin's backend instance and reads its name (never empty).
+fn create_instance(lib: Arc<Library>, path: &Path) -> Result<Instance> {
+    let table = lib.table;
+    let mut ptr: *mut c_void = std::ptr::null_mut();
+    // SAFETY: `create` is the plugin's, out points to a local pointer.
+    let status = unsafe { (table.create)(&mut ptr) };
+    if status != STATUS_OK || ptr.is_null() {
+        let e = fetch_error(&table, status);
+        return Err(load_error(
+            e.kind(),
+            path,
+            format!(
+                "cannot load plugin: creating its backend failed: {}",
+                e.message()
+            ),
+        ));
+    }
+    let mut inst = Instance {
+        lib,
+        ptr,
+        name: String::new(),
+    };
+    let mut name_ptr: *const u8 = std::ptr::null();
+    let mut name_len = 0usize;
+    // SAFETY: inst.ptr is a live instance; the outputs point to locals.
+    let status = unsafe { (table.name)(inst.ptr, &mut name_ptr, &mut name_len) };
+    if status != STATUS_OK {
+        return Err(inst.error(status).with_path(path));
+    }
+    let name_bytes = if name_len == 0 || name_ptr.is_null() {
+        &[][..]
+    } else {
+        // SAFETY: the plugin says name_ptr holds name_len bytes owned by the live instance;
+        // they are copied at once.
+        unsafe { std::slice::from_raw_parts(name_ptr, name_len) }
+    };
+    let name = String::from_utf8_lossy(name_bytes).into_owned();
+    if name.is_empty() {
+        return Err(load_error(
+            ErrorKind::InvalidInput,
+            path,
+            "cannot load plugin: its backend has an empty name",
+        ));
+    }
+    inst.name = name;
+    Ok(inst)
+}
+
+/// What the instance declares; only host memory crosses the boundary.
+fn instance_capabilities(inst: &Instance, path: &Path) -> Result<Capabilities> {
+    let table = &inst.lib.table;
+    let mut caps = FfiCapabilities::default();
+    // SAFETY: inst.ptr is a live instance; out points to a local.
+    let status = unsafe { (table.capabilities)(inst.ptr, &mut caps) };
+    if status != STATUS_OK {
+        return Err(inst.error(status).with_path(path));
+    }
+    let mut caps = Capabilities::from(&caps);
+    // Only host memory crosses the boundary.
+    caps.device_memory = false;
+    Ok(caps)
 }
 
 impl Backend for DynamicBackend {

@@ -22,7 +22,7 @@ impl Backend for PosixBackend {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities::default()
+        Capabilities::local()
     }
 
     fn open(&self, path: &Path, mode: OpenMode) -> Result<Box<dyn BackendFile>> {

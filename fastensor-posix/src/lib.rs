@@ -20,9 +20,9 @@ pub use mmap::{MmapBackend, MMAP};
 
 use std::sync::Arc;
 
-fastensor_core::register_backend!(POSIX, || Arc::new(PosixBackend));
-fastensor_core::register_backend!(POSIX_DIRECT, || Arc::new(DirectBackend::default()));
-fastensor_core::register_backend!(MMAP, || Arc::new(MmapBackend));
+fastensor_core::register_backend!(@built_in POSIX, || Arc::new(PosixBackend));
+fastensor_core::register_backend!(@built_in POSIX_DIRECT, || Arc::new(DirectBackend::default()));
+fastensor_core::register_backend!(@built_in MMAP, || Arc::new(MmapBackend));
 
 /// The `read_batch` of the backends that read through the page cache: asks for every
 /// request's bytes up front ([`sys::will_need`]), so the device serves the batch's cold

@@ -37,7 +37,8 @@ impl Backend for MmapBackend {
     fn capabilities(&self) -> Capabilities {
         Capabilities {
             write: false,
-            ..Capabilities::default()
+            maps_file: true,
+            ..Capabilities::local()
         }
     }
 
@@ -102,9 +103,9 @@ impl MmapFile {
     /// Bytes to ask for beyond a large read of `len` bytes at `offset` in a mapping of
     /// `map_len` bytes: as many again when the read continues the last large one (a
     /// sequential stream), else none. Page faults start no readahead of their own beyond
-    /// the range asked for, so without this every read of a stream waited for its own
-    /// pages from the device (8 MiB reads of a cold file: 8-10 ms each, against 2.5 ms for
-    /// a direct read), while with it the next range is read while this one is copied.
+    /// the range asked for, so without this every read of a stream would wait for its own
+    /// pages from the device; with it the next range is read while this one is copied
+    /// (figures: `docs/lab/performance.md`, "Figures behind settings in the code").
     fn ahead(&self, offset: u64, len: usize, map_len: usize) -> usize {
         let end = offset + len as u64;
         let sequential = self.last_end.swap(end, Ordering::Relaxed) == offset;

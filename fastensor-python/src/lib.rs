@@ -19,7 +19,6 @@ mod sharded;
 mod slice;
 mod snapshot;
 mod torch_alloc;
-mod writable;
 
 use fastensor::Availability;
 use pyo3::prelude::*;

@@ -17,6 +17,8 @@
 //! a read-only buffer in writable memory is written. Memory lent with [`Access::Read`] is
 //! asked for read-only (see [`export_dlpack`]).
 
+mod writable;
+
 use crate::dlpack::{
     DlManagedTensor, DlManagedTensorVersioned, DlTensor, DLTENSOR, DLTENSOR_VERSIONED,
     FLAG_READ_ONLY, KDL_CPU, KDL_CUDA, KDL_CUDA_HOST,
@@ -454,7 +456,7 @@ impl Lender {
             .map(Lent::region)
             .filter(|r| r.place == Place::Host && r.len > 0)
             .collect();
-        crate::writable::check(&host)
+        writable::check(&host)
     }
 }
 

@@ -1,18 +1,9 @@
 //! Robust estimates of a candidate's cost: median and median absolute deviation (MAD) of a
 //! bounded window of recent samples, so that one slow outlier moves nothing.
 
-use crate::Objective;
+use crate::{Objective, Sample};
 use std::cell::{Cell, RefCell};
 use std::cmp::Ordering;
-
-/// One measured transfer, normalised per byte.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Sample {
-    /// Wall-clock nanoseconds per byte (the inverse of GB/s).
-    pub time_ns_per_byte: f64,
-    /// CPU nanoseconds per byte (all threads of the process).
-    pub cpu_ns_per_byte: f64,
-}
 
 /// The robust summary of a set of costs.
 #[derive(Debug, Clone, Copy, PartialEq)]

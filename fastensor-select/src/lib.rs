@@ -51,10 +51,10 @@ mod reuse;
 mod selector;
 
 pub use dictionary::{CandidateRecord, ContextRecord, Dictionary, FORMAT_VERSION};
-pub use estimate::{Estimate, Sample, Samples};
+pub use estimate::{Estimate, Samples};
 pub use fingerprint::{DeviceInfo, Fingerprint, MachineFacts};
 pub use key::{human_bytes, in_flight_class, size_class, ContextKey, KeyShape};
-pub use objective::{Objective, Observation};
+pub use objective::{Objective, Observation, Sample};
 pub use reuse::Reuse;
 pub use selector::{
     CandidateState, Choice, Epochs, KeyState, Phase, Selector, SelectorConfig, SelectorStats,

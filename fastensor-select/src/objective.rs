@@ -1,10 +1,18 @@
-//! What "fastest" means and what one transfer measured.
+//! What "fastest" means and what one transfer measured (per byte: a [`Sample`]).
 
-use crate::Sample;
 use fastensor_core::{Error, ErrorKind};
 use std::fmt;
 use std::str::FromStr;
 use std::time::Duration;
+
+/// One measured transfer, normalised per byte.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Sample {
+    /// Wall-clock nanoseconds per byte (the inverse of GB/s).
+    pub time_ns_per_byte: f64,
+    /// CPU nanoseconds per byte (all threads of the process).
+    pub cpu_ns_per_byte: f64,
+}
 
 /// What the selector minimises, per byte moved.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]

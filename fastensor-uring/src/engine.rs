@@ -176,61 +176,28 @@ pub(crate) unsafe fn run(ring: &mut Ring, ops: &mut [Op], ctx: Ctx<'_>) -> Resul
     // fewer wake-ups and system calls for the same work, with the device still kept busy.
     let refill_batch = (queue_depth / 4).max(1);
     let mut reaped: Vec<(u64, i32)> = Vec::with_capacity(queue_depth * 2);
-    let mut retry: VecDeque<usize> = VecDeque::new();
-    let mut next = 0usize;
-    let mut failure: Option<Error> = None;
+    let mut pending = Pending {
+        ops,
+        ctx,
+        next: 0,
+        retry: VecDeque::new(),
+        failure: None,
+    };
     let mut flight = InFlight { ring, count: 0 };
 
     loop {
-        // Fill the submission queue up to the queue depth.
-        let mut starved = false;
-        while failure.is_none() && flight.count < queue_depth {
-            let (idx, from_retry) = match retry.pop_front() {
-                Some(i) => (i, true),
-                None if next < ops.len() => (next, false),
-                None => break,
-            };
-            let op = &mut ops[idx];
-            if op.staged() && op.staging.is_none() {
-                let staging = flight.ring.staging_mut().expect("made before the loop");
-                let Some(at) = staging.alloc(op.len) else {
-                    // Wait for a completion to free staging space.
-                    if from_retry {
-                        retry.push_front(idx);
-                    }
-                    starved = true;
-                    break;
-                };
-                op.staging = Some(at);
-                if let Buf::StagedWrite { src } = op.buf {
-                    // SAFETY: `src` is valid for `len` bytes (the caller's contract) and the
-                    // span at `at` is `len` bytes of the staging area that only this op uses.
-                    unsafe { std::ptr::copy_nonoverlapping(src, staging.ptr(at), op.len) };
-                }
-            }
-            if !from_retry {
-                next += 1;
-            }
-            let entry = build_entry(flight.ring, op, idx as u64);
-            // SAFETY: the entry's buffer is the caller's memory or a staging span, both valid
-            // until the op completes (the caller's contract; the staging area lives in the
-            // ring). Every pushed op is counted in `flight`, which reaps it before this
-            // function returns or unwinds. The queue has room: at most `queue_depth` ops are
-            // in flight and the ring has at least that many entries.
-            let pushed = unsafe { flight.ring.uring.submission().push(&entry) };
-            pushed.expect("the submission queue has room for the queue depth");
-            flight.count += 1;
-        }
+        // SAFETY: the caller's contract, passed on.
+        let starved = unsafe { pending.fill(&mut flight, queue_depth) };
         if flight.count == 0 {
-            if failure.is_none() && (next < ops.len() || !retry.is_empty()) {
-                failure = Some(internal(ctx.path, "staging area too small for one request"));
+            if pending.more() {
+                pending.failure =
+                    Some(internal(ctx.path, "staging area too small for one request"));
             }
             break;
         }
-        let more = failure.is_none() && (next < ops.len() || !retry.is_empty());
         let want = if starved {
             1
-        } else if more {
+        } else if pending.more() {
             flight
                 .count
                 .saturating_sub(queue_depth - refill_batch)
@@ -241,13 +208,13 @@ pub(crate) unsafe fn run(ring: &mut Ring, ops: &mut [Op], ctx: Ctx<'_>) -> Resul
         };
         if let Err(e) = flight.submit_and_wait(want) {
             // Nothing reaped means the ops may still run: draining (in drop) decides.
-            failure.get_or_insert_with(|| {
+            let failure = pending.failure.take().unwrap_or_else(|| {
                 Error::io(e, "io_uring_enter failed")
                     .with_backend(URING)
                     .with_path(ctx.path)
             });
             drop(flight);
-            return Err(failure.expect("set above"));
+            return Err(failure);
         }
         reaped.clear();
         reaped.extend(
@@ -258,25 +225,93 @@ pub(crate) unsafe fn run(ring: &mut Ring, ops: &mut [Op], ctx: Ctx<'_>) -> Resul
                 .map(|c| (c.user_data(), c.result())),
         );
         flight.count -= reaped.len();
-        for &(user_data, res) in &reaped {
+        pending.account(flight.ring, &reaped);
+    }
+    drop(flight);
+    match pending.failure {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
+}
+
+/// The ops of one [`run`] and where it stands: the next op never started, the ops to submit
+/// again, the first failure (after which nothing new starts).
+struct Pending<'o, 'c> {
+    ops: &'o mut [Op],
+    ctx: Ctx<'c>,
+    next: usize,
+    retry: VecDeque<usize>,
+    failure: Option<Error>,
+}
+
+impl Pending<'_, '_> {
+    /// Whether ops remain to be submitted.
+    fn more(&self) -> bool {
+        self.failure.is_none() && (self.next < self.ops.len() || !self.retry.is_empty())
+    }
+
+    /// Pushes ops (those to submit again first) until `queue_depth` are in flight. Returns
+    /// whether it stopped for want of staging space (a completion frees some).
+    ///
+    /// # Safety
+    /// As [`run`]'s: every op's buffer stays valid until the op completes.
+    unsafe fn fill(&mut self, flight: &mut InFlight<'_>, queue_depth: usize) -> bool {
+        while self.failure.is_none() && flight.count < queue_depth {
+            let (idx, from_retry) = match self.retry.pop_front() {
+                Some(i) => (i, true),
+                None if self.next < self.ops.len() => (self.next, false),
+                None => break,
+            };
+            let op = &mut self.ops[idx];
+            if op.staged() && op.staging.is_none() {
+                let staging = flight.ring.staging_mut().expect("made before the loop");
+                let Some(at) = staging.alloc(op.len) else {
+                    // Wait for a completion to free staging space.
+                    if from_retry {
+                        self.retry.push_front(idx);
+                    }
+                    return true;
+                };
+                op.staging = Some(at);
+                if let Buf::StagedWrite { src } = op.buf {
+                    // SAFETY: `src` is valid for `len` bytes (the caller's contract) and the
+                    // span at `at` is `len` bytes of the staging area that only this op uses.
+                    unsafe { std::ptr::copy_nonoverlapping(src, staging.ptr(at), op.len) };
+                }
+            }
+            if !from_retry {
+                self.next += 1;
+            }
+            let entry = build_entry(flight.ring, op, idx as u64);
+            // SAFETY: the entry's buffer is the caller's memory or a staging span, both valid
+            // until the op completes (the caller's contract; the staging area lives in the
+            // ring). Every pushed op is counted in `flight`, which reaps it before `run`
+            // returns or unwinds. The queue has room: at most `queue_depth` ops are in flight
+            // and the ring has at least that many entries.
+            let pushed = unsafe { flight.ring.uring.submission().push(&entry) };
+            pushed.expect("the submission queue has room for the queue depth");
+            flight.count += 1;
+        }
+        false
+    }
+
+    /// Accounts the completions `reaped` (`user_data`: the op's index, and its result): an
+    /// op to go on is queued again unless the run failed; the first failure is kept.
+    fn account(&mut self, ring: &mut Ring, reaped: &[(u64, i32)]) {
+        for &(user_data, res) in reaped {
             let idx = user_data as usize;
-            match complete(flight.ring, &mut ops[idx], res, ctx) {
+            match complete(ring, &mut self.ops[idx], res, self.ctx) {
                 Step::Done => {}
                 Step::Again => {
-                    if failure.is_none() {
-                        retry.push_back(idx);
+                    if self.failure.is_none() {
+                        self.retry.push_back(idx);
                     }
                 }
                 Step::Failed(e) => {
-                    failure.get_or_insert(e);
+                    self.failure.get_or_insert(e);
                 }
             }
         }
-    }
-    drop(flight);
-    match failure {
-        Some(e) => Err(e),
-        None => Ok(()),
     }
 }
 

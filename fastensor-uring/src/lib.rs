@@ -97,7 +97,7 @@ impl Backend for UringBackend {
     }
 }
 
-fastensor_core::register_backend!(URING, || Arc::new(UringBackend::default()));
+fastensor_core::register_backend!(@built_in URING, || Arc::new(UringBackend::default()));
 
 /// Makes sure this crate is linked, so its registrations are seen. The `fastensor` facade
 /// calls it; programs that use this crate directly may too.

@@ -8,11 +8,11 @@
 //! "__metadata__": {"fastensor.checksums": "{\"w\":\"1b2edc75\",\"b\":\"00000000\"}"}
 //! ```
 //!
-//! CRC-32C was chosen by measured speed: hardware-accelerated (SSE 4.2 on x86-64, the CRC
-//! instructions on ARMv8), about 12 GB/s per core against 6.5 GB/s for XXH3-64 built
-//! without `target-cpu=native` (`cargo test --release checksum_throughput -- --ignored`
-//! measures it). Every error it misses (a 1 in 2³² chance for random damage; none of up to 32
-//! flipped bits in a row) is beyond what a storage fault makes.
+//! CRC-32C is hardware-accelerated (SSE 4.2 on x86-64, the CRC instructions on ARMv8):
+//! the fastest check measured here (`cargo test --release checksum_throughput -- --ignored`;
+//! figures in `docs/lab/performance.md`, "Figures behind settings in the code"). Every error
+//! it misses (a 1 in 2³² chance for random damage; none of up to 32 flipped bits in a row)
+//! is beyond what a storage fault makes.
 //!
 //! * [`compute`] / [`stamp`]: the checksums of tensors about to be saved (in parallel).
 //! * [`Checksums`]: the ones a header stores; [`Checksums::check`] verifies one read, on the

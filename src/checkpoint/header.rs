@@ -1,7 +1,8 @@
 //! The safetensors header: parsing (hostile input welcome) and writing (padded so that the
 //! data section starts on a [`DATA_ALIGN`] boundary).
 
-use super::validate;
+pub(crate) mod validate;
+
 use crate::{DType, Error, ErrorKind, Result, TensorDesc};
 use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, Visitor};
 use serde::Deserialize;

@@ -1,6 +1,7 @@
 //! Loads: the whole data section into one aligned arena, a selection of tensors (only the
 //! ranges needed, neighbours merged), or the caller's own buffers.
 
+use super::header::validate;
 use super::header::{
     check_header_len, header_len_of, lookup, parse_header, parse_header_from, Header,
     PARSE_WHOLE_MAX,
@@ -9,8 +10,8 @@ use super::into_arena::{load_chosen, named};
 use super::mapped::{PendingPages, WithoutLease};
 use super::save::{TensorView, Tensors};
 use super::source::CheckpointSource;
-use super::{validate, Arena, FileOpener};
-use crate::engine::NewLoads;
+use super::{Arena, FileOpener};
+use crate::core::policy::{plan_new_load, NewLoads};
 use crate::{BackendFile, Error, ErrorKind, HostBuffer, MemMut, MemRef, Result, TensorDesc};
 use std::collections::BTreeMap;
 use std::ops::Range;
@@ -229,24 +230,21 @@ pub(crate) fn retry_changed<T>(mut attempt: impl FnMut() -> Result<T>) -> Result
 /// Loads every tensor of the safetensors file at `path`.
 ///
 /// One decision for the whole load: where the opener maps new loads
-/// ([`FileOpener::maps_new_loads`], the engine's default) the file is mapped copy-on-write
+/// ([`plan_new_load`] of its [facts](FileOpener::new_load_facts), the engine's default) the file is mapped copy-on-write
 /// under a read lease and its pages brought in by several threads: the tensors share the
 /// page cache's pages, and another program that opens the file for writing or truncates it
 /// waits until they are moved into memory of this process (see [`Arena`]). Otherwise,
 /// where the file system cannot map the file, or where no lease can be had (unless the
-/// opener [maps those unprotected](FileOpener::maps_unprotected)), the data section
+/// opener [maps those unprotected](crate::core::policy::NewLoadFacts::unprotected_maps)), the data section
 /// is read into one page-aligned arena of its own. When the data
 /// section is not aligned in the file (files written by other tools), the arena is offset so
 /// that file and memory alignments still match and direct I/O still copies nothing. A file
 /// replaced (renamed over) during the load is loaded again, whole (at most
 /// [`LOAD_ATTEMPTS`] tries); when it keeps changing the error is [`ErrorKind::Changed`].
 pub fn load<O: FileOpener + ?Sized>(opener: &O, path: &Path) -> Result<Checkpoint> {
-    let placement = if opener.maps_new_loads(path) {
-        NewLoads::Mapped
-    } else {
-        NewLoads::Read
-    };
-    load_placed(opener, path, placement)
+    planned(opener, |placement, without| {
+        load_as(opener, path, None, false, placement, without)
+    })
 }
 
 /// [`load`] with its placement given rather than asked of the opener (`fastensor tune`
@@ -256,17 +254,74 @@ pub(crate) fn load_placed<O: FileOpener + ?Sized>(
     path: &Path,
     placement: NewLoads,
 ) -> Result<Checkpoint> {
+    let unprotected = opener.new_load_facts().unprotected_maps;
+    let (done, _) = placed(placement, unprotected, |placement, without| {
+        load_as(opener, path, None, false, placement, without)
+    });
+    done
+}
+
+/// A load of a whole checkpoint into new host memory: `load` (one try, placed as its
+/// argument says) run as [`plan_new_load`] plans it from the opener's facts, and the
+/// placement it ended with noted to the opener, once.
+fn planned<O: FileOpener + ?Sized, T>(
+    opener: &O,
+    load: impl Fn(NewLoads, WithoutLease) -> Result<T>,
+) -> Result<T> {
+    let facts = opener.new_load_facts();
+    let (done, placement) = placed(plan_new_load(&facts), facts.unprotected_maps, load);
+    opener.note_new_load(placement);
+    done
+}
+
+/// `load` tried as `placement` (each placement's tries through [`retry_changed`]); a
+/// mapping refused ([`ErrorKind::Unsupported`]: a file system that cannot map the file, no
+/// read lease where `unprotected` maps are not allowed) is read instead. Returns the
+/// outcome and the placement it ended with.
+fn placed<T>(
+    placement: NewLoads,
+    unprotected: bool,
+    load: impl Fn(NewLoads, WithoutLease) -> Result<T>,
+) -> (Result<T>, NewLoads) {
+    let without = WithoutLease::when(unprotected);
     if placement == NewLoads::Mapped {
-        let without = WithoutLease::of(opener, path);
-        let mapped = retry_changed(|| super::mapped::load(path, &|_, _| true, false, without));
-        if let Some(done) = super::mapped::mappable(mapped) {
-            return done;
+        match retry_changed(|| load(NewLoads::Mapped, without)) {
+            Err(e) if e.kind() == ErrorKind::Unsupported => {}
+            done => return (done, NewLoads::Mapped),
         }
     }
-    retry_changed(|| {
-        let source = CheckpointSource::single(opener, path)?;
-        load_chosen(&source, &source.tensors(), MERGE_GAP)
-    })
+    (
+        retry_changed(|| load(NewLoads::Read, without)),
+        NewLoads::Read,
+    )
+}
+
+/// One try of a load into new host memory of every tensor (`names`: `None`) or those
+/// named, checked against their checksums where `verify`, placed as `placement` says.
+fn load_as<O: FileOpener + ?Sized>(
+    opener: &O,
+    path: &Path,
+    names: Option<&[&str]>,
+    verify: bool,
+    placement: NewLoads,
+    without: WithoutLease,
+) -> Result<Checkpoint> {
+    if placement == NewLoads::Mapped {
+        return match names {
+            None => super::mapped::load(path, &|_, _| true, verify, without),
+            Some(names) => super::mapped::load_named(path, names, verify, without),
+        };
+    }
+    let source = CheckpointSource::single(opener, path)?;
+    let chosen = match names {
+        None => source.tensors(),
+        Some(names) => named(&source, names)?,
+    };
+    let ckpt = load_chosen(&source, &chosen, MERGE_GAP)?;
+    if verify {
+        super::checksum::check_loaded(&ckpt)?;
+    }
+    Ok(ckpt)
 }
 
 /// Loads only the tensors in `names` from the file at `path`. Only their byte ranges are
@@ -279,17 +334,9 @@ where
     S: AsRef<str>,
 {
     let names: Vec<S> = names.into_iter().collect();
-    if opener.maps_new_loads(path) {
-        let wanted: Vec<&str> = names.iter().map(AsRef::as_ref).collect();
-        let without = WithoutLease::of(opener, path);
-        let mapped = retry_changed(|| super::mapped::load_named(path, &wanted, false, without));
-        if let Some(done) = super::mapped::mappable(mapped) {
-            return done;
-        }
-    }
-    retry_changed(|| {
-        let source = CheckpointSource::single(opener, path)?;
-        load_chosen(&source, &named(&source, &names)?, MERGE_GAP)
+    let wanted: Vec<&str> = names.iter().map(AsRef::as_ref).collect();
+    planned(opener, |placement, without| {
+        load_as(opener, path, Some(&wanted), false, placement, without)
     })
 }
 
@@ -303,22 +350,9 @@ pub fn load_verified<O: FileOpener + ?Sized>(
     path: &Path,
     names: Option<&[&str]>,
 ) -> Result<Checkpoint> {
-    if opener.maps_new_loads(path) {
-        let without = WithoutLease::of(opener, path);
-        let mapped = retry_changed(|| match names {
-            None => super::mapped::load(path, &|_, _| true, true, without),
-            Some(names) => super::mapped::load_named(path, names, true, without),
-        });
-        if let Some(done) = super::mapped::mappable(mapped) {
-            return done;
-        }
-    }
-    let ckpt = match names {
-        None => load(opener, path)?,
-        Some(names) => load_selected(opener, path, names.iter().copied())?,
-    };
-    super::checksum::check_loaded(&ckpt)?;
-    Ok(ckpt)
+    planned(opener, |placement, without| {
+        load_as(opener, path, names, true, placement, without)
+    })
 }
 
 /// [`load`] (or [`load_selected`] of `names`) that returns as soon as the file is mapped,
@@ -332,7 +366,7 @@ pub fn load_verified<O: FileOpener + ?Sized>(
 /// before `bring_in` returns is correct but slower (its pages fault in on first use). The
 /// lease guards every page of the tensors, brought in or not: a writer of the file waits
 /// until they are all in memory of this process. Mapped unprotected
-/// ([`FileOpener::maps_unprotected`]), a file that shrinks before its pages are in makes
+/// ([`NewLoadFacts::unprotected_maps`](crate::core::policy::NewLoadFacts::unprotected_maps)), a file that shrinks before its pages are in makes
 /// `bring_in` fail with [`ErrorKind::Changed`] (load it again), and a page cut from the
 /// file raises `SIGBUS` in a reader.
 pub fn load_later<O: FileOpener + ?Sized>(
@@ -340,19 +374,13 @@ pub fn load_later<O: FileOpener + ?Sized>(
     path: &Path,
     names: Option<&[&str]>,
 ) -> Result<(Checkpoint, Option<PendingPages>)> {
-    if opener.maps_new_loads(path) {
-        let without = WithoutLease::of(opener, path);
-        let mapped = retry_changed(|| super::mapped::load_later_named(path, names, without));
-        match mapped {
-            Err(e) if e.kind() == ErrorKind::Unsupported => {}
-            done => return done.map(|(ckpt, pending)| (ckpt, Some(pending))),
+    planned(opener, |placement, without| match placement {
+        NewLoads::Mapped => super::mapped::load_later_named(path, names, without)
+            .map(|(ckpt, pending)| (ckpt, Some(pending))),
+        NewLoads::Read => {
+            load_as(opener, path, names, false, placement, without).map(|ckpt| (ckpt, None))
         }
-    }
-    let ckpt = match names {
-        None => load(opener, path)?,
-        Some(names) => load_selected(opener, path, names.iter().copied())?,
-    };
-    Ok((ckpt, None))
+    })
 }
 
 /// Loads tensors straight into the caller's buffers: each `(name, destination)` pair is

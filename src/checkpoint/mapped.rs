@@ -35,9 +35,10 @@ pub(crate) enum WithoutLease {
 }
 
 impl WithoutLease {
-    /// What `opener` chose for the file at `path`.
-    pub(crate) fn of<O: super::FileOpener + ?Sized>(opener: &O, path: &Path) -> WithoutLease {
-        if opener.maps_unprotected(path) {
+    /// `Map` where the opener allows unprotected maps
+    /// ([`NewLoadFacts::unprotected_maps`](crate::core::policy::NewLoadFacts::unprotected_maps)).
+    pub(crate) fn when(unprotected_maps: bool) -> WithoutLease {
+        if unprotected_maps {
             WithoutLease::Map
         } else {
             WithoutLease::Read
@@ -282,7 +283,7 @@ impl<'a> Wanted<'a> {
 
 /// Why the file could not be mapped: out of memory (the mapping is charged as memory that
 /// may be written) names the size and the largest tensor; anything else is
-/// [`ErrorKind::Unsupported`] (see [`mappable`]).
+/// [`ErrorKind::Unsupported`] (the load then reads the file instead).
 fn map_failed(e: std::io::Error, header: &Header) -> Error {
     if e.raw_os_error() != Some(rustix::io::Errno::NOMEM.raw_os_error()) {
         // A file system that cannot map files: the load reads the file instead.
@@ -304,15 +305,6 @@ fn map_failed(e: std::io::Error, header: &Header) -> Error {
         ),
     )
     .with_source(e)
-}
-
-/// `Some` outcome of a mapped load, `None` when the file cannot be mapped (its file system
-/// refuses: [`ErrorKind::Unsupported`]) and is to be read instead.
-pub(crate) fn mappable(outcome: Result<Checkpoint>) -> Option<Result<Checkpoint>> {
-    match outcome {
-        Err(e) if e.kind() == ErrorKind::Unsupported => None,
-        done => Some(done),
-    }
 }
 
 /// `ranges` (in file order) with neighbours less than a window apart joined.

@@ -36,7 +36,6 @@ pub mod sharded;
 mod slice;
 mod source;
 mod tools;
-mod validate;
 
 pub use arena::{Arena, Placement};
 pub use checksum::{verify_file, Checksums, Verified, CHECKSUMS_KEY};

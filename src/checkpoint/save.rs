@@ -4,8 +4,8 @@
 //! tensors are coalesced, never written one by one).
 
 use super::checksum::{self, CHECKSUMS_KEY};
-use super::header::{self, DATA_ALIGN};
-use super::{validate, FileOpener};
+use super::header::{self, validate, DATA_ALIGN};
+use super::FileOpener;
 use crate::atomic::AtomicFile;
 use crate::{BackendFile, Error, ErrorKind, HostBuffer, MemRef, OpenMode, Result, TensorDesc};
 use std::collections::BTreeMap;
@@ -183,7 +183,10 @@ pub(crate) fn save_tensors<'a, O: FileOpener + ?Sized>(
     metadata: &BTreeMap<String, String>,
     checksums: bool,
 ) -> Result<()> {
-    let offsets = layout(tensors).map_err(|e| e.with_path(path))?;
+    let laid = Laid {
+        tensors,
+        offsets: layout(tensors).map_err(|e| e.with_path(path))?,
+    };
     let views: Vec<TensorView<'a>> = if checksums {
         (0..tensors.count())
             .map(|i| TensorView::new(tensors.desc(i).clone(), tensors.data(i)))
@@ -193,45 +196,25 @@ pub(crate) fn save_tensors<'a, O: FileOpener + ?Sized>(
     };
     // The header is laid out with a placeholder of the checksums' exact length (8 hex
     // digits a tensor) and written once they are known, after the data.
-    let with_sums = |sums: &BTreeMap<String, u32>| {
-        let mut m = metadata.clone();
-        m.insert(CHECKSUMS_KEY.to_string(), checksum::encode(sums));
-        m
-    };
     let layout_metadata = if checksums {
-        with_sums(&views.iter().map(|v| (v.desc.name.clone(), 0)).collect())
+        with_sums(
+            metadata,
+            &views.iter().map(|v| (v.desc.name.clone(), 0)).collect(),
+        )
     } else {
         metadata.clone()
     };
-    let tensor = |i: usize| (tensors.desc(i), offsets[i].clone());
-    let header_bytes = |meta: &BTreeMap<String, String>| {
-        let mut counter = header::Counter::default();
-        // The encoder writes a few bytes at a time: through a buffer.
-        let mut out = std::io::BufWriter::with_capacity(64 << 10, &mut counter);
-        header::write_json(&mut out, offsets.len(), tensor, meta)
-            .and_then(|()| std::io::Write::flush(&mut out))
-            .expect("counting never fails");
-        drop(out);
-        counter.0
-    };
-    let data_start = header::padded_len(header_bytes(&layout_metadata));
-    let total = data_start + offsets.last().map_or(0, |r| r.end);
+    let data_start = header::padded_len(laid.json_len(&layout_metadata));
+    let total = data_start + laid.offsets.last().map_or(0, |r| r.end);
 
     let temp = AtomicFile::new(path)?;
     let written = (|| {
         let file = opener.open_file(&temp.path(), OpenMode::Truncate)?;
-        // The checksums are computed while the data is written (reading the same memory).
-        let sums = std::thread::scope(|scope| {
-            // One thread: the writes' own threads (and a copier) keep the others busy.
-            let hashing = checksums.then(|| scope.spawn(|| checksum::compute_on(&views, 1)));
-            let wrote = write_data(&*file, data_start, tensors, &offsets);
-            let sums = hashing.map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)));
-            wrote.and(sums.transpose())
-        })?;
+        let sums = write_hashing(&*file, data_start, &laid, checksums.then_some(&views[..]))?;
         let metadata = match &sums {
             Some(sums) => {
-                let m = with_sums(sums);
-                if header_bytes(&m) != header_bytes(&layout_metadata) {
+                let m = with_sums(metadata, sums);
+                if laid.json_len(&m) != laid.json_len(&layout_metadata) {
                     return Err(Error::new(
                         ErrorKind::Unsupported,
                         "the checksums changed the header's length (a bug): not saved",
@@ -241,19 +224,7 @@ pub(crate) fn save_tensors<'a, O: FileOpener + ?Sized>(
             }
             None => layout_metadata.clone(),
         };
-        let mut out = HeaderWriter::new(&*file)?;
-        let header_len = data_start - 8;
-        let encoded = {
-            let mut buffered = std::io::BufWriter::with_capacity(64 << 10, &mut out);
-            std::io::Write::write_all(&mut buffered, &header_len.to_le_bytes())
-                .and_then(|()| header::write_json(&mut buffered, offsets.len(), tensor, &metadata))
-                .and_then(|()| std::io::Write::flush(&mut buffered))
-        };
-        encoded.map_err(|e| {
-            out.take_error()
-                .unwrap_or_else(|| Error::io(e, "cannot write the header"))
-        })?;
-        out.finish(data_start)?;
+        laid.write_header(&*file, data_start, &metadata)?;
         if file.len()? != total {
             file.set_len(total)?;
         }
@@ -267,6 +238,84 @@ pub(crate) fn save_tensors<'a, O: FileOpener + ?Sized>(
         Error::new(e.kind(), what).with_path(path).with_source(e)
     })?;
     temp.commit()
+}
+
+/// `metadata` with the checksums `sums` stored under [`CHECKSUMS_KEY`].
+fn with_sums(
+    metadata: &BTreeMap<String, String>,
+    sums: &BTreeMap<String, u32>,
+) -> BTreeMap<String, String> {
+    let mut m = metadata.clone();
+    m.insert(CHECKSUMS_KEY.to_string(), checksum::encode(sums));
+    m
+}
+
+/// Writes the data section of `laid`; where `views` are given, their checksums are
+/// computed meanwhile on one more thread (reading the same memory) and returned.
+fn write_hashing(
+    file: &dyn BackendFile,
+    data_start: u64,
+    laid: &Laid<'_, '_>,
+    views: Option<&[TensorView<'_>]>,
+) -> Result<Option<BTreeMap<String, u32>>> {
+    std::thread::scope(|scope| {
+        // One thread: the writes' own threads (and a copier) keep the others busy.
+        let hashing = views.map(|v| scope.spawn(move || checksum::compute_on(v, 1)));
+        let wrote = write_data(file, data_start, laid.tensors, &laid.offsets);
+        let sums = hashing.map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)));
+        wrote.and(sums.transpose())
+    })
+}
+
+/// Tensors and the byte ranges of the data section they are laid out at.
+struct Laid<'t, 'a> {
+    tensors: &'t dyn Tensors<'a>,
+    offsets: Vec<Range<u64>>,
+}
+
+impl Laid<'_, '_> {
+    /// Bytes of the JSON header of these tensors with `metadata`.
+    fn json_len(&self, metadata: &BTreeMap<String, String>) -> u64 {
+        let mut counter = header::Counter::default();
+        // The encoder writes a few bytes at a time: through a buffer.
+        let mut out = std::io::BufWriter::with_capacity(64 << 10, &mut counter);
+        header::write_json(&mut out, self.offsets.len(), |i| self.tensor(i), metadata)
+            .and_then(|()| std::io::Write::flush(&mut out))
+            .expect("counting never fails");
+        drop(out);
+        counter.0
+    }
+
+    /// Writes the header (its length, then the JSON padded to `data_start`) at the start
+    /// of `file`.
+    fn write_header(
+        &self,
+        file: &dyn BackendFile,
+        data_start: u64,
+        metadata: &BTreeMap<String, String>,
+    ) -> Result<()> {
+        let mut out = HeaderWriter::new(file)?;
+        let header_len = data_start - 8;
+        let encoded = {
+            let mut buffered = std::io::BufWriter::with_capacity(64 << 10, &mut out);
+            std::io::Write::write_all(&mut buffered, &header_len.to_le_bytes())
+                .and_then(|()| {
+                    let tensor = |i| self.tensor(i);
+                    header::write_json(&mut buffered, self.offsets.len(), tensor, metadata)
+                })
+                .and_then(|()| std::io::Write::flush(&mut buffered))
+        };
+        encoded.map_err(|e| {
+            out.take_error()
+                .unwrap_or_else(|| Error::io(e, "cannot write the header"))
+        })?;
+        out.finish(data_start)
+    }
+
+    /// The `i`-th tensor and its byte range.
+    fn tensor(&self, i: usize) -> (&TensorDesc, Range<u64>) {
+        (self.tensors.desc(i), self.offsets[i].clone())
+    }
 }
 
 /// Writes the header to the start of a file in aligned pieces of [`HEADER_PIECE`] bytes.

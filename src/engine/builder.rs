@@ -1,7 +1,7 @@
 //! Building an [`Engine`]: the backends allowed, the profile, the selector's settings.
 
 use super::measure::Measurer;
-use super::{Candidate, Engine, Inner, NewLoads, SystemClock};
+use super::{Candidate, Engine, Inner, SystemClock};
 use crate::profile::Warning;
 use fastensor_core::Clock;
 use fastensor_core::{Error, ErrorKind, Knobs, Registry, Result, SharedBackend};
@@ -92,7 +92,7 @@ impl EngineBuilder {
     }
 
     /// Whether loads of whole checkpoints into new host memory may map the file (on by
-    /// default; see [`Engine::maps_new_loads`](fastensor_core::FileOpener::maps_new_loads)).
+    /// default; see [`plan_new_load`](fastensor_core::policy::plan_new_load)).
     pub fn mapped_loads(mut self, on: bool) -> Self {
         self.no_mapped_loads = !on;
         self
@@ -101,7 +101,7 @@ impl EngineBuilder {
     /// Whether a mapped load that cannot have a read lease on its file maps it anyway,
     /// unprotected from changes to the file, rather than reading it into memory of its own
     /// (off by default; see
-    /// [`Engine::maps_unprotected`](fastensor_core::FileOpener::maps_unprotected)).
+    /// [`NewLoadFacts::unprotected_maps`](fastensor_core::policy::NewLoadFacts::unprotected_maps)).
     pub fn unprotected_maps(mut self, on: bool) -> Self {
         self.unprotected_maps = on;
         self
@@ -150,7 +150,7 @@ impl EngineBuilder {
         let (selector, warning) =
             crate::profile::load(self.profile.as_deref(), self.config.clone())?;
         let (candidates, warning) = apply_knobs(candidates, selector.knobs(), warning);
-        let measured_new_loads = NewLoads::from_knobs(selector.knobs());
+        let measured_new_loads = super::placement::from_knobs(selector.knobs());
         let clock = self.clock.unwrap_or_else(|| Arc::new(SystemClock::new()));
         let measurer = Measurer::new(
             selector,

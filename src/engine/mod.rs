@@ -77,7 +77,7 @@ impl Candidate {
     /// True when the backend reads through the page cache (it reads ahead, and what it reads
     /// stays cached).
     pub(crate) fn keeps_cache(&self) -> bool {
-        self.caps.read && !self.caps.bypasses_page_cache
+        self.caps.reads_through_page_cache()
     }
 }
 
@@ -93,10 +93,10 @@ pub(crate) struct Inner {
     /// The pin given to the builder.
     built_pin: Option<String>,
     pub(crate) profile: Option<PathBuf>,
-    /// Whether loads into new host memory may map the file (see `maps_new_loads`).
+    /// Whether loads into new host memory may map the file (see `new_load_facts`).
     mapped_loads: bool,
     /// Whether a mapped load that cannot have a lease on its file maps it unprotected
-    /// (see `maps_unprotected`) rather than reading it.
+    /// rather than reading it (see `new_load_facts`).
     unprotected_maps: bool,
     /// Where loads into new host memory put their bytes, as the profile's `fastensor tune`
     /// measured it (`None`: not measured; they map).

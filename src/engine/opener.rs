@@ -2,6 +2,7 @@
 
 use super::measure::Count;
 use super::Engine;
+use fastensor_core::policy::{NewLoadFacts, NewLoads};
 use fastensor_core::{OpenMode, Result};
 use std::path::Path;
 
@@ -18,42 +19,41 @@ impl fastensor_core::FileOpener for Engine {
         Ok(Box::new(file))
     }
 
-    /// A load into new host memory maps the file unless a backend is pinned, mapped loads
-    /// were turned off ([`EngineBuilder::mapped_loads`](super::EngineBuilder::mapped_loads)),
-    /// none of the engine's backends reads local files through the page cache (`posix`,
-    /// `mmap`: without them the caller chose to bypass it, or the engine's files are not
-    /// local files), or the profile's `fastensor tune` found reading into fresh memory
-    /// faster on this machine ([`NewLoads`](super::NewLoads)). Mapping never costs more
-    /// device reads than reading, and spares what reading into new memory costs on top:
-    /// the kernel zeroing every page before the read overwrites it.
-    fn maps_new_loads(&self, _path: &Path) -> bool {
-        const PAGE_CACHE_READERS: [&str; 2] = ["posix", "mmap"];
+    /// The pinned backend's capabilities, or every backend's; whether mapped loads are on
+    /// ([`EngineBuilder::mapped_loads`](super::EngineBuilder::mapped_loads)) and maps
+    /// without a lease allowed
+    /// ([`EngineBuilder::unprotected_maps`](super::EngineBuilder::unprotected_maps)); what
+    /// the profile's `fastensor tune` measured ([`NewLoads`]).
+    fn new_load_facts(&self) -> NewLoadFacts {
         let inner = &self.inner;
-        let map = inner.mapped_loads
-            && inner.measured_new_loads != Some(super::NewLoads::Read)
-            && inner.pinned.read().is_none()
-            && inner
-                .candidates
-                .iter()
-                .any(|c| PAGE_CACHE_READERS.contains(&c.name()));
-        inner.measurer.count(if map {
-            Count::MappedLoads
-        } else {
-            Count::ReadLoads
-        });
-        map
+        let pinned = inner.pinned().clone();
+        let readers = inner
+            .candidates
+            .iter()
+            .filter(|c| pinned.as_deref().map_or(true, |p| c.name() == p))
+            .map(|c| c.caps.clone())
+            .collect();
+        NewLoadFacts {
+            readers,
+            chosen: pinned.is_some(),
+            may_map: inner.mapped_loads,
+            measured: inner.measured_new_loads,
+            unprotected_maps: inner.unprotected_maps,
+        }
     }
 
-    /// Off unless [`EngineBuilder::unprotected_maps`](super::EngineBuilder::unprotected_maps)
-    /// turned it on.
-    fn maps_unprotected(&self, _path: &Path) -> bool {
-        self.inner.unprotected_maps
+    /// Counted: [`Engine::new_loads`].
+    fn note_new_load(&self, placement: NewLoads) {
+        self.inner.measurer.count(match placement {
+            NewLoads::Mapped => Count::MappedLoads,
+            NewLoads::Read => Count::ReadLoads,
+        });
     }
 }
 
 impl Engine {
-    /// Loads of whole checkpoints into new host memory decided so far: how many mapped the
-    /// file, how many read it through a backend.
+    /// Loads of whole checkpoints into new host memory so far: how many mapped the file,
+    /// how many read it through a backend.
     pub fn new_loads(&self) -> (u64, u64) {
         let measurer = &self.inner.measurer;
         (
@@ -64,7 +64,7 @@ impl Engine {
 
     /// Where loads into new host memory put their bytes as the profile measured it
     /// (`fastensor tune`); `None` when it was not measured (they map).
-    pub fn measured_new_loads(&self) -> Option<super::NewLoads> {
+    pub fn measured_new_loads(&self) -> Option<NewLoads> {
         self.inner.measured_new_loads
     }
 

@@ -15,34 +15,15 @@ pub(crate) const SECTION: &str = "engine";
 /// Its key for [`NewLoads`].
 const KEY: &str = "new_loads";
 
-/// Where a load into new host memory puts its bytes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum NewLoads {
-    /// The file mapped copy-on-write, its pages brought in by the I/O threads: no zeroing,
-    /// and no read at all where the pages are cached already.
-    Mapped,
-    /// Fresh memory, faulted in and read into through the engine's backend for the job.
-    Read,
-}
+pub use fastensor_core::policy::NewLoads;
 
-impl NewLoads {
-    /// Its name in a profile.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            NewLoads::Mapped => "mapped",
-            NewLoads::Read => "read",
-        }
-    }
-
-    /// The placement a profile's knobs hold (`None`: not measured, or a value this build
-    /// does not know).
-    pub(crate) fn from_knobs(knobs: &BTreeMap<String, BTreeMap<String, String>>) -> Option<Self> {
-        match knobs.get(SECTION)?.get(KEY)?.as_str() {
-            "mapped" => Some(NewLoads::Mapped),
-            "read" => Some(NewLoads::Read),
-            _ => None,
-        }
-    }
+/// The placement a profile's knobs hold (`None`: not measured, or a value this build does
+/// not know).
+pub(crate) fn from_knobs(knobs: &BTreeMap<String, BTreeMap<String, String>>) -> Option<NewLoads> {
+    let value = knobs.get(SECTION)?.get(KEY)?;
+    [NewLoads::Mapped, NewLoads::Read]
+        .into_iter()
+        .find(|p| p.as_str() == value)
 }
 
 /// What [`measure`] found: the median time of a cold load of the same checkpoint each way.
@@ -163,9 +144,9 @@ mod tests {
             };
             let mut knobs = BTreeMap::new();
             measured.store(&mut knobs);
-            assert_eq!(NewLoads::from_knobs(&knobs), Some(choice));
+            assert_eq!(from_knobs(&knobs), Some(choice));
             assert_eq!(knobs[SECTION]["read_gb_per_s"], "2.68");
         }
-        assert_eq!(NewLoads::from_knobs(&BTreeMap::new()), None);
+        assert_eq!(from_knobs(&BTreeMap::new()), None);
     }
 }

@@ -1,7 +1,7 @@
 //! Timing one transfer: wall time, the request itself, process CPU time and package energy.
 
 use super::energy::EnergyMeter;
-use super::subjects::Subject;
+use super::subjects::{Subject, RAW};
 use fastensor::{Backend, Error, ErrorKind, HostBuffer, OpenMode, Result};
 use fastensor_posix::sys;
 use serde::{Deserialize, Serialize};
@@ -10,9 +10,6 @@ use std::time::Instant;
 
 /// Block size of the `raw` reference loop, as `dd bs=4M iflag=direct`.
 pub const RAW_BLOCK: usize = 4 << 20;
-
-/// The name of the reference row.
-pub const RAW: &str = "raw";
 
 /// Page-cache state of the file before a timed read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]

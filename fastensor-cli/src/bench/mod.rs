@@ -117,84 +117,22 @@ fn run_bench(args: BenchArgs) -> Result<()> {
     let backends = backends(&args)?;
     let (subjects, grid) = subjects(&args, &backends)?;
     if !args.no_raw {
-        let odd: Vec<String> = args
-            .sizes
-            .iter()
-            .flatten()
-            .filter(|&&s| s % sweep::RAW_ALIGN != 0)
-            .map(|&s| format_size(s))
-            .collect();
-        if !odd.is_empty() {
-            eprintln!(
-                "raw skipped at {}: its O_DIRECT loop needs multiples of {} bytes",
-                odd.join(", "),
-                sweep::RAW_ALIGN
-            );
-        }
+        warn_raw_sizes(&args);
     }
-    let mut caches: Vec<Cache> = args.cache.iter().map(|&c| c.into()).collect();
-    caches.sort();
-    caches.dedup();
-    let plan = sweep::Plan {
-        sizes: args
-            .sizes
-            .clone()
-            .unwrap_or_else(|| default_sizes(args.quick)),
-        directions: match args.direction {
-            Directions::Both => vec!["write", "read"],
-            Directions::Read => vec!["read"],
-            Directions::Write => vec!["write"],
-        },
-        caches,
-        repeat: args.repeat.unwrap_or(if args.quick { 3 } else { 5 }).max(1),
-        exact: args.repeat.is_some(),
-        warmup: args.warmup,
-        budget: args.budget,
-    };
+    let plan = plan_of(&args);
     let meter = EnergyMeter::new(&args.powercap_root);
     let work = tempfile_dir(&dir)?;
     let outcome = sweep::run(&plan, &subjects, work.path(), &meter)?;
     let random_rows =
         if args.random_reads > 0 && args.direction != Directions::Write && !outcome.exhausted {
-            let readers: Vec<_> = subjects
-                .iter()
-                .filter(|s| s.knobs.is_empty())
-                .filter_map(|s| s.backend.clone())
-                .collect();
-            eprintln!(
-                "random reads: {} x 4 KiB from a cold {} file",
-                args.random_reads,
-                format_size(args.random_file)
-            );
-            random::measure(&readers, work.path(), args.random_reads, args.random_file)?
+            random_reads(&args, &subjects, work.path())?
         } else {
             Vec::new()
         };
     let mut report = Report {
         schema: SCHEMA.to_string(),
         machine: machine::Machine::this(&dir),
-        settings: Settings {
-            sizes: plan.sizes.clone(),
-            backends: backends.iter().map(|b| b.name().to_string()).collect(),
-            directions: plan.directions.iter().map(|d| d.to_string()).collect(),
-            cache: plan.caches.clone(),
-            repeat: args.repeat,
-            repeat_rule: if plan.exact {
-                "exact".to_string()
-            } else {
-                format!(
-                    "at least {}; small sizes repeat until 8 MiB moved, at most 64",
-                    plan.repeat
-                )
-            },
-            warmup: plan.warmup,
-            budget_s: plan.budget.map(|b| b.as_secs_f64()),
-            knobs: grid,
-            raw: !args.no_raw,
-            quick: args.quick,
-            random_reads: args.random_reads,
-            random_file: args.random_file,
-        },
+        settings: settings_of(&args, &plan, &backends, grid),
         energy: EnergySources {
             cpu: meter.cpu_status(),
             gpu: meter.gpu_status(),
@@ -221,6 +159,97 @@ fn run_bench(args: BenchArgs) -> Result<()> {
     print_report(&report, &args, &mut *out).map_err(|e| Error::io(e, "cannot print the report"))?;
     drop(out);
     write_reports(&report, &args)
+}
+
+/// Says which of the sizes asked for the raw loop skips (not a multiple of its alignment).
+fn warn_raw_sizes(args: &BenchArgs) {
+    let odd: Vec<String> = args
+        .sizes
+        .iter()
+        .flatten()
+        .filter(|&&s| s % sweep::RAW_ALIGN != 0)
+        .map(|&s| format_size(s))
+        .collect();
+    if !odd.is_empty() {
+        eprintln!(
+            "raw skipped at {}: its O_DIRECT loop needs multiples of {} bytes",
+            odd.join(", "),
+            sweep::RAW_ALIGN
+        );
+    }
+}
+
+/// The sweep the arguments ask for.
+fn plan_of(args: &BenchArgs) -> sweep::Plan {
+    let mut caches: Vec<Cache> = args.cache.iter().map(|&c| c.into()).collect();
+    caches.sort();
+    caches.dedup();
+    sweep::Plan {
+        sizes: args
+            .sizes
+            .clone()
+            .unwrap_or_else(|| default_sizes(args.quick)),
+        directions: match args.direction {
+            Directions::Both => vec!["write", "read"],
+            Directions::Read => vec!["read"],
+            Directions::Write => vec!["write"],
+        },
+        caches,
+        repeat: args.repeat.unwrap_or(if args.quick { 3 } else { 5 }).max(1),
+        exact: args.repeat.is_some(),
+        warmup: args.warmup,
+        budget: args.budget,
+    }
+}
+
+/// The random 4 KiB reads of every subject at its default settings.
+fn random_reads(
+    args: &BenchArgs,
+    subjects: &[Subject],
+    work: &Path,
+) -> Result<Vec<random::RandomRow>> {
+    let readers: Vec<_> = subjects
+        .iter()
+        .filter(|s| s.knobs.is_empty())
+        .filter_map(|s| s.backend.clone())
+        .collect();
+    eprintln!(
+        "random reads: {} x 4 KiB from a cold {} file",
+        args.random_reads,
+        format_size(args.random_file)
+    );
+    random::measure(&readers, work, args.random_reads, args.random_file)
+}
+
+/// The settings the report records.
+fn settings_of(
+    args: &BenchArgs,
+    plan: &sweep::Plan,
+    backends: &[fastensor::core::SharedBackend],
+    grid: subjects::KnobGrid,
+) -> Settings {
+    Settings {
+        sizes: plan.sizes.clone(),
+        backends: backends.iter().map(|b| b.name().to_string()).collect(),
+        directions: plan.directions.iter().map(|d| d.to_string()).collect(),
+        cache: plan.caches.clone(),
+        repeat: args.repeat,
+        repeat_rule: if plan.exact {
+            "exact".to_string()
+        } else {
+            format!(
+                "at least {}; small sizes repeat until 8 MiB moved, at most 64",
+                plan.repeat
+            )
+        },
+        warmup: plan.warmup,
+        budget_s: plan.budget.map(|b| b.as_secs_f64()),
+        knobs: grid,
+        raw: !args.no_raw,
+        quick: args.quick,
+        random_reads: args.random_reads,
+        random_file: args.random_file,
+    }
 }
 
 /// The option that writes to standard output (`-`), if one does.

@@ -2,8 +2,9 @@
 //! direction (and read cache state), drawn with plotters' SVG backend (no system libraries;
 //! text is left to the SVG viewer's fonts).
 
-use super::measure::{Cache, RAW};
+use super::measure::Cache;
 use super::report::{Cell, Report};
+use super::subjects::RAW;
 use crate::sizes::format_size;
 use plotters::coord::combinators::{BindKeyPoints, IntoLogRange};
 use plotters::prelude::*;

@@ -3,9 +3,10 @@
 
 use super::energy::SourceStatus;
 use super::machine::Machine;
-use super::measure::{Cache, Sample, RAW};
+use super::measure::{Cache, Sample};
 use super::metric::{latency_percentiles, median, Metric};
 use super::random::RandomRow;
+use super::subjects::RAW;
 use super::subjects::{KnobGrid, Subject};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;

@@ -1,10 +1,12 @@
 //! What is measured: backends at their default settings or at knob settings from `--knobs`
 //! or `--sweep-knobs`, and the `raw` reference loop.
 
-use super::measure::RAW;
 use fastensor::core::{KnobSpec, Knobs, SharedBackend};
 use fastensor::{Error, ErrorKind, Result};
 use std::collections::BTreeMap;
+
+/// The name of the reference row.
+pub const RAW: &str = "raw";
 
 /// A measured path: a backend (maybe with knob settings), or the raw reference loop.
 #[derive(Clone)]

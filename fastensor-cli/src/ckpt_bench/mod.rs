@@ -18,10 +18,46 @@ use fastensor::{Error, MemRef, Result};
 use rows::{self as bench, Row};
 use safetensors::tensor::{Dtype, SafeTensors, TensorView as StView};
 use std::fs::File;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// Runs `rounds` rounds at `scale` (1.0: the full 1.4 GB state dict) in `dir`.
 pub fn run(dir: &Path, scale: f64, rounds: usize) -> Result<()> {
+    check_args(dir, scale)?;
+    let rounds = rounds.max(1);
+    let descs = bench::gpt2_medium(scale);
+    let bufs = bench::state_dict(&descs)?;
+    let views = bench::views(&descs, &bufs);
+    let bytes = bench::tensor_bytes(&views);
+    println!(
+        "state dict: {} tensors, {:.1} MiB (scale {scale}), dir {}",
+        views.len(),
+        bytes as f64 / (1 << 20) as f64,
+        dir.display()
+    );
+    let mut subjects = Subjects {
+        views,
+        bytes,
+        // The memory a model's parameters already occupy: loads "into existing" fill it.
+        dests: bench::state_dict(&descs)?,
+        backend: DirectBackend::default(),
+        engine: fastensor::Engine::builder().build()?,
+    };
+    let mut all: Vec<Row> = Vec::new();
+    for round in 0..rounds {
+        all.extend(run_round(dir, round, rounds, &mut subjects)?);
+    }
+    if rounds > 1 {
+        println!("best of {rounds} rounds:");
+        println!(
+            "{}",
+            bench::format_rows(&best_rows(&all), SAFETENSORS, DISK)
+        );
+    }
+    Ok(())
+}
+
+/// Refuses a `dir` that is not a directory and a `scale` outside (0, 4].
+fn check_args(dir: &Path, scale: f64) -> Result<()> {
     if !dir.is_dir() {
         return Err(Error::new(
             fastensor::ErrorKind::NotFound,
@@ -35,119 +71,124 @@ pub fn run(dir: &Path, scale: f64, rounds: usize) -> Result<()> {
             format!("--scale {scale} is outside (0, 4]"),
         ));
     }
-    let rounds = rounds.max(1);
-    let descs = bench::gpt2_medium(scale);
-    let bufs = bench::state_dict(&descs)?;
-    let views = bench::views(&descs, &bufs);
-    let bytes = bench::tensor_bytes(&views);
-    println!(
-        "state dict: {} tensors, {:.1} MiB (scale {scale}), dir {}",
-        views.len(),
-        bytes as f64 / (1 << 20) as f64,
-        dir.display()
-    );
-    // The memory a model's parameters already occupy: loads "into existing" fill it.
-    let mut dests = bench::state_dict(&descs)?;
-    let backend = DirectBackend::default();
-    let engine = fastensor::Engine::builder().build()?;
-    let mut all: Vec<Row> = Vec::new();
-    for round in 0..rounds {
-        let path = |name: &str| dir.join(format!("ckpt_bench.{name}"));
-        // Removed at the end of the round, or on a signal.
-        let scratch: Vec<Scratch> = SCRATCH_NAMES
-            .iter()
-            .map(|name| Scratch::new(path(name)))
-            .collect();
-        // A row's time depends on what ran before it (the device's write cache, memory
-        // handed back by the previous row): each round runs the rows in its own shuffled
-        // order, so no path always follows the same one.
-        const ROWS: usize = 7;
-        let order = shuffled(ROWS, round as u64);
-        let mut rows: Vec<(usize, Row)> = Vec::with_capacity(ROWS + 1);
-        let mut fresh_memory: Option<bench::DiskLimit> = None;
-        for &i in &order {
-            let row = match i {
-                0 => {
-                    let limit = bench::disk_limit(&path("raw"), bytes)?;
-                    fresh_memory = Some(limit.clone());
-                    rows.push((i, limit.device));
-                    limit.fresh
-                }
-                1 => bench::fastensor_row(&backend, &path("fastensor.safetensors"), &views)?,
-                2 => {
-                    let mut r = bench::fastensor_row(&engine, &path("engine.safetensors"), &views)?;
-                    r.label = "fastensor via Engine".into();
-                    r
-                }
-                3 => safetensors_row(&path("st.safetensors"), &views)?,
-                4 => bench::fastensor_into_row(
-                    &backend,
-                    &path("fastensor-into.safetensors"),
-                    &views,
-                    &mut dests,
-                )?,
-                5 => safetensors_into_row(&path("st-into.safetensors"), &views, &mut dests)?,
-                _ => bench::buffered_row(&path("plain"), &[], &views)?,
-            };
-            rows.push((i, row));
-        }
-        rows.sort_by_key(|(i, _)| *i);
-        let rows: Vec<Row> = rows.into_iter().map(|(_, r)| r).collect();
-        // Every row wrote a file of its own; they go only now, so that no row pays for
-        // freeing another's blocks (online discard makes that slow), and the device gets
-        // to finish those discards before the next round.
-        drop(scratch);
-        bench::quiesce(std::time::Duration::from_secs(3));
-        if rounds > 1 {
-            let names: Vec<String> = order.iter().map(|i| (i + 1).to_string()).collect();
-            println!(
-                "\nround {} (rows run in the order {})",
-                round + 1,
-                names.join(", ")
-            );
-        }
-        println!("{}", bench::format_rows(&rows, SAFETENSORS, DISK));
-        if let Some(l) = &fresh_memory {
-            println!(
-                "limit into fresh memory: {} threads faulted in {:.1} MiB of fresh memory in {:.3} s while the raw loop read the file in {:.3} s",
-                l.threads,
-                l.fresh.bytes as f64 / (1u64 << 20) as f64,
-                l.fault_in_s,
-                l.read_s
-            );
-        }
-        all.extend(rows);
-    }
-    if rounds > 1 {
-        println!("best of {rounds} rounds:");
-        let best: Vec<Row> = [
-            DISK,
-            bench::DISK_FRESH_LABEL,
-            "fastensor",
-            "fastensor via Engine",
-            SAFETENSORS,
-            INTO,
-            SAFETENSORS_INTO,
-            "plain buffered + fsync",
-        ]
-        .iter()
-        .filter_map(|l| {
-            let mine: Vec<&Row> = all.iter().filter(|r| r.label == *l).collect();
-            let mut b = (*mine.first()?).clone();
-            for r in mine {
-                if r.save.wall_s < b.save.wall_s {
-                    b.save = r.save;
-                }
-                if r.load.wall_s < b.load.wall_s {
-                    b.load = r.load;
-                }
-            }
-            Some(b)
-        })
-        .collect();
-        println!("{}", bench::format_rows(&best, SAFETENSORS, DISK));
-    }
     Ok(())
+}
+
+/// What every round measures: the state dict (its views and bytes), the memory loads
+/// "into existing" fill, and the fastensor paths.
+struct Subjects<'v> {
+    views: Vec<fastensor::checkpoint::TensorView<'v>>,
+    bytes: u64,
+    dests: Vec<fastensor::HostBuffer>,
+    backend: DirectBackend,
+    engine: fastensor::Engine,
+}
+
+/// Rows of the table, in the order printed.
+const ROWS: usize = 7;
+
+/// One round: every row once, in an order of the round's own, printed; returns the rows.
+fn run_round(dir: &Path, round: usize, rounds: usize, s: &mut Subjects<'_>) -> Result<Vec<Row>> {
+    let path = |name: &str| dir.join(format!("ckpt_bench.{name}"));
+    // Removed at the end of the round, or on a signal.
+    let scratch: Vec<Scratch> = SCRATCH_NAMES
+        .iter()
+        .map(|name| Scratch::new(path(name)))
+        .collect();
+    // A row's time depends on what ran before it (the device's write cache, memory
+    // handed back by the previous row): each round runs the rows in its own shuffled
+    // order, so no path always follows the same one.
+    let order = shuffled(ROWS, round as u64);
+    let mut rows: Vec<(usize, Row)> = Vec::with_capacity(ROWS + 1);
+    let mut fresh_memory: Option<bench::DiskLimit> = None;
+    for &i in &order {
+        let row = if i == 0 {
+            let limit = bench::disk_limit(&path("raw"), s.bytes)?;
+            fresh_memory = Some(limit.clone());
+            rows.push((i, limit.device));
+            limit.fresh
+        } else {
+            run_row(i, &path, s)?
+        };
+        rows.push((i, row));
+    }
+    rows.sort_by_key(|(i, _)| *i);
+    let rows: Vec<Row> = rows.into_iter().map(|(_, r)| r).collect();
+    // Every row wrote a file of its own; they go only now, so that no row pays for
+    // freeing another's blocks (online discard makes that slow), and the device gets
+    // to finish those discards before the next round.
+    drop(scratch);
+    bench::quiesce(std::time::Duration::from_secs(3));
+    if rounds > 1 {
+        let names: Vec<String> = order.iter().map(|i| (i + 1).to_string()).collect();
+        println!(
+            "\nround {} (rows run in the order {})",
+            round + 1,
+            names.join(", ")
+        );
+    }
+    println!("{}", bench::format_rows(&rows, SAFETENSORS, DISK));
+    if let Some(l) = &fresh_memory {
+        println!(
+            "limit into fresh memory: {} threads faulted in {:.1} MiB of fresh memory in {:.3} s while the raw loop read the file in {:.3} s",
+            l.threads,
+            l.fresh.bytes as f64 / (1u64 << 20) as f64,
+            l.fault_in_s,
+            l.read_s
+        );
+    }
+    Ok(rows)
+}
+
+/// Row `i` (1 to 6; row 0, the device's limits, is two rows: see [`run_round`]).
+fn run_row(i: usize, path: &dyn Fn(&str) -> PathBuf, s: &mut Subjects<'_>) -> Result<Row> {
+    let views = &s.views;
+    Ok(match i {
+        1 => bench::fastensor_row(&s.backend, &path("fastensor.safetensors"), views)?,
+        2 => {
+            let mut r = bench::fastensor_row(&s.engine, &path("engine.safetensors"), views)?;
+            r.label = "fastensor via Engine".into();
+            r
+        }
+        3 => safetensors_row(&path("st.safetensors"), views)?,
+        4 => bench::fastensor_into_row(
+            &s.backend,
+            &path("fastensor-into.safetensors"),
+            views,
+            &mut s.dests,
+        )?,
+        5 => safetensors_into_row(&path("st-into.safetensors"), views, &mut s.dests)?,
+        _ => bench::buffered_row(&path("plain"), &[], views)?,
+    })
+}
+
+/// Each row's best save and best load over the rounds.
+fn best_rows(all: &[Row]) -> Vec<Row> {
+    [
+        DISK,
+        bench::DISK_FRESH_LABEL,
+        "fastensor",
+        "fastensor via Engine",
+        SAFETENSORS,
+        INTO,
+        SAFETENSORS_INTO,
+        "plain buffered + fsync",
+    ]
+    .iter()
+    .filter_map(|l| {
+        let mine: Vec<&Row> = all.iter().filter(|r| r.label == *l).collect();
+        let mut b = (*mine.first()?).clone();
+        for r in mine {
+            if r.save.wall_s < b.save.wall_s {
+                b.save = r.save;
+            }
+            if r.load.wall_s < b.load.wall_s {
+                b.load = r.load;
+            }
+        }
+        Some(b)
+    })
+    .collect()
 }
 
 /// `0..n` in an order fixed by `seed` (a Fisher-Yates shuffle driven by splitmix64).

@@ -38,13 +38,10 @@ const HUGE_PAGE: usize = 2 << 20;
 /// transparent huge pages (`MADV_HUGEPAGE`) over the whole huge pages it spans; a tail shorter
 /// than a huge page keeps 4 KiB pages (a huge page there would make a buffer of 2 MiB + 4 KiB
 /// hold 4 MiB, and zero it). Physically contiguous 2 MiB pieces let the block
-/// layer build direct-I/O requests of up to `max_sectors_kb` (4 MiB on a virtio disk) instead
-/// of ~0.5 MiB (a request holds at most `max_segments` scattered 4 KiB pages): measured on a
-/// virtio disk, one thread of 8 MiB `O_DIRECT` reads went from 0.55-0.67 to 2.3-3.6 GB/s and
-/// writes from 0.40-0.49 to 0.90 GB/s. Faulting in memory the process has used before costs
-/// a fifth of the CPU of 4 KiB pages (0.15-0.2 against 0.8 s per GiB); on that VM, memory the
-/// host must back first costs more (1.8 s per GiB). Where huge pages are disabled the hint is
-/// ignored.
+/// layer build direct-I/O requests of up to `max_sectors_kb` instead of the few hundred KiB
+/// that `max_segments` scattered 4 KiB pages allow, and take fewer page faults to fault in
+/// (figures: `docs/lab/performance.md`, "Memory for direct I/O: huge pages"). Where huge
+/// pages are disabled the hint is ignored.
 const HUGE_PAGE_THRESHOLD: usize = HUGE_PAGE;
 
 // SAFETY: HostBuffer owns its allocation exclusively, like Vec<u8>.

@@ -1,6 +1,7 @@
 //! An open file of the `gds` backend: parallel cuFile pieces, buffered heads and tails of
 //! writes, buffer registration, batches.
 
+use super::batch::{self, BatchTarget};
 use super::GDS;
 use crate::cufile::{CuFile, FileHandle, OpError};
 use crate::{cuda, device_buffer};
@@ -213,7 +214,7 @@ impl BackendFile for GdsFile {
         match self.batch {
             Some(max) if requests.len() > 1 => {
                 for group in requests.chunks_mut(max) {
-                    if crate::batch::read(self, group).is_err() {
+                    if batch::read(self, group).is_err() {
                         // Reads are idempotent: redo the whole group one request at a time.
                         self.read_each(group)?;
                     }
@@ -231,15 +232,6 @@ impl BackendFile for GdsFile {
     }
 
     fastensor_sys::local_file_methods!(local);
-}
-
-/// What the batch module needs from an open file.
-pub(crate) trait BatchTarget {
-    fn cufile(&self) -> &'static CuFile;
-    fn handle(&self) -> &FileHandle;
-    fn file_len(&self) -> Result<u64>;
-    fn resolve(&self, ptr: u64, len: usize, ordinal: u32) -> Result<(u64, u64)>;
-    fn finish(&self, base: u64, skip: u64, offset: u64, len: usize, ordinal: u32) -> Result<()>;
 }
 
 impl BatchTarget for GdsFile {

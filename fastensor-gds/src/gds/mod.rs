@@ -10,9 +10,8 @@
 //!   `posix-direct`, so bytes outside the range are never rewritten.
 //! * Batches of reads use `cuFileBatchIO*` where the library has it, else run in parallel.
 
+mod batch;
 mod file;
-
-pub(crate) use file::BatchTarget;
 
 use crate::cuda;
 use crate::cufile::{self, CuFile};

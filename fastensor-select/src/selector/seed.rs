@@ -23,26 +23,50 @@ fn open(c: &CandidateState) -> bool {
     c.samples.is_empty() && (c.status.seeded() || c.status == Status::Alive)
 }
 
+/// What the other size classes say of each candidate of a context: a prediction from the
+/// cost model, and the median in the nearest explored class (with that class).
+struct Evidence<'a> {
+    predictions: BTreeMap<&'a str, Prediction>,
+    nearest: BTreeMap<&'a str, f64>,
+    nearest_explored: Option<(&'a ContextKey, &'a KeyState)>,
+}
+
+/// A seed: the candidate, its prior, and whether it is ruled out.
+type Seed = (String, f64, bool);
+
 impl Selector {
     /// Seeds (or revises the seeds of) the open candidates of the exploring context `key`.
     pub(super) fn seed(&mut self, key: &ContextKey) {
-        if !self.config.inherit {
+        if !self.config.inherit || !self.begin_seeding(key) {
             return;
         }
-        let objective = self.config.objective;
+        let seeds = self.seeds(key);
+        if !seeds.is_empty() {
+            self.apply_seeds(key, seeds);
+        }
+    }
+
+    /// Whether the seeds of `key` are to be (re)computed now: it is exploring, has an open
+    /// candidate, and was not seeded since the last observation. Notes it as seeded now.
+    fn begin_seeding(&mut self, key: &ContextKey) -> bool {
         // Seeds change only with what is recorded: once per observation is enough.
         let observations = self.stats.observations;
         let Some(state) = self.keys.get_mut(key) else {
-            return;
+            return false;
         };
         if state.choice().is_some()
             || state.seeded_at == Some(observations)
             || !state.candidates.values().any(open)
         {
-            return;
+            return false;
         }
         state.seeded_at = Some(observations);
-        let state = &self.keys[key];
+        true
+    }
+
+    /// What the other size classes of `key` say of its candidates.
+    fn evidence<'a>(&'a self, key: &ContextKey, state: &'a KeyState) -> Evidence<'a> {
+        let objective = self.config.objective;
         // The other size classes, explored or not: classes explored side by side inform each
         // other from their first samples.
         let mut classes: Vec<(&ContextKey, &KeyState)> = self
@@ -58,8 +82,11 @@ impl Selector {
             .copied();
         let target = key.size_class_start() as f64;
         let fair = |c: &&CandidateState| c.status != Status::DroppedFar;
-        let mut predictions: BTreeMap<&str, Prediction> = BTreeMap::new();
-        let mut nearest: BTreeMap<&str, f64> = BTreeMap::new();
+        let mut evidence = Evidence {
+            predictions: BTreeMap::new(),
+            nearest: BTreeMap::new(),
+            nearest_explored,
+        };
         for name in state.candidates.keys() {
             let points: Vec<ClassCost> = classes
                 .iter()
@@ -69,7 +96,7 @@ impl Selector {
                 })
                 .collect();
             if let Some(p) = Prediction::of(&points, key.size_class, target) {
-                predictions.insert(name, p);
+                evidence.predictions.insert(name, p);
             }
             if let Some(est) = nearest_explored.and_then(|(_, s)| {
                 s.candidates
@@ -77,11 +104,24 @@ impl Selector {
                     .filter(fair)
                     .and_then(|c| c.samples.estimate(objective))
             }) {
-                nearest.insert(name, est.median);
+                evidence.nearest.insert(name, est.median);
             }
         }
+        evidence
+    }
+
+    /// The seeds of the open candidates of `key`, judged from the other classes' evidence
+    /// (none when there is none).
+    fn seeds(&self, key: &ContextKey) -> Vec<Seed> {
+        let objective = self.config.objective;
+        let state = &self.keys[key];
+        let Evidence {
+            mut predictions,
+            nearest,
+            nearest_explored,
+        } = self.evidence(key, state);
         if predictions.is_empty() && nearest.is_empty() {
-            return;
+            return Vec::new();
         }
         // In a cold-read context of a re-reading workload, predictions are judged with the
         // next read included, as measured costs are (see `Reuse`).
@@ -101,7 +141,7 @@ impl Selector {
             i32::from(k.size_class.abs_diff(key.size_class)).min(60)
         });
         let limit = self.config.elimination_factor * 2f64.powi(distance);
-        let seeds: Vec<(String, f64, bool)> = state
+        state
             .candidates
             .iter()
             .filter(|(_, c)| open(c))
@@ -123,10 +163,11 @@ impl Selector {
                     Some((name.clone(), median, worse && !spared))
                 }
             })
-            .collect();
-        if seeds.is_empty() {
-            return;
-        }
+            .collect()
+    }
+
+    /// Sets the seeds of `key`'s candidates; never rules out every candidate.
+    fn apply_seeds(&mut self, key: &ContextKey, seeds: Vec<Seed>) {
         let state = self.keys.get_mut(key).expect("present");
         let first = !state.candidates.values().any(|c| c.status.seeded());
         for (name, prior, worse) in seeds {

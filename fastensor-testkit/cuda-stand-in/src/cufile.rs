@@ -1,9 +1,10 @@
 //! cuFile, in compatibility mode: the driver, registered files and buffers, and the
-//! `cuFileRead` and `cuFileWrite` entry points (their work is in [`crate::cufile_io`]; a
+//! `cuFileRead` and `cuFileWrite` entry points (their work is in [`io`]; a
 //! write that is not aligned on an `O_DIRECT` file is a violation, since the `gds` backend
 //! sends unaligned heads and tails through the page cache itself).
 
-use crate::cufile_io as io;
+pub(crate) mod io;
+
 use crate::errors::cufile as e;
 use crate::errors::CUresult;
 use crate::handles::Handles;

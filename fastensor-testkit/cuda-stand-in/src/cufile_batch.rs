@@ -3,8 +3,8 @@
 //! delay; completions are handed out by `cuFileBatchIOGetStatus`, each once. Destroying a
 //! batch with requests still running is a violation (the destroy then waits for them).
 
+use crate::cufile::io::{self, Io};
 use crate::cufile::{self, CUfileError};
-use crate::cufile_io::{self as io, Io};
 use crate::errors::cufile as e;
 use crate::handles::Handles;
 use crate::{config, context, stats};

@@ -61,7 +61,6 @@ mod context;
 mod copies;
 mod cufile;
 mod cufile_batch;
-mod cufile_io;
 mod driver;
 mod driver_memory;
 mod driver_streams;

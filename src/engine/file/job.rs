@@ -5,25 +5,19 @@
 //! the job's context (one of its reads, with its reads in flight); an exploration the
 //! selector asks for, when the job is small (at most
 //! [`EXPLORE_JOB_MAX`]) and does not send a cold read through the page cache into fresh
-//! memory; else a default that suits the context (a direct path for cold reads, the page
-//! cache for cached ones). A large job never pays for an exploration: those contexts are
-//! learned from small jobs and from `fastensor tune`.
+//! memory ([`may_explore`]); else a default that suits the context ([`default_reader`]: a
+//! direct path for cold reads, the page cache for cached ones). A large job never pays for
+//! an exploration: those contexts are learned from small jobs and from `fastensor tune`.
 
 use super::{refusal, EngineFile, Handle};
 use crate::engine::measure::{Shape, Ticket, What};
-use fastensor_core::{
-    BackendFile, CacheState, Direction, MemMut, MemRef, ReadJob, Result, TransferContext,
-};
+use fastensor_core::policy::{default_reader, may_explore};
+use fastensor_core::{BackendFile, Direction, MemMut, MemRef, ReadJob, Result, TransferContext};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 /// The largest job that may be an exploration's measurement.
 pub(crate) const EXPLORE_JOB_MAX: u64 = 64 << 20;
-
-/// Backends tried first, in order, for a job whose context the selector knows nothing of:
-/// cold reads bypass the page cache, cached ones copy from it.
-const COLD_ORDER: [&str; 3] = ["uring", "posix-direct", "posix"];
-const CACHED_ORDER: [&str; 4] = ["posix", "mmap", "uring", "posix-direct"];
 
 impl EngineFile {
     /// The file a job's reads go through: one backend for all of them (see the module).
@@ -89,20 +83,16 @@ impl EngineFile {
             let names: Vec<&str> = offered.iter().map(|&i| candidates[i].name()).collect();
             if let (Some(choice), _) = measurer.choose(ctx, &names, None) {
                 let index = named(&choice.backend)?;
-                let cold = ctx.cache != CacheState::Cached;
-                if !(choice.exploring && job.fresh && cold && candidates[index].keeps_cache()) {
+                if !choice.exploring || may_explore(ctx.cache, job.fresh, &candidates[index].caps) {
                     return Some(index);
                 }
             }
         }
-        let order: &[&str] = match ctx.cache {
-            CacheState::Cached => &CACHED_ORDER,
-            _ => &COLD_ORDER,
-        };
-        order
+        let caps: Vec<_> = offered
             .iter()
-            .find_map(|n| named(n))
-            .or_else(|| offered.first().copied())
+            .map(|&i| candidates[i].caps.clone())
+            .collect();
+        default_reader(ctx.cache, &caps).map(|i| offered[i])
     }
 }
 

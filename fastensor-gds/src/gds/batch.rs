@@ -4,13 +4,23 @@
 //! runs.
 
 use crate::cufile::ffi::{self, CUfileIOEvents_t, CUfileIOParams_t};
-use crate::gds::BatchTarget;
-use fastensor_core::{readable_len, MemMut, ReadRequest};
+use crate::cufile::{CuFile, FileHandle};
+use fastensor_core::{readable_len, MemMut, ReadRequest, Result};
 use std::ffi::c_void;
 use std::time::{Duration, Instant};
 
 /// How long a batch may take before it is abandoned.
 const TIMEOUT: Duration = Duration::from_secs(60);
+
+/// What a batch needs from an open file: its cuFile handle and length, where a device
+/// address lands in registered memory, and a plain read to finish a short request.
+pub(crate) trait BatchTarget {
+    fn cufile(&self) -> &'static CuFile;
+    fn handle(&self) -> &FileHandle;
+    fn file_len(&self) -> Result<u64>;
+    fn resolve(&self, ptr: u64, len: usize, ordinal: u32) -> Result<(u64, u64)>;
+    fn finish(&self, base: u64, skip: u64, offset: u64, len: usize, ordinal: u32) -> Result<()>;
+}
 
 /// One request of the batch.
 struct Item {

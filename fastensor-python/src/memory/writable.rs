@@ -8,7 +8,7 @@
 //! changes). Larger destinations, or where those calls are refused (a seccomp profile), are
 //! checked against `/proc/self/maps` (one read of it; its cost: docs/lab/performance.md).
 
-use crate::memory::Region;
+use super::Region;
 use fastensor::{Error, ErrorKind, Result};
 
 /// The most pages probed through the kernel; beyond, the mappings are read.

@@ -1,6 +1,6 @@
 //! Checks of a header's tensor table against the file: lengths, order, overlaps and gaps.
 
-use super::header::{HeaderEntry, METADATA_KEY};
+use super::{HeaderEntry, METADATA_KEY};
 use crate::{Error, ErrorKind, Result};
 
 fn corrupt(msg: String) -> Error {
