@@ -8,7 +8,7 @@
 //! multiple of [`DATA_ALIGN`](super::DATA_ALIGN), for direct I/O); both are the same format.
 
 use super::header;
-use super::validate;
+use super::header::validate;
 use super::TensorView;
 use crate::{Error, ErrorKind, MemRef, Result, TensorDesc};
 use std::cmp::Reverse;
