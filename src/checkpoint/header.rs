@@ -1,7 +1,10 @@
 //! The safetensors header: parsing (hostile input welcome) and writing (padded so that the
 //! data section starts on a [`DATA_ALIGN`] boundary).
 
+mod read;
 pub(crate) mod validate;
+
+pub(crate) use read::{read_header, read_header_with};
 
 use crate::{DType, Error, ErrorKind, Result, TensorDesc};
 use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, Visitor};

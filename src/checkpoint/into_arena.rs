@@ -2,7 +2,7 @@
 //! page-aligned arena laid out so that file and memory alignments match, and the reads as
 //! one job per file through the planner.
 
-use super::load::Checkpoint;
+use super::loaded::Checkpoint;
 use super::plan::{How, Request, ALIGN, READ_WINDOW};
 use super::source::CheckpointSource;
 use super::Arena;

@@ -1,231 +1,19 @@
 //! Loads: the whole data section into one aligned arena, a selection of tensors (only the
 //! ranges needed, neighbours merged), or the caller's own buffers.
 
-use super::header::validate;
-use super::header::{
-    check_header_len, header_len_of, lookup, parse_header, parse_header_from, Header,
-    PARSE_WHOLE_MAX,
-};
+use super::header::Header;
 use super::into_arena::{load_chosen, named};
+use super::loaded::Checkpoint;
 use super::mapped::{PendingPages, WithoutLease};
-use super::save::{TensorView, Tensors};
+use super::retry::retry_changed;
 use super::source::CheckpointSource;
-use super::{Arena, FileOpener};
+use super::FileOpener;
 use crate::core::policy::{plan_new_load, NewLoads};
-use crate::{BackendFile, Error, ErrorKind, HostBuffer, MemMut, MemRef, Result, TensorDesc};
-use std::collections::BTreeMap;
-use std::ops::Range;
-use std::path::{Path, PathBuf};
-
-/// The first read of a file: enough for most headers.
-const FIRST_READ: u64 = 64 << 10;
+use crate::{ErrorKind, MemMut, Result};
+use std::path::Path;
 
 /// Selected tensors closer than this are read in one request, gap included.
 const MERGE_GAP: u64 = 1 << 20;
-
-/// What [`Checkpoint::into_parts`] returns: the arena, each tensor's descriptor and range
-/// of it, and the metadata.
-pub type CheckpointParts = (
-    Arena,
-    Vec<(TensorDesc, Range<usize>)>,
-    BTreeMap<String, String>,
-);
-
-/// A loaded checkpoint: one aligned arena holding the tensors' bytes, and zero-copy views.
-#[derive(Debug)]
-pub struct Checkpoint {
-    path: PathBuf,
-    arena: Arena,
-    entries: Vec<(TensorDesc, Range<usize>)>,
-    /// Indices into `entries`, sorted by name.
-    by_name: Vec<u32>,
-    metadata: BTreeMap<String, String>,
-}
-
-impl Checkpoint {
-    /// A checkpoint of `entries` (descriptor and range of `arena`) read from `path`; a name
-    /// given twice is [`ErrorKind::Corrupt`].
-    pub(crate) fn from_parts(
-        path: &Path,
-        arena: Arena,
-        mut entries: Vec<(TensorDesc, Range<usize>)>,
-        metadata: BTreeMap<String, String>,
-    ) -> Result<Checkpoint> {
-        entries.shrink_to_fit();
-        let by_name = validate::by_name(&entries, |(d, _)| &d.name).map_err(|name| {
-            Error::new(ErrorKind::Corrupt, format!("tensor `{name}` appears twice")).with_path(path)
-        })?;
-        Ok(Checkpoint {
-            path: path.to_path_buf(),
-            arena,
-            entries,
-            by_name,
-            metadata,
-        })
-    }
-
-    /// The tensor called `name`: its descriptor and bytes (a view into the arena).
-    pub fn tensor(&self, name: &str) -> Option<(&TensorDesc, &[u8])> {
-        lookup(&self.by_name, name, |i| &self.entries[i].0.name).map(|i| {
-            let (d, r) = &self.entries[i];
-            (d, &self.arena[r.clone()])
-        })
-    }
-
-    /// Every loaded tensor, in file order.
-    pub fn iter(&self) -> impl Iterator<Item = (&TensorDesc, &[u8])> + '_ {
-        self.entries
-            .iter()
-            .map(|(d, r)| (d, &self.arena[r.clone()]))
-    }
-
-    /// The loaded tensors as views, ready to [`save`](super::save) again.
-    pub fn views(&self) -> Vec<TensorView<'_>> {
-        self.iter()
-            .map(|(d, b)| TensorView::new(d.clone(), b))
-            .collect()
-    }
-
-    /// Number of loaded tensors.
-    pub fn len(&self) -> usize {
-        self.entries.len()
-    }
-
-    /// True when no tensor was loaded.
-    pub fn is_empty(&self) -> bool {
-        self.entries.is_empty()
-    }
-
-    /// The `__metadata__` map of the file.
-    pub fn metadata(&self) -> &BTreeMap<String, String> {
-        &self.metadata
-    }
-
-    /// The file the checkpoint came from.
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
-
-    /// The arena holding every tensor's bytes (page-aligned).
-    pub fn arena(&self) -> &Arena {
-        &self.arena
-    }
-
-    /// The arena, each tensor's descriptor and range of it (file order), and the metadata.
-    pub fn into_parts(self) -> CheckpointParts {
-        (self.arena, self.entries, self.metadata)
-    }
-
-    /// Total bytes of the loaded tensors.
-    pub fn data_bytes(&self) -> u64 {
-        self.entries.iter().map(|(_, r)| r.len() as u64).sum()
-    }
-}
-
-impl<'a> Tensors<'a> for &'a Checkpoint {
-    fn count(&self) -> usize {
-        self.entries.len()
-    }
-    fn desc(&self, i: usize) -> &'a TensorDesc {
-        &self.entries[i].0
-    }
-    fn data(&self, i: usize) -> MemRef<'a> {
-        MemRef::Host(&self.arena[self.entries[i].1.clone()])
-    }
-}
-
-/// Reads and validates the header of an open file; one longer than [`PARSE_WHOLE_MAX`] is
-/// parsed as it is read, in pieces of [`FIRST_READ`] bytes (its JSON never held whole).
-pub(crate) fn read_header(file: &dyn BackendFile, path: &Path) -> Result<Header> {
-    let file_len = file.len().map_err(|e| e.with_path(path))?;
-    read_header_with(file_len, &|at, buf| file.read_metadata_at(at, buf), path)
-}
-
-/// [`read_header`] of a file of `file_len` bytes read through `read_at` (a read at an
-/// offset into a buffer: the bytes read, short only at the end of the file).
-pub(crate) fn read_header_with(file_len: u64, read_at: &ReadAt<'_>, path: &Path) -> Result<Header> {
-    let ctx = |e: Error| e.with_path(path);
-    let mut buf = HostBuffer::new(file_len.min(FIRST_READ) as usize)?;
-    let n = read_at(0, &mut buf).map_err(ctx)?;
-    let header_len = header_len_of(&buf[..n]).map_err(ctx)?;
-    check_header_len(header_len, file_len).map_err(ctx)?;
-    let need = 8 + header_len as usize;
-    if need <= n {
-        return parse_header(&buf[..n], file_len).map_err(ctx);
-    }
-    if header_len <= PARSE_WHOLE_MAX {
-        buf = HostBuffer::new(need)?;
-        let got = read_at(0, &mut buf).map_err(ctx)?;
-        if got < need {
-            return Err(ctx(Error::new(
-                ErrorKind::Corrupt,
-                "the file shrank while its header was read",
-            )));
-        }
-        return parse_header(&buf[..need], file_len).map_err(ctx);
-    }
-    let reader = FileReader {
-        read_at,
-        buf,
-        filled: n,
-        at: 8,
-        pos: 0,
-    };
-    parse_header_from(reader, header_len, file_len).map_err(ctx)
-}
-
-/// A read of a file at an offset into a buffer (see [`read_header_with`]).
-pub(crate) type ReadAt<'a> = dyn Fn(u64, &mut [u8]) -> Result<usize> + 'a;
-
-/// Reads a file from an offset on, a buffer at a time.
-struct FileReader<'a> {
-    read_at: &'a ReadAt<'a>,
-    buf: HostBuffer,
-    /// Bytes of `buf` holding the file from `pos`.
-    filled: usize,
-    /// Next byte of `buf` to hand out.
-    at: usize,
-    /// File offset of `buf[0]`.
-    pos: u64,
-}
-
-impl std::io::Read for FileReader<'_> {
-    fn read(&mut self, out: &mut [u8]) -> std::io::Result<usize> {
-        if self.at == self.filled {
-            self.pos += self.filled as u64;
-            self.at = 0;
-            self.filled = (self.read_at)(self.pos, &mut self.buf).map_err(std::io::Error::other)?;
-            if self.filled == 0 {
-                return Err(std::io::Error::new(
-                    std::io::ErrorKind::UnexpectedEof,
-                    "the file shrank while its header was read",
-                ));
-            }
-        }
-        let n = out.len().min(self.filled - self.at);
-        out[..n].copy_from_slice(&self.buf[self.at..self.at + n]);
-        self.at += n;
-        Ok(n)
-    }
-}
-
-/// Tries of one load whose file is replaced (renamed over) while it is read: the one
-/// retry of fastensor (the Python package adds none).
-pub const LOAD_ATTEMPTS: usize = 5;
-
-/// Runs `attempt` (a whole load: open the path, read the header, read the data) again
-/// while it fails with [`ErrorKind::Changed`] (the file was replaced by another while it was
-/// read), at most [`LOAD_ATTEMPTS`] times in all; each try reads one version of the file,
-/// and a failed try's bytes are never returned. The last error is returned as it is.
-pub(crate) fn retry_changed<T>(mut attempt: impl FnMut() -> Result<T>) -> Result<T> {
-    let mut tries = 1;
-    loop {
-        match attempt() {
-            Err(e) if e.kind() == ErrorKind::Changed && tries < LOAD_ATTEMPTS => tries += 1,
-            done => return done,
-        }
-    }
-}
 
 /// Loads every tensor of the safetensors file at `path`.
 ///
@@ -233,14 +21,14 @@ pub(crate) fn retry_changed<T>(mut attempt: impl FnMut() -> Result<T>) -> Result
 /// ([`plan_new_load`] of its [facts](FileOpener::new_load_facts), the engine's default) the file is mapped copy-on-write
 /// under a read lease and its pages brought in by several threads: the tensors share the
 /// page cache's pages, and another program that opens the file for writing or truncates it
-/// waits until they are moved into memory of this process (see [`Arena`]). Otherwise,
+/// waits until they are moved into memory of this process (see [`Arena`](super::Arena)). Otherwise,
 /// where the file system cannot map the file, or where no lease can be had (unless the
 /// opener [maps those unprotected](crate::core::policy::NewLoadFacts::unprotected_maps)), the data section
 /// is read into one page-aligned arena of its own. When the data
 /// section is not aligned in the file (files written by other tools), the arena is offset so
 /// that file and memory alignments still match and direct I/O still copies nothing. A file
 /// replaced (renamed over) during the load is loaded again, whole (at most
-/// [`LOAD_ATTEMPTS`] tries); when it keeps changing the error is [`ErrorKind::Changed`].
+/// [`LOAD_ATTEMPTS`](super::LOAD_ATTEMPTS) tries); when it keeps changing the error is [`ErrorKind::Changed`].
 pub fn load<O: FileOpener + ?Sized>(opener: &O, path: &Path) -> Result<Checkpoint> {
     planned(opener, |placement, without| {
         load_as(opener, path, None, false, placement, without)
@@ -386,7 +174,7 @@ pub fn load_later<O: FileOpener + ?Sized>(
 /// Loads tensors straight into the caller's buffers: each `(name, destination)` pair is
 /// filled with that tensor's bytes; see [`CheckpointFile::read_into`]. Returns the file's
 /// header. A file replaced (renamed over) during the load is opened and read again, every
-/// destination filled anew from the new version (at most [`LOAD_ATTEMPTS`] tries); when it
+/// destination filled anew from the new version (at most [`LOAD_ATTEMPTS`](super::LOAD_ATTEMPTS) tries); when it
 /// keeps changing the error is [`ErrorKind::Changed`] and the destinations' contents are
 /// unspecified.
 pub fn load_into<O: FileOpener + ?Sized>(
@@ -411,7 +199,7 @@ pub struct CheckpointFile(CheckpointSource);
 
 /// Opens the safetensors file at `path` and validates its header; nothing else is read. A
 /// file replaced (renamed over) while it is opened is opened again (at most
-/// [`LOAD_ATTEMPTS`] tries); one replaced later makes reads that would reach the new file
+/// [`LOAD_ATTEMPTS`](super::LOAD_ATTEMPTS) tries); one replaced later makes reads that would reach the new file
 /// fail with [`ErrorKind::Changed`] (the header read belongs to the file first opened).
 pub fn open<O: FileOpener + ?Sized>(opener: &O, path: &Path) -> Result<CheckpointFile> {
     retry_changed(|| CheckpointSource::single(opener, path).map(CheckpointFile))

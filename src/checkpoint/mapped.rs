@@ -8,9 +8,10 @@
 //! keep their bytes whatever is done to the file. Where no lease can be had, the load reads
 //! the file instead, or maps it unprotected where the caller chose that ([`WithoutLease`]).
 
-use super::checksum::Checksums;
+use super::header::read_header_with;
 use super::header::Header;
-use super::load::{read_header_with, Checkpoint};
+use super::loaded::Checkpoint;
+use super::sums::Checksums;
 use super::{Arena, IO_THREADS};
 use crate::core::align::align_down;
 use crate::core::parallel;

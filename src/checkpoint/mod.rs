@@ -28,14 +28,20 @@ pub mod checksum;
 mod header;
 mod into_arena;
 mod load;
+mod loaded;
 mod mapped;
 mod plan;
+mod retry;
 mod save;
 mod serialize;
+mod shard_index;
 pub mod sharded;
 mod slice;
 mod source;
+mod source_file;
+mod sums;
 mod tools;
+mod view;
 
 pub use arena::{Arena, Placement};
 pub use checksum::{verify_file, Checksums, Verified, CHECKSUMS_KEY};
@@ -43,12 +49,11 @@ pub use header::{
     parse_header, Header, HeaderEntry, DATA_ALIGN, MAX_HEADER_LEN, MAX_RANK, METADATA_KEY,
 };
 pub(crate) use load::load_placed;
-pub use load::{
-    load, load_into, load_later, load_selected, load_verified, open, Checkpoint, CheckpointFile,
-    CheckpointParts, LOAD_ATTEMPTS,
-};
+pub use load::{load, load_into, load_later, load_selected, load_verified, open, CheckpointFile};
+pub use loaded::{Checkpoint, CheckpointParts};
 pub use mapped::PendingPages;
-pub use save::{save, save_checked, save_section, save_with_metadata, TensorView};
+pub use retry::LOAD_ATTEMPTS;
+pub use save::{save, save_checked, save_section, save_with_metadata};
 pub use serialize::{serialize, serialized, Serialized, SERIALIZED_ALIGN};
 pub use sharded::{
     load_into_sharded, load_selected_sharded, load_sharded, open_sharded, read_ranges,
@@ -57,6 +62,7 @@ pub use sharded::{
 pub use slice::{slice_runs, DimSelection};
 pub use source::CheckpointSource;
 pub use tools::{copy, format_table, inspect, rows, write_table, InspectRow};
+pub use view::TensorView;
 
 pub use crate::core::FileOpener;
 

@@ -5,7 +5,7 @@
 //! faulted in by the worker that reads it; the files' reads are interleaved so that the
 //! workers read from every file at once. Linear in the number of requests.
 
-use super::source::SourceFile;
+use super::source_file::SourceFile;
 use super::IO_THREADS;
 use crate::core::align::align_down;
 use crate::core::parallel;

@@ -5,6 +5,7 @@
 
 use super::checksum::{self, CHECKSUMS_KEY};
 use super::header::{self, validate, DATA_ALIGN};
+use super::view::{TensorView, Tensors};
 use super::FileOpener;
 use crate::atomic::AtomicFile;
 use crate::{BackendFile, Error, ErrorKind, HostBuffer, MemRef, OpenMode, Result, TensorDesc};
@@ -18,25 +19,6 @@ const WINDOW: u64 = 16 << 20;
 
 /// A piece of an aligned buffer at least this long is written in place, not staged.
 const DIRECT_MIN: u64 = 256 << 10;
-
-/// A tensor to save: its descriptor and its bytes (host or device memory).
-#[derive(Debug, Clone)]
-pub struct TensorView<'a> {
-    /// Name, dtype and shape.
-    pub desc: TensorDesc,
-    /// The tensor's bytes; exactly `desc.byte_len()` of them.
-    pub data: MemRef<'a>,
-}
-
-impl<'a> TensorView<'a> {
-    /// A view of `data` described by `desc`.
-    pub fn new(desc: TensorDesc, data: impl Into<MemRef<'a>>) -> Self {
-        TensorView {
-            desc,
-            data: data.into(),
-        }
-    }
-}
 
 /// Saves `tensors` to `path` as a safetensors file; see [`save_with_metadata`].
 pub fn save<O: FileOpener + ?Sized>(
@@ -76,21 +58,6 @@ pub fn save_checked<O: FileOpener + ?Sized>(
     metadata: &BTreeMap<String, String>,
 ) -> Result<()> {
     save_tensors(opener, path, &Views(tensors), metadata, true)
-}
-
-/// Tensors to save: descriptors and bytes, by index.
-pub(crate) trait Tensors<'a>: Sync {
-    /// Number of tensors.
-    fn count(&self) -> usize;
-    /// The descriptor of tensor `i`.
-    fn desc(&self, i: usize) -> &'a TensorDesc;
-    /// The bytes of tensor `i`.
-    fn data(&self, i: usize) -> MemRef<'a>;
-    /// The whole data section as one buffer, when the tensors lie one after another in it
-    /// (it is then written as one, not tensor by tensor).
-    fn section(&self) -> Option<MemRef<'a>> {
-        None
-    }
 }
 
 struct Views<'s, 'a>(&'s [TensorView<'a>]);

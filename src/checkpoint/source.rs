@@ -4,31 +4,20 @@
 //! opened, their headers read and checked, every tensor's place known (name -> file, dtype,
 //! shape, byte range). All its reads go through the one planner ([`super::plan`]).
 
-use super::checksum::Checksums;
+use super::header::read_header;
 use super::header::{Header, HeaderEntry};
-use super::load::{read_header, retry_changed};
 use super::plan::{execute, How, Request};
-use super::sharded::{corrupt, read_index, ShardedIndex};
+use super::retry::retry_changed;
+use super::shard_index::{corrupt, read_index, ShardedIndex};
+use super::source_file::SourceFile;
+use super::sums::Checksums;
 use super::{FileOpener, IO_THREADS};
 use crate::core::parallel;
-use crate::{BackendFile, Error, ErrorKind, MemMut, OpenMode, Result};
+use crate::{Error, ErrorKind, MemMut, OpenMode, Result};
 use std::collections::{BTreeMap, HashMap};
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
-
-/// One open file of a source.
-pub(crate) struct SourceFile {
-    /// The path it was opened at (errors name it).
-    pub path: PathBuf,
-    /// The open file: every read of the source goes through it, so that a file renamed
-    /// over the path later is never read (the engine's files check their identity).
-    pub file: Box<dyn BackendFile>,
-    /// Its validated header; `None` for a file read as raw byte ranges.
-    pub header: Option<Header>,
-    /// Set by [`CheckpointSource::verifying`]: the checksums its header stores.
-    pub checksums: Option<Checksums>,
-}
 
 /// How a source's tensor names are resolved.
 enum Names {
@@ -317,13 +306,4 @@ pub(crate) fn wrong_len(what: &str, want: u64, got: usize) -> Error {
         ErrorKind::InvalidInput,
         format!("{what} is {want} bytes but its destination holds {got}"),
     )
-}
-
-impl SourceFile {
-    /// The file's header (a file of a checkpoint has one).
-    pub(crate) fn header(&self) -> &Header {
-        self.header
-            .as_ref()
-            .expect("a checkpoint's file has a validated header")
-    }
 }

@@ -14,12 +14,12 @@
 //!   [`load_into_sharded`] are built on it.
 //! * [`read_ranges`] reads raw byte ranges of any files into caller buffers, in one job
 //!   (the `torch.distributed.checkpoint` reader's path).
-mod index;
 mod read;
 mod save;
 
-pub(crate) use index::corrupt;
-pub use index::{is_sharded, read_index, resolve_index, shard_name, ShardedIndex, INDEX_NAME};
+pub use super::shard_index::{
+    is_sharded, read_index, resolve_index, shard_name, ShardedIndex, INDEX_NAME,
+};
 pub use read::{
     load_into_sharded, load_selected_sharded, load_sharded, open_sharded, read_ranges,
     ShardedCheckpoint, ShardedFile,

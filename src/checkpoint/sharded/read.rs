@@ -1,12 +1,14 @@
 //! Reading sharded checkpoints and raw byte ranges: [`CheckpointSource`]s of many files,
 //! every file's requests in flight together.
 
-use super::index::ShardedIndex;
 use crate::checkpoint::header::{Header, HeaderEntry};
 use crate::checkpoint::into_arena::{load_chosen, named};
-use crate::checkpoint::load::retry_changed;
+use crate::checkpoint::loaded::Checkpoint;
 use crate::checkpoint::plan::{How, Request};
-use crate::checkpoint::{Checkpoint, CheckpointSource, FileOpener};
+use crate::checkpoint::retry::retry_changed;
+use crate::checkpoint::shard_index::ShardedIndex;
+use crate::checkpoint::source::CheckpointSource;
+use crate::checkpoint::FileOpener;
 use crate::{MemMut, Result};
 use std::collections::{BTreeMap, HashMap};
 use std::ops::Range;

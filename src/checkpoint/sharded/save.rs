@@ -1,10 +1,10 @@
 //! Writing sharded checkpoints: shards concurrently, the index last.
 
-use super::index::{corrupt, read_index, shard_name, ShardedIndex, INDEX_NAME};
 use super::read::open_sharded;
 use crate::checkpoint::checksum::for_shard;
 use crate::checkpoint::header::Header;
-use crate::checkpoint::save::TensorView;
+use crate::checkpoint::shard_index::{corrupt, read_index, shard_name, ShardedIndex, INDEX_NAME};
+use crate::checkpoint::view::TensorView;
 use crate::checkpoint::{save_with_metadata, FileOpener};
 use crate::core::parallel;
 use crate::{Error, ErrorKind, Result};
