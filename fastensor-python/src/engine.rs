@@ -147,38 +147,10 @@ pub fn read_targets(
 }
 
 /// `names` as the Rust calls take them.
-fn name_refs(names: &Option<Vec<String>>) -> Option<Vec<&str>> {
+pub(crate) fn name_refs(names: &Option<Vec<String>>) -> Option<Vec<&str>> {
     names
         .as_ref()
         .map(|n| n.iter().map(String::as_str).collect())
-}
-
-/// The tensors `names` (every tensor when `None`) of `file`, an open `CheckpointFile` or
-/// `ShardedFile`, read into new host memory (`CheckpointSource::read_new`: one arena laid
-/// out for direct reads, each tensor read whole and checked where the file verifies), the
-/// GIL released, as `(name, dtype, shape, capsule)` (see `Engine.load_new` for
-/// `versioned`).
-#[pyfunction]
-#[pyo3(signature = (file, names=None, versioned=false))]
-pub fn read_new(
-    py: Python<'_>,
-    file: &Bound<'_, PyAny>,
-    names: Option<Vec<String>>,
-    versioned: bool,
-) -> PyResult<Exported> {
-    let one;
-    let sharded;
-    let source = if let Ok(f) = file.cast::<PyCheckpointFile>() {
-        one = f.clone();
-        one.get().file.source()
-    } else {
-        sharded = file.cast::<crate::sharded::PyShardedFile>()?.clone();
-        sharded.get().source()
-    };
-    let ckpt = py
-        .detach(|| source.read_new(name_refs(&names).as_deref()))
-        .py_err()?;
-    Ok(exported(py, ckpt, versioned)?.0)
 }
 
 /// Views of lent tensors, for a save.

@@ -18,6 +18,7 @@ mod offload;
 mod sharded;
 mod slice;
 mod snapshot;
+mod source;
 mod torch_alloc;
 
 use fastensor::Availability;
@@ -123,7 +124,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(set_mmap_threshold, m)?)?;
     m.add_function(wrap_pyfunction!(wait_pending_saves, m)?)?;
     m.add_function(wrap_pyfunction!(lease_stats, m)?)?;
-    m.add_function(wrap_pyfunction!(engine::read_new, m)?)?;
+    m.add_function(wrap_pyfunction!(source::read_new, m)?)?;
     format::register(m)?;
     sharded::register(m)?;
     slice::register(m)?;
