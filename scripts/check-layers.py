@@ -37,8 +37,21 @@ import sys
 
 SKIP_DIRS = {"target", "node_modules", ".venv", "venv", "__pycache__"}
 ITEM_KEYWORDS = {
-    "mod", "use", "fn", "impl", "struct", "enum", "trait", "const", "static", "type",
-    "pub", "unsafe", "extern", "async", "macro_rules",
+    "mod",
+    "use",
+    "fn",
+    "impl",
+    "struct",
+    "enum",
+    "trait",
+    "const",
+    "static",
+    "type",
+    "pub",
+    "unsafe",
+    "extern",
+    "async",
+    "macro_rules",
 }
 
 
@@ -46,11 +59,13 @@ def find_crates(root):
     """Directories under `root` holding a `Cargo.toml` with a `[package]` and a `src/`."""
     crates = []
     for dirpath, dirs, files in os.walk(root):
-        dirs[:] = sorted(d for d in dirs if d not in SKIP_DIRS and not d.startswith("."))
+        dirs[:] = sorted(
+            d for d in dirs if d not in SKIP_DIRS and not d.startswith(".")
+        )
         if "Cargo.toml" not in files or not os.path.isdir(os.path.join(dirpath, "src")):
             continue
         with open(os.path.join(dirpath, "Cargo.toml"), encoding="utf-8") as f:
-            if re.search(r"^\[package\]", f.read(), re.M):
+            if re.search(r"^\[package\]", f.read(), re.MULTILINE):
                 crates.append(dirpath)
     return crates
 
@@ -274,7 +289,9 @@ class Crate:
                     if name and name != "_":
                         self.imports[mod][name] = path
                     self.refs[mod].append((path, line_of(code, u.start())))
-            uses_blanked = USE_DECL.sub(lambda u: re.sub(r"[^\n]", " ", u.group(0)), code)
+            uses_blanked = USE_DECL.sub(
+                lambda u: re.sub(r"[^\n]", " ", u.group(0)), code
+            )
             for p in CODE_PATH.finditer(uses_blanked):
                 segs = [s.strip() for s in p.group(0).split("::")]
                 path = absolute(segs, mod, self.mods, relative_children=False)
@@ -395,15 +412,21 @@ def main(argv):
             graph.setdefault(a, set()).add(b)
         for comp in strongly_connected(graph):
             cycles += 1
-            print(f"{os.path.relpath(path, root)}: sibling modules in a cycle: "
-                  + " -> ".join(display(m) for m in one_cycle(comp, graph)))
+            print(
+                f"{os.path.relpath(path, root)}: sibling modules in a cycle: "
+                + " -> ".join(display(m) for m in one_cycle(comp, graph))
+            )
             for a in comp:
                 for b in comp:
                     for file, line, named in sorted(set(edges.get((a, b), []))):
-                        print(f"    {display(a)} -> {display(b)}: {file}:{line}: {named}")
+                        print(
+                            f"    {display(a)} -> {display(b)}: {file}:{line}: {named}"
+                        )
     if cycles:
-        print(f"check-layers: {cycles} cycle(s) among sibling modules; move what both "
-              "need below both (see docs/architecture.md, Layering)")
+        print(
+            f"check-layers: {cycles} cycle(s) among sibling modules; move what both "
+            "need below both (see docs/architecture.md, Layering)"
+        )
         return 1
     print(f"check-layers: no cycle among sibling modules ({len(crates)} crates)")
     return 0

@@ -39,13 +39,19 @@ def worker(spec: dict) -> None:
     dev = torch.device("cuda")
     if spec.get("cap_gib"):
         total = torch.cuda.get_device_properties(dev).total_memory
-        torch.cuda.set_per_process_memory_fraction(min(1.0, spec["cap_gib"] * 2**30 / total))
+        torch.cuda.set_per_process_memory_fraction(
+            min(1.0, spec["cap_gib"] * 2**30 / total)
+        )
     layers = nn.ModuleList(
-        nn.TransformerEncoderLayer(spec["d"], spec["d"] // 64, batch_first=True, norm_first=True)
+        nn.TransformerEncoderLayer(
+            spec["d"], spec["d"] // 64, batch_first=True, norm_first=True
+        )
         for _ in range(spec["layers"])
     ).to(dev)
     opt = torch.optim.SGD(layers.parameters(), lr=1e-3)
-    x = torch.randn(spec["batch"], spec["seq"], spec["d"], device=dev, requires_grad=True)
+    x = torch.randn(
+        spec["batch"], spec["seq"], spec["d"], device=dev, requires_grad=True
+    )
     config = spec["config"]
 
     def forward(h):
@@ -67,7 +73,9 @@ def worker(spec: dict) -> None:
             from fastensor.torch import offload
 
             path = config.split("-", 1)[1]
-            return offload(dir=spec["dir"], budget_bytes=spec["budget"], device_path=path)
+            return offload(
+                dir=spec["dir"], budget_bytes=spec["budget"], device_path=path
+            )
         return contextlib.nullcontext()
 
     times = []
@@ -104,6 +112,7 @@ def run(spec: dict) -> dict:
         capture_output=True,
         text=True,
         timeout=600,
+        check=False,
     )
     lines = [line for line in p.stdout.splitlines() if line.startswith("{")]
     if not lines:
@@ -148,14 +157,18 @@ def on_gpu(args) -> int:
         order = CONFIGS if r % 2 == 0 else list(reversed(CONFIGS))
         for c in order:
             budget = per_layer * args.batch
-            results[c].append(run({**base, "config": c, "batch": args.batch, "budget": budget}))
+            results[c].append(
+                run({**base, "config": c, "batch": args.batch, "budget": budget})
+            )
     failed = 0
     print(
         f"offload on {name}: {args.layers} layers, d_model {args.d}, {args.seq} tokens, "
         f"batch {args.batch}, {args.rounds} interleaved rounds; cap {args.cap_gib} GiB for the "
         "largest batch"
     )
-    print("| configuration | step ms | vs no offload | peak GiB | largest batch | vs no offload |")
+    print(
+        "| configuration | step ms | vs no offload | peak GiB | largest batch | vs no offload |"
+    )
     print("|---|---:|---:|---:|---:|---:|")
     none_t = [r["time"] for r in results["none"] if r.get("ok")]
     none_b = None
@@ -194,9 +207,14 @@ def logic_check(folder: str) -> int:
     rng = random.Random(1)
     sizes = [1, 4097, 1 << 20, (3 << 20) + 5]
     for path in ("staged", "direct"):
-        store = _native.OffloadStore(engine_or_default(None), folder, 2 << 20, device_path=path)
+        store = _native.OffloadStore(
+            engine_or_default(None), folder, 2 << 20, device_path=path
+        )
         data = [rng.randbytes(n) for n in sizes]
-        hs = [store.put_device(_native.DeviceArray.from_bytes(b, 0), f"t{i}") for i, b in enumerate(data)]
+        hs = [
+            store.put_device(_native.DeviceArray.from_bytes(b, 0), f"t{i}")
+            for i, b in enumerate(data)
+        ]
         for i in reversed(range(len(sizes))):
             out = _native.DeviceArray.zeros(sizes[i], 0)
             store.get_into(hs[i], out)
@@ -204,7 +222,9 @@ def logic_check(folder: str) -> int:
                 print(f"offload (GPU path, {path}): tensor {i} came back wrong")
                 return 1
         store.close()
-    print("offload (GPU path): staged and direct round trips bit-exact (logic only: no GPU speed)")
+    print(
+        "offload (GPU path): staged and direct round trips bit-exact (logic only: no GPU speed)"
+    )
     return 0
 
 
