@@ -3,6 +3,7 @@ imports it back (directly or through others). Imports inside functions count too
 import is still a dependency. Read from the sources with ``ast``, nothing imported."""
 
 import ast
+import importlib.util
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "python" / "fastensor"
@@ -36,40 +37,20 @@ def graph() -> dict[str, set[str]]:
     return {name: _imports(path, set(files)) - {name} for name, path in files.items()}
 
 
+def _layer_checker():
+    """The repository's layering checker (``scripts/check-layers.py``), whose cycle finder
+    this test shares."""
+    path = Path(__file__).resolve().parents[2] / "scripts" / "check-layers.py"
+    spec = importlib.util.spec_from_file_location("check_layers", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
-    """One cycle through each group of modules that import each other (Tarjan's strongly
-    connected components of more than one module), each as the modules in a loop."""
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    on_stack: set[str] = set()
-    found: list[list[str]] = []
-
-    def visit(v: str) -> None:
-        index[v] = low[v] = len(index)
-        stack.append(v)
-        on_stack.add(v)
-        for w in sorted(edges.get(v, ())):
-            if w not in index:
-                visit(w)
-                low[v] = min(low[v], low[w])
-            elif w in on_stack:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            group = []
-            while True:
-                w = stack.pop()
-                on_stack.discard(w)
-                group.append(w)
-                if w == v:
-                    break
-            if len(group) > 1:
-                found.append(sorted(group))
-
-    for v in sorted(edges):
-        if v not in index:
-            visit(v)
-    return found
+    """Each group of modules that import each other (strongly connected components of more
+    than one module), its modules sorted."""
+    return _layer_checker().strongly_connected(edges)
 
 
 def test_the_detector_finds_cycles_direct_and_through_others():
