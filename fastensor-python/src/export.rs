@@ -139,11 +139,7 @@ pub fn tensor_capsule(
     owner: Owner,
     versioned: bool,
 ) -> PyResult<Py<PyAny>> {
-    if versioned {
-        capsule_of::<DlManagedTensorVersioned>(py, data, len, HOST, owner)
-    } else {
-        capsule_of::<DlManagedTensor>(py, data, len, HOST, owner)
-    }
+    capsule_in(py, data, len, HOST, owner, versioned)
 }
 
 /// [`tensor_capsule`] in the unversioned protocol.
@@ -166,7 +162,18 @@ pub fn device_capsule(
         device_type: KDL_CUDA,
         device_id: i32::try_from(ordinal).map_err(|_| PyValueError::new_err("bad device"))?,
     };
-    let data = ptr as usize as *mut u8;
+    capsule_in(py, ptr as usize as *mut u8, len, device, owner, versioned)
+}
+
+/// [`capsule_of`] in the versioned protocol when `versioned`, else the unversioned one.
+fn capsule_in(
+    py: Python<'_>,
+    data: *mut u8,
+    len: usize,
+    device: DlDevice,
+    owner: Owner,
+    versioned: bool,
+) -> PyResult<Py<PyAny>> {
     if versioned {
         capsule_of::<DlManagedTensorVersioned>(py, data, len, device, owner)
     } else {

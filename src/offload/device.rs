@@ -150,28 +150,13 @@ impl OffloadStore {
         offset: u64,
         src: &DeviceSource,
     ) -> Result<Handle> {
-        let s = &self.shared;
         let t0 = Instant::now();
         let result = src.wait_ready().and_then(|()| {
-            s.file
+            self.shared
+                .file
                 .write_at(offset, fastensor_core::MemRef::Device(src.slice()))
         });
-        let mut st = s.lock();
-        st.stats.write_time += t0.elapsed();
-        st.stats.written_through += 1;
-        match result {
-            Ok(()) => {
-                st.stats.bytes_written += handle.len;
-                Ok(handle)
-            }
-            Err(err) => {
-                st.stats.errors += 1;
-                let f = super::state::Failure::new(&err, "write", handle.id, &handle.label);
-                drop(st);
-                drop(handle);
-                Err(f.error())
-            }
-        }
+        self.written_through(handle, t0, result)
     }
 
     /// Copies the tensor into `dest` (device memory of the tensor's length) on `dest`'s

@@ -223,10 +223,20 @@ impl OffloadStore {
     /// Writes a tensor larger than the budget on the caller's thread (its entry, on disk
     /// once written, is in the table already); a failure drops the handle (and the entry).
     fn write_through(&self, handle: Handle, offset: u64, tensor: &Payload) -> Result<Handle> {
-        let s = &self.shared;
         let t0 = Instant::now();
-        let result = s.file.write_at(offset, &tensor[..]);
-        let mut st = s.lock();
+        let result = self.shared.file.write_at(offset, &tensor[..]);
+        self.written_through(handle, t0, result)
+    }
+
+    /// Counts a write through that started at `t0` and gave `result`: the handle back, or
+    /// on failure, the handle dropped (with its entry) and the error naming the tensor.
+    pub(crate) fn written_through(
+        &self,
+        handle: Handle,
+        t0: Instant,
+        result: Result<()>,
+    ) -> Result<Handle> {
+        let mut st = self.shared.lock();
         st.stats.write_time += t0.elapsed();
         st.stats.written_through += 1;
         match result {
