@@ -492,6 +492,22 @@ fn expect_backward_prefetches_the_last_tensors_before_any_get() {
 }
 
 #[test]
+fn handles_dropped_without_gets_start_no_reads() {
+    // A graph freed without backward: its handles go, the last put first. The room each
+    // kept tensor leaves must not start reads of tensors about to go too.
+    let (_dir, store, mut hs) = written_store(2, 2, 8);
+    store.expect_backward();
+    store.flush();
+    let before = store.stats().bytes_read;
+    while let Some(h) = hs.pop() {
+        drop(h);
+        store.flush();
+    }
+    let s = store.stats();
+    assert_eq!((s.bytes_read, s.held_bytes), (before, 0), "{s:?}");
+}
+
+#[test]
 fn discarding_moves_the_prefetch_past_the_tensor() {
     let (_dir, store, hs) = written_store(2, 2, 6);
     // The caller had the last two in memory: the prefetch goes on with the ones before.

@@ -587,11 +587,15 @@ impl State {
         }
     }
 
-    /// Records the end of a read.
-    pub(crate) fn read_done(&mut self, id: u64, result: fastensor_core::Result<Data>) {
+    /// Records the end of a read; whether its handle is still alive (the room of a dropped
+    /// tensor starts no further read).
+    pub(crate) fn read_done(&mut self, id: u64, result: fastensor_core::Result<Data>) -> bool {
         let data = match result {
             Ok(data) => data,
-            Err(err) => return self.fail(id, &err, "background read"),
+            Err(err) => {
+                self.fail(id, &err, "background read");
+                return true;
+            }
         };
         let e = self
             .entries
@@ -602,12 +606,15 @@ impl State {
         if e.dropped {
             self.unhold(home, len);
             self.remove(id);
+            false
         } else if e.discarded {
             // Read before the caller discarded it: not needed any more.
             e.data = Data::OnDisk;
             self.unhold(home, len);
+            true
         } else {
             e.data = data;
+            true
         }
     }
 

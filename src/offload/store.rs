@@ -60,7 +60,10 @@ impl Drop for Handle {
     fn drop(&mut self) {
         let mut st = self.shared.lock();
         st.release(self.id);
-        self.shared.after_change(&mut st);
+        // Room a tensor leaves behind starts no read: the next get or transfer does (a
+        // graph freed without backward drops every handle, and reads for them are waste).
+        drop(st);
+        self.shared.notify_changed();
     }
 }
 

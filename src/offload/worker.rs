@@ -64,8 +64,12 @@ fn run(shared: &Shared) {
                 let result = read(shared, offset, len, home);
                 let mut st = shared.lock();
                 st.stats.read_time += t0.elapsed();
-                st.read_done(id, result);
-                shared.after_change(&mut st);
+                if st.read_done(id, result) {
+                    shared.after_change(&mut st);
+                } else {
+                    drop(st);
+                    shared.notify_changed();
+                }
             }
             #[cfg(feature = "gds")]
             Job::Stage { id, offset, copy } => stage(shared, id, offset, copy),
