@@ -480,9 +480,11 @@ fn expect_backward_prefetches_the_last_tensors_before_any_get() {
     );
     store.expect_backward();
     store.flush();
-    // Expected first: 6 and 5 (kept) and 4, read back now.
+    // Expected first: 6, 5 and 4, in memory now: kept since their puts, or read back (a
+    // put that found the budget full of writes in flight dropped a kept one to make room).
     let s = store.stats();
-    assert_eq!((s.prefetches, s.held_bytes), (1, 3 * 8192), "{s:?}");
+    assert_eq!(s.held_bytes, 3 * 8192, "{s:?}");
+    assert!((1..=3).contains(&s.prefetches), "{s:?}");
     for i in (0..7).rev() {
         store.flush(); // the reads the last get started are done: no race with this one
         assert!(store.get(&hs[i]).unwrap()[..] == tensor(i as u64, 8192)[..]);
