@@ -440,7 +440,8 @@ fn gated_engine() -> (Engine, Gate) {
 #[test]
 fn a_discarded_tensor_is_not_written_if_its_write_had_not_started() {
     let dir = tempfile::tempdir().unwrap();
-    let config = swapping(dir.path()).io_threads(1);
+    // Every tensor written at once: the first write starts with its put.
+    let config = swapping(dir.path()).io_threads(1).write_behind(0);
     let (engine, gate) = gated_engine();
     let store = OffloadStore::new(&engine, config).unwrap();
     let first = store.put(tensor(1, 8192), "first").unwrap();
@@ -564,4 +565,93 @@ fn get_written_returns_the_bytes_as_put_when_the_owner_changed_its_memory() {
     // Kept in memory after its write, but that memory changed: the bytes come from disk.
     assert!(store.get_written(&h).unwrap()[..] == original[..]);
     assert_eq!(store.stats().bytes_read, 20_000);
+}
+
+#[test]
+fn the_last_tensors_put_are_never_written() {
+    // Room for four, two of them unwritten (the default: half the budget).
+    let dir = tempfile::tempdir().unwrap();
+    let config = OffloadConfig::new(dir.path(), 4 * 8192).small_threshold(0);
+    let store = OffloadStore::new(&memory_engine(), config).unwrap();
+    let hs: Vec<Handle> = (0..6)
+        .map(|i| store.put(tensor(i, 8192), format!("t{i}")).unwrap())
+        .collect();
+    store.expect_backward();
+    for (i, h) in hs.iter().enumerate().rev() {
+        assert!(
+            store.get(h).unwrap()[..] == tensor(i as u64, 8192)[..],
+            "t{i}"
+        );
+    }
+    let s = store.stats();
+    assert_eq!(s.bytes_never_written, 2 * 8192, "{s:?}");
+    assert_eq!(s.bytes_written, 4 * 8192, "{s:?}");
+    assert!(s.peak_held_bytes <= 4 * 8192, "{s:?}");
+}
+
+#[test]
+fn a_put_that_needs_the_room_of_unwritten_tensors_writes_them() {
+    // The whole budget may stay unwritten: a put that finds it full starts the writes of
+    // the oldest and waits for them (rather than forever).
+    let dir = tempfile::tempdir().unwrap();
+    let config = OffloadConfig::new(dir.path(), 2 * 8192)
+        .small_threshold(0)
+        .write_behind(2 * 8192);
+    let store = OffloadStore::new(&memory_engine(), config).unwrap();
+    let hs: Vec<Handle> = (0..5)
+        .map(|i| store.put(tensor(i, 8192), format!("t{i}")).unwrap())
+        .collect();
+    let s = store.stats();
+    assert_eq!(
+        (s.bytes_written, s.held_bytes),
+        (3 * 8192, 2 * 8192),
+        "{s:?}"
+    );
+    for (i, h) in hs.iter().enumerate() {
+        assert!(store.get(h).unwrap()[..] == tensor(i as u64, 8192)[..]);
+    }
+    assert_eq!(store.stats().bytes_never_written, 2 * 8192);
+}
+
+#[test]
+fn flush_writes_the_unwritten_tensors() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = OffloadStore::new(&memory_engine(), swapping(dir.path())).unwrap();
+    let h = store.put(tensor(7, 8192), "t").unwrap();
+    assert_eq!(
+        store.stats().bytes_written,
+        0,
+        "unwritten while the budget has room"
+    );
+    store.flush();
+    assert_eq!(store.stats().bytes_written, 8192);
+    assert!(store.get(&h).unwrap()[..] == tensor(7, 8192)[..]);
+    assert_eq!(store.stats().bytes_never_written, 0);
+}
+
+#[test]
+fn get_written_refuses_an_unwritten_tensor_whose_owner_changed_it() {
+    use fastensor::offload::Payload;
+    use std::sync::atomic::{AtomicU8, Ordering};
+    let dir = tempfile::tempdir().unwrap();
+    let store = OffloadStore::new(&memory_engine(), swapping(dir.path())).unwrap();
+    let bytes: Arc<[AtomicU8]> = tensor(3, 20_000)
+        .iter()
+        .map(|&b| AtomicU8::new(b))
+        .collect();
+    let h = store
+        .put(
+            Payload::foreign(Changing {
+                bytes: bytes.clone(),
+            }),
+            "changed",
+        )
+        .unwrap();
+    for b in bytes.iter() {
+        b.fetch_add(1, Ordering::SeqCst);
+    }
+    // Never written: the bytes it had when put are nowhere, and the store says so.
+    let err = store.get_written(&h).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Changed, "{err}");
+    assert!(err.to_string().contains("changed"), "{err}");
 }

@@ -131,10 +131,12 @@ impl PyOffloadStore {
 #[pymethods]
 impl PyOffloadStore {
     /// A store whose swap file is a new file in `dir`, opened through `engine`. Every tensor
-    /// put is written (the caller keeps small ones itself). `initial_capacity` bytes are
-    /// reserved in the swap file at once: growing it later waits for the writes in flight.
+    /// put goes to the store (the caller keeps small ones itself); the last ones put, up to
+    /// `write_behind` bytes (`None`: half the budget), wait unwritten and are never written
+    /// if taken back first. `initial_capacity` bytes are reserved in the swap file at once:
+    /// growing it later waits for the writes in flight.
     #[new]
-    #[pyo3(signature = (engine, dir, budget, prefetch_depth=4, io_threads=2, initial_capacity=0, device_path="auto"))]
+    #[pyo3(signature = (engine, dir, budget, prefetch_depth=4, io_threads=2, initial_capacity=0, device_path="auto", write_behind=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -145,6 +147,7 @@ impl PyOffloadStore {
         io_threads: usize,
         initial_capacity: u64,
         device_path: &str,
+        write_behind: Option<u64>,
     ) -> PyResult<Self> {
         let device_path = match device_path {
             "auto" => DevicePath::Auto,
@@ -156,7 +159,9 @@ impl PyOffloadStore {
                 )))
             }
         };
-        let config = OffloadConfig::new(dir, budget)
+        let mut config = OffloadConfig::new(dir, budget);
+        config.write_behind = write_behind;
+        let config = config
             .device_path(device_path)
             .prefetch_depth(prefetch_depth)
             .small_threshold(0)
@@ -425,6 +430,7 @@ impl PyOffloadStore {
             ("bytes_read", s.bytes_read),
             ("prefetches", s.prefetches),
             ("evictions", s.evictions),
+            ("bytes_never_written", s.bytes_never_written),
             ("errors", s.errors),
             ("written_through", s.written_through),
             ("device_puts", s.device_puts),

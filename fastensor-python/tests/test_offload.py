@@ -434,7 +434,8 @@ def test_a_saved_tensor_still_in_memory_comes_back_without_a_read(tmp_path):
 
 def test_a_saved_tensor_changed_in_place_since_comes_back_as_packed(tmp_path):
     x = torch.randn(512, 1024, requires_grad=True)
-    with offload(dir=tmp_path, budget_bytes=8 * MIB, min_bytes=64 << 10) as stats:
+    # write_behind=0: written as soon as saved.
+    with offload(dir=tmp_path, budget_bytes=8 * MIB, min_bytes=64 << 10, write_behind=0) as stats:
         y = x.exp()
         loss = y.sum()
     expected = y.detach().clone()
@@ -447,3 +448,33 @@ def test_a_saved_tensor_changed_in_place_since_comes_back_as_packed(tmp_path):
     assert stats.restored_in_place == 0
     assert stats.bytes_read >= y.numel() * 4
     assert torch.equal(x.grad, expected)
+
+
+def test_a_saved_tensor_changed_in_place_before_its_write_is_refused(tmp_path):
+    x = torch.randn(512, 1024, requires_grad=True)
+    with offload(dir=tmp_path, budget_bytes=8 * MIB, min_bytes=64 << 10) as stats:
+        y = x.exp()
+        loss = y.sum()
+    assert stats.bytes_written == 0  # the last saved: left unwritten (write_behind)
+    with torch.no_grad():
+        y.add_(1.0)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        loss.backward()
+
+
+def test_the_last_tensors_saved_are_never_written(tmp_path):
+    torch.manual_seed(0)
+    model = nn.Sequential(*[nn.Linear(256, 256) for _ in range(16)])
+    x = torch.randn(1024, 256)
+    model(x).square().mean().backward()
+    expected = grads_of(model)
+    model.zero_grad()
+    # Each layer saves 1 MiB; the budget holds 4 of them, 2 of them unwritten.
+    with offload(dir=tmp_path, budget_bytes=4 * MIB, min_bytes=64 << 10) as stats:
+        loss = model(x).square().mean()
+    loss.backward()
+    got = grads_of(model)
+    assert all(torch.equal(got[k], expected[k]) for k in expected)
+    assert stats.bytes_never_written >= 2 * MIB
+    assert stats.bytes_written + stats.bytes_never_written <= stats.bytes_offloaded
+    assert stats.bytes_written >= stats.bytes_offloaded - 4 * MIB

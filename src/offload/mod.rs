@@ -96,6 +96,11 @@ pub struct OffloadConfig {
     /// How GPU tensors reach the swap file.
     #[cfg(feature = "gds")]
     pub device_path: DevicePath,
+    /// Most bytes of host tensors left in memory unwritten, the last ones put (within the
+    /// budget): backward takes them first, so they never touch the disk. Older ones are
+    /// written, oldest first, and a put that needs their room starts their writes. `None`
+    /// (default): half the budget; `Some(0)`: every tensor is written as soon as it is put.
+    pub write_behind: Option<u64>,
 }
 
 impl OffloadConfig {
@@ -114,7 +119,21 @@ impl OffloadConfig {
             device_budget: budget,
             #[cfg(feature = "gds")]
             device_path: DevicePath::Auto,
+            write_behind: None,
         }
+    }
+
+    /// The unwritten bytes allowed ([`OffloadConfig::write_behind`], at most the budget).
+    pub fn write_behind_bytes(&self) -> u64 {
+        self.write_behind
+            .unwrap_or(self.budget / 2)
+            .min(self.budget)
+    }
+
+    /// Sets [`OffloadConfig::write_behind`].
+    pub fn write_behind(mut self, bytes: u64) -> Self {
+        self.write_behind = Some(bytes);
+        self
     }
 
     /// Sets [`OffloadConfig::prefetch_depth`].
@@ -219,6 +238,9 @@ pub struct OffloadStats {
     pub prefetches: u64,
     /// Tensors kept or read back ahead that were dropped from memory to make room.
     pub evictions: u64,
+    /// Bytes of tensors that left the store (taken by a get, discarded or dropped) before
+    /// they were ever written: the unwritten tail ([`OffloadConfig::write_behind`]).
+    pub bytes_never_written: u64,
     /// Background transfers that failed.
     pub errors: u64,
     /// Tensors larger than the budget, written by `put` itself.

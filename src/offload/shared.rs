@@ -121,6 +121,12 @@ impl Shared {
         if !st.fits(home, len) {
             let t0 = Instant::now();
             st.put_waiters += 1;
+            // Unwritten tensors leave memory only once written: start the writes the room
+            // needs (all of them at worst; a tensor fits the budget on its own).
+            let (_, budget) = st.room(home);
+            if !matches!(home, Home::Device(_)) && st.write_behind(budget.saturating_sub(len)) {
+                self.work.notify_all();
+            }
             while !st.fits(home, len) {
                 st = self.wait(st);
                 st.evict_for(home, len);

@@ -6,9 +6,11 @@
 //! running, and tensors read back and not yet taken. GPU tensors written straight from
 //! device memory (the direct path) count against a device budget of their own instead, as
 //! do their reads back into device memory.
-//! A tensor written stays in memory while the budget has room (the last ones put are the
-//! first ones wanted back); room is made by dropping the kept tensors least needed: those
-//! the schedule does not expect soon, oldest first, then the farthest expected ones.
+//! The last tensors put wait in memory unwritten, up to the write-behind limit: backward
+//! takes them first, so they never touch the disk. Older ones are written, oldest first, and
+//! a tensor written stays in memory while the budget has room; room is made by dropping the
+//! kept tensors least needed: those the schedule does not expect soon, oldest first, then
+//! the farthest expected ones.
 
 use super::allocator::{Extent, ExtentAllocator};
 use super::payload::Payload;
@@ -75,6 +77,11 @@ impl Failure {
 pub(crate) enum Data {
     /// Below the small threshold: in memory only.
     Small(Arc<Payload>),
+    /// In memory and not written yet (counted in the budget): one of the last tensors put,
+    /// which backward takes first. Written once the unwritten bytes pass the store's
+    /// write-behind limit or a put needs the room ([`State::write_behind`]); a tensor taken
+    /// (or dropped) while unwritten is never written nor read.
+    Unwritten(Arc<Payload>),
     /// In memory and being written (counted in the budget).
     Writing(Arc<Payload>),
     /// Written, and still in memory as it was put (counted in the budget; dropped when the
@@ -363,6 +370,15 @@ impl State {
                     continue;
                 }
                 Data::Writing(p) if !trust_foreign && foreign(p) => return Ok(Step::Wait),
+                Data::Unwritten(p) if !trust_foreign && foreign(p) => {
+                    return Err(Error::new(
+                        ErrorKind::Changed,
+                        format!(
+                            "tensor `{label}` was changed by its owner before it was written: \
+                             the bytes it had when put are gone"
+                        ),
+                    ));
+                }
                 Data::Reading => return Ok(Step::Wait),
                 #[cfg(feature = "gds")]
                 Data::Staging => return Ok(Step::Wait),
@@ -383,11 +399,14 @@ impl State {
                 #[cfg(feature = "gds")]
                 Data::WritingDevice(src) => Step::Taken(Taken::Source(src.clone())),
                 _ => {
-                    // Kept or read back: the bytes leave the store.
+                    // Unwritten, kept or read back: the bytes leave the store.
                     let data = std::mem::replace(&mut e.data, Data::OnDisk);
                     self.unhold(home, len);
+                    if matches!(data, Data::Unwritten(_)) {
+                        self.stats.bytes_never_written += len;
+                    }
                     Step::Taken(match data {
-                        Data::Kept(p) => match Arc::try_unwrap(p) {
+                        Data::Kept(p) | Data::Unwritten(p) => match Arc::try_unwrap(p) {
                             Ok(p) => Taken::Payload(p),
                             Err(shared) => Taken::Shared(shared),
                         },
@@ -485,6 +504,32 @@ impl State {
         self.drop_for(home, need, &desired, 0);
     }
 
+    /// Starts writing unwritten tensors, oldest first (the ones backward needs last), until
+    /// at most `limit` bytes of them remain; returns whether a write was queued.
+    pub(crate) fn write_behind(&mut self, limit: u64) -> bool {
+        let mut unwritten: u64 = self
+            .entries
+            .values()
+            .filter(|e| matches!(e.data, Data::Unwritten(_)))
+            .map(|e| e.len)
+            .sum();
+        let mut queued = false;
+        for (&id, e) in self.entries.iter_mut() {
+            if unwritten <= limit {
+                break;
+            }
+            if let Data::Unwritten(buf) = &e.data {
+                let buf = buf.clone();
+                let offset = e.extent.expect("unwritten tensors have an extent").offset;
+                e.data = Data::Writing(buf.clone());
+                unwritten -= e.len;
+                self.jobs.push_back(Job::Write { id, offset, buf });
+                queued = true;
+            }
+        }
+        queued
+    }
+
     /// Removes a tensor and frees its extent.
     fn remove(&mut self, id: u64) {
         if let Some(e) = self.entries.remove(&id) {
@@ -522,6 +567,10 @@ impl State {
             }
             Data::Small(_) => self.stats.small_bytes -= len,
             Data::OnDisk | Data::Failed(_) => {}
+            Data::Unwritten(_) => {
+                self.unhold(home, len);
+                self.stats.bytes_never_written += len;
+            }
             _ => self.unhold(home, len), // kept or read back
         }
         self.remove(id);
@@ -534,7 +583,11 @@ impl State {
         };
         e.taken = true;
         e.discarded = true;
-        if e.data.droppable() {
+        if e.data.droppable() || matches!(e.data, Data::Unwritten(_)) {
+            // No get is answered after a discard: what was never written is never read.
+            if matches!(e.data, Data::Unwritten(_)) {
+                self.stats.bytes_never_written += e.len;
+            }
             e.data = Data::OnDisk;
             let (home, len) = (e.home, e.len);
             self.unhold(home, len);

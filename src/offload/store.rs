@@ -2,7 +2,7 @@
 
 use super::payload::Payload;
 use super::shared::Shared;
-use super::state::{Data, Entry, Failure, Home, Job, State, Step, Taken};
+use super::state::{Data, Entry, Failure, Home, State, Step, Taken};
 use super::{worker, HostPool, OffloadConfig, OffloadStats};
 use crate::Engine;
 use fastensor_core::{Error, ErrorKind, HostBuffer, OpenMode, Purpose, Result};
@@ -167,16 +167,12 @@ impl OffloadStore {
         let mut st = s.wait_for_room(st, Home::Host, len);
         let extent = s.extent_for(&mut st, len)?;
         st.hold(len);
-        let buf = Arc::new(tensor);
         entry.extent = Some(extent);
-        entry.data = Data::Writing(buf.clone());
+        entry.data = Data::Unwritten(Arc::new(tensor));
         st.entries.insert(id, entry);
-        st.jobs.push_back(Job::Write {
-            id,
-            offset: extent.offset,
-            buf,
-        });
-        s.work.notify_one();
+        if st.write_behind(s.config.write_behind_bytes()) {
+            s.work.notify_all();
+        }
         Ok(handle)
     }
 
@@ -416,9 +412,13 @@ impl OffloadStore {
         s.after_change(&mut st);
     }
 
-    /// Waits until every background write and read has finished.
+    /// Writes every tensor still unwritten, and waits until every background write and read
+    /// has finished.
     pub fn flush(&self) {
         let mut st = self.shared.lock();
+        if st.write_behind(0) {
+            self.shared.work.notify_all();
+        }
         while !st.jobs.is_empty() || st.entries.values().any(|e| e.data.in_flight()) {
             st = self.shared.wait(st);
         }

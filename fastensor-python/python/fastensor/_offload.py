@@ -17,8 +17,10 @@ Who owns what:
   written serves the next activation, or the read of an earlier one, already faulted in.
 - A saved tensor's storage is written in place (a pool block is page-aligned: direct I/O
   takes it without a copy, to its page-rounded length). The store keeps a reference to the
-  storage while it is being written, and after that while ``budget_bytes`` has room: the
-  last tensors saved by the forward pass are the first backward needs, and take no read.
+  storage until it is written, and after that while ``budget_bytes`` has room: the last
+  tensors saved by the forward pass are the first backward needs, and take no read. The
+  last of them (``write_behind`` bytes, half the budget by default) are not even written
+  unless a later pack needs their room: backward takes them straight from memory.
   The budget counts everything the store holds (tensors being written or kept, reads in
   flight, tensors read back ahead); a pack waits (with the GIL released) for room, after
   dropping the kept tensors needed last. A storage larger than the whole budget is written
@@ -67,7 +69,7 @@ from . import _native
 from ._allocator import _disable as _allocator_disable
 from ._allocator import _enable as _allocator_enable
 from ._engine import Engine, engine_or_default
-from .errors import _invalid
+from .errors import FileChangedError, _invalid
 
 __all__ = ["OffloadStats", "offload", "release_freed_memory"]
 
@@ -230,6 +232,11 @@ class OffloadStats:
     held_bytes = _field("held_bytes", "Bytes the store holds now.")
     bytes_written = _field("bytes_written", "Bytes written to the swap file.")
     bytes_read = _field("bytes_read", "Bytes read back from the swap file.")
+    bytes_never_written = _field(
+        "bytes_never_written",
+        "Bytes of offloaded storages backward took from memory before they were ever written "
+        "(the last ones saved: ``write_behind``).",
+    )
     unpacks = _field("unpacks", "Saved tensors unpacked (each view counted).")
     restored_in_place = _field(
         "restored_in_place",
@@ -355,6 +362,7 @@ class _Session:
             "prefetches",
             "peak_resident_bytes",
             "written_through",
+            "bytes_never_written",
         ):
             out[k] = n.get(k, 0)
         out["gets_from_memory"] = n.get("gets_from_memory", 0)
@@ -521,8 +529,18 @@ class _Session:
         if storage is None:
             t0 = time.perf_counter()
             # Memory the store kept is the original storage's: changed since (or gone), the
-            # bytes come from disk as they were packed.
-            flat = torch.from_dlpack(self.store.get(rec.handle, rec.nbytes, written=True))
+            # bytes come from disk as they were packed; changed before they were written, they
+            # are nowhere, which autograd itself refuses without offload.
+            try:
+                got = self.store.get(rec.handle, rec.nbytes, written=True)
+            except FileChangedError as e:
+                raise RuntimeError(
+                    "one of the variables needed for gradient computation has been modified "
+                    "by an inplace operation after fastensor offload saved it, before it was "
+                    "written (offload(write_behind=0) writes every saved tensor at once, "
+                    "keeping the bytes as saved)"
+                ) from e
+            flat = torch.from_dlpack(got)
             self.unpack_stall_s += time.perf_counter() - t0
             storage = flat.untyped_storage()
             rec.restored = storage
@@ -556,6 +574,14 @@ class offload:  # noqa: N801 (a context manager named as a function, like torch.
         prefetch: how many tensors to read back ahead of backward; ``None`` (default): as
             many as the budget holds; ``0``: none (each unpack reads its own).
         io_threads: background I/O threads (default 2).
+        write_behind: most bytes of the last tensors saved that wait in memory unwritten
+            (within the budget): backward needs them first and takes them from memory, so
+            they are never written nor read; older ones are written, oldest first, and a pack
+            that needs their room starts their writes. ``None`` (default): half of
+            ``budget_bytes``; ``0``: every tensor is written as soon as it is saved. A
+            tensor changed in place after it was saved (which autograd refuses without
+            offload) comes back from disk as it was saved once written; changed while still
+            unwritten, backward raises ``RuntimeError``.
         caching_allocator: serve torch's CPU allocations of 256 KiB or more from fastensor's
             host pool while the block's graphs live (see
             :class:`fastensor.torch.caching_allocator`): the memory each offloaded tensor
@@ -590,6 +616,7 @@ class offload:  # noqa: N801 (a context manager named as a function, like torch.
         prefetch: int | None = None,
         *,
         io_threads: int = 2,
+        write_behind: int | None = None,
         caching_allocator: bool = True,
         release_memory: bool = False,
         device_path: str = "auto",
@@ -604,6 +631,9 @@ class offload:  # noqa: N801 (a context manager named as a function, like torch.
         self.min_bytes = max(1, int(min_bytes))
         self.prefetch = prefetch
         self.io_threads = io_threads
+        if write_behind is not None and write_behind < 0:
+            raise _invalid(f"fastensor offload: write_behind must be >= 0, not {write_behind}")
+        self.write_behind = write_behind
         self.caching_allocator = caching_allocator
         self.release_memory = release_memory
         if device_path not in ("auto", "staged", "direct"):
@@ -642,6 +672,7 @@ class offload:  # noqa: N801 (a context manager named as a function, like torch.
                 io_threads=self.io_threads,
                 initial_capacity=_capacity_hints.get(hint_key, 0),
                 device_path=self.device_path,
+                write_behind=self.write_behind,
             )
         except BaseException:
             _allocator_disable(allocator[0])
