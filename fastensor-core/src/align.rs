@@ -63,6 +63,25 @@ impl Split {
     pub fn lens(&self) -> [usize; 3] {
         [&self.head, &self.middle, &self.tail].map(|r| (r.end - r.start) as usize)
     }
+
+    /// The transfer's buffer `buf` cut at [`lens`](Self::lens): its head, middle and tail.
+    ///
+    /// # Panics
+    /// If `buf` is shorter than the head and middle together.
+    pub fn cut<'b>(&self, buf: &'b [u8]) -> [&'b [u8]; 3] {
+        let [head, middle, _] = self.lens();
+        let (head, rest) = buf.split_at(head);
+        let (middle, tail) = rest.split_at(middle);
+        [head, middle, tail]
+    }
+
+    /// [`cut`](Self::cut) for a buffer to fill.
+    pub fn cut_mut<'b>(&self, buf: &'b mut [u8]) -> [&'b mut [u8]; 3] {
+        let [head, middle, _] = self.lens();
+        let (head, rest) = buf.split_at_mut(head);
+        let (middle, tail) = rest.split_at_mut(middle);
+        [head, middle, tail]
+    }
 }
 
 /// Splits `[offset, offset + len)` at multiples of `align` (a power of two).
@@ -117,6 +136,24 @@ mod tests {
             }
         );
         assert_eq!(align_up(u64::MAX, 4096), align_down(u64::MAX, 4096));
+    }
+
+    #[test]
+    fn cut_gives_a_buffer_s_parts() {
+        let s = split(10, 8192, 4096);
+        let buf: Vec<u8> = (0..8192).map(|i| i as u8).collect();
+        let [head, middle, tail] = s.cut(&buf);
+        assert_eq!([head.len(), middle.len(), tail.len()], [4086, 4096, 10]);
+        assert_eq!(
+            [head[0], middle[0], tail[0]],
+            [buf[0], buf[4086], buf[8182]]
+        );
+        let mut out = buf.clone();
+        let [head, middle, tail] = s.cut_mut(&mut out);
+        assert_eq!([head.len(), middle.len(), tail.len()], s.lens());
+        tail.fill(0);
+        assert_eq!(out[..8182], buf[..8182]);
+        assert!(out[8182..].iter().all(|&b| b == 0));
     }
 
     proptest! {

@@ -213,45 +213,75 @@ impl Driver {
     }
 }
 
-/// A CUDA stream of the context current when it was made.
-#[derive(Debug)]
-pub struct Stream(sys::CUstream);
+/// Defines `$ty`, the owner of one driver object (handle type `$raw`) of the context current
+/// when it was made, through cudarc's `result::$m` (the driver's `cu<$kind>Create`,
+/// `cu<$kind>Synchronize` and `cu<$kind>Destroy`): `new` makes one with `create($arg)`, `raw`
+/// gives the handle, `synchronize` blocks until its work is done, and dropping it destroys
+/// it. Streams and events differ only in these names and types.
+macro_rules! driver_object {
+    (
+        $(#[$doc:meta])*
+        $ty:ident($raw:ty) in $m:ident, $kind:literal;
+        $(#[$new_doc:meta])*
+        new: $arg:expr;
+        $(#[$sync_doc:meta])*
+        synchronize
+    ) => {
+        $(#[$doc])*
+        #[derive(Debug)]
+        pub struct $ty($raw);
+
+        impl $ty {
+            $(#[$new_doc])*
+            pub fn new() -> Result<Self> {
+                result::$m::create($arg)
+                    .map($ty)
+                    .map_err(|e| device_error(concat!("cu", $kind, "Create failed"), e))
+            }
+
+            /// The raw handle.
+            pub fn raw(&self) -> $raw {
+                self.0
+            }
+
+            $(#[$sync_doc])*
+            pub fn synchronize(&self) -> Result<()> {
+                // SAFETY: the object is alive (owned by self).
+                unsafe { result::$m::synchronize(self.0) }
+                    .map_err(|e| device_error(concat!("cu", $kind, "Synchronize failed"), e))
+            }
+        }
+
+        impl Drop for $ty {
+            fn drop(&mut self) {
+                // SAFETY: the object was made by `new` and is destroyed once; pending work
+                // completes before the driver frees it.
+                let _ = unsafe { result::$m::destroy(self.0) };
+            }
+        }
+    };
+}
+
+driver_object! {
+    /// A CUDA stream of the context current when it was made.
+    Stream(sys::CUstream) in stream, "Stream";
+    /// A non-blocking stream in the current context.
+    new: result::stream::StreamKind::NonBlocking;
+    /// Waits until all work queued on the stream is done.
+    synchronize
+}
 
 // SAFETY: streams may be used from any thread once their context is current there.
 unsafe impl Send for Stream {}
 
-impl Stream {
-    /// A non-blocking stream in the current context.
-    pub fn new() -> Result<Self> {
-        result::stream::create(result::stream::StreamKind::NonBlocking)
-            .map(Stream)
-            .map_err(|e| device_error("cuStreamCreate failed", e))
-    }
-
-    /// The raw handle.
-    pub fn raw(&self) -> sys::CUstream {
-        self.0
-    }
-
-    /// Waits until all work queued on the stream is done.
-    pub fn synchronize(&self) -> Result<()> {
-        // SAFETY: the stream is alive (owned by self).
-        unsafe { result::stream::synchronize(self.0) }
-            .map_err(|e| device_error("cuStreamSynchronize failed", e))
-    }
+driver_object! {
+    /// A CUDA event (timing disabled) marking the completion of queued work.
+    Event(sys::CUevent) in event, "Event";
+    /// A new event in the current context.
+    new: sys::CUevent_flags::CU_EVENT_DISABLE_TIMING;
+    /// Waits for the recorded work (returns at once when never recorded).
+    synchronize
 }
-
-impl Drop for Stream {
-    fn drop(&mut self) {
-        // SAFETY: the stream was created by Stream::new and is destroyed once; pending work
-        // completes before the driver frees it.
-        let _ = unsafe { result::stream::destroy(self.0) };
-    }
-}
-
-/// A CUDA event (timing disabled) marking the completion of queued work.
-#[derive(Debug)]
-pub struct Event(sys::CUevent);
 
 // SAFETY: events may be recorded and waited on from any thread.
 unsafe impl Send for Event {}
@@ -259,37 +289,11 @@ unsafe impl Send for Event {}
 unsafe impl Sync for Event {}
 
 impl Event {
-    /// A new event in the current context.
-    pub fn new() -> Result<Self> {
-        result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
-            .map(Event)
-            .map_err(|e| device_error("cuEventCreate failed", e))
-    }
-
-    /// The raw handle.
-    pub fn raw(&self) -> sys::CUevent {
-        self.0
-    }
-
     /// Marks the current end of `stream`'s queue.
     pub fn record(&self, stream: &Stream) -> Result<()> {
         // SAFETY: event and stream are alive (owned by their wrappers).
         unsafe { result::event::record(self.0, stream.raw()) }
             .map_err(|e| device_error("cuEventRecord failed", e))
-    }
-
-    /// Waits for the recorded work (returns at once when never recorded).
-    pub fn synchronize(&self) -> Result<()> {
-        // SAFETY: the event is alive.
-        unsafe { result::event::synchronize(self.0) }
-            .map_err(|e| device_error("cuEventSynchronize failed", e))
-    }
-}
-
-impl Drop for Event {
-    fn drop(&mut self) {
-        // SAFETY: created by Event::new, destroyed once.
-        let _ = unsafe { result::event::destroy(self.0) };
     }
 }
 

@@ -233,11 +233,7 @@ impl DirectFile {
     /// Reads whole aligned blocks at `offset` (aligned) into `dst`, in parallel chunks.
     fn read_middle(&self, offset: u64, dst: &mut [u8]) -> Result<()> {
         let zero_copy = is_aligned(dst.as_ptr() as u64, self.align.memory);
-        let pieces: Vec<(u64, &mut [u8])> = dst
-            .chunks_mut(self.chunk)
-            .enumerate()
-            .map(|(i, p)| (offset + (i * self.chunk) as u64, p))
-            .collect();
+        let pieces = at_offsets(offset, self.chunk, dst.chunks_mut(self.chunk));
         parallel::for_each(pieces, self.threads, |(off, piece)| {
             if zero_copy {
                 let n = sys::pread_full(self.local.file(), piece, off)
@@ -266,11 +262,7 @@ impl DirectFile {
     /// Writes whole aligned blocks from `src` at `offset` (aligned), in parallel chunks.
     fn write_middle(&self, offset: u64, src: &[u8]) -> Result<()> {
         let zero_copy = is_aligned(src.as_ptr() as u64, self.align.memory);
-        let pieces: Vec<(u64, &[u8])> = src
-            .chunks(self.chunk)
-            .enumerate()
-            .map(|(i, p)| (offset + (i * self.chunk) as u64, p))
-            .collect();
+        let pieces = at_offsets(offset, self.chunk, src.chunks(self.chunk));
         parallel::for_each(pieces, self.threads, |(off, piece)| {
             if zero_copy {
                 return sys::pwrite_all(self.local.file(), piece, off)
@@ -306,9 +298,7 @@ impl DirectFile {
             return Ok(());
         }
         let s = split(offset, dst.len() as u64, self.align.offset);
-        let [head_len, middle_len, _] = s.lens();
-        let (head, rest) = dst.split_at_mut(head_len);
-        let (middle, tail) = rest.split_at_mut(middle_len);
+        let [head, middle, tail] = s.cut_mut(dst);
         if !head.is_empty() {
             self.read_partial_block(s.head.start, head)?;
         }
@@ -320,6 +310,14 @@ impl DirectFile {
         }
         Ok(())
     }
+}
+
+/// The consecutive `chunk`-byte pieces of a transfer at `offset`, each with its file offset.
+fn at_offsets<P>(offset: u64, chunk: usize, pieces: impl Iterator<Item = P>) -> Vec<(u64, P)> {
+    pieces
+        .enumerate()
+        .map(|(i, p)| (offset + (i * chunk) as u64, p))
+        .collect()
 }
 
 impl BackendFile for DirectFile {
@@ -366,9 +364,7 @@ impl BackendFile for DirectFile {
             return Ok(());
         }
         let s = split(offset, buf.len() as u64, self.align.offset);
-        let [head_len, middle_len, _] = s.lens();
-        let (head, rest) = buf.split_at(head_len);
-        let (middle, tail) = rest.split_at(middle_len);
+        let [head, middle, tail] = s.cut(buf);
         if !middle.is_empty() {
             self.preallocate(s.middle.start, s.middle.end)?;
             self.write_middle(s.middle.start, middle)?;

@@ -260,16 +260,8 @@ def child(subject: str, base: Path, size: str) -> dict:
     out = str(base / "out")
     times: dict[str, float] = {}
     if subject.startswith("lightning save"):
-        ckpt = torch.load(base / "lit_torch.ckpt", weights_only=False)
-        touch(t for t in _tensors_in(ckpt))
-        if subject.endswith("fastensor"):
-            from fastensor.lightning import CheckpointIO
-
-            io_ = CheckpointIO()
-        else:
-            from lightning.pytorch.plugins.io import TorchCheckpointIO
-
-            io_ = TorchCheckpointIO()
+        ckpt = _lightning_checkpoint(base)
+        io_ = _lightning_io(subject)
         path = os.path.join(out, "last.ckpt")
         os.makedirs(out, exist_ok=True)
         t0 = time.perf_counter()
@@ -280,17 +272,8 @@ def child(subject: str, base: Path, size: str) -> dict:
     elif subject.startswith("lightning async saves"):
         # Two saves a training step apart, as a Trainer makes them: when each call returns
         # (training goes on), and when both files are written (teardown, as at fit's end).
-        ckpt = torch.load(base / "lit_torch.ckpt", weights_only=False)
-        touch(t for t in _tensors_in(ckpt))
-        if subject.endswith("fastensor"):
-            from fastensor.lightning import AsyncCheckpointIO
-
-            io_ = AsyncCheckpointIO()
-        else:
-            from fastensor.lightning import CheckpointIO
-            from lightning.pytorch.plugins.io import AsyncCheckpointIO
-
-            io_ = AsyncCheckpointIO(CheckpointIO())
+        ckpt = _lightning_checkpoint(base)
+        io_ = _lightning_io(subject)
         os.makedirs(out, exist_ok=True)
         weights = ckpt["state_dict"]
         t0 = time.perf_counter()
@@ -303,14 +286,8 @@ def child(subject: str, base: Path, size: str) -> dict:
         io_.teardown()
         times["seconds"] = time.perf_counter() - t0
     elif subject.startswith("lightning resume"):
-        if subject.endswith("fastensor"):
-            from fastensor.lightning import CheckpointIO
-
-            io_, path = CheckpointIO(), base / "lit_ours.ckpt"
-        else:
-            from lightning.pytorch.plugins.io import TorchCheckpointIO
-
-            io_, path = TorchCheckpointIO(), base / "lit_torch.ckpt"
+        io_ = _lightning_io(subject)
+        path = base / ("lit_ours.ckpt" if subject.endswith("fastensor") else "lit_torch.ckpt")
         load = io_.load_checkpoint
 
         def timed_load(*args, **kwargs):
@@ -361,6 +338,39 @@ def child(subject: str, base: Path, size: str) -> dict:
     usage = os.times()
     times.update(user=usage.user, sys=usage.system)
     return times
+
+
+def _lightning_io(subject: str):
+    """The checkpoint plugin a Lightning subject times: fastensor's (``...: fastensor``), or
+    the one it is compared with (Lightning's default, or for async saves Lightning's
+    ``AsyncCheckpointIO`` over fastensor's ``CheckpointIO``)."""
+    ours = subject.endswith("fastensor")
+    if subject.startswith("lightning async saves"):
+        if ours:
+            from fastensor.lightning import AsyncCheckpointIO
+
+            return AsyncCheckpointIO()
+        from fastensor.lightning import CheckpointIO
+        from lightning.pytorch.plugins.io import AsyncCheckpointIO
+
+        return AsyncCheckpointIO(CheckpointIO())
+    if ours:
+        from fastensor.lightning import CheckpointIO
+
+        return CheckpointIO()
+    from lightning.pytorch.plugins.io import TorchCheckpointIO
+
+    return TorchCheckpointIO()
+
+
+def _lightning_checkpoint(base: Path) -> dict:
+    """The prepared Lightning checkpoint (``prepare_lightning``'s), loaded, every page of its
+    tensors touched."""
+    import torch
+
+    ckpt = torch.load(base / "lit_torch.ckpt", weights_only=False)
+    touch(t for t in _tensors_in(ckpt))
+    return ckpt
 
 
 def _tensors_in(obj):

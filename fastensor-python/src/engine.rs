@@ -62,7 +62,8 @@ pub(crate) fn exported(
         // by the kernel only).
         let data = base.wrapping_add(range.start);
         let owned = Box::new(owner.clone());
-        let cap = crate::export::tensor_capsule(py, data, range.len(), owned, versioned)?;
+        let host = crate::export::HOST;
+        let cap = crate::export::tensor_capsule(py, data, range.len(), host, owned, versioned)?;
         out.push((desc.name, desc.dtype.to_string(), desc.shape, cap));
     }
     Ok((out, metadata, owner))

@@ -103,7 +103,7 @@ unsafe extern "C" fn capsule_destructor<T: Protocol>(cap: *mut ffi::PyObject) {
 }
 
 /// The host as a DLPack device.
-const HOST: DlDevice = DlDevice {
+pub const HOST: DlDevice = DlDevice {
     device_type: KDL_CPU,
     device_id: 0,
 };
@@ -127,8 +127,8 @@ fn bytes_on(data: *mut u8, device: DlDevice) -> DlTensor {
 }
 
 /// A capsule (the unversioned protocol, or version 1 when `versioned`) of the `len` bytes
-/// at `data`, a one-dimensional writable `uint8` host tensor whose memory `owner` keeps
-/// alive.
+/// at `data` on `device` ([`HOST`], or see [`device_capsule`]), a one-dimensional writable
+/// `uint8` tensor whose memory `owner` keeps alive.
 ///
 /// `data..data + len` must stay valid and writable (by the tensor's users) for as long as
 /// `owner` lives; the caller states why where it calls this.
@@ -136,13 +136,18 @@ pub fn tensor_capsule(
     py: Python<'_>,
     data: *mut u8,
     len: usize,
+    device: DlDevice,
     owner: Owner,
     versioned: bool,
 ) -> PyResult<Py<PyAny>> {
-    capsule_in(py, data, len, HOST, owner, versioned)
+    if versioned {
+        capsule_of::<DlManagedTensorVersioned>(py, data, len, device, owner)
+    } else {
+        capsule_of::<DlManagedTensor>(py, data, len, device, owner)
+    }
 }
 
-/// [`tensor_capsule`] in the unversioned protocol.
+/// [`tensor_capsule`] of host memory in the unversioned protocol.
 pub fn capsule(py: Python<'_>, data: *mut u8, len: usize, owner: Owner) -> PyResult<Py<PyAny>> {
     capsule_of::<DlManagedTensor>(py, data, len, HOST, owner)
 }
@@ -162,23 +167,7 @@ pub fn device_capsule(
         device_type: KDL_CUDA,
         device_id: i32::try_from(ordinal).map_err(|_| PyValueError::new_err("bad device"))?,
     };
-    capsule_in(py, ptr as usize as *mut u8, len, device, owner, versioned)
-}
-
-/// [`capsule_of`] in the versioned protocol when `versioned`, else the unversioned one.
-fn capsule_in(
-    py: Python<'_>,
-    data: *mut u8,
-    len: usize,
-    device: DlDevice,
-    owner: Owner,
-    versioned: bool,
-) -> PyResult<Py<PyAny>> {
-    if versioned {
-        capsule_of::<DlManagedTensorVersioned>(py, data, len, device, owner)
-    } else {
-        capsule_of::<DlManagedTensor>(py, data, len, device, owner)
-    }
+    tensor_capsule(py, ptr as usize as *mut u8, len, device, owner, versioned)
 }
 
 /// [`tensor_capsule`] in the protocol `T`, of memory on `device`.

@@ -58,6 +58,37 @@ pub struct Region {
     place: Place,
 }
 
+/// Defines the [`Region`] method `$name`, the region as memory of type `$mem`: `$mem::Host`
+/// over the slice `std::slice::$slice` makes of a `$ptr`, `$mem::Device` over a `$device`,
+/// `$mem::Host($empty)` when the region is empty. The views to read and to write differ only
+/// in these types; the method's `# Safety` says when the view is sound.
+macro_rules! view {
+    (
+        $(#[$doc:meta])*
+        $name:ident -> $mem:ident($empty:expr), $slice:ident($ptr:ty), $device:ident
+    ) => {
+        $(#[$doc])*
+        pub unsafe fn $name<'a>(&self) -> $mem<'a> {
+            if self.len == 0 {
+                return $mem::Host($empty);
+            }
+            match self.place {
+                // SAFETY: the caller's contract (the method's `# Safety`): host memory valid
+                // for `'a`, used there only as that contract allows.
+                Place::Host => $mem::Host(unsafe {
+                    std::slice::$slice(self.addr as $ptr, self.len)
+                }),
+                Place::Cuda(o) => {
+                    // SAFETY: the caller's contract: device memory of GPU `o`, valid for `'a`,
+                    // used there only as that contract allows.
+                    let slice = unsafe { $device::from_raw(self.addr as u64, self.len, o) };
+                    $mem::Device(slice)
+                }
+            }
+        }
+    };
+}
+
 impl Region {
     /// The length in bytes.
     pub fn len(&self) -> usize {
@@ -93,49 +124,23 @@ impl Region {
         }
     }
 
-    /// The region as memory to read.
-    ///
-    /// # Safety
-    /// The region must come from a [`Lent`] (or [`Region::range`] of one) that is alive for
-    /// `'a`, and nothing may write the memory meanwhile.
-    pub unsafe fn as_ref<'a>(&self) -> MemRef<'a> {
-        if self.len == 0 {
-            return MemRef::Host(&[]);
-        }
-        match self.place {
-            // SAFETY: the caller's contract: the export keeps this host memory valid.
-            Place::Host => MemRef::Host(unsafe {
-                std::slice::from_raw_parts(self.addr as *const u8, self.len)
-            }),
-            Place::Cuda(o) => {
-                // SAFETY: the caller's contract: device memory of GPU `o`, valid for `'a`.
-                let slice = unsafe { DeviceSlice::from_raw(self.addr as u64, self.len, o) };
-                MemRef::Device(slice)
-            }
-        }
+    view! {
+        /// The region as memory to read.
+        ///
+        /// # Safety
+        /// The region must come from a [`Lent`] (or [`Region::range`] of one) that is alive for
+        /// `'a`, and nothing may write the memory meanwhile.
+        as_ref -> MemRef(&[]), from_raw_parts(*const u8), DeviceSlice
     }
 
-    /// The region as memory to write.
-    ///
-    /// # Safety
-    /// The region must come from a [`Lent`] lent with [`Access::Write`] that is alive for
-    /// `'a`; nobody else may read or write it meanwhile, and regions used together must not
-    /// overlap ([`check_disjoint`]).
-    pub unsafe fn as_mut<'a>(&self) -> MemMut<'a> {
-        if self.len == 0 {
-            return MemMut::Host(&mut []);
-        }
-        match self.place {
-            // SAFETY: the caller's contract: writable host memory, ours alone for `'a`.
-            Place::Host => MemMut::Host(unsafe {
-                std::slice::from_raw_parts_mut(self.addr as *mut u8, self.len)
-            }),
-            Place::Cuda(o) => {
-                // SAFETY: the caller's contract: device memory of GPU `o`, ours alone for `'a`.
-                let slice = unsafe { DeviceSliceMut::from_raw(self.addr as u64, self.len, o) };
-                MemMut::Device(slice)
-            }
-        }
+    view! {
+        /// The region as memory to write.
+        ///
+        /// # Safety
+        /// The region must come from a [`Lent`] lent with [`Access::Write`] that is alive for
+        /// `'a`; nobody else may read or write it meanwhile, and regions used together must not
+        /// overlap ([`check_disjoint`]).
+        as_mut -> MemMut(&mut []), from_raw_parts_mut(*mut u8), DeviceSliceMut
     }
 }
 

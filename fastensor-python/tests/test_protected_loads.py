@@ -201,17 +201,23 @@ def test_an_unprotected_map_cut_by_a_truncation_raises_sigbus_as_documented(tmp_
     assert rc == -signal.SIGBUS
 
 
+def _read_loads_survive_a_copy_over(holder: Holder, path: Path, other: Path) -> None:
+    """``holder`` loaded ``path`` by reading it (no lease taken), and its tensors keep their
+    values when ``other`` is copied over the file."""
+    assert holder.ready["placement"] == "read"
+    assert holder.ready["stats"]["taken"] == 0
+    _act(["cp", str(other), str(path)])
+    rc, found = holder.check()
+    assert rc == 0 and found["changed"] == [], (rc, found)
+
+
 @pytest.mark.skipif(os.uname().machine != "x86_64", reason="the seccomp filter is for x86_64")
 def test_where_the_file_system_refuses_leases_loads_read_the_file(tmp_path, other_checkpoint):
     """A seccomp filter in the holder makes ``F_SETLEASE`` fail with EINVAL, as a file
     system without leases (NFS, ``fs.leases-enable = 0``) does."""
     path = make_checkpoint(tmp_path)
     holder = Holder(tmp_path, "--seccomp-einval")
-    assert holder.ready["placement"] == "read"
-    assert holder.ready["stats"]["taken"] == 0
-    _act(["cp", str(other_checkpoint), str(path)])
-    rc, found = holder.check()
-    assert rc == 0 and found["changed"] == [], (rc, found)
+    _read_loads_survive_a_copy_over(holder, path, other_checkpoint)
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give the file to another user")
@@ -222,11 +228,7 @@ def test_a_process_refused_a_lease_on_another_users_file_reads_it(tmp_path, othe
     path = make_checkpoint(tmp_path)
     os.chown(path, 65534, 65534)
     holder = Holder(tmp_path, "--drop-cap-lease")
-    assert holder.ready["placement"] == "read"
-    assert holder.ready["stats"]["taken"] == 0
-    _act(["cp", str(other_checkpoint), str(path)])
-    rc, found = holder.check()
-    assert rc == 0 and found["changed"] == [], (rc, found)
+    _read_loads_survive_a_copy_over(holder, path, other_checkpoint)
 
 
 def _offset_of(path: Path, name: str) -> int:

@@ -66,13 +66,7 @@ pub fn touch(ptr: *const u8, len: usize) -> io::Result<()> {
             iov_base: scratch.as_mut_ptr().cast(),
             iov_len: group.len(),
         };
-        let remote: Vec<libc::iovec> = group
-            .iter()
-            .map(|&at| libc::iovec {
-                iov_base: at as *mut libc::c_void,
-                iov_len: 1,
-            })
-            .collect();
+        let remote = byte_iovecs(group.iter().map(|&at| at as *mut u8));
         // SAFETY: the kernel copies one byte from each remote address into `scratch` (as
         // long as `group`); an unreadable remote address is an error return, not a fault
         // of this process.
@@ -94,6 +88,19 @@ pub fn touch(ptr: *const u8, len: usize) -> io::Result<()> {
         }
     }
     Ok(())
+}
+
+/// One `iovec` of one byte at each of `bytes`, for `process_vm_readv` or `process_vm_writev`
+/// on this process: each such byte is read (or written) through the kernel, which reports an
+/// unreachable one as an error instead of faulting. Making the vector dereferences nothing.
+pub fn byte_iovecs(bytes: impl IntoIterator<Item = *mut u8>) -> Vec<libc::iovec> {
+    bytes
+        .into_iter()
+        .map(|b| libc::iovec {
+            iov_base: b.cast(),
+            iov_len: 1,
+        })
+        .collect()
 }
 
 /// Copies `dst.len()` bytes from `src` (part of a file mapping of this process) into `dst`

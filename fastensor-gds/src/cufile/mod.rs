@@ -231,61 +231,55 @@ unsafe impl Send for FileHandle {}
 // SAFETY: as above.
 unsafe impl Sync for FileHandle {}
 
+/// Defines the [`FileHandle`] method `$name`, one synchronous cuFile transfer: the call of
+/// [`CuFileFns`] of the same name (cuFileRead or cuFileWrite) on `size` bytes between the
+/// device address `base + buf_offset` (passed as `$ptr`) and `file_offset`, its result mapped
+/// by [`io_result`]. The two calls differ only in the direction of the bytes, and so in the
+/// pointer type of their buffer.
+macro_rules! transfer {
+    ($(#[$doc:meta])* $name:ident as $ptr:ty) => {
+        $(#[$doc])*
+        pub unsafe fn $name(
+            &self,
+            base: u64,
+            size: usize,
+            file_offset: u64,
+            buf_offset: u64,
+        ) -> std::io::Result<usize> {
+            let (file_offset, buf_offset) = (to_off(file_offset)?, to_off(buf_offset)?);
+            // SAFETY: the caller guarantees the buffer (the method's `# Safety`); the handle is
+            // registered.
+            let n = unsafe {
+                (self.cufile.fns.$name)(self.raw, base as $ptr, size, file_offset, buf_offset)
+            };
+            io_result(n)
+        }
+    };
+}
+
 impl FileHandle {
     pub(crate) fn raw(&self) -> *mut c_void {
         self.raw
     }
 
-    /// Reads `size` bytes at `file_offset` into device memory `base + buf_offset`; returns
-    /// the bytes read (short only at the end of the file).
-    ///
-    /// # Safety
-    /// `base + buf_offset .. + size` must be writable device memory of the current context,
-    /// not accessed by anyone else during the call.
-    pub unsafe fn read(
-        &self,
-        base: u64,
-        size: usize,
-        file_offset: u64,
-        buf_offset: u64,
-    ) -> std::io::Result<usize> {
-        // SAFETY: the caller guarantees the buffer; the handle is registered.
-        let n = unsafe {
-            (self.cufile.fns.read)(
-                self.raw,
-                base as *mut c_void,
-                size,
-                to_off(file_offset)?,
-                to_off(buf_offset)?,
-            )
-        };
-        io_result(n)
+    transfer! {
+        /// Reads `size` bytes at `file_offset` into device memory `base + buf_offset`; returns
+        /// the bytes read (short only at the end of the file).
+        ///
+        /// # Safety
+        /// `base + buf_offset .. + size` must be writable device memory of the current context,
+        /// not accessed by anyone else during the call.
+        read as *mut c_void
     }
 
-    /// Writes `size` bytes from device memory `base + buf_offset` at `file_offset`; returns
-    /// the bytes written.
-    ///
-    /// # Safety
-    /// `base + buf_offset .. + size` must be readable device memory of the current context,
-    /// not written by anyone else during the call.
-    pub unsafe fn write(
-        &self,
-        base: u64,
-        size: usize,
-        file_offset: u64,
-        buf_offset: u64,
-    ) -> std::io::Result<usize> {
-        // SAFETY: the caller guarantees the buffer; the handle is registered.
-        let n = unsafe {
-            (self.cufile.fns.write)(
-                self.raw,
-                base as *const c_void,
-                size,
-                to_off(file_offset)?,
-                to_off(buf_offset)?,
-            )
-        };
-        io_result(n)
+    transfer! {
+        /// Writes `size` bytes from device memory `base + buf_offset` at `file_offset`; returns
+        /// the bytes written.
+        ///
+        /// # Safety
+        /// `base + buf_offset .. + size` must be readable device memory of the current context,
+        /// not written by anyone else during the call.
+        write as *const c_void
     }
 }
 

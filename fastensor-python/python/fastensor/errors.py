@@ -13,6 +13,8 @@ file, a bad argument or slice, a closed file), exported as ``fastensor.Safetenso
 from __future__ import annotations
 
 import errno as _errno
+from collections.abc import Callable
+from typing import TypeVar
 
 __all__ = [
     "FastensorError",
@@ -57,6 +59,25 @@ class FastensorError(Exception):
         return str(self.args[0]) if self.args else ""
 
 
+_BY_KIND: dict[str, type[FastensorError]] = {}
+"""The class :func:`_from_native` raises for each native error kind (filled by :func:`_kind`)."""
+
+_E = TypeVar("_E", bound=type[FastensorError])
+
+
+def _kind(kind: str) -> Callable[[_E], _E]:
+    """Class decorator: the class's ``kind`` is ``kind``, and native errors of that kind
+    are raised as that class (one class a kind)."""
+
+    def register(cls: _E) -> _E:
+        assert kind not in _BY_KIND, f"two error classes of kind {kind!r}"
+        cls.kind = kind
+        _BY_KIND[kind] = cls
+        return cls
+
+    return register
+
+
 class SafetensorError(FastensorError):
     """What ``safetensors`` raises as ``SafetensorError``: the base of
     :class:`CorruptError` and :class:`InvalidInputError` (a bad argument, a slice out of
@@ -65,40 +86,34 @@ class SafetensorError(FastensorError):
     :class:`FileNotFoundError` (:class:`NotFoundError`), as in safetensors."""
 
 
+@_kind("not_found")
 class NotFoundError(FastensorError, FileNotFoundError):
     """A file, tensor or backend that was asked for does not exist."""
 
-    kind = "not_found"
 
-
+@_kind("permission_denied")
 class PermissionDeniedError(FastensorError, PermissionError):
     """The operating system refused access."""
 
-    kind = "permission_denied"
 
-
+@_kind("already_exists")
 class AlreadyExistsError(FastensorError, FileExistsError):
     """Something that must be new already exists."""
 
-    kind = "already_exists"
 
-
+@_kind("unavailable")
 class UnavailableError(FastensorError, RuntimeError):
     """A backend cannot run on this machine (missing library or kernel feature)."""
 
-    kind = "unavailable"
 
-
+@_kind("unsupported")
 class UnsupportedError(FastensorError, RuntimeError):
     """The operation is not supported here (e.g. GPU memory without a CUDA backend)."""
 
-    kind = "unsupported"
 
-
+@_kind("invalid_input")
 class InvalidInputError(SafetensorError, ValueError):
     """An argument is wrong: a dtype, a shape, a name, a path that is not a file."""
-
-    kind = "invalid_input"
 
 
 class WrongTypeError(InvalidInputError, TypeError):
@@ -121,60 +136,35 @@ class NoDataError(InvalidInputError, RuntimeError):
     the :class:`RuntimeError` ``safetensors`` raises there."""
 
 
+@_kind("corrupt")
 class CorruptError(SafetensorError, ValueError):
     """A file's content is not what the safetensors format promises (or it is truncated)."""
 
-    kind = "corrupt"
 
-
+@_kind("storage_full")
 class StorageFullError(FastensorError, OSError):
     """The file system is full or a quota is exhausted."""
 
-    kind = "storage_full"
 
-
+@_kind("out_of_memory")
 class OutOfMemoryError(FastensorError, MemoryError):
     """Memory could not be allocated."""
 
-    kind = "out_of_memory"
 
-
+@_kind("device")
 class DeviceError(FastensorError, RuntimeError):
     """A GPU or driver call failed."""
 
-    kind = "device"
 
-
+@_kind("io")
 class FastensorIOError(FastensorError, OSError):
     """Any other operating-system I/O error."""
 
-    kind = "io"
 
-
+@_kind("changed")
 class FileChangedError(FastensorError, OSError):
     """The file was replaced or changed while it was read, again on every retry: a writer
     keeps replacing it. Loading again later gives one whole version."""
-
-    kind = "changed"
-
-
-_BY_KIND: dict[str, type[FastensorError]] = {
-    cls.kind: cls
-    for cls in (
-        NotFoundError,
-        PermissionDeniedError,
-        AlreadyExistsError,
-        UnavailableError,
-        UnsupportedError,
-        InvalidInputError,
-        CorruptError,
-        StorageFullError,
-        OutOfMemoryError,
-        DeviceError,
-        FastensorIOError,
-        FileChangedError,
-    )
-}
 
 
 def _from_native(

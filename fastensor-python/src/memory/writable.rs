@@ -9,6 +9,7 @@
 //! checked against `/proc/self/maps` (one read of it; its cost: docs/lab/performance.md).
 
 use super::Region;
+use fastensor::sys::populate::byte_iovecs;
 use fastensor::{Error, ErrorKind, Result};
 
 /// The most pages probed through the kernel; beyond, the mappings are read.
@@ -59,20 +60,8 @@ enum Probe {
 /// Reads the byte at each address and writes it back through the kernel.
 fn probe(addrs: &[usize]) -> Probe {
     let mut bytes = vec![0u8; addrs.len()];
-    let local: Vec<libc::iovec> = bytes
-        .iter_mut()
-        .map(|b| libc::iovec {
-            iov_base: (b as *mut u8).cast(),
-            iov_len: 1,
-        })
-        .collect();
-    let remote: Vec<libc::iovec> = addrs
-        .iter()
-        .map(|&a| libc::iovec {
-            iov_base: a as *mut libc::c_void,
-            iov_len: 1,
-        })
-        .collect();
+    let local = byte_iovecs(bytes.iter_mut().map(|b| b as *mut u8));
+    let remote = byte_iovecs(addrs.iter().map(|&a| a as *mut u8));
     let n = local.len();
     // SAFETY: `local` describes `bytes`, live and ours; the kernel checks `remote` (this
     // process's own addresses) and reports what it cannot reach instead of faulting.

@@ -11,18 +11,10 @@
 #[macro_use]
 mod common;
 
-use common::{assert_clean, assert_error, bytes, run_child, stat};
+use common::{assert_clean, assert_error, bytes, data_file, run_child, stat};
 use fastensor_core::{Availability, Backend, BackendFile, Error, ErrorKind, OpenMode, ReadRequest};
 use fastensor_gds::{DeviceBuffer, GdsBackend, GdsConfig, StagedBackend, StagedConfig};
-use std::path::{Path, PathBuf};
-
-/// A file of `len` pseudo-random bytes in `dir`.
-fn file_in(dir: &Path, len: usize) -> (PathBuf, Vec<u8>) {
-    let path = dir.join("data.bin");
-    let content = bytes(len, 7);
-    std::fs::write(&path, &content).unwrap();
-    (path, content)
-}
+use std::path::PathBuf;
 
 /// `gds` with small pieces on three threads, so a transfer is many cuFile calls.
 fn small_gds() -> GdsBackend {
@@ -103,8 +95,7 @@ struct Opened<B> {
 
 /// A file of `len` bytes opened with `backend` in `mode`.
 fn opened<B: Backend>(backend: B, len: usize, mode: OpenMode) -> Opened<B> {
-    let dir = tempfile::tempdir().unwrap();
-    let (path, content) = file_in(dir.path(), len);
+    let (dir, path, content) = data_file("data.bin", len, 7);
     let file = backend.open(&path, mode).unwrap();
     Opened {
         file,
@@ -277,8 +268,7 @@ scenario_test!(
     [],
     ["cuMemcpyDtoHAsync_v2"],
     || {
-        let dir = tempfile::tempdir().unwrap();
-        let (path, _) = file_in(dir.path(), 4096);
+        let (_dir, path, _) = data_file("data.bin", 4096, 7);
         let backends: [Box<dyn Backend>; 2] = [Box::new(small_gds()), Box::new(small_staged(2))];
         for b in &backends {
             let Availability::Unavailable { reason } = b.probe() else {

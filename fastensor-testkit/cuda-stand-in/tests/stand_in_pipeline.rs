@@ -10,7 +10,7 @@
 #[macro_use]
 mod common;
 
-use common::{assert_clean, bytes, stat};
+use common::{assert_clean, bytes, data_file, stat};
 use fastensor::checkpoint::{self, TensorView};
 use fastensor::Engine;
 use fastensor_core::{Backend, DType, MemMut, MemRef, OpenMode, ReadRequest, TensorDesc};
@@ -35,10 +35,7 @@ scenario_test!(
     || {
         // 64 KiB buffers, two per lane, two lanes; each copy completes 300 µs after it is queued,
         // so a buffer refilled before its copy finished would show as wrong bytes.
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("staged.bin");
-        let content = bytes((3 << 20) + 123, 1);
-        std::fs::write(&path, &content).unwrap();
+        let (_dir, path, content) = data_file("staged.bin", (3 << 20) + 123, 1);
         let backend = StagedBackend::new(StagedConfig {
             buffer_size: 64 << 10,
             buffers: 2,
@@ -83,10 +80,7 @@ scenario_test!(
     stand_in_gds_batches_and_registered_buffers_match_host_reads,
     [("FASTENSOR_STAND_IN_MAX_BATCH", "64")],
     || {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("batch.bin");
-        let content = bytes(3 << 20, 3);
-        std::fs::write(&path, &content).unwrap();
+        let (dir, path, _) = data_file("batch.bin", 3 << 20, 3);
         let host = std::fs::read(&path).unwrap();
         let backend = GdsBackend::default();
         let file = backend.open(&path, OpenMode::Read).unwrap();

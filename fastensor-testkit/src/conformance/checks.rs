@@ -3,7 +3,7 @@
 use super::{CheckResult, Harness};
 use crate::data;
 use fastensor_core::{BackendFile, ErrorKind, OpenMode, ReadRequest, WriteRequest};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 fn compare(what: &str, got: &[u8], want: &[u8]) -> CheckResult {
     match data::first_difference(got, want) {
@@ -14,6 +14,28 @@ fn compare(what: &str, got: &[u8], want: &[u8]) -> CheckResult {
             want.len()
         )),
     }
+}
+
+/// A file a check made (see [`test_file`]): where it is, what it holds, a handle to it.
+struct TestFile {
+    path: PathBuf,
+    content: Vec<u8>,
+    f: Box<dyn BackendFile>,
+}
+
+/// A file at a fresh path (`tag`, see [`Harness::path`]) created holding `len` test bytes of
+/// `seed` ([`data::bytes`], through [`Harness::create`]), then opened in `mode`.
+fn test_file(
+    h: &Harness<'_>,
+    tag: &str,
+    (len, seed): (usize, u64),
+    mode: OpenMode,
+) -> Result<TestFile, String> {
+    let path = h.path(tag);
+    let content = data::bytes(len, seed);
+    h.create(&path, &content)?;
+    let f = h.open(&path, mode)?;
+    Ok(TestFile { path, content, f })
 }
 
 /// Reads the whole file at `path` (through the harness's reference reader) and compares it
@@ -76,10 +98,9 @@ pub(super) fn round_trip_sizes(h: &Harness<'_>) -> CheckResult {
     .into_iter()
     .enumerate()
     {
-        let path = h.path("size");
-        let want = data::bytes(size, 100 + i as u64);
-        h.create(&path, &want)?;
-        let f = h.open(&path, OpenMode::Read)?;
+        let TestFile {
+            content: want, f, ..
+        } = test_file(h, "size", (size, 100 + i as u64), OpenMode::Read)?;
         let len = f.len().map_err(|e| e.to_string())?;
         if len != size as u64 {
             return Err(format!(
@@ -122,10 +143,11 @@ pub(super) fn unaligned_offsets_and_buffers(h: &Harness<'_>) -> CheckResult {
 }
 
 pub(super) fn overwrite_keeps_neighbours(h: &Harness<'_>) -> CheckResult {
-    let path = h.path("overwrite");
-    let mut want = data::bytes(MIB, 11);
-    h.create(&path, &want)?;
-    let f = h.open(&path, OpenMode::ReadWrite)?;
+    let TestFile {
+        path,
+        content: mut want,
+        f,
+    } = test_file(h, "overwrite", (MIB, 11), OpenMode::ReadWrite)?;
     for (offset, len) in [
         (300_001usize, 5000usize),
         (4096, 4096),
@@ -142,10 +164,7 @@ pub(super) fn overwrite_keeps_neighbours(h: &Harness<'_>) -> CheckResult {
 }
 
 pub(super) fn read_past_end_is_short(h: &Harness<'_>) -> CheckResult {
-    let path = h.path("eof");
-    let content = data::bytes(10_000, 3);
-    h.create(&path, &content)?;
-    let f = h.open(&path, OpenMode::Read)?;
+    let TestFile { content, f, .. } = test_file(h, "eof", (10_000, 3), OpenMode::Read)?;
     let f = f.as_ref();
     read_matches(
         h,
@@ -272,72 +291,61 @@ pub(super) fn threads_share_one_handle(h: &Harness<'_>) -> CheckResult {
     if h.caps.write {
         let f = h.open(&path, OpenMode::Truncate)?;
         let f = f.as_ref();
-        let results: Vec<CheckResult> = std::thread::scope(|s| {
-            let handles: Vec<_> = regions
-                .iter()
-                .enumerate()
-                .map(|(i, r)| s.spawn(move || h.write(f, (i * REGION) as u64, r, i % 2)))
-                .collect();
-            handles
-                .into_iter()
-                .map(|t| {
-                    t.join()
-                        .unwrap_or_else(|_| Err("writer thread panicked".into()))
-                })
-                .collect()
-        });
-        results.into_iter().collect::<CheckResult>()?;
+        on_threads(&regions, "writer", |i, r| {
+            h.write(f, (i * REGION) as u64, r, i % 2)
+        })?;
         f.sync().map_err(|e| e.to_string())?;
     } else {
         h.create(&path, &want)?;
     }
     let f = h.open(&path, OpenMode::Read)?;
     let f = f.as_ref();
+    on_threads(&regions, "reader", |i, r| {
+        let got = h.read(f, (i * REGION) as u64, REGION, i % 3)?;
+        compare(&format!("thread {i}'s region"), &got, r)
+    })?;
+    file_matches(h, &path, "file written by threads", &want)
+}
+
+/// Runs `each(i, region)` for every region of `regions` at once, a thread each, and waits for
+/// them all: the first failure in region order, a `who` thread's panic as a failure.
+fn on_threads<F>(regions: &[Vec<u8>], who: &str, each: F) -> CheckResult
+where
+    F: Fn(usize, &[u8]) -> CheckResult + Sync,
+{
+    let each = &each;
     let results: Vec<CheckResult> = std::thread::scope(|s| {
         let handles: Vec<_> = regions
             .iter()
             .enumerate()
-            .map(|(i, r)| {
-                s.spawn(move || {
-                    let got = h.read(f, (i * REGION) as u64, REGION, i % 3)?;
-                    compare(&format!("thread {i}'s region"), &got, r)
-                })
-            })
+            .map(|(i, r)| s.spawn(move || each(i, r)))
             .collect();
         handles
             .into_iter()
             .map(|t| {
                 t.join()
-                    .unwrap_or_else(|_| Err("reader thread panicked".into()))
+                    .unwrap_or_else(|_| Err(format!("{who} thread panicked")))
             })
             .collect()
     });
-    results.into_iter().collect::<CheckResult>()?;
-    file_matches(h, &path, "file written by threads", &want)
+    results.into_iter().collect()
 }
 
 pub(super) fn missing_file_is_not_found(h: &Harness<'_>) -> CheckResult {
     let path = h.path("missing");
-    let modes: &[OpenMode] = if h.caps.write {
-        &[OpenMode::Read, OpenMode::ReadWrite]
-    } else {
-        &[OpenMode::Read]
-    };
-    open_fails(h, &path, modes, ErrorKind::NotFound, "a missing file")
+    let modes = [OpenMode::Read, OpenMode::ReadWrite];
+    open_fails(h, &path, &modes, ErrorKind::NotFound, "a missing file")
 }
 
 pub(super) fn directory_is_refused(h: &Harness<'_>) -> CheckResult {
     let dir = h.path("dir");
     std::fs::create_dir(&dir).map_err(|e| e.to_string())?;
-    let modes: &[OpenMode] = if h.caps.write {
-        &[OpenMode::Read, OpenMode::ReadWrite, OpenMode::Create]
-    } else {
-        &[OpenMode::Read]
-    };
-    open_fails(h, &dir, modes, ErrorKind::InvalidInput, "a directory")
+    let modes = [OpenMode::Read, OpenMode::ReadWrite, OpenMode::Create];
+    open_fails(h, &dir, &modes, ErrorKind::InvalidInput, "a directory")
 }
 
-/// Opening `path` (`what`) in each of `modes` fails with `kind`, the error naming `path`.
+/// Opening `path` (`what`) in each of `modes` (its writable ones only when the backend
+/// writes) fails with `kind`, the error naming `path`.
 fn open_fails(
     h: &Harness<'_>,
     path: &std::path::Path,
@@ -345,7 +353,7 @@ fn open_fails(
     kind: ErrorKind,
     what: &str,
 ) -> CheckResult {
-    for &mode in modes {
+    for &mode in modes.iter().filter(|m| h.caps.write || !m.writable()) {
         match h.backend.open(path, mode) {
             Ok(_) => return Err(format!("opening {what} ({mode:?}) succeeded")),
             Err(e) if e.kind() != kind => {
@@ -364,10 +372,7 @@ fn open_fails(
 }
 
 pub(super) fn read_only_handle_refuses_writes(h: &Harness<'_>) -> CheckResult {
-    let path = h.path("readonly");
-    let content = data::bytes(8192, 9);
-    h.create(&path, &content)?;
-    let f = h.open(&path, OpenMode::Read)?;
+    let TestFile { path, content, f } = test_file(h, "readonly", (8192, 9), OpenMode::Read)?;
     let mut buf = h.memory.alloc(4096, 0);
     buf.upload(&[0xAB; 4096]);
     match f.write_at(0, buf.as_mem()) {
@@ -425,10 +430,7 @@ pub(super) fn write_past_end_sets_exact_length(h: &Harness<'_>) -> CheckResult {
 }
 
 pub(super) fn set_len_cuts_and_extends(h: &Harness<'_>) -> CheckResult {
-    let path = h.path("setlen");
-    let content = data::bytes(20_000, 21);
-    h.create(&path, &content)?;
-    let f = h.open(&path, OpenMode::ReadWrite)?;
+    let TestFile { path, content, f } = test_file(h, "setlen", (20_000, 21), OpenMode::ReadWrite)?;
     f.set_len(5000)
         .map_err(|e| format!("set_len(5000) failed: {e}"))?;
     file_matches(h, &path, "file cut to 5000 bytes", &content[..5000])?;

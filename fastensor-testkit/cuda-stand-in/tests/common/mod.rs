@@ -90,6 +90,16 @@ pub fn bytes(len: usize, seed: u64) -> Vec<u8> {
     fastensor_testkit::data::bytes(len, seed)
 }
 
+/// A file `name` holding [`bytes`]`(len, seed)` in a new temporary folder: the folder (the
+/// file is removed with it), the file's path and its bytes.
+pub fn data_file(name: &str, len: usize, seed: u64) -> (tempfile::TempDir, PathBuf, Vec<u8>) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join(name);
+    let content = bytes(len, seed);
+    std::fs::write(&path, &content).unwrap();
+    (dir, path, content)
+}
+
 /// A scenario: in the test process it runs `name` (the test's own name) again as a child
 /// with `env` set, waits for it (a child still running after two minutes is a hang, and
 /// fails), and asserts it passed; in that child it runs `body`. The child loads a copy of
