@@ -569,7 +569,8 @@ fn get_written_returns_the_bytes_as_put_when_the_owner_changed_its_memory() {
 
 #[test]
 fn the_last_tensors_put_are_never_written() {
-    // Room for four, two of them unwritten (the default: half the budget).
+    // Room for four, two of them unwritten (the default: the budget less half of it, at
+    // most four tensors, for the writes in flight).
     let dir = tempfile::tempdir().unwrap();
     let config = OffloadConfig::new(dir.path(), 4 * 8192).small_threshold(0);
     let store = OffloadStore::new(&memory_engine(), config).unwrap();

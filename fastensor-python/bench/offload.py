@@ -2,7 +2,8 @@
 
     python bench/offload.py [--models deep,shallow] [--configs none,checkpoint,paper,fastensor,
                             fastensor+checkpoint] [--steps 8] [--search-steps 3] [--rounds 3]
-                            [--base-batch 4] [--dir DIR] [--json FILE] [--out FILE] [--quick]
+                            [--base-batch 4] [--budget-layers 1] [--equal-budget-layers L]
+                            [--skip-largest] [--dir DIR] [--json FILE] [--out FILE] [--quick]
 
 Models: stacks of ``torch.nn.TransformerEncoderLayer`` (pre-norm, torch's defaults otherwise:
 feed-forward 2048, dropout 0.1) trained with SGD on random tokens:
@@ -42,7 +43,9 @@ charged here and alike in every run.
 3. Equal batch (no offload's largest): ``--rounds`` rounds, a fresh process per configuration
    and round, the order changing every round; step time as a ratio to no offload's in the
    same round, and a layer's compute (no offload's step over the layers) against its I/O
-   (its offloaded bytes at the rates the store measured).
+   (its offloaded bytes at the rates the store measured). ``--equal-budget-layers`` gives
+   these runs a budget of their own (a batch that fits without offload leaves room to hold
+   more of it); ``--skip-largest`` runs only the cap and this part.
 """
 
 from __future__ import annotations
@@ -347,10 +350,13 @@ class Bench:
         print(text, flush=True)
         self.lines.append(text)
 
-    def spec(self, model: str, config: str, batch: int, steps: int) -> dict:
+    def spec(
+        self, model: str, config: str, batch: int, steps: int, budget_layers: float | None = None
+    ) -> dict:
         m = MODELS[model]
         per_layer = self.footprints[model] * batch
-        budget = max(int(per_layer * self.args.budget_layers), 4 * MIB)
+        layers = self.args.budget_layers if budget_layers is None else budget_layers
+        budget = max(int(per_layer * layers), 4 * MIB)
         return {
             **m,
             "config": config,
@@ -421,7 +427,7 @@ class Bench:
             f"({p0 / MIB:.0f} MiB) and at {base + 1} ({p1 / MIB:.0f} MiB)"
         )
         rows = {}
-        for config in a.configs:
+        for config in [] if a.skip_largest else a.configs:
             self.say(f"# largest batch: {config}")
             batch, r = self.largest(model, config, cap)
             rows[config] = {"batch": batch, "run": r}
@@ -461,12 +467,13 @@ class Bench:
         results: dict[str, list[dict]] = {c: [] for c in a.configs}
         for _, order in interleaved(a.configs, a.rounds, seed=7):
             for config in order:
-                results[config].append(
-                    run(self.spec(model, config, base, a.steps), self.cgroups, cap, a.timeout)
-                )
+                spec = self.spec(model, config, base, a.steps, a.equal_budget_layers)
+                results[config].append(run(spec, self.cgroups, cap, a.timeout))
         self.say()
         self.say(
-            f"| {model} at {base} sequences (no offload's largest), {a.rounds} rounds "
+            f"| {model} at {base} sequences (no offload's largest), {a.rounds} rounds, budget "
+            f"{a.budget_layers if a.equal_budget_layers is None else a.equal_budget_layers:g} "
+            "layer(s) "
             "| step s | vs no offload | peak MiB | flat over the steps | compute/I/O a layer |"
         )
         self.say("|---|---:|---:|---:|---|---:|")
@@ -517,6 +524,15 @@ def main() -> None:
     ap.add_argument("--base-batch", type=int, default=4, help="no offload's largest batch")
     ap.add_argument("--max-batch", type=int, default=512)
     ap.add_argument("--budget-layers", type=float, default=1.0, help="offload budget in layers")
+    ap.add_argument(
+        "--equal-budget-layers",
+        type=float,
+        default=None,
+        help="offload budget in layers at equal batch (default: --budget-layers)",
+    )
+    ap.add_argument(
+        "--skip-largest", action="store_true", help="only the cap and the equal-batch runs"
+    )
     ap.add_argument("--io-threads", type=int, default=2, help="offload's I/O threads (default)")
     ap.add_argument("--threads", type=int, default=None, help="torch's compute threads")
     ap.add_argument("--timeout", type=float, default=1800, help="seconds a run may take")

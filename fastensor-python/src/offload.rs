@@ -132,7 +132,7 @@ impl PyOffloadStore {
 impl PyOffloadStore {
     /// A store whose swap file is a new file in `dir`, opened through `engine`. Every tensor
     /// put goes to the store (the caller keeps small ones itself); the last ones put, up to
-    /// `write_behind` bytes (`None`: half the budget), wait unwritten and are never written
+    /// `write_behind` bytes (`None`: the budget less room for the writes in flight), wait unwritten and are never written
     /// if taken back first. `initial_capacity` bytes are reserved in the swap file at once:
     /// growing it later waits for the writes in flight.
     #[new]

@@ -99,7 +99,9 @@ pub struct OffloadConfig {
     /// Most bytes of host tensors left in memory unwritten, the last ones put (within the
     /// budget): backward takes them first, so they never touch the disk. Older ones are
     /// written, oldest first, and a put that needs their room starts their writes. `None`
-    /// (default): half the budget; `Some(0)`: every tensor is written as soon as it is put.
+    /// (default): the budget less room for the writes in flight, the smaller of half the
+    /// budget and four times the largest tensor put so far; `Some(0)`: every tensor is
+    /// written as soon as it is put.
     pub write_behind: Option<u64>,
 }
 
@@ -123,10 +125,12 @@ impl OffloadConfig {
         }
     }
 
-    /// The unwritten bytes allowed ([`OffloadConfig::write_behind`], at most the budget).
-    pub fn write_behind_bytes(&self) -> u64 {
+    /// The unwritten bytes allowed ([`OffloadConfig::write_behind`], at most the budget)
+    /// once the largest tensor put has `largest` bytes.
+    pub fn write_behind_bytes(&self, largest: u64) -> u64 {
+        let in_flight = (self.budget / 2).min(largest.saturating_mul(4));
         self.write_behind
-            .unwrap_or(self.budget / 2)
+            .unwrap_or(self.budget - in_flight)
             .min(self.budget)
     }
 

@@ -258,6 +258,8 @@ pub(crate) struct State {
     /// Bytes held in device memory (the direct path).
     pub(crate) device_held: u64,
     pub(crate) put_waiters: usize,
+    /// The largest host tensor put so far (bytes).
+    pub(crate) largest_put: u64,
     pub(crate) next_id: u64,
     pub(crate) shutdown: bool,
     pub(crate) stats: OffloadStats,

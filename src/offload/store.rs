@@ -170,7 +170,9 @@ impl OffloadStore {
         entry.extent = Some(extent);
         entry.data = Data::Unwritten(Arc::new(tensor));
         st.entries.insert(id, entry);
-        if st.write_behind(s.config.write_behind_bytes()) {
+        st.largest_put = st.largest_put.max(len);
+        let limit = s.config.write_behind_bytes(st.largest_put);
+        if st.write_behind(limit) {
             s.work.notify_all();
         }
         Ok(handle)

@@ -19,7 +19,8 @@ Who owns what:
   takes it without a copy, to its page-rounded length). The store keeps a reference to the
   storage until it is written, and after that while ``budget_bytes`` has room: the last
   tensors saved by the forward pass are the first backward needs, and take no read. The
-  last of them (``write_behind`` bytes, half the budget by default) are not even written
+  last of them (``write_behind`` bytes: by default the budget less room for the writes in
+  flight) are not even written
   unless a later pack needs their room: backward takes them straight from memory.
   The budget counts everything the store holds (tensors being written or kept, reads in
   flight, tensors read back ahead); a pack waits (with the GIL released) for room, after
@@ -577,8 +578,9 @@ class offload:  # noqa: N801 (a context manager named as a function, like torch.
         write_behind: most bytes of the last tensors saved that wait in memory unwritten
             (within the budget): backward needs them first and takes them from memory, so
             they are never written nor read; older ones are written, oldest first, and a pack
-            that needs their room starts their writes. ``None`` (default): half of
-            ``budget_bytes``; ``0``: every tensor is written as soon as it is saved. A
+            that needs their room starts their writes. ``None`` (default): ``budget_bytes``
+            less room for the writes in flight (the smaller of half the budget and four times
+            the largest tensor saved); ``0``: every tensor is written as soon as it is saved. A
             tensor changed in place after it was saved (which autograd refuses without
             offload) comes back from disk as it was saved once written; changed while still
             unwritten, backward raises ``RuntimeError``.
