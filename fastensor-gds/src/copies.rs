@@ -432,9 +432,11 @@ impl PinnedPool {
         }
     }
 
-    /// Keeps `held` (memory a copy reads) until `done` has passed, then drops it.
+    /// Keeps `held` (memory a copy reads) until `done` has passed, then drops it. A `take`
+    /// waiting for a block is woken: it may now wait for this copy instead of its timeout.
     fn hold_until(&self, held: Box<dyn Send>, done: Done) {
         self.shared.state.lock().in_flight.push_back((held, done));
+        self.shared.returned.notify_all();
     }
 
     /// Takes back the blocks whose copies have passed; returns whether any is still out.
