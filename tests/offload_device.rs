@@ -424,6 +424,47 @@ scenario_test!(
 );
 
 scenario_test!(
+    a_read_back_waits_for_the_block_a_copy_into_device_memory_gives_back_not_its_time_limit,
+    [],
+    || {
+        // Room for two pinned blocks: backward's first get copies one into device memory
+        // while the prefetch of a third tensor asks the pool for a block. That block comes
+        // back when the copy passes, which must wake the read (not its PINNED_WAIT limit).
+        let dir = tempfile::tempdir().unwrap();
+        let config = OffloadConfig::new(dir.path(), 1 << 20)
+            .small_threshold(0)
+            .io_threads(1)
+            .device_path(DevicePath::Staged);
+        let store = OffloadStore::new(&Engine::new().unwrap(), config).unwrap();
+        let returned = Arc::new(AtomicUsize::new(0));
+        let hs: Vec<Handle> = (0..6u64)
+            .map(|i| {
+                put(
+                    &store,
+                    &common::bytes(400_000, i),
+                    0,
+                    &format!("r{i}"),
+                    &returned,
+                )
+            })
+            .collect();
+        store.flush();
+        let t0 = std::time::Instant::now();
+        for (i, h) in hs.iter().enumerate().rev() {
+            assert!(get(&store, h, 0).unwrap() == common::bytes(400_000, i as u64));
+        }
+        assert!(
+            t0.elapsed() < fastensor::offload::PINNED_WAIT / 2,
+            "the gets took {:?}: a read waited out its pinned-memory limit",
+            t0.elapsed()
+        );
+        drop(hs);
+        drop(store);
+        common::assert_clean("read back beside a copy in");
+    }
+);
+
+scenario_test!(
     a_driver_without_cu_stream_wait_event_is_refused_as_unsupported,
     [],
     ["cuStreamWaitEvent"],
