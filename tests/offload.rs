@@ -541,27 +541,32 @@ impl fastensor::offload::ForeignBytes for Changing {
     }
 }
 
+impl Changing {
+    /// Puts 20,000 bytes of memory owned by the test in `store` ("changed"), optionally
+    /// flushed; then changes every byte. The handle, and the bytes as they were put.
+    fn put_then_change(store: &OffloadStore, flush: bool) -> (Handle, HostBuffer) {
+        use std::sync::atomic::{AtomicU8, Ordering};
+        let original = tensor(3, 20_000);
+        let bytes: Arc<[AtomicU8]> = original.iter().map(|&b| AtomicU8::new(b)).collect();
+        let lent = fastensor::offload::Payload::foreign(Changing {
+            bytes: bytes.clone(),
+        });
+        let h = store.put(lent, "changed").unwrap();
+        if flush {
+            store.flush();
+        }
+        for b in bytes.iter() {
+            b.fetch_add(1, Ordering::SeqCst);
+        }
+        (h, original)
+    }
+}
+
 #[test]
 fn get_written_returns_the_bytes_as_put_when_the_owner_changed_its_memory() {
-    use fastensor::offload::Payload;
-    use std::sync::atomic::{AtomicU8, Ordering};
     let dir = tempfile::tempdir().unwrap();
-    let config = OffloadConfig::new(dir.path(), 1 << 20).small_threshold(0);
-    let store = OffloadStore::new(&memory_engine(), config).unwrap();
-    let original = tensor(3, 20_000);
-    let bytes: Arc<[AtomicU8]> = original.iter().map(|&b| AtomicU8::new(b)).collect();
-    let h = store
-        .put(
-            Payload::foreign(Changing {
-                bytes: bytes.clone(),
-            }),
-            "changed",
-        )
-        .unwrap();
-    store.flush();
-    for b in bytes.iter() {
-        b.fetch_add(1, Ordering::SeqCst);
-    }
+    let store = OffloadStore::new(&memory_engine(), swapping(dir.path())).unwrap();
+    let (h, original) = Changing::put_then_change(&store, true);
     // Kept in memory after its write, but that memory changed: the bytes come from disk.
     assert!(store.get_written(&h).unwrap()[..] == original[..]);
     assert_eq!(store.stats().bytes_read, 20_000);
@@ -632,25 +637,9 @@ fn flush_writes_the_unwritten_tensors() {
 
 #[test]
 fn get_written_refuses_an_unwritten_tensor_whose_owner_changed_it() {
-    use fastensor::offload::Payload;
-    use std::sync::atomic::{AtomicU8, Ordering};
     let dir = tempfile::tempdir().unwrap();
     let store = OffloadStore::new(&memory_engine(), swapping(dir.path())).unwrap();
-    let bytes: Arc<[AtomicU8]> = tensor(3, 20_000)
-        .iter()
-        .map(|&b| AtomicU8::new(b))
-        .collect();
-    let h = store
-        .put(
-            Payload::foreign(Changing {
-                bytes: bytes.clone(),
-            }),
-            "changed",
-        )
-        .unwrap();
-    for b in bytes.iter() {
-        b.fetch_add(1, Ordering::SeqCst);
-    }
+    let (h, _) = Changing::put_then_change(&store, false);
     // Never written: the bytes it had when put are nowhere, and the store says so.
     let err = store.get_written(&h).unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Changed, "{err}");
