@@ -321,3 +321,24 @@ fn handles_opened_after_the_path_changed_reach_the_file_first_opened() {
         assert_eq!(file.len().unwrap(), 64 << 10);
     }
 }
+
+#[test]
+fn an_engine_takes_device_memory_when_one_of_its_backends_declares_it() {
+    use fastensor::{Capabilities, Registry};
+    use fastensor_testkit::stub::StubBackend;
+    use std::sync::Arc;
+    let engine_of = |caps: Capabilities| {
+        Engine::builder()
+            .registry(Registry::new())
+            .backend(Arc::new(StubBackend::new("host-only")))
+            .backend(Arc::new(StubBackend::new("any-name").capabilities(caps)))
+            .build()
+            .unwrap()
+    };
+    assert!(!engine_of(Capabilities::default()).takes_device_memory());
+    let device = Capabilities {
+        device_memory: true,
+        ..Default::default()
+    };
+    assert!(engine_of(device).takes_device_memory());
+}

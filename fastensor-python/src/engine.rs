@@ -268,11 +268,7 @@ impl PyEngine {
     /// Whether a backend the engine may use takes GPU device memory (its capabilities'
     /// `device_memory`): device tensors then move with no stop in host memory.
     fn takes_device_memory(&self) -> bool {
-        self.engine.backend_names().iter().any(|name| {
-            fastensor::registry()
-                .get(name)
-                .is_ok_and(|b| b.capabilities().device_memory)
-        })
+        self.engine.takes_device_memory()
     }
 
     /// Uses `backend` for every transfer, or lets the selector choose again with `None`.

@@ -206,6 +206,12 @@ impl Engine {
             .collect()
     }
 
+    /// Whether a backend the engine may use takes GPU device memory (its capabilities'
+    /// `device_memory`): device tensors then move with no stop in host memory.
+    pub fn takes_device_memory(&self) -> bool {
+        self.inner.candidates.iter().any(|c| c.caps.device_memory)
+    }
+
     /// Uses `backend` for every transfer (of every file), or lets the selector choose again
     /// with `None`. Fails for a backend that is not available.
     pub fn pin(&self, backend: Option<&str>) -> Result<()> {

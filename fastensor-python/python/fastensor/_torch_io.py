@@ -49,11 +49,6 @@ def _device_ordinal(t: torch.Tensor) -> int:
     raise _invalid(f"tensors on {t.device} are not supported (only cpu and cuda)")
 
 
-def _takes_device_memory(engine: _native.Engine) -> bool:
-    """Whether ``engine`` moves device memory itself (a backend's capabilities say so)."""
-    return engine.takes_device_memory()
-
-
 def _warn_staged_once(what: str) -> None:
     if not getattr(_warn_staged_once, "done", False):
         _warn_staged_once.done = True
@@ -80,7 +75,7 @@ def _save_specs(tensors: Mapping[str, torch.Tensor], path: str, engine, host_onl
     """The save specs ``(name, dtype, shape, bytes)`` of ``tensors``."""
     check_savable(tensors, path)
     specs = []
-    device_ok = not host_only and _takes_device_memory(engine)
+    device_ok = not host_only and engine.takes_device_memory()
     synced = set()
     for name, t in tensors.items():
         if not isinstance(t, torch.Tensor):
@@ -220,7 +215,7 @@ def _load_new(
     dev = torch.device(device)
     if dev.type == "cpu":
         return load_host(engine, path, names, verify)
-    if dev.type == "cuda" and not _takes_device_memory(engine):
+    if dev.type == "cuda" and not engine.takes_device_memory():
         _warn_staged_once("loads to CUDA")
         host = load_host(engine, path, names, verify)
         return {k: v.to(dev) for k, v in host.items()}
@@ -240,7 +235,7 @@ def _read_new(
         raise _invalid(f"{path}: cannot load to device {dev} (only cpu and cuda)", path)
     if dev.type == "cpu":
         return read_host(file, path, [e[0] for e in entries])
-    if not _takes_device_memory(engine):
+    if not engine.takes_device_memory():
         _warn_staged_once("loads to CUDA")
         host = read_host(file, path, [e[0] for e in entries])
         return {k: v.to(dev) for k, v in host.items()}
@@ -338,7 +333,7 @@ def load_into(
         raise RuntimeError(
             f"Error(s) in loading state_dict for {what} from {path}:\n\t" + "\n\t".join(errors)
         )
-    cuda_direct = _takes_device_memory(engine) and not verify  # (checked in host memory)
+    cuda_direct = engine.takes_device_memory() and not verify  # (checked in host memory)
     targets, copies = [], []
     for name, dst in direct:
         if dst.device.type == "cuda" and not cuda_direct:
