@@ -187,11 +187,19 @@ impl PyShardedFile {
     }
 }
 
+/// True when `path` names a sharded checkpoint (`checkpoint::sharded::is_sharded`): a
+/// directory, or a file ending in `.index.json`.
+#[pyfunction]
+fn is_sharded(path: PathBuf) -> bool {
+    checkpoint::sharded::is_sharded(&path)
+}
+
 /// Registers this module's classes and functions.
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyShardedFile>()?;
     m.add_function(wrap_pyfunction!(save_sharded, m)?)?;
     m.add_function(wrap_pyfunction!(open_sharded, m)?)?;
+    m.add_function(wrap_pyfunction!(is_sharded, m)?)?;
     m.add_function(wrap_pyfunction!(read_ranges, m)?)?;
     Ok(())
 }

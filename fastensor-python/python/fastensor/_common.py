@@ -6,6 +6,7 @@ import os
 from collections.abc import Callable, Mapping
 from typing import Any, Union
 
+from . import _native
 from .errors import OutOfMemoryError, _invalid
 
 PathLike = Union[str, "os.PathLike[str]"]
@@ -30,9 +31,9 @@ def fspath(path: PathLike) -> str:
 
 
 def is_sharded(path: PathLike) -> bool:
-    """True when ``path`` names a sharded checkpoint: a directory or a ``*.index.json``."""
-    p = fspath(path)
-    return os.path.isdir(p) or p.endswith(".index.json")
+    """True when ``path`` names a sharded checkpoint: a directory or a ``*.index.json``
+    (the native checkpoint code decides)."""
+    return _native.is_sharded(fspath(path))
 
 
 def check_metadata(metadata: Mapping[str, str] | None, path: str) -> dict[str, str] | None:
