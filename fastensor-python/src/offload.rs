@@ -132,9 +132,9 @@ impl PyOffloadStore {
 impl PyOffloadStore {
     /// A store whose swap file is a new file in `dir`, opened through `engine`. Every tensor
     /// put goes to the store (the caller keeps small ones itself); the last ones put, up to
-    /// `write_behind` bytes (`None`: the budget less room for the writes in flight), wait unwritten and are never written
-    /// if taken back first. `initial_capacity` bytes are reserved in the swap file at once:
-    /// growing it later waits for the writes in flight.
+    /// `write_behind` bytes (`None`: `OffloadConfig::write_behind`'s default), wait
+    /// unwritten and are never written if taken back first. `initial_capacity` bytes are
+    /// reserved in the swap file at once: growing it later waits for the writes in flight.
     #[new]
     #[pyo3(signature = (engine, dir, budget, prefetch_depth=4, io_threads=2, initial_capacity=0, device_path="auto", write_behind=None))]
     #[allow(clippy::too_many_arguments)]
@@ -159,8 +159,10 @@ impl PyOffloadStore {
                 )))
             }
         };
-        let mut config = OffloadConfig::new(dir, budget);
-        config.write_behind = write_behind;
+        let config = OffloadConfig {
+            write_behind,
+            ..OffloadConfig::new(dir, budget)
+        };
         let config = config
             .device_path(device_path)
             .prefetch_depth(prefetch_depth)

@@ -260,6 +260,10 @@ pub(crate) struct State {
     pub(crate) put_waiters: usize,
     /// The largest host tensor put so far (bytes).
     pub(crate) largest_put: u64,
+    /// The tensors in memory not written yet ([`Data::Unwritten`]), oldest first, with their
+    /// lengths, and the sum of those.
+    unwritten: BTreeMap<u64, u64>,
+    unwritten_bytes: u64,
     pub(crate) next_id: u64,
     pub(crate) shutdown: bool,
     pub(crate) stats: OffloadStats,
@@ -405,7 +409,7 @@ impl State {
                     let data = std::mem::replace(&mut e.data, Data::OnDisk);
                     self.unhold(home, len);
                     if matches!(data, Data::Unwritten(_)) {
-                        self.stats.bytes_never_written += len;
+                        self.never_written(id);
                     }
                     Step::Taken(match data {
                         Data::Kept(p) | Data::Unwritten(p) => match Arc::try_unwrap(p) {
@@ -509,27 +513,38 @@ impl State {
     /// Starts writing unwritten tensors, oldest first (the ones backward needs last), until
     /// at most `limit` bytes of them remain; returns whether a write was queued.
     pub(crate) fn write_behind(&mut self, limit: u64) -> bool {
-        let mut unwritten: u64 = self
-            .entries
-            .values()
-            .filter(|e| matches!(e.data, Data::Unwritten(_)))
-            .map(|e| e.len)
-            .sum();
         let mut queued = false;
-        for (&id, e) in self.entries.iter_mut() {
-            if unwritten <= limit {
-                break;
-            }
-            if let Data::Unwritten(buf) = &e.data {
-                let buf = buf.clone();
-                let offset = e.extent.expect("unwritten tensors have an extent").offset;
-                e.data = Data::Writing(buf.clone());
-                unwritten -= e.len;
-                self.jobs.push_back(Job::Write { id, offset, buf });
-                queued = true;
-            }
+        while self.unwritten_bytes > limit {
+            let (id, len) = self.unwritten.pop_first().expect("bytes counted are listed");
+            self.unwritten_bytes -= len;
+            let e = self.entries.get_mut(&id).expect("unwritten tensors are live");
+            let Data::Unwritten(buf) = &e.data else {
+                unreachable!("listed as unwritten")
+            };
+            let buf = buf.clone();
+            let offset = e.extent.expect("unwritten tensors have an extent").offset;
+            e.data = Data::Writing(buf.clone());
+            self.jobs.push_back(Job::Write { id, offset, buf });
+            queued = true;
         }
         queued
+    }
+
+    /// Adds `entry` as the tensor `id`, in memory and not written yet (`buf`).
+    pub(crate) fn insert_unwritten(&mut self, id: u64, mut entry: Entry, buf: Payload) {
+        self.unwritten.insert(id, entry.len);
+        self.unwritten_bytes += entry.len;
+        entry.data = Data::Unwritten(Arc::new(buf));
+        self.entries.insert(id, entry);
+    }
+
+    /// The unwritten tensor `id` leaves the store without a write (taken, discarded or
+    /// dropped).
+    fn never_written(&mut self, id: u64) {
+        if let Some(len) = self.unwritten.remove(&id) {
+            self.unwritten_bytes -= len;
+            self.stats.bytes_never_written += len;
+        }
     }
 
     /// Removes a tensor and frees its extent.
@@ -571,7 +586,7 @@ impl State {
             Data::OnDisk | Data::Failed(_) => {}
             Data::Unwritten(_) => {
                 self.unhold(home, len);
-                self.stats.bytes_never_written += len;
+                self.never_written(id);
             }
             _ => self.unhold(home, len), // kept or read back
         }
@@ -587,12 +602,13 @@ impl State {
         e.discarded = true;
         if e.data.droppable() || matches!(e.data, Data::Unwritten(_)) {
             // No get is answered after a discard: what was never written is never read.
-            if matches!(e.data, Data::Unwritten(_)) {
-                self.stats.bytes_never_written += e.len;
-            }
+            let unwritten = matches!(e.data, Data::Unwritten(_));
             e.data = Data::OnDisk;
             let (home, len) = (e.home, e.len);
             self.unhold(home, len);
+            if unwritten {
+                self.never_written(id);
+            }
         } else if self.jobs.iter().any(|j| j.id() == id) {
             // A write not yet started (never on disk: nothing to read) or a queued read.
             self.cancel_queued(id);

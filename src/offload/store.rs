@@ -168,8 +168,7 @@ impl OffloadStore {
         let extent = s.extent_for(&mut st, len)?;
         st.hold(len);
         entry.extent = Some(extent);
-        entry.data = Data::Unwritten(Arc::new(tensor));
-        st.entries.insert(id, entry);
+        st.insert_unwritten(id, entry, tensor);
         st.largest_put = st.largest_put.max(len);
         let limit = s.config.write_behind_bytes(st.largest_put);
         if st.write_behind(limit) {
