@@ -21,10 +21,9 @@
 //! * [`verify_file`]: checks every tensor of a file without loading it anywhere (the
 //!   `fastensor ckpt verify` command).
 
-use super::loaded::Checkpoint;
 use super::source::CheckpointSource;
 pub use super::sums::{checksum, encode, Checksums, CHECKSUMS_KEY};
-use super::sums::{corrupt, decode, missing, stored};
+use super::sums::{corrupt, decode};
 use super::view::TensorView;
 use super::{FileOpener, IO_THREADS};
 use crate::core::parallel;
@@ -94,23 +93,6 @@ pub(crate) fn for_shard<'n>(
     let mut out = metadata.clone();
     out.insert(CHECKSUMS_KEY.to_string(), encode(&mine));
     Ok(out)
-}
-
-/// Checks every tensor of a loaded checkpoint against the checksums its metadata stores
-/// (in parallel); errors as [`Checksums::from_header`] and [`Checksums::check`].
-pub(crate) fn check_loaded(ckpt: &Checkpoint) -> Result<()> {
-    let path = ckpt.path();
-    let sums = stored(ckpt.metadata(), path)?;
-    let tensors: Vec<_> = ckpt.iter().filter(|(_, b)| !b.is_empty()).collect();
-    parallel::for_each(tensors, IO_THREADS, |(desc, bytes)| {
-        let name = &desc.name;
-        let &want = sums.get(name).ok_or_else(|| missing(name, path))?;
-        let got = checksum(bytes);
-        if got != want {
-            return Err(Checksums::mismatch(path, name, want, got, 0));
-        }
-        Ok(())
-    })
 }
 
 /// What [`verify_file`] checked.

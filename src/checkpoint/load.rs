@@ -101,15 +101,16 @@ fn load_as<O: FileOpener + ?Sized>(
         };
     }
     let source = CheckpointSource::single(opener, path)?;
+    if verify {
+        // Each tensor checked on the I/O thread right after its read, while its bytes are
+        // in cache (no second pass over the checkpoint).
+        return source.verifying()?.read_new(names);
+    }
     let chosen = match names {
         None => source.tensors(),
         Some(names) => named(&source, names)?,
     };
-    let ckpt = load_chosen(&source, &chosen, MERGE_GAP)?;
-    if verify {
-        super::checksum::check_loaded(&ckpt)?;
-    }
-    Ok(ckpt)
+    load_chosen(&source, &chosen, MERGE_GAP)
 }
 
 /// Loads only the tensors in `names` from the file at `path`. Only their byte ranges are
