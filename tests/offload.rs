@@ -645,3 +645,36 @@ fn get_written_refuses_an_unwritten_tensor_whose_owner_changed_it() {
     assert_eq!(err.kind(), ErrorKind::Changed, "{err}");
     assert!(err.to_string().contains("changed"), "{err}");
 }
+
+#[test]
+fn puts_from_two_threads_start_the_writes_their_room_needs_whenever_they_wake() {
+    // The whole budget may stay unwritten: a put that waits starts the writes the room needs
+    // each time it looks again (another put may have taken the room the last writes freed
+    // and left only unwritten tensors behind).
+    let dir = tempfile::tempdir().unwrap();
+    let config = OffloadConfig::new(dir.path(), 4 * 8192)
+        .small_threshold(0)
+        .write_behind(4 * 8192);
+    let store = OffloadStore::new(&memory_engine(), config).unwrap();
+    let seed = |t: u64, i: u64| t * 1000 + i;
+    let handles: Vec<Vec<Handle>> = std::thread::scope(|s| {
+        let threads: Vec<_> = (0..2u64)
+            .map(|t| {
+                let store = &store;
+                s.spawn(move || {
+                    (0..200u64)
+                        .map(|i| store.put(tensor(seed(t, i), 8192), format!("t{t}-{i}")))
+                        .collect::<fastensor::Result<Vec<Handle>>>()
+                        .unwrap()
+                })
+            })
+            .collect();
+        threads.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert!(store.stats().peak_held_bytes <= 4 * 8192);
+    for (t, hs) in handles.iter().enumerate() {
+        for (i, h) in hs.iter().enumerate().rev() {
+            assert!(store.get(h).unwrap()[..] == tensor(seed(t as u64, i as u64), 8192)[..]);
+        }
+    }
+}

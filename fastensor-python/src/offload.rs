@@ -405,7 +405,8 @@ impl PyOffloadStore {
         })
     }
 
-    /// Waits until every background write and read has finished.
+    /// Writes every tensor still unwritten, and waits until every background write and read
+    /// has finished.
     fn flush(&self, py: Python<'_>) -> PyResult<()> {
         self.with(|s| {
             py.detach(|| s.flush());

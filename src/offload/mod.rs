@@ -127,7 +127,7 @@ impl OffloadConfig {
 
     /// The unwritten bytes allowed ([`OffloadConfig::write_behind`], at most the budget)
     /// once the largest tensor put has `largest` bytes.
-    pub fn write_behind_bytes(&self, largest: u64) -> u64 {
+    pub(crate) fn write_behind_bytes(&self, largest: u64) -> u64 {
         let in_flight = (self.budget / 2).min(largest.saturating_mul(4));
         self.write_behind
             .unwrap_or(self.budget - in_flight)

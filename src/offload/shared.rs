@@ -110,31 +110,35 @@ impl Shared {
     }
 
     /// Waits until `len` more bytes fit in `home`'s budget, making room by dropping kept
-    /// tensors (backpressure: the time is counted as the puts' wait).
+    /// tensors and writing unwritten ones ([`State::evict_for`], again after every change:
+    /// another put may take the room a write freed); the time is counted as the puts' wait.
     pub(crate) fn wait_for_room<'a>(
         &self,
         mut st: MutexGuard<'a, State>,
         home: Home,
         len: u64,
     ) -> MutexGuard<'a, State> {
-        st.evict_for(home, len);
+        self.wake_for(st.evict_for(home, len));
         if !st.fits(home, len) {
             let t0 = Instant::now();
             st.put_waiters += 1;
-            // Unwritten tensors leave memory only once written: start the writes the room
-            // needs (all of them at worst; a tensor fits the budget on its own).
-            let (_, budget) = st.room(home);
-            if !matches!(home, Home::Device(_)) && st.write_behind(budget.saturating_sub(len)) {
-                self.work.notify_all();
-            }
             while !st.fits(home, len) {
                 st = self.wait(st);
-                st.evict_for(home, len);
+                self.wake_for(st.evict_for(home, len));
             }
             st.put_waiters -= 1;
             st.stats.put_wait += t0.elapsed();
         }
         st
+    }
+
+    /// Wakes I/O threads for `jobs` new jobs.
+    pub(crate) fn wake_for(&self, jobs: usize) {
+        match jobs {
+            0 => {}
+            1 => self.work.notify_one(),
+            _ => self.work.notify_all(),
+        }
     }
 
     /// An extent of `len` bytes of the swap file, growing the file when none is free.

@@ -380,8 +380,8 @@ impl State {
                     return Err(Error::new(
                         ErrorKind::Changed,
                         format!(
-                            "tensor `{label}` was changed by its owner before it was written: \
-                             the bytes it had when put are gone"
+                            "tensor `{label}` is not written yet: its bytes as put exist only \
+                             in its owner's memory, which the owner may have changed"
                         ),
                     ));
                 }
@@ -501,23 +501,35 @@ impl State {
 
     /// Makes room in `home`'s budget for a `put` of `need` bytes: drops kept and read-back
     /// tensors, the least needed first (see [`State::drop_for`]; a `put` may drop any of
-    /// them).
-    pub(crate) fn evict_for(&mut self, home: Home, need: u64) {
+    /// them); where that is not enough, starts the writes of the unwritten tensors the room
+    /// needs (host memory: they leave it once written). Returns how many writes it queued.
+    pub(crate) fn evict_for(&mut self, home: Home, need: u64) -> usize {
         if self.fits(home, need) {
-            return;
+            return 0;
         }
         let desired = self.desired(self.depth);
         self.drop_for(home, need, &desired, 0);
+        if self.fits(home, need) || Self::on_device(home) {
+            return 0;
+        }
+        let (_, budget) = self.room(home);
+        self.write_behind(budget.saturating_sub(need))
     }
 
     /// Starts writing unwritten tensors, oldest first (the ones backward needs last), until
-    /// at most `limit` bytes of them remain; returns whether a write was queued.
-    pub(crate) fn write_behind(&mut self, limit: u64) -> bool {
-        let mut queued = false;
+    /// at most `limit` bytes of them remain; returns how many writes it queued.
+    pub(crate) fn write_behind(&mut self, limit: u64) -> usize {
+        let mut queued = 0;
         while self.unwritten_bytes > limit {
-            let (id, len) = self.unwritten.pop_first().expect("bytes counted are listed");
+            let (id, len) = self
+                .unwritten
+                .pop_first()
+                .expect("bytes counted are listed");
             self.unwritten_bytes -= len;
-            let e = self.entries.get_mut(&id).expect("unwritten tensors are live");
+            let e = self
+                .entries
+                .get_mut(&id)
+                .expect("unwritten tensors are live");
             let Data::Unwritten(buf) = &e.data else {
                 unreachable!("listed as unwritten")
             };
@@ -525,7 +537,7 @@ impl State {
             let offset = e.extent.expect("unwritten tensors have an extent").offset;
             e.data = Data::Writing(buf.clone());
             self.jobs.push_back(Job::Write { id, offset, buf });
-            queued = true;
+            queued += 1;
         }
         queued
     }

@@ -134,16 +134,19 @@ impl OffloadStore {
         &self.shared.config
     }
 
-    /// Offloads `tensor` under `label` and returns at once while a background thread writes
-    /// it; waits first when the memory budget has no room for it (backpressure), after
-    /// dropping the tensors kept in memory that are needed least. A tensor larger than the
+    /// Offloads `tensor` under `label` and returns at once: it waits in memory unwritten
+    /// while it is among the last put ([`OffloadConfig::write_behind`]), and a background
+    /// thread writes it once it is not (or when a put needs its room). Waits first when the
+    /// memory budget has no room for it (backpressure), after dropping the tensors kept in
+    /// memory that are needed least and starting the writes the room needs. A tensor larger than the
     /// whole budget is written through instead: on the caller's thread, before `put`
     /// returns, never held. Tensors below the small threshold stay in memory. Fails with the
     /// first background failure not yet reported (naming its tensor; `tensor` is then not
     /// stored, and the error says so), or when a written-through tensor cannot be written.
     /// `tensor` is a [`HostBuffer`] (the store owns it) or a [`Payload::foreign`] (memory
     /// owned elsewhere, written in place; the store keeps it, counted in the budget, until
-    /// written and then while the budget has room, and drops it after).
+    /// written, then while the budget has room, and drops it after; or until it is taken
+    /// back unwritten).
     pub fn put(&self, tensor: impl Into<Payload>, label: impl Into<String>) -> Result<Handle> {
         let tensor: Payload = tensor.into();
         let s = &self.shared;
@@ -171,9 +174,7 @@ impl OffloadStore {
         st.insert_unwritten(id, entry, tensor);
         st.largest_put = st.largest_put.max(len);
         let limit = s.config.write_behind_bytes(st.largest_put);
-        if st.write_behind(limit) {
-            s.work.notify_all();
-        }
+        s.wake_for(st.write_behind(limit));
         Ok(handle)
     }
 
@@ -266,8 +267,10 @@ impl OffloadStore {
 
     /// As [`OffloadStore::get`], but memory owned elsewhere ([`Payload::foreign`]) is not
     /// trusted to hold the bytes still (its owner changed it since `put`): the tensor comes
-    /// from the store's own memory or from disk, after its write has finished. (A tensor
-    /// below the small threshold was never written: it comes from its memory as it is.)
+    /// from the store's own memory or from disk, after its write has finished; such a tensor
+    /// not written yet is [`ErrorKind::Changed`] (the bytes as put exist nowhere else). (A
+    /// tensor below the small threshold was never written: it comes from its memory as it
+    /// is.)
     pub fn get_written(&self, handle: &Handle) -> Result<HostBuffer> {
         self.get_from(handle, false)
     }
@@ -417,9 +420,7 @@ impl OffloadStore {
     /// has finished.
     pub fn flush(&self) {
         let mut st = self.shared.lock();
-        if st.write_behind(0) {
-            self.shared.work.notify_all();
-        }
+        self.shared.wake_for(st.write_behind(0));
         while !st.jobs.is_empty() || st.entries.values().any(|e| e.data.in_flight()) {
             st = self.shared.wait(st);
         }

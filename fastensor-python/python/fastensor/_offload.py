@@ -529,11 +529,13 @@ class _Session:
             rec.restored = storage
         if storage is None:
             t0 = time.perf_counter()
-            # Memory the store kept is the original storage's: changed since (or gone), the
+            # Memory the store holds is the original storage's. Changed since packed, the
             # bytes come from disk as they were packed; changed before they were written, they
-            # are nowhere, which autograd itself refuses without offload.
+            # are nowhere, which autograd itself refuses without offload. Gone (only the
+            # store still holds it), it is unchanged.
+            changed = rec.original is not None and rec.original() is not None
             try:
-                got = self.store.get(rec.handle, rec.nbytes, written=True)
+                got = self.store.get(rec.handle, rec.nbytes, written=changed)
             except FileChangedError as e:
                 raise RuntimeError(
                     "one of the variables needed for gradient computation has been modified "
