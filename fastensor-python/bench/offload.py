@@ -557,6 +557,13 @@ def main() -> None:
     tmp = tempfile.TemporaryDirectory(dir=args.dir or os.environ.get("FASTENSOR_OFFLOAD_DIR"))
     args.dir = tmp.name
     bench = Bench(args)
+    bench.report["args"] = {k: v for k, v in vars(args).items() if k != "dir"}
+    with contextlib.suppress(OSError, subprocess.CalledProcessError):
+        here = os.path.dirname(os.path.abspath(__file__))
+        git = ["git", "-C", here, "rev-parse", "HEAD"]
+        bench.report["commit"] = subprocess.run(
+            git, capture_output=True, text=True, check=True
+        ).stdout.strip()
     bench.footprints = {m: footprint(MODELS[m]) for m in args.models}
     bench.say(
         f"# fastensor offload under a memory cgroup ({'v2' if bench.cgroups.v2 else 'v1'}): "
