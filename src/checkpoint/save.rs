@@ -171,7 +171,8 @@ pub(crate) fn save_tensors<'a, O: FileOpener + ?Sized>(
     } else {
         metadata.clone()
     };
-    let data_start = header::padded_len(laid.json_len(&layout_metadata));
+    let layout_len = laid.json_len(&layout_metadata);
+    let data_start = header::padded_len(layout_len);
     let total = data_start + laid.offsets.last().map_or(0, |r| r.end);
 
     let temp = AtomicFile::new(path)?;
@@ -181,7 +182,7 @@ pub(crate) fn save_tensors<'a, O: FileOpener + ?Sized>(
         let metadata = match &sums {
             Some(sums) => {
                 let m = with_sums(metadata, sums);
-                if laid.json_len(&m) != laid.json_len(&layout_metadata) {
+                if laid.json_len(&m) != layout_len {
                     return Err(Error::new(
                         ErrorKind::Unsupported,
                         "the checksums changed the header's length (a bug): not saved",

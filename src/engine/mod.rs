@@ -73,12 +73,6 @@ impl Candidate {
     pub(crate) fn offered(&self, ctx: &TransferContext, refused: &BTreeSet<String>) -> bool {
         self.fits(ctx.direction, ctx.memory) && !refused.contains(self.name())
     }
-
-    /// True when the backend reads through the page cache (it reads ahead, and what it reads
-    /// stays cached).
-    pub(crate) fn keeps_cache(&self) -> bool {
-        self.caps.reads_through_page_cache()
-    }
 }
 
 /// What an [`Engine`] and its clones share: the candidates, the measurer (the selector

@@ -27,12 +27,14 @@ impl fastensor_core::FileOpener for Engine {
     fn new_load_facts(&self) -> NewLoadFacts {
         let inner = &self.inner;
         let pinned = inner.pinned().clone();
-        let readers = inner
-            .candidates
-            .iter()
-            .filter(|c| pinned.as_deref().map_or(true, |p| c.name() == p))
-            .map(|c| c.caps.clone())
-            .collect();
+        let readers = match pinned.as_deref() {
+            Some(p) => inner
+                .candidate(p)
+                .map(|c| c.caps.clone())
+                .into_iter()
+                .collect(),
+            None => inner.candidates.iter().map(|c| c.caps.clone()).collect(),
+        };
         NewLoadFacts {
             readers,
             chosen: pinned.is_some(),
@@ -52,7 +54,7 @@ impl fastensor_core::FileOpener for Engine {
 }
 
 impl Engine {
-    /// Loads of whole checkpoints into new host memory so far: how many mapped the file,
+    /// Loads into new host memory so far (all tensors or a selection): how many mapped the file,
     /// how many read it through a backend.
     pub fn new_loads(&self) -> (u64, u64) {
         let measurer = &self.inner.measurer;

@@ -233,7 +233,7 @@ impl Measurer {
     ) -> Measurer {
         let paths: Vec<(String, bool)> = candidates
             .iter()
-            .map(|c| (c.name().to_string(), c.keeps_cache()))
+            .map(|c| (c.name().to_string(), c.caps.reads_through_page_cache()))
             .collect();
         selector.reuse_mut().set_keeping(keeping(&paths));
         Measurer {
