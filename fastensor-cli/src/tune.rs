@@ -131,11 +131,13 @@ pub fn run_tune(args: TuneArgs) -> Result<()> {
     save_profile(&outcome.dictionary, &path)?;
     print!("{}", fastensor::profile::Table(&outcome.dictionary));
     if let Some(m) = &outcome.new_loads {
+        let mapped = m.mapped.map_or("cannot map here".to_string(), |d| {
+            format!("mapped {:.3} s", d.as_secs_f64())
+        });
         println!(
-            "loads into new memory: {} ({} MiB cold: mapped {:.3} s, read into fresh memory {:.3} s)",
+            "loads into new memory: {} ({} MiB cold: {mapped}, read into fresh memory {:.3} s)",
             m.choice.as_str(),
             m.bytes >> 20,
-            m.mapped.as_secs_f64(),
             m.read.as_secs_f64()
         );
     }

@@ -36,20 +36,20 @@ pub fn load<O: FileOpener + ?Sized>(opener: &O, path: &Path) -> Result<Checkpoin
 }
 
 /// [`load`] with its placement given rather than asked of the opener (`fastensor tune`
-/// measures both).
+/// measures both), and the placement it ended with (a mapping refused is read).
 pub(crate) fn load_placed<O: FileOpener + ?Sized>(
     opener: &O,
     path: &Path,
     placement: NewLoads,
-) -> Result<Checkpoint> {
+) -> Result<(Checkpoint, NewLoads)> {
     let unprotected = opener.new_load_facts().unprotected_maps;
-    let (done, _) = placed(placement, unprotected, |placement, without| {
+    let (done, ended) = placed(placement, unprotected, |placement, without| {
         load_as(opener, path, None, false, placement, without)
     });
-    done
+    Ok((done?, ended))
 }
 
-/// A load of a whole checkpoint into new host memory: `load` (one try, placed as its
+/// A load into new host memory (all tensors or a selection): `load` (one try, placed as its
 /// argument says) run as [`plan_new_load`] plans it from the opener's facts, and the
 /// placement it ended with noted to the opener, once.
 fn planned<O: FileOpener + ?Sized, T>(

@@ -31,8 +31,9 @@ pub(crate) fn from_knobs(knobs: &BTreeMap<String, BTreeMap<String, String>>) -> 
 pub struct NewLoadsMeasured {
     /// Bytes of the checkpoint loaded.
     pub bytes: u64,
-    /// Mapped, its pages brought in.
-    pub mapped: Duration,
+    /// Mapped, its pages brought in; `None` where the file could not be mapped (no read
+    /// lease, a file system that cannot map it: such loads read it).
+    pub mapped: Option<Duration>,
     /// Read into fresh memory.
     pub read: Duration,
     /// The winner: reading only when it is faster by more than [`READ_MARGIN`].
@@ -57,7 +58,9 @@ impl NewLoadsMeasured {
         let gb_per_s = |d: Duration| format!("{:.2}", self.bytes as f64 / d.as_secs_f64() / 1e9);
         let section = knobs.entry(SECTION.to_string()).or_default();
         section.insert(KEY.to_string(), self.choice.as_str().to_string());
-        section.insert("mapped_gb_per_s".to_string(), gb_per_s(self.mapped));
+        if let Some(mapped) = self.mapped {
+            section.insert("mapped_gb_per_s".to_string(), gb_per_s(mapped));
+        }
         section.insert("read_gb_per_s".to_string(), gb_per_s(self.read));
     }
 }
@@ -95,7 +98,7 @@ pub(crate) fn measure(engine: &Engine, dir: &Path) -> Result<NewLoadsMeasured> {
         for placement in order {
             evict(&path)?;
             let start = Instant::now();
-            let loaded = checkpoint::load_placed(engine, &path, placement)?;
+            let (loaded, ended) = checkpoint::load_placed(engine, &path, placement)?;
             let took = start.elapsed();
             if loaded.len() != TENSORS {
                 return Err(
@@ -104,17 +107,26 @@ pub(crate) fn measure(engine: &Engine, dir: &Path) -> Result<NewLoadsMeasured> {
                 );
             }
             drop(loaded);
-            match placement {
+            // Timed as what it did: a mapping refused here (no read lease, a file system
+            // that cannot map) was a read.
+            match ended {
                 NewLoads::Mapped => mapped.push(took),
                 NewLoads::Read => read.push(took),
             }
         }
     }
-    let (mapped, read) = (median(mapped), median(read));
-    let choice = if read.as_secs_f64() * (1.0 + READ_MARGIN) < mapped.as_secs_f64() {
-        NewLoads::Read
+    let read = median(read);
+    let (mapped, choice) = if mapped.is_empty() {
+        (None, NewLoads::Read) // nothing maps here
     } else {
-        NewLoads::Mapped
+        let mapped = median(mapped);
+        let faster = read.as_secs_f64() * (1.0 + READ_MARGIN) < mapped.as_secs_f64();
+        let choice = if faster {
+            NewLoads::Read
+        } else {
+            NewLoads::Mapped
+        };
+        (Some(mapped), choice)
     };
     Ok(NewLoadsMeasured {
         bytes: (TENSOR_BYTES * TENSORS) as u64,
@@ -138,7 +150,7 @@ mod tests {
         for choice in [NewLoads::Mapped, NewLoads::Read] {
             let measured = NewLoadsMeasured {
                 bytes: 1 << 30,
-                mapped: Duration::from_millis(500),
+                mapped: Some(Duration::from_millis(500)),
                 read: Duration::from_millis(400),
                 choice,
             };
