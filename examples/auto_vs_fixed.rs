@@ -39,7 +39,7 @@
 
 use fastensor::engine::evict;
 use fastensor::{Engine, EngineFile, OpenMode};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -248,14 +248,21 @@ type Workload = (String, Vec<(u64, usize)>);
 /// `samples[workload][label]`: the phases of every round.
 type Samples = Vec<BTreeMap<String, Vec<Phases>>>;
 
-/// What every round shares: the directory, the fixed backends, the profile's path, the
-/// engine that writes for read-only backends, and whether to print every run.
+/// What every round shares: the directory, the fixed backends and those of them that
+/// cannot write (their capabilities say so), the profile's path, the engine that writes for
+/// those, and whether to print every run.
 struct Bench {
     dir: PathBuf,
     names: Vec<String>,
+    read_only: BTreeSet<String>,
     profile: PathBuf,
     posix: Engine,
     verbose: bool,
+}
+
+/// A fixed backend's label (not one of the selecting engines).
+fn is_fixed(label: &str) -> bool {
+    !label.starts_with("auto")
 }
 
 fn main() -> fastensor::Result<()> {
@@ -274,7 +281,15 @@ fn main() -> fastensor::Result<()> {
         .max(1);
     let workloads = workloads(&args, quick);
     let all = fastensor::registry();
-    let names: Vec<String> = Engine::builder().registry(all).build()?.backend_names();
+    let names: Vec<String> = Engine::builder()
+        .registry(all.clone())
+        .build()?
+        .backend_names();
+    let read_only = names
+        .iter()
+        .filter(|n| all.get(n).is_ok_and(|b| !b.capabilities().write))
+        .cloned()
+        .collect();
     println!("dir {}  backends {names:?}  rounds {rounds}", dir.display());
     let bench = Bench {
         profile: dir.join(".auto_vs_fixed-profile.toml"),
@@ -282,6 +297,7 @@ fn main() -> fastensor::Result<()> {
         verbose: args.iter().any(|a| a == "--verbose"),
         dir,
         names,
+        read_only,
     };
     // A huge-page-backed buffer, as an application moving tensors would use.
     let mut buf = fastensor::HostBuffer::new(8 << 20)?;
@@ -302,7 +318,8 @@ fn main() -> fastensor::Result<()> {
     let mut labels: Vec<String> = bench.names.clone();
     labels.push("auto".into());
     labels.push("auto-warm".into());
-    let (intervals, verdicts) = print_medians(&workloads, &samples, &labels, rounds);
+    let (intervals, verdicts) =
+        print_medians(&workloads, &samples, &labels, rounds, &bench.read_only);
     println!();
     println!("total ratios to the best fixed backend, with 90% intervals (rounds resampled)");
     for line in &intervals {
@@ -313,7 +330,7 @@ fn main() -> fastensor::Result<()> {
     for v in &verdicts {
         println!("  {v}");
     }
-    print_per_round(&workloads, &samples);
+    print_per_round(&workloads, &samples, &bench.read_only);
     if let Some(a) = last_auto {
         println!("\nauto (cold start, last round) report:\n{}", a.report());
     }
@@ -421,7 +438,7 @@ fn run_round(
         });
         let order = balanced_order(contenders.len(), round);
         for c in order.iter().map(|&i| &contenders[i]) {
-            let writer = if c.label == "mmap" {
+            let writer = if bench.read_only.contains(&c.label) {
                 &bench.posix
             } else {
                 &c.engine
@@ -430,7 +447,7 @@ fn run_round(
             let p = run(&c.engine, writer, &path, work, buf)?;
             if bench.verbose {
                 eprintln!("round {round} {} {}: {p:?}", workloads[w].0, c.label);
-                if c.label.starts_with("auto") {
+                if !is_fixed(&c.label) {
                     eprintln!("{}", c.engine.report());
                 }
             }
@@ -449,6 +466,7 @@ fn print_medians(
     samples: &Samples,
     labels: &[String],
     rounds: usize,
+    read_only: &BTreeSet<String>,
 ) -> (Vec<String>, Vec<String>) {
     let mut rng = SplitMix(0x5EED);
     println!();
@@ -461,12 +479,12 @@ fn print_medians(
             .iter()
             .filter_map(|l| Some((l, Summary::of(by_label.get(l)?))))
             .collect();
-        print_rows(label, &results);
+        print_rows(label, &results, read_only);
         // The same ratios with their uncertainty, and the next fixed backend's, which shows
         // how far apart this disk's noise puts two paths.
         let mut ranked: Vec<&(&String, Summary)> = results
             .iter()
-            .filter(|(n, _)| !n.starts_with("auto") && *n != "mmap")
+            .filter(|(n, _)| is_fixed(n) && !read_only.contains(*n))
             .collect();
         ranked.sort_by_key(|(_, s)| s.total);
         let Some((best_name, _)) = ranked.first() else {
@@ -501,15 +519,15 @@ fn print_medians(
 }
 
 /// The rows of one workload: each engine's phase medians and their ratios to the best
-/// fixed backend's (`mmap`, read-only, is left out of the write and total bests).
-fn print_rows(label: &str, results: &[(&String, Summary)]) {
-    let fixed = |with_mmap: bool| {
+/// fixed backend's (read-only backends are left out of the write and total bests).
+fn print_rows(label: &str, results: &[(&String, Summary)], read_only: &BTreeSet<String>) {
+    let fixed = |with_read_only: bool| {
         results
             .iter()
-            .filter(move |(n, _)| !n.starts_with("auto") && (with_mmap || *n != "mmap"))
+            .filter(move |(n, _)| is_fixed(n) && (with_read_only || !read_only.contains(*n)))
     };
-    let best = |f: fn(&Summary) -> Duration, with_mmap: bool| {
-        fixed(with_mmap)
+    let best = |f: fn(&Summary) -> Duration, with_read_only: bool| {
+        fixed(with_read_only)
             .map(|(_, s)| f(s))
             .min()
             .unwrap_or_default()
@@ -532,7 +550,7 @@ fn print_rows(label: &str, results: &[(&String, Summary)]) {
             ratio(p.write, bw),
             ratio(p.cold, bc),
             ratio(p.cached, bk),
-            if *name == "mmap" {
+            if read_only.contains(*name) {
                 "  n/a (read-only)".to_string()
             } else {
                 format!("{:5.2}", ratio(s.total, bt))
@@ -543,13 +561,13 @@ fn print_rows(label: &str, results: &[(&String, Summary)]) {
 
 /// The total ratios round by round (each `auto` total against the best fixed backend's
 /// total of the same round): how much of a ratio the disk's swings alone move.
-fn print_per_round(workloads: &[Workload], samples: &Samples) {
+fn print_per_round(workloads: &[Workload], samples: &Samples, read_only: &BTreeSet<String>) {
     println!();
     println!("per-round total ratios to the best fixed backend (median [lowest highest])");
     for ((label, _), by_label) in workloads.iter().zip(samples) {
         let Some((best, theirs)) = by_label
             .iter()
-            .filter(|(n, _)| !n.starts_with("auto") && *n != "mmap")
+            .filter(|(n, _)| is_fixed(n) && !read_only.contains(*n))
             .min_by_key(|(_, v)| Summary::of(v).total)
         else {
             continue;
