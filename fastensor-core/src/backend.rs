@@ -324,7 +324,7 @@ pub trait FileOpener: Send + Sync {
         NewLoadFacts::default()
     }
 
-    /// Told once per load of a whole checkpoint into new host memory where it put the bytes
+    /// Told once per load into new host memory (all tensors or a selection) where it put the bytes
     /// (a mapping the file system or a lease refused counts as the read that replaced it).
     /// The default does nothing; an engine counts them.
     fn note_new_load(&self, placement: NewLoads) {

@@ -20,8 +20,9 @@ pub struct BackendRegistration {
     pub create: fn() -> SharedBackend,
     /// `module_path!()` of the registering code.
     pub module: &'static str,
-    /// Registered by one of fastensor's own backend crates (`register_backend!(@built_in
-    /// ...)`); a crate of another author registers without it and is a plugin.
+    /// Registered with `register_backend!(@built_in ...)`, which fastensor's own backend
+    /// crates use (a convention, not checked); other crates register without it and are
+    /// plugins.
     pub built_in: bool,
 }
 

@@ -159,7 +159,7 @@ fn open_library(path: &Path) -> Result<libloading::Library> {
         ));
     }
     // SAFETY: loading runs the library's initialisers; the caller trusts this file (see
-    // `# Trust`). Nothing else is assumed about it until its header is checked below.
+    // `# Trust`). Nothing else is assumed about it until `function_table` checks its header.
     unsafe { libloading::Library::new(path) }.map_err(|e| {
         let text = e.to_string();
         let kind = if !has_dir && text.contains("No such file") {

@@ -136,7 +136,7 @@ impl CheckpointSource {
             let item = e.desc.dtype.size().unwrap_or(1) as u64;
             if r.start % item == 0 {
                 // Congruent, hence aligned to the element (it divides ALIGN); no gap after
-                // a neighbour that ends where this one starts in the file.
+                // a congruent neighbour that ends where this one starts in the file.
                 pos += (r.start % ALIGN + ALIGN - pos % ALIGN) % ALIGN;
             } else {
                 pos = pos.div_ceil(item) * item;

@@ -84,7 +84,7 @@ struct Subjects<'v> {
     engine: fastensor::Engine,
 }
 
-/// Rows of the table, in the order printed.
+/// Row producers run each round, in an order of the round's own (the first yields two rows).
 const ROWS: usize = 7;
 
 /// One round: every row once, in an order of the round's own, printed; returns the rows.
