@@ -21,9 +21,10 @@
 //! * [`verify_file`]: checks every tensor of a file without loading it anywhere (the
 //!   `fastensor ckpt verify` command).
 
+use super::header::corrupt;
 use super::source::CheckpointSource;
+use super::sums::decode;
 pub use super::sums::{checksum, encode, Checksums, CHECKSUMS_KEY};
-use super::sums::{corrupt, decode};
 use super::view::TensorView;
 use super::{FileOpener, IO_THREADS};
 use crate::core::parallel;

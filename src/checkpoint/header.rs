@@ -127,7 +127,8 @@ pub(crate) fn lookup<'a>(
         .map(|k| order[k] as usize)
 }
 
-fn corrupt(msg: impl Into<String>) -> Error {
+/// An [`ErrorKind::Corrupt`] error: a file's content is not what its format promises.
+pub(crate) fn corrupt(msg: impl Into<String>) -> Error {
     Error::new(ErrorKind::Corrupt, msg)
 }
 

@@ -1,7 +1,7 @@
 //! The checksums a file's header stores ([`CHECKSUMS_KEY`] of its `__metadata__`): their
 //! encoding, and their lookup by file range to check reads.
 
-use super::header::Header;
+use super::header::{corrupt, Header};
 use crate::{Error, ErrorKind, MemMut, Result};
 use std::collections::{BTreeMap, HashMap};
 use std::ops::Range;
@@ -22,10 +22,6 @@ pub fn encode(sums: &BTreeMap<String, u32>) -> String {
         .map(|(k, v)| (k.as_str(), format!("{v:08x}")))
         .collect();
     serde_json::to_string(&hex).expect("a map of strings serializes")
-}
-
-pub(super) fn corrupt(msg: String) -> Error {
-    Error::new(ErrorKind::Corrupt, msg)
 }
 
 /// The error of a non-empty tensor `name` of the file at `path` without a stored checksum.

@@ -1,11 +1,7 @@
 //! Checks of a header's tensor table against the file: lengths, order, overlaps and gaps.
 
-use super::{HeaderEntry, METADATA_KEY};
+use super::{corrupt, HeaderEntry, METADATA_KEY};
 use crate::{Error, ErrorKind, Result};
-
-fn corrupt(msg: String) -> Error {
-    Error::new(ErrorKind::Corrupt, msg)
-}
 
 /// Validates entries as a header gives them (offsets unchecked) against a data section of
 /// `data_len` bytes and returns them sorted by offset, with their indices sorted by name.
