@@ -595,15 +595,22 @@ fn the_last_tensors_put_are_never_written() {
     assert!(s.peak_held_bytes <= 4 * 8192, "{s:?}");
 }
 
+/// A store over the memory engine in a new directory (alive as long as the store) with a
+/// budget of `room` tensors of 8 KiB, all of which may stay unwritten.
+fn unwritten_store(room: u64) -> (tempfile::TempDir, OffloadStore) {
+    let dir = tempfile::tempdir().unwrap();
+    let config = OffloadConfig::new(dir.path(), room * 8192)
+        .small_threshold(0)
+        .write_behind(room * 8192);
+    let store = OffloadStore::new(&memory_engine(), config).unwrap();
+    (dir, store)
+}
+
 #[test]
 fn a_put_that_needs_the_room_of_unwritten_tensors_writes_them() {
     // The whole budget may stay unwritten: a put that finds it full starts the writes of
     // the oldest and waits for them (rather than forever).
-    let dir = tempfile::tempdir().unwrap();
-    let config = OffloadConfig::new(dir.path(), 2 * 8192)
-        .small_threshold(0)
-        .write_behind(2 * 8192);
-    let store = OffloadStore::new(&memory_engine(), config).unwrap();
+    let (_dir, store) = unwritten_store(2);
     let hs: Vec<Handle> = (0..5)
         .map(|i| store.put(tensor(i, 8192), format!("t{i}")).unwrap())
         .collect();
@@ -651,11 +658,7 @@ fn puts_from_two_threads_start_the_writes_their_room_needs_whenever_they_wake() 
     // The whole budget may stay unwritten: a put that waits starts the writes the room needs
     // each time it looks again (another put may have taken the room the last writes freed
     // and left only unwritten tensors behind).
-    let dir = tempfile::tempdir().unwrap();
-    let config = OffloadConfig::new(dir.path(), 4 * 8192)
-        .small_threshold(0)
-        .write_behind(4 * 8192);
-    let store = OffloadStore::new(&memory_engine(), config).unwrap();
+    let (_dir, store) = unwritten_store(4);
     let seed = |t: u64, i: u64| t * 1000 + i;
     let handles: Vec<Vec<Handle>> = std::thread::scope(|s| {
         let threads: Vec<_> = (0..2u64)
