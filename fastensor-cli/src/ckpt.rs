@@ -1,16 +1,20 @@
 //! `fastensor ckpt ...`: inspect, re-save and benchmark safetensors checkpoints.
 
 use clap::Subcommand;
+use fastensor::checkpoint::Header;
 use fastensor::checkpoint::{self, sharded};
+use fastensor::core::location::is_object;
 use fastensor::{Engine, Result};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 /// `fastensor ckpt ...`.
 #[derive(Debug, Subcommand)]
 pub enum CkptCommand {
     /// Print a checkpoint's tensors: names, dtypes, shapes, bytes.
     Inspect {
-        /// A safetensors file, or a sharded checkpoint (its directory or its index).
+        /// A safetensors file, or a sharded checkpoint (its directory or its index); or an
+        /// object, `s3://bucket/key` (a key not ending in `.safetensors` is a sharded
+        /// checkpoint's prefix).
         file: PathBuf,
     },
     /// Check every tensor of a checkpoint against the checksums saved with it
@@ -21,7 +25,8 @@ pub enum CkptCommand {
     },
     /// Re-save a checkpoint through the fast path (aligns a file written elsewhere).
     Copy {
-        /// The checkpoint to read: a file, or a sharded checkpoint (directory or index).
+        /// The checkpoint to read: a file, or a sharded checkpoint (directory or index); or
+        /// an object or prefix, `s3://bucket/key`.
         src: PathBuf,
         /// Where to write the copy (atomically): a file, or for a sharded checkpoint a
         /// directory (its shards keep their split; the index is written last).
@@ -45,34 +50,13 @@ pub enum CkptCommand {
 /// Runs `fastensor ckpt ...`.
 pub fn run(cmd: CkptCommand) -> Result<()> {
     match cmd {
+        CkptCommand::Inspect { file } if is_object(&file) => inspect_object(&file),
         CkptCommand::Inspect { file } if sharded::is_sharded(&file) => {
             let (index, shards) = sharded::inspect_sharded(&file)?;
-            let (mut tensors, mut bytes) = (0usize, 0u64);
-            for (path, header) in &shards {
-                println!("== {}", path.display());
-                print!("{}", checkpoint::format_table(header));
-                tensors += header.entries().len();
-                bytes += header.data_len();
-            }
-            println!(
-                "{}: {} shards, {} tensors in the weight map ({tensors} in the shards), {bytes} data bytes{}",
-                index.path.display(),
-                shards.len(),
-                index.weight_map.len(),
-                index
-                    .total_size
-                    .map(|t| format!(", total_size {t}"))
-                    .unwrap_or_default()
-            );
+            print_sharded(&index, &shards);
             Ok(())
         }
-        CkptCommand::Inspect { file } => {
-            let header = checkpoint::inspect(&file)?;
-            let mut out = std::io::BufWriter::new(std::io::stdout().lock());
-            checkpoint::write_table(&header, &mut out)
-                .and_then(|()| std::io::Write::flush(&mut out))
-                .map_err(|e| fastensor::Error::io(e, "cannot print the table"))
-        }
+        CkptCommand::Inspect { file } => print_table(&checkpoint::inspect(&file)?),
         CkptCommand::Verify { file } => verify(&file),
         CkptCommand::Bench { dir, scale, rounds } => crate::ckpt_bench::run(&dir, scale, rounds),
         CkptCommand::Copy { src, dst } => {
@@ -90,6 +74,53 @@ pub fn run(cmd: CkptCommand) -> Result<()> {
             Ok(())
         }
     }
+}
+
+/// `fastensor ckpt inspect` of an object (`s3://…`): its header by ranged reads, or a
+/// sharded checkpoint's index and shard headers under a prefix.
+fn inspect_object(url: &Path) -> Result<()> {
+    let engine = Engine::new()?;
+    if sharded::is_sharded(url) {
+        let file = checkpoint::open_sharded(&engine, url)?;
+        let shards: Vec<(PathBuf, Header)> = file
+            .shard_paths()
+            .into_iter()
+            .zip(file.headers())
+            .map(|(p, h)| (p.to_path_buf(), h.clone()))
+            .collect();
+        print_sharded(file.index(), &shards);
+        return Ok(());
+    }
+    print_table(checkpoint::open(&engine, url)?.header())
+}
+
+/// The listing of one file's header.
+fn print_table(header: &Header) -> Result<()> {
+    let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+    checkpoint::write_table(header, &mut out)
+        .and_then(|()| std::io::Write::flush(&mut out))
+        .map_err(|e| fastensor::Error::io(e, "cannot print the table"))
+}
+
+/// The listing of a sharded checkpoint: each shard's table, then a summary line.
+fn print_sharded(index: &sharded::ShardedIndex, shards: &[(PathBuf, Header)]) {
+    let (mut tensors, mut bytes) = (0usize, 0u64);
+    for (path, header) in shards {
+        println!("== {}", path.display());
+        print!("{}", checkpoint::format_table(header));
+        tensors += header.entries().len();
+        bytes += header.data_len();
+    }
+    println!(
+        "{}: {} shards, {} tensors in the weight map ({tensors} in the shards), {bytes} data bytes{}",
+        index.path.display(),
+        shards.len(),
+        index.weight_map.len(),
+        index
+            .total_size
+            .map(|t| format!(", total_size {t}"))
+            .unwrap_or_default()
+    );
 }
 
 /// `fastensor ckpt verify`: each file's tensors against their checksums; the first mismatch

@@ -324,6 +324,16 @@ pub trait FileOpener: Send + Sync {
         NewLoadFacts::default()
     }
 
+    /// The names directly inside `dir` (a directory, or an object prefix), sorted: how a
+    /// sharded checkpoint's index is found. The default is [`ErrorKind::Unsupported`].
+    fn list_names(&self, dir: &Path) -> Result<Vec<String>> {
+        Err(Error::new(
+            ErrorKind::Unsupported,
+            "this opener cannot list a directory",
+        )
+        .with_path(dir))
+    }
+
     /// Told once per load into new host memory (all tensors or a selection) where it put the bytes
     /// (a mapping the file system or a lease refused counts as the read that replaced it).
     /// The default does nothing; an engine counts them.

@@ -24,6 +24,7 @@ mod error;
 mod handle;
 pub mod knobs;
 mod layer;
+pub mod location;
 mod memory;
 pub mod parallel;
 pub mod policy;
@@ -43,6 +44,7 @@ pub use error::{kind_of_io, Error, ErrorKind, Result};
 pub use handle::KnownLen;
 pub use knobs::{KnobSpec, Knobs};
 pub use layer::{open_inner, LayeredBackend, LayeredFile};
+pub use location::{Location, ObjectUrl};
 pub use memory::{
     DeviceRange, DeviceSlice, DeviceSliceMut, HostBuffer, MemMut, MemRef, MemoryKind, PAGE_ALIGN,
 };

@@ -175,7 +175,7 @@ pub(crate) fn save_tensors<'a, O: FileOpener + ?Sized>(
     let data_start = header::padded_len(layout_len);
     let total = data_start + laid.offsets.last().map_or(0, |r| r.end);
 
-    let temp = AtomicFile::new(path)?;
+    let temp = Target::new(path)?;
     let written = (|| {
         let file = opener.open_file(&temp.path(), OpenMode::Truncate)?;
         let sums = write_hashing(&*file, data_start, &laid, checksums.then_some(&views[..]))?;
@@ -206,6 +206,40 @@ pub(crate) fn save_tensors<'a, O: FileOpener + ?Sized>(
         Error::new(e.kind(), what).with_path(path).with_source(e)
     })?;
     temp.commit()
+}
+
+/// Where a save writes, so that no reader ever sees part of it: a local file is written
+/// under a temporary name and renamed over its path once synced ([`AtomicFile`]); an object
+/// is written by an upload that makes it appear, whole, when the file is synced (and leaves
+/// nothing when it is dropped before).
+enum Target {
+    File(AtomicFile),
+    Object(std::path::PathBuf),
+}
+
+impl Target {
+    fn new(path: &Path) -> Result<Self> {
+        if fastensor_core::location::is_object(path) {
+            return Ok(Target::Object(path.to_path_buf()));
+        }
+        AtomicFile::new(path).map(Target::File)
+    }
+
+    /// The path to open for writing.
+    fn path(&self) -> std::path::PathBuf {
+        match self {
+            Target::File(f) => f.path(),
+            Target::Object(url) => url.clone(),
+        }
+    }
+
+    /// Puts the written file in place (an object is in place once synced).
+    fn commit(self) -> Result<()> {
+        match self {
+            Target::File(f) => f.commit(),
+            Target::Object(_) => Ok(()),
+        }
+    }
 }
 
 /// `metadata` with the checksums `sums` stored under [`CHECKSUMS_KEY`].

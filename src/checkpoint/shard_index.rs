@@ -1,6 +1,8 @@
 //! The index of a sharded checkpoint: its name, where it is, and reading it.
 
-use crate::{Error, ErrorKind, Result};
+use crate::core::location::Location;
+use crate::core::{BackendFileExt, FileOpener};
+use crate::{Error, ErrorKind, OpenMode, Result};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
@@ -44,8 +46,12 @@ impl ShardedIndex {
 }
 
 /// True when `path` names a sharded checkpoint: a directory, or a file ending in
-/// `.index.json`.
+/// `.index.json`. An object URL is sharded unless it ends in `.safetensors` (a prefix such
+/// as `s3://bucket/model/` is a sharded checkpoint's "directory"); no request is made.
 pub fn is_sharded(path: &Path) -> bool {
+    if let Location::Object(url) = Location::of(path) {
+        return !url.key.ends_with(".safetensors");
+    }
     path.is_dir()
         || path
             .file_name()
@@ -78,17 +84,25 @@ pub fn resolve_index(path: &Path) -> Result<PathBuf> {
     }
     match found.len() {
         1 => Ok(found.pop().expect("one index")),
-        0 => Err(Error::new(
-            ErrorKind::NotFound,
-            format!("no {INDEX_NAME} (nor any *.safetensors.index.json) in the directory"),
-        )
-        .with_path(path)),
-        n => Err(Error::new(
-            ErrorKind::InvalidInput,
-            format!("{n} *.safetensors.index.json files in the directory: name the one to use"),
-        )
-        .with_path(path)),
+        0 => Err(no_index(path)),
+        n => Err(many_indexes(n, path)),
     }
+}
+
+fn no_index(dir: &Path) -> Error {
+    Error::new(
+        ErrorKind::NotFound,
+        format!("no {INDEX_NAME} (nor any *.safetensors.index.json) in the directory"),
+    )
+    .with_path(dir)
+}
+
+fn many_indexes(n: usize, dir: &Path) -> Error {
+    Error::new(
+        ErrorKind::InvalidInput,
+        format!("{n} *.safetensors.index.json files in the directory: name the one to use"),
+    )
+    .with_path(dir)
 }
 
 pub(crate) fn corrupt(msg: impl Into<String>, path: &Path) -> Error {
@@ -134,8 +148,52 @@ fn open_regular(path: &Path) -> Result<(std::fs::File, u64)> {
 /// past the limit.
 pub fn read_index(path: &Path) -> Result<ShardedIndex> {
     let index_path = resolve_index(path)?;
+    let bytes = read_limited(&index_path, MAX_INDEX_LEN)?;
+    parse_index(&bytes, index_path)
+}
+
+/// [`read_index`] of a local path, or of an object prefix or index object (`s3://…`) read
+/// through `opener`: a prefix holds [`INDEX_NAME`] or exactly one
+/// `*.safetensors.index.json` (found by listing it).
+pub(crate) fn read_index_from<O: FileOpener + ?Sized>(
+    opener: &O,
+    path: &Path,
+) -> Result<ShardedIndex> {
+    let Location::Object(url) = Location::of(path) else {
+        return read_index(path);
+    };
+    let index_path = if url.key.ends_with(".json") {
+        path.to_path_buf()
+    } else {
+        let names = opener.list_names(path)?;
+        if names.iter().any(|n| n == INDEX_NAME) {
+            url.join(INDEX_NAME)
+        } else {
+            let found: Vec<&String> = names
+                .iter()
+                .filter(|n| n.ends_with(".safetensors.index.json") && !n.starts_with('.'))
+                .collect();
+            match found[..] {
+                [one] => url.join(one),
+                [] => return Err(no_index(path)),
+                _ => return Err(many_indexes(found.len(), path)),
+            }
+        }
+    };
+    let file = opener.open_file(&index_path, OpenMode::Read)?;
+    if file.len()? > MAX_INDEX_LEN {
+        return Err(corrupt(
+            format!("the index is over the limit of {MAX_INDEX_LEN} bytes"),
+            &index_path,
+        ));
+    }
+    let bytes = file.read_all()?;
+    parse_index(&bytes, index_path)
+}
+
+/// The index in `bytes`, read from `index_path`, validated.
+fn parse_index(bytes: &[u8], index_path: PathBuf) -> Result<ShardedIndex> {
     let p = index_path.as_path();
-    let bytes = read_limited(p, MAX_INDEX_LEN)?;
     let json: serde_json::Value = serde_json::from_slice(&bytes)
         .map_err(|e| corrupt(format!("the index is not valid JSON: {e}"), p))?;
     let obj = json

@@ -8,7 +8,7 @@ use super::header::read_header;
 use super::header::{Header, HeaderEntry};
 use super::plan::{execute, How, Request};
 use super::retry::retry_changed;
-use super::shard_index::{corrupt, read_index, ShardedIndex};
+use super::shard_index::{corrupt, read_index_from, ShardedIndex};
 use super::source_file::SourceFile;
 use super::sums::Checksums;
 use super::{FileOpener, IO_THREADS};
@@ -68,7 +68,7 @@ impl CheckpointSource {
     /// missing from its shard is [`ErrorKind::Corrupt`]; a missing shard
     /// [`ErrorKind::NotFound`].
     pub(crate) fn sharded<O: FileOpener + ?Sized>(opener: &O, path: &Path) -> Result<Self> {
-        let index = read_index(path)?;
+        let index = read_index_from(opener, path)?;
         let names = index.shard_names();
         let slots: Mutex<Vec<Option<SourceFile>>> =
             Mutex::new((0..names.len()).map(|_| None).collect());

@@ -169,6 +169,7 @@ impl EngineBuilder {
             unprotected_maps: self.unprotected_maps,
             measured_new_loads,
             warning,
+            objects: Default::default(),
         };
         let engine = Engine {
             inner: Arc::new(inner),

@@ -24,6 +24,7 @@ mod builder;
 mod decisions;
 mod file;
 mod measure;
+mod objects;
 mod opener;
 mod placement;
 mod report;
@@ -96,6 +97,8 @@ pub(crate) struct Inner {
     /// measured it (`None`: not measured; they map).
     measured_new_loads: Option<NewLoads>,
     pub(crate) warning: Option<Warning>,
+    /// Object stores, for `s3://` URLs.
+    pub(crate) objects: objects::Objects,
 }
 
 /// The context of a plain host read of `bytes` in `cache` state (for the engine's tests).

@@ -14,6 +14,9 @@ impl fastensor_core::FileOpener for Engine {
         path: &Path,
         mode: OpenMode,
     ) -> Result<Box<dyn fastensor_core::BackendFile>> {
+        if fastensor_core::location::is_object(path) {
+            return self.inner.objects.opener(path)?.open_file(path, mode);
+        }
         let file = self.open(path, mode)?;
         file.set_purpose(fastensor_core::Purpose::Checkpoint);
         Ok(Box::new(file))
@@ -42,6 +45,22 @@ impl fastensor_core::FileOpener for Engine {
             measured: inner.measured_new_loads,
             unprotected_maps: inner.unprotected_maps,
         }
+    }
+
+    /// A local directory's entries; an object prefix's objects.
+    fn list_names(&self, dir: &Path) -> Result<Vec<String>> {
+        if fastensor_core::location::is_object(dir) {
+            return self.inner.objects.opener(dir)?.list_names(dir);
+        }
+        let entries = std::fs::read_dir(dir).map_err(|e| {
+            fastensor_core::Error::io(e, "cannot list the directory").with_path(dir)
+        })?;
+        let mut names: Vec<String> = entries
+            .flatten()
+            .filter_map(|e| e.file_name().into_string().ok())
+            .collect();
+        names.sort();
+        Ok(names)
     }
 
     /// Counted: [`Engine::new_loads`].

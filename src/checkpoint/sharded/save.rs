@@ -7,7 +7,7 @@ use crate::checkpoint::shard_index::{corrupt, read_index, shard_name, ShardedInd
 use crate::checkpoint::view::TensorView;
 use crate::checkpoint::{save_with_metadata, FileOpener};
 use crate::core::parallel;
-use crate::{Error, ErrorKind, Result};
+use crate::{Error, ErrorKind, MemRef, OpenMode, Result};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::ops::Range;
 use std::path::{Path, PathBuf};
@@ -87,15 +87,22 @@ fn write_shards<O: FileOpener + ?Sized>(
             .with_path(dir));
         }
     }
-    std::fs::create_dir_all(dir)
-        .map_err(|e| Error::io(e, "cannot create the checkpoint directory").with_path(dir))?;
+    // Under an object prefix there is no directory to make; the index object is replaced
+    // whole, last, and shards of an earlier save are left in place.
+    let object = crate::core::location::is_object(dir);
     let index_path = dir.join(INDEX_NAME);
-    // The old index goes first: from here until the new one is in place, no index names a
-    // shard that is being replaced.
-    match std::fs::remove_file(&index_path) {
-        Ok(()) => sync_dir(dir)?,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(Error::io(e, "cannot remove the old index").with_path(&index_path)),
+    if !object {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| Error::io(e, "cannot create the checkpoint directory").with_path(dir))?;
+        // The old index goes first: from here until the new one is in place, no index
+        // names a shard that is being replaced.
+        match std::fs::remove_file(&index_path) {
+            Ok(()) => sync_dir(dir)?,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => {
+                return Err(Error::io(e, "cannot remove the old index").with_path(&index_path))
+            }
+        }
     }
     let n = groups.len();
     let jobs: Vec<(usize, &[TensorView<'_>])> = groups.iter().copied().enumerate().collect();
@@ -117,6 +124,16 @@ fn write_shards<O: FileOpener + ?Sized>(
         "weight_map": weight_map,
     });
     let text = serde_json::to_string_pretty(&json).expect("an index always serializes");
+    if object {
+        let file = opener.open_file(&index_path, OpenMode::Truncate)?;
+        file.write_at(0, MemRef::Host(text.as_bytes()))?;
+        file.sync()?;
+        return Ok(ShardedIndex {
+            path: index_path,
+            total_size: Some(total),
+            weight_map,
+        });
+    }
     crate::atomic::write(&index_path, text.as_bytes())?;
     // Shards of an earlier save that the new index does not name.
     let keep: HashSet<String> = (0..n).map(|i| shard_name(i, n)).collect();

@@ -1,0 +1,142 @@
+//! Where a checkpoint's bytes live: a local file, or an object in object storage named by a
+//! URL (`s3://bucket/key`). Every API that takes a path takes either; this module tells them
+//! apart, with no I/O, so that code below the checkpoint layer (the opener, the shard index,
+//! saves, mapped loads) can decide from the value rather than from a string prefix scattered
+//! through the code.
+
+use std::path::{Path, PathBuf};
+
+/// The URL schemes of object storage understood as object locations.
+pub const OBJECT_SCHEMES: &[&str] = &["s3"];
+
+/// A location given as a path: a local file, or an object.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Location<'a> {
+    /// A path on a local (or mounted) file system.
+    File(&'a Path),
+    /// An object in object storage.
+    Object(ObjectUrl<'a>),
+}
+
+/// An object's URL, split: `scheme://bucket/key`. The key may be empty (a bucket's root, as
+/// a prefix) and never starts with `/`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ObjectUrl<'a> {
+    /// The scheme, one of [`OBJECT_SCHEMES`].
+    pub scheme: &'a str,
+    /// The bucket.
+    pub bucket: &'a str,
+    /// The key inside the bucket (`""` for the bucket's root).
+    pub key: &'a str,
+}
+
+impl<'a> Location<'a> {
+    /// What `path` names: an object where it is a URL of an [object scheme](OBJECT_SCHEMES)
+    /// with a bucket, a file otherwise (a local file may not be named `s3://…`; `./s3:/x`
+    /// reaches one that is).
+    pub fn of(path: &'a Path) -> Location<'a> {
+        match path.to_str().and_then(ObjectUrl::parse) {
+            Some(url) => Location::Object(url),
+            None => Location::File(path),
+        }
+    }
+
+    /// True for an object.
+    pub fn is_object(&self) -> bool {
+        matches!(self, Location::Object(_))
+    }
+}
+
+/// True when `path` names an object rather than a file.
+pub fn is_object(path: &Path) -> bool {
+    Location::of(path).is_object()
+}
+
+impl<'a> ObjectUrl<'a> {
+    /// `text` split as `scheme://bucket/key`, or `None` when it is not an object URL (another
+    /// scheme, or no bucket).
+    pub fn parse(text: &'a str) -> Option<ObjectUrl<'a>> {
+        let (scheme, rest) = text.split_once("://")?;
+        if !OBJECT_SCHEMES.contains(&scheme) {
+            return None;
+        }
+        let (bucket, key) = rest.split_once('/').unwrap_or((rest, ""));
+        if bucket.is_empty() {
+            return None;
+        }
+        Some(ObjectUrl {
+            scheme,
+            bucket,
+            key: key.trim_start_matches('/'),
+        })
+    }
+
+    /// The URL of `name` under this one taken as a prefix ("directory"): `s3://b/dir` and
+    /// `x.json` give `s3://b/dir/x.json`.
+    pub fn join(&self, name: &str) -> PathBuf {
+        let key = self.key.trim_end_matches('/');
+        let sep = if key.is_empty() { "" } else { "/" };
+        PathBuf::from(format!(
+            "{}://{}/{key}{sep}{name}",
+            self.scheme, self.bucket
+        ))
+    }
+
+    /// The URL of the prefix this object sits under (`s3://b/dir/x` gives `s3://b/dir`), and
+    /// its last segment (`x`).
+    pub fn split_last(&self) -> (PathBuf, &'a str) {
+        let key = self.key.trim_end_matches('/');
+        let (dir, last) = key.rsplit_once('/').unwrap_or(("", key));
+        (
+            PathBuf::from(format!("{}://{}/{dir}", self.scheme, self.bucket)),
+            last,
+        )
+    }
+}
+
+impl std::fmt::Display for ObjectUrl<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}://{}/{}", self.scheme, self.bucket, self.key)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn object_urls_are_told_from_paths() {
+        let url = |s: &'static str| Location::of(Path::new(s));
+        assert_eq!(
+            url("s3://bucket/dir/model.safetensors"),
+            Location::Object(ObjectUrl {
+                scheme: "s3",
+                bucket: "bucket",
+                key: "dir/model.safetensors"
+            })
+        );
+        assert!(matches!(url("s3://bucket"), Location::Object(u) if u.key.is_empty()));
+        for file in [
+            "/tmp/s3://x",
+            "s3:/b/k",
+            "s3:///k",
+            "./s3://b/k",
+            "gs://b/k",
+            "model",
+        ] {
+            assert!(!url(file).is_object(), "{file}");
+        }
+    }
+
+    #[test]
+    fn joins_and_splits_keep_one_separator() {
+        let u = ObjectUrl::parse("s3://b/dir/").unwrap();
+        assert_eq!(u.join("x.json"), PathBuf::from("s3://b/dir/x.json"));
+        let root = ObjectUrl::parse("s3://b").unwrap();
+        assert_eq!(root.join("x"), PathBuf::from("s3://b/x"));
+        let (dir, last) = ObjectUrl::parse("s3://b/a/c/x.safetensors")
+            .unwrap()
+            .split_last();
+        assert_eq!((dir, last), (PathBuf::from("s3://b/a/c"), "x.safetensors"));
+    }
+}

@@ -1,0 +1,45 @@
+//! Checkpoints in object storage: S3 and S3-compatible servers as a source and destination
+//! of fastensor's checkpoint code.
+//!
+//! [`ObjectStores`] is a [`FileOpener`] for object URLs (`s3://bucket/key`, see
+//! [`fastensor_core::location`]): opening an object for reading asks the server for its
+//! size and ETag once (a HEAD), and every read after that is ranged GETs of
+//! [`ObjectConfig::request_bytes`] each, [`ObjectConfig::concurrency`] of them in flight per
+//! bucket, each copied into the destination memory as its bytes arrive. Every GET carries the
+//! ETag seen at open (`If-Match`): an object replaced during a load is
+//! [`ErrorKind::Changed`](fastensor_core::ErrorKind::Changed), which the checkpoint code
+//! answers by loading it again, as it does for a local file renamed over. Opening an object
+//! for writing starts nothing: the bytes written are cut into parts of
+//! [`ObjectConfig::part_bytes`], each uploaded as soon as it is whole (a multipart upload,
+//! parts in flight in parallel), and [`sync`](fastensor_core::BackendFile::sync) completes the
+//! upload, which is when the object appears, whole. A writer dropped before that aborts the
+//! upload: no object and no parts remain. A process killed mid-save leaves no object either,
+//! but its uploaded parts stay stored (and billed) until the bucket's lifecycle rule for
+//! incomplete multipart uploads removes them.
+//!
+//! Credentials, region and endpoint come the way the AWS tools take them: the environment
+//! (`AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, `AWS_SESSION_TOKEN`, `AWS_REGION`,
+//! `AWS_ENDPOINT_URL` for S3-compatible servers), then the shared files
+//! (`~/.aws/credentials`, `~/.aws/config`, profile `AWS_PROFILE` or `default`); an
+//! `http://` endpoint is allowed. Throttling (503 SlowDown), server errors and dropped
+//! connections are retried with exponential backoff (also mid-body: the rest of the range is
+//! asked for again); a missing object is [`ErrorKind::NotFound`](fastensor_core::ErrorKind::NotFound)
+//! and a refused one [`ErrorKind::PermissionDenied`](fastensor_core::ErrorKind::PermissionDenied),
+//! each naming the object.
+//!
+//! Only host memory is read into and written from; GPU memory is staged by the caller.
+#![deny(missing_docs)]
+#![forbid(unsafe_code)]
+
+mod config;
+mod error;
+mod profile;
+mod read;
+mod stores;
+mod write;
+
+pub use config::ObjectConfig;
+pub use stores::ObjectStores;
+
+/// The name objects report as their backend in errors.
+pub const BACKEND: &str = "s3";

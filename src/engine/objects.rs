@@ -1,0 +1,38 @@
+//! The engine's object stores: `s3://` URLs given to the checkpoint code are opened through
+//! them (feature `s3`), made on first use from the environment (see `fastensor-object`).
+//! Without the feature an object URL is [`ErrorKind::Unsupported`].
+
+use fastensor_core::{Error, ErrorKind, FileOpener, Result};
+use std::path::Path;
+
+/// The object stores of one engine, made when an object is first opened.
+#[derive(Debug, Default)]
+pub(crate) struct Objects {
+    #[cfg(feature = "s3")]
+    stores: std::sync::OnceLock<
+        std::result::Result<fastensor_object::ObjectStores, (ErrorKind, String)>,
+    >,
+}
+
+impl Objects {
+    /// The opener of the object at `url`.
+    pub(crate) fn opener(&self, url: &Path) -> Result<&dyn FileOpener> {
+        #[cfg(feature = "s3")]
+        {
+            match self.stores.get_or_init(|| {
+                fastensor_object::ObjectStores::from_env().map_err(|e| (e.kind(), e.to_string()))
+            }) {
+                Ok(stores) => Ok(stores),
+                Err((kind, why)) => Err(Error::new(*kind, why.clone()).with_path(url)),
+            }
+        }
+        #[cfg(not(feature = "s3"))]
+        {
+            Err(Error::new(
+                ErrorKind::Unsupported,
+                "object storage needs fastensor built with the `s3` feature",
+            )
+            .with_path(url))
+        }
+    }
+}
