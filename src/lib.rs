@@ -48,6 +48,9 @@ pub use fastensor_plugin as plugin;
 
 #[cfg(feature = "gds")]
 pub use fastensor_gds as gds;
+/// Object storage (`s3://`): the stores the engine opens objects through (feature `s3`).
+#[cfg(feature = "s3")]
+pub use fastensor_object as object;
 #[cfg(feature = "posix")]
 pub use fastensor_posix as posix;
 #[cfg(all(feature = "uring", target_os = "linux"))]

@@ -24,6 +24,7 @@ pub struct EngineBuilder {
     no_cache_probe: bool,
     no_mapped_loads: bool,
     unprotected_maps: bool,
+    objects: super::objects::Objects,
 }
 
 debug_fields!(EngineBuilder, "EngineBuilder", |s| {
@@ -107,6 +108,15 @@ impl EngineBuilder {
         self
     }
 
+    /// The object stores `s3://` URLs are opened through, configured by the caller (an
+    /// endpoint, credentials, request sizes), rather than made from the environment on first
+    /// use ([`ObjectStores::from_env`](fastensor_object::ObjectStores::from_env)).
+    #[cfg(feature = "s3")]
+    pub fn object_stores(mut self, stores: fastensor_object::ObjectStores) -> Self {
+        self.objects = super::objects::Objects::given(stores);
+        self
+    }
+
     /// Turns off the page-cache probe of reads (then every read context is `Unknown`).
     pub fn probe_page_cache(mut self, on: bool) -> Self {
         self.no_cache_probe = !on;
@@ -169,7 +179,7 @@ impl EngineBuilder {
             unprotected_maps: self.unprotected_maps,
             measured_new_loads,
             warning,
-            objects: Default::default(),
+            objects: self.objects,
         };
         let engine = Engine {
             inner: Arc::new(inner),

@@ -15,6 +15,14 @@ pub(crate) struct Objects {
 }
 
 impl Objects {
+    /// The stores given, rather than made from the environment.
+    #[cfg(feature = "s3")]
+    pub(crate) fn given(stores: fastensor_object::ObjectStores) -> Self {
+        let objects = Objects::default();
+        let _ = objects.stores.set(Ok(stores));
+        objects
+    }
+
     /// The opener of the object at `url`.
     pub(crate) fn opener(&self, url: &Path) -> Result<&dyn FileOpener> {
         #[cfg(feature = "s3")]
