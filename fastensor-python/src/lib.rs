@@ -11,6 +11,7 @@ mod dlpack;
 mod engine;
 mod errors;
 mod export;
+mod files;
 mod format;
 mod later;
 mod memory;
@@ -127,6 +128,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(source::read_new, m)?)?;
     format::register(m)?;
     sharded::register(m)?;
+    files::register(m)?;
     slice::register(m)?;
     checksum::register(m)?;
     torch_alloc::register(m)?;

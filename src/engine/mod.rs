@@ -29,6 +29,7 @@ mod opener;
 mod placement;
 mod report;
 mod tune;
+mod whole;
 
 pub use builder::EngineBuilder;
 pub use file::EngineFile;

@@ -26,21 +26,35 @@ impl Objects {
     /// The opener of the object at `url`.
     pub(crate) fn opener(&self, url: &Path) -> Result<&dyn FileOpener> {
         #[cfg(feature = "s3")]
-        {
-            match self.stores.get_or_init(|| {
-                fastensor_object::ObjectStores::from_env().map_err(|e| (e.kind(), e.to_string()))
-            }) {
-                Ok(stores) => Ok(stores),
-                Err((kind, why)) => Err(Error::new(*kind, why.clone()).with_path(url)),
-            }
-        }
+        return self.stores(url).map(|s| s as &dyn FileOpener);
         #[cfg(not(feature = "s3"))]
-        {
-            Err(Error::new(
-                ErrorKind::Unsupported,
-                "object storage needs fastensor built with the `s3` feature",
-            )
-            .with_path(url))
+        Err(unsupported(url))
+    }
+
+    /// Deletes the object at `url` (nothing when there is none).
+    pub(crate) fn remove(&self, url: &Path) -> Result<()> {
+        #[cfg(feature = "s3")]
+        return self.stores(url)?.delete(url);
+        #[cfg(not(feature = "s3"))]
+        Err(unsupported(url))
+    }
+
+    #[cfg(feature = "s3")]
+    fn stores(&self, url: &Path) -> Result<&fastensor_object::ObjectStores> {
+        match self.stores.get_or_init(|| {
+            fastensor_object::ObjectStores::from_env().map_err(|e| (e.kind(), e.to_string()))
+        }) {
+            Ok(stores) => Ok(stores),
+            Err((kind, why)) => Err(Error::new(*kind, why.clone()).with_path(url)),
         }
     }
+}
+
+#[cfg(not(feature = "s3"))]
+fn unsupported(url: &Path) -> Error {
+    Error::new(
+        ErrorKind::Unsupported,
+        "object storage needs fastensor built with the `s3` feature",
+    )
+    .with_path(url)
 }

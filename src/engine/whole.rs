@@ -1,0 +1,44 @@
+//! Small whole-file operations on either kind of location (a local path or an `s3://`
+//! object): what the metadata of a checkpoint needs (DCP's `.metadata`, an index), beside
+//! the checkpoint files themselves.
+
+use super::Engine;
+use fastensor_core::location::is_object;
+use fastensor_core::{BackendFileExt, Error, FileOpener, MemRef, OpenMode, Result};
+use std::path::Path;
+
+impl Engine {
+    /// The whole file or object at `path` (meant for small ones: metadata, indexes).
+    pub fn read_whole(&self, path: &Path) -> Result<Vec<u8>> {
+        if is_object(path) {
+            let file = self.open_file(path, OpenMode::Read)?;
+            return Ok(file.read_all()?.to_vec());
+        }
+        std::fs::read(path).map_err(|e| Error::io(e, "cannot read the file").with_path(path))
+    }
+
+    /// Writes `bytes` as the file or object at `path`, atomically and durably: readers see
+    /// the old content or the new, never part of it (a local file is written under a
+    /// temporary name, synced and renamed; an object appears when its upload completes).
+    pub fn write_whole(&self, path: &Path, bytes: &[u8]) -> Result<()> {
+        if is_object(path) {
+            let file = self.open_file(path, OpenMode::Truncate)?;
+            file.write_at(0, MemRef::Host(bytes))?;
+            return file.sync();
+        }
+        crate::atomic::write(path, bytes)
+    }
+
+    /// Removes the file or object at `path`; nothing to remove is not an error.
+    pub fn remove(&self, path: &Path) -> Result<()> {
+        if is_object(path) {
+            return self.inner.objects.remove(path);
+        }
+        match std::fs::remove_file(path) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                Err(Error::io(e, "cannot remove the file").with_path(path))
+            }
+            _ => Ok(()),
+        }
+    }
+}
