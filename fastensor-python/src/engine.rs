@@ -464,8 +464,8 @@ impl PyCheckpointFile {
 
     /// The path the file was opened at.
     #[getter]
-    fn path(&self) -> PathBuf {
-        self.file.path().to_path_buf()
+    fn path(&self) -> crate::files::Located {
+        crate::files::Located::from(self.file.path())
     }
 
     /// Fills each target `(name, object, byte_offset, nbytes)` with that tensor's bytes.

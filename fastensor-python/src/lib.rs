@@ -99,8 +99,11 @@ fn lease_stats() -> std::collections::BTreeMap<&'static str, f64> {
 
 /// The target paths of this process's background saves that have not finished.
 #[pyfunction]
-fn pending_saves() -> Vec<std::path::PathBuf> {
+fn pending_saves() -> Vec<files::Located> {
     snapshot::pending_paths()
+        .into_iter()
+        .map(files::Located)
+        .collect()
 }
 
 /// Blocks (the GIL released) until every background save started so far has finished.

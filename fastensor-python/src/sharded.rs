@@ -6,6 +6,7 @@ use crate::engine::{
     entry_rows, lend_for_save, read_targets, views, PyEngine, SaveSpec, TargetSpec,
 };
 use crate::errors::IntoPy;
+use crate::files::Located;
 use crate::memory::{self, Access, Lender};
 use fastensor::checkpoint::{self, ShardedFile};
 use pyo3::prelude::*;
@@ -128,11 +129,11 @@ impl PyShardedFile {
 
     /// The tensors of the weight map per shard: `(shard path, names in file order)`, shards
     /// in the order of `shards`.
-    fn names_by_shard(&self) -> Vec<(PathBuf, Vec<String>)> {
+    fn names_by_shard(&self) -> Vec<(Located, Vec<String>)> {
         let paths = self.file.shard_paths();
-        let mut out: Vec<(PathBuf, Vec<String>)> = paths
+        let mut out: Vec<(Located, Vec<String>)> = paths
             .iter()
-            .map(|p| (p.to_path_buf(), Vec::new()))
+            .map(|p| (Located::from(*p), Vec::new()))
             .collect();
         for (s, e, _) in self.file.entries() {
             out[s].1.push(e.desc.name.clone());
@@ -147,17 +148,17 @@ impl PyShardedFile {
 
     /// The index file.
     #[getter]
-    fn path(&self) -> PathBuf {
-        self.file.index().path.clone()
+    fn path(&self) -> Located {
+        Located(self.file.index().path.clone())
     }
 
     /// The shards' paths, sorted.
     #[getter]
-    fn shards(&self) -> Vec<PathBuf> {
+    fn shards(&self) -> Vec<Located> {
         self.file
             .shard_paths()
             .into_iter()
-            .map(PathBuf::from)
+            .map(Located::from)
             .collect()
     }
 

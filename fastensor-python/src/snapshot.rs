@@ -168,8 +168,12 @@ fn with_running<T>(f: impl FnOnce(&mut Vec<(PathBuf, Arc<Outcome>)>) -> T) -> T 
     f(&mut running.saves)
 }
 
-/// The key of a target path: absolute, so two spellings of one path are one key.
+/// The key of a target path: absolute, so two spellings of one path are one key (an
+/// object's URL as it is).
 fn path_key(path: &std::path::Path) -> PathBuf {
+    if fastensor::core::location::is_object(path) {
+        return path.to_path_buf();
+    }
     std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf())
 }
 
@@ -335,8 +339,8 @@ impl SaveHandle {
 
     /// The file being saved.
     #[getter]
-    fn path(&self) -> PathBuf {
-        self.path.clone()
+    fn path(&self) -> crate::files::Located {
+        crate::files::Located(self.path.clone())
     }
 
     /// Seconds since the save started.

@@ -234,6 +234,28 @@ def scenario_local(d: Path, rank: int, world: int) -> None:
     print(f"rank {rank}: its own state back, bit-exact")
 
 
+def scenario_s3(d: Path, rank: int, world: int) -> None:
+    """Saves and loads through an object prefix; ``d / "s3.json"`` names the server and the
+    checkpoint id."""
+    import json
+
+    where = json.loads((d / "s3.json").read_text())
+    os.environ.update(where["env"])
+    ckpt = where["url"]
+    mesh, model, opt, sd = trained_state(world)
+    dcp.save(sd, storage_writer=Writer(ckpt))
+    back = make_state(*make_model(5), mesh, PLACEMENT_SAVE, fill=False)
+    dcp.load(back, storage_reader=Reader(ckpt))
+    assert_same(to_full(back), to_full(sd))
+    # A second save supersedes the first: its data objects are deleted after the metadata.
+    bump(sd)
+    dcp.save(sd, storage_writer=Writer(ckpt))
+    back = make_state(*make_model(6), mesh, PLACEMENT_SAVE, fill=False)
+    dcp.load(back, storage_reader=Reader(ckpt))
+    assert_same(to_full(back), to_full(sd))
+    print(f"rank {rank}: saved to and loaded from {ckpt}, bit-exact")
+
+
 def run(scenario: str, directory: Path, rank: int, world: int) -> None:
     """Runs ``scenario`` as rank ``rank`` of ``world`` (``MASTER_ADDR``/``MASTER_PORT`` set)."""
     t0 = time.monotonic()
@@ -246,6 +268,8 @@ def run(scenario: str, directory: Path, rank: int, world: int) -> None:
             scenario_load(directory, rank, world)
         elif scenario == "local":
             scenario_local(directory, rank, world)
+        elif scenario == "s3":
+            scenario_s3(directory, rank, world)
         else:
             raise SystemExit(f"unknown scenario {scenario}")
         dist.barrier()

@@ -34,11 +34,15 @@ Reads are ranged: each read item reads only the bytes of the slice it needs (row
 saved chunk), straight into the destination tensor where that tensor is a contiguous CPU
 tensor of the saved dtype (a copy otherwise); the reads of every file go out in one native
 call, small neighbours merged, all files in flight together.
+
+A checkpoint id may be an object prefix, ``s3://bucket/ckpt/step-100``: the same layout,
+each data file an object uploaded in parallel parts that appears only once complete, the
+metadata object written last, superseded objects deleted after it, and reads ranged GETs
+(credentials and endpoint from the environment, as for :func:`fastensor.torch.load_file`).
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import io
 import math
@@ -104,13 +108,11 @@ class StorageInfo:
     length: int
 
 
-def _write_atomic(path: str, data: bytes) -> None:
-    """Writes ``data`` to ``path`` durably and atomically (fastensor's atomic save)."""
-    _native.write_atomic(path, data)
-
-
 def _sync_dir(path: str) -> None:
-    """Makes the entries of directory ``path`` (names added or removed) durable."""
+    """Makes the entries of directory ``path`` (names added or removed) durable; an object
+    prefix has nothing to sync."""
+    if _native.is_object(path):
+        return
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
         os.fsync(fd)
@@ -134,7 +136,8 @@ class Writer(StorageWriter, BlockingAsyncStager):
     """A DCP ``StorageWriter`` that writes each rank's items through fastensor.
 
     Args:
-        path: the checkpoint directory (created if needed).
+        path: the checkpoint directory (created if needed), or an object prefix
+            (``s3://bucket/prefix``).
         engine: the fastensor engine to use (default: the shared default engine).
         cache_staged_state_dict: for ``dcp.async_save``: keep the CPU copy that staging
             makes and reuse it on the next save of a state dict of the same structure (no
@@ -180,9 +183,10 @@ class Writer(StorageWriter, BlockingAsyncStager):
         self.use_collectives = kwargs.get("use_collectives", True) is not False
 
     def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
-        """Creates the directory; without rank coordination, names this rank's data file
-        (each rank then plans alone)."""
-        os.makedirs(self.path, exist_ok=True)
+        """Creates the directory (an object prefix needs none); without rank coordination,
+        names this rank's data file (each rank then plans alone)."""
+        if not _native.is_object(self.path):
+            os.makedirs(self.path, exist_ok=True)
         if not self.use_collectives:
             plan = dataclasses.replace(plan, storage_data=f"__{self.rank or 0}_{self.save_id}")
         return plan
@@ -251,29 +255,29 @@ class Writer(StorageWriter, BlockingAsyncStager):
         metadata.storage_meta = self.storage_meta()
         named = {info.relative_path for info in storage.values()}
         if self.use_collectives:
-            _write_atomic(os.path.join(self.path, METADATA_NAME), pickle.dumps(metadata))
+            _native.write_whole(
+                self.engine, os.path.join(self.path, METADATA_NAME), pickle.dumps(metadata)
+            )
             stale = [
                 f
-                for f in os.listdir(self.path)
+                for f in _native.list_names(self.engine, self.path)
                 if (_DATA_FILE.fullmatch(f) and f not in named) or _RANK_METADATA.fullmatch(f)
             ]
         else:
             rank = self.rank or 0
             own = os.path.join(self.path, _rank_metadata_name(rank))
-            _write_atomic(own, pickle.dumps(metadata))
+            _native.write_whole(self.engine, own, pickle.dumps(metadata))
             # A global metadata file would be loaded instead of every rank's own; it goes
             # before this rank's earlier data files, which it may name.
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(os.path.join(self.path, METADATA_NAME))
+            _native.remove(self.engine, os.path.join(self.path, METADATA_NAME))
             prefix = f"__{rank}_"
             stale = [
                 f
-                for f in os.listdir(self.path)
+                for f in _native.list_names(self.engine, self.path)
                 if _DATA_FILE.fullmatch(f) and f.startswith(prefix) and f not in named
             ]
         for f in stale:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(os.path.join(self.path, f))
+            _native.remove(self.engine, os.path.join(self.path, f))
         if not self.use_collectives:
             _sync_dir(self.path)  # the global metadata's removal is durable too
 
@@ -335,7 +339,7 @@ class Reader(StorageReader):
     """A DCP ``StorageReader`` for checkpoints written by :class:`Writer`.
 
     Args:
-        path: the checkpoint directory.
+        path: the checkpoint directory, or an object prefix (``s3://bucket/prefix``).
         engine: the fastensor engine to use (default: the shared default engine).
     """
 
@@ -367,11 +371,12 @@ class Reader(StorageReader):
         name = METADATA_NAME if rank is None else _rank_metadata_name(rank)
         path = os.path.join(self.path, name)
         try:
-            with open(path, "rb") as f:
-                metadata = pickle.load(f)
+            metadata = pickle.loads(_native.read_whole(self.engine, path))
         except FileNotFoundError:
             hint = ""
-            if os.path.exists(os.path.join(self.path, ".metadata")):
+            if not _native.is_object(self.path) and os.path.exists(
+                os.path.join(self.path, ".metadata")
+            ):
                 hint = " (it holds a FileSystemWriter checkpoint: load it with FileSystemReader)"
             raise FileNotFoundError(
                 f"{self.path}: no fastensor DCP checkpoint ({name} missing){hint}"

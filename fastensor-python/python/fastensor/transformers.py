@@ -62,21 +62,28 @@ def _with_variant(name: str, variant: str | None) -> str:
     return f"{head}.{variant}.{ext}"
 
 
-def weights_file(directory: PathLike, variant: str | None = None) -> str:
-    """The weights ``from_pretrained`` reads in ``directory``: ``model.safetensors`` where
+def weights_file(
+    directory: PathLike, variant: str | None = None, engine: Engine | None = None
+) -> str:
+    """The weights ``from_pretrained`` reads in ``directory`` (a local directory, or an object
+    prefix ``s3://bucket/model``, listed through ``engine``): ``model.safetensors`` where
     there is one (transformers' preference), else ``model.safetensors.index.json``.
 
     Raises:
         FileNotFoundError: neither is there (e.g. only ``pytorch_model.bin``).
     """
     d = fspath(directory)
-    for name in (_with_variant(_WEIGHTS, variant), _with_variant(_INDEX, variant)):
-        path = os.path.join(d, name)
-        if os.path.isfile(path):
-            return path
+    wanted = (_with_variant(_WEIGHTS, variant), _with_variant(_INDEX, variant))
+    if _native.is_object(d):
+        names = set(_native.list_names(engine_or_default(engine), d))
+        found = [n for n in wanted if n in names]
+    else:
+        found = [n for n in wanted if os.path.isfile(os.path.join(d, n))]
+    if found:
+        return os.path.join(d, found[0])
     raise FileNotFoundError(
         f"{d}: no {_with_variant(_WEIGHTS, variant)} or {_with_variant(_INDEX, variant)}"
-        " (fastensor reads safetensors checkpoints in a local directory)"
+        " (fastensor reads safetensors checkpoints)"
     )
 
 
@@ -201,7 +208,9 @@ def from_pretrained(
 
     ``model_class`` is a ``PreTrainedModel`` subclass or an auto class
     (``AutoModelForCausalLM``); ``pretrained_model_name_or_path`` a local directory written
-    by ``save_pretrained`` (or :func:`save_pretrained`). ``subfolder`` and ``variant`` are
+    by ``save_pretrained`` (or :func:`save_pretrained`), or an object prefix holding one
+    (``s3://bucket/model``: its JSON files are fetched, its weights read by ranged GETs
+    straight into the tensors). ``subfolder`` and ``variant`` are
     honoured; ``state_dict`` cannot be given (the weights are the directory's).
 
     Raises:
@@ -211,6 +220,8 @@ def from_pretrained(
     path = fspath(pretrained_model_name_or_path)
     if "state_dict" in kwargs:
         raise ValueError("from_pretrained: the weights are read from the directory; no state_dict")
+    if _native.is_object(path):
+        return _from_objects(model_class, path, model_args, engine, kwargs)
     directory = os.path.join(path, kwargs.get("subfolder") or "")
     if not os.path.isdir(directory):
         raise FileNotFoundError(
@@ -218,6 +229,46 @@ def from_pretrained(
             " fetch a Hub repository first, e.g. with huggingface_hub.snapshot_download)"
         )
     weights = weights_file(directory, kwargs.pop("variant", None))
+    return _from_pretrained(model_class, model_args, engine, kwargs, path, directory, weights)
+
+
+def _from_objects(
+    model_class: Any, url: str, model_args: tuple, engine: Engine | None, kwargs: dict[str, Any]
+) -> Any:
+    """:func:`from_pretrained` of an object prefix: its JSON files (the model's config, the
+    generation config) are fetched into a temporary directory, where transformers reads
+    them; the weights are read from their objects."""
+    import tempfile
+
+    native = engine_or_default(engine)
+    subfolder = kwargs.get("subfolder") or ""
+    prefix = os.path.join(url, subfolder)
+    weights = weights_file(prefix, kwargs.pop("variant", None), engine)
+    with tempfile.TemporaryDirectory(prefix="fastensor-config-") as local:
+        config_dir = os.path.join(local, subfolder)
+        os.makedirs(config_dir, exist_ok=True)
+        for name in _native.list_names(native, prefix):
+            if name.endswith(".json") and not name.endswith(".index.json"):
+                data = _native.read_whole(native, os.path.join(prefix, name))
+                with open(os.path.join(config_dir, name), "wb") as f:
+                    f.write(data)
+        out = _from_pretrained(model_class, model_args, engine, kwargs, local, config_dir, weights)
+    model = out[0] if isinstance(out, tuple) else out
+    model.config.name_or_path = url
+    return out
+
+
+def _from_pretrained(
+    model_class: Any,
+    model_args: tuple,
+    engine: Engine | None,
+    kwargs: dict[str, Any],
+    path: str,
+    directory: str,
+    weights: str,
+) -> Any:
+    """``from_pretrained`` with the config at ``path`` (its ``subfolder`` ``directory``) and
+    the weights at ``weights``."""
     if getattr(model_class, "_model_mapping", None) is not None:  # an auto class
         model_class = _concrete_class(model_class, path, kwargs)
     kwargs.pop("use_safetensors", None)

@@ -1,0 +1,181 @@
+"""Checkpoints in object storage (``s3://bucket/key``), against a real S3 server on the
+loopback interface: every API a trainer uses gives the same tensors as the local file path,
+and faults end in a retry that succeeds or a typed error, never a partial tensor or a
+visible partial object."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from _s3 import BUCKET, S3Server, server_binary
+
+import fastensor
+import fastensor.torch as ft
+from fastensor import _native
+
+pytestmark = pytest.mark.skipif(
+    server_binary() is None, reason="no S3 server (FASTENSOR_S3_SERVER unset)"
+)
+
+
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory):
+    """The server, with the process environment pointing AWS clients at it."""
+    server = S3Server(server_binary(), tmp_path_factory.mktemp("s3"))
+    saved = {k: os.environ.get(k) for k in server.env()}
+    os.environ.update(server.env())
+    yield server
+    server.stop()
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
+@pytest.fixture
+def server(s3):
+    s3.clear()
+    yield s3
+    s3.clear()
+
+
+def url(key: str) -> str:
+    return f"s3://{BUCKET}/{key}"
+
+
+def tensors() -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    return {
+        "embed": torch.randn(1000, 3000, generator=g),  # 12 MB: several requests
+        "bias": torch.randn(7, generator=g).to(torch.float16),
+        "empty": torch.empty(0, 4),
+        "ids": torch.arange(91, dtype=torch.int64).reshape(7, 13),
+        "norm": torch.randn(1000, 1000, generator=g).to(torch.bfloat16),
+    }
+
+
+def assert_equal(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> None:
+    assert got.keys() == want.keys()
+    for k in want:
+        assert got[k].dtype == want[k].dtype and got[k].shape == want[k].shape, k
+        assert torch.equal(got[k], want[k]), k
+
+
+def test_files_load_and_save_bit_exact_against_the_local_path(server, tmp_path):
+    t = tensors()
+    local = tmp_path / "m.safetensors"
+    ft.save_file(t, local, {"step": "7"}, checksum=True)
+    ft.save_file(t, url("m.safetensors"), {"step": "7"}, checksum=True)
+    assert server.file("m.safetensors").read_bytes() == local.read_bytes()
+    assert server.uploads_left() == []
+
+    assert_equal(ft.load_file(url("m.safetensors")), t)
+    assert_equal(ft.load_file(url("m.safetensors"), verify=True), t)
+    assert_equal(ft.load_selected(url("m.safetensors"), ["ids"]), {"ids": t["ids"]})
+
+    into = {k: torch.full_like(v, 3) for k, v in t.items()}
+    ft.load_into(into, url("m.safetensors"))
+    assert_equal(into, t)
+
+    with ft.safe_open(url("m.safetensors"), framework="pt") as f:
+        assert f.metadata()["step"] == "7"
+        assert sorted(f.keys()) == sorted(t)
+        assert torch.equal(f.get_tensor("bias"), t["bias"])
+        assert torch.equal(f.get_slice("embed")[10:20, ::7], t["embed"][10:20, ::7])
+        assert torch.equal(f.get_slice("norm")[-3:], t["norm"][-3:])
+
+
+def test_sharded_checkpoints_under_a_prefix(server):
+    t = tensors()
+    ft.save_sharded(t, url("sharded"), max_shard_size="5MB")
+    assert server.file("sharded/model.safetensors.index.json").is_file()
+    assert fastensor.torch.is_sharded(url("sharded"))
+    assert not fastensor.torch.is_sharded(url("sharded/model-00001-of-00003.safetensors"))
+    for where in ("sharded", "sharded/", "sharded/model.safetensors.index.json"):
+        assert_equal(ft.load_sharded(url(where)), t)
+    into = {k: torch.zeros_like(v) for k, v in t.items()}
+    ft.load_into(into, url("sharded"))
+    assert_equal(into, t)
+
+
+@pytest.mark.parametrize("kind", ["slow_down", "internal_error", "drop", "truncate"])
+def test_faults_on_loads_are_retried(server, kind):
+    t = tensors()
+    ft.save_file(t, url("f.safetensors"))
+    server.fault(kind, "GET", times=3)
+    assert_equal(ft.load_file(url("f.safetensors")), t)
+    assert server.fired(kind) == 3
+
+
+def test_missing_objects_and_failed_saves(server, monkeypatch):
+    with pytest.raises(FileNotFoundError, match="s3://ckpt/none.safetensors"):
+        ft.load_file(url("none.safetensors"))
+    with pytest.raises(fastensor.errors.NotFoundError):
+        ft.safe_open(url("none.safetensors"), framework="pt")
+    # A server that keeps failing: the save is an error naming the object, and leaves no
+    # object and no parts (an engine made now reads FASTENSOR_S3_RETRIES).
+    monkeypatch.setenv("FASTENSOR_S3_RETRIES", "1")
+    engine = fastensor.Engine()
+    server.fault("internal_error", "PUT", times=1000)
+    with pytest.raises(OSError, match="s3://ckpt/fail.safetensors"):
+        ft.save_file(tensors(), url("fail.safetensors"), engine=engine)
+    server.clear()
+    assert not server.file("fail.safetensors").exists()
+    assert server.uploads_left() == []
+
+
+def test_the_cli_copies_between_objects_and_files(server, tmp_path):
+    t = tensors()
+    ft.save_file(t, url("c.safetensors"))
+    cli = os.environ.get("FASTENSOR_CLI")
+    if not cli:
+        pytest.skip("no fastensor binary (FASTENSOR_CLI unset)")
+    local = tmp_path / "c.safetensors"
+    env = dict(os.environ)
+    subprocess.run([cli, "ckpt", "copy", url("c.safetensors"), str(local)], check=True, env=env)
+    assert_equal(ft.load_file(local), t)
+    out = subprocess.run(
+        [cli, "ckpt", "inspect", url("c.safetensors")],
+        check=True,
+        env=env,
+        capture_output=True,
+        text=True,
+    ).stdout
+    assert "embed" in out and "F32" in out
+
+
+def test_dcp_saves_and_loads_on_two_ranks(server, tmp_path):
+    from _dist import run_world
+
+    (tmp_path / "s3.json").write_text(json.dumps({"env": server.env(), "url": url("dcp/step-1")}))
+    run_world("s3", 2, tmp_path)
+    names = _native.list_names(fastensor._engine.engine_or_default(None), url("dcp/step-1"))
+    assert ".fastensor_metadata" in names
+    assert sum(n.endswith(".safetensors") for n in names) == 2
+    assert server.uploads_left() == []
+
+
+def test_transformers_from_pretrained_of_a_prefix(server, tmp_path):
+    pytest.importorskip("transformers")
+    sys.path.insert(0, os.path.dirname(__file__))
+    from _tiny_models import tiny_gpt2
+
+    import fastensor.transformers as ftr
+
+    model = tiny_gpt2()
+    model.save_pretrained(tmp_path, max_shard_size="40KB")
+    engine = fastensor._engine.engine_or_default(None)
+    for name in os.listdir(tmp_path):
+        _native.write_whole(engine, url(f"gpt2/{name}"), (tmp_path / name).read_bytes())
+    ours = ftr.from_pretrained(type(model), url("gpt2"))
+    assert ours.config.name_or_path == url("gpt2")
+    theirs = type(model).from_pretrained(tmp_path)
+    for (k, a), (_, b) in zip(ours.state_dict().items(), theirs.state_dict().items()):
+        assert torch.equal(a, b), k
+    assert ours.lm_head.weight is ours.transformer.wte.weight
