@@ -13,7 +13,7 @@ use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::runtime::Runtime;
 use tokio::sync::Semaphore;
@@ -27,15 +27,31 @@ type Vars = Arc<dyn Fn(&str) -> Option<String> + Send + Sync>;
 pub struct ObjectStores {
     config: ObjectConfig,
     vars: Vars,
-    runtime: OnceLock<std::result::Result<Arc<Runtime>, String>>,
-    buckets: Mutex<HashMap<String, Arc<Bucket>>>,
+    /// The I/O threads and clients of the process that made them: a `fork()` child makes
+    /// its own (the parent's threads do not exist in it, and its connections are the
+    /// parent's).
+    process: Mutex<Option<PerProcess>>,
+}
+
+/// What one process made: its I/O threads and its clients, by bucket.
+struct PerProcess {
+    pid: u32,
+    runtime: Arc<Runtime>,
+    buckets: HashMap<String, Arc<Bucket>>,
 }
 
 impl std::fmt::Debug for ObjectStores {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ObjectStores")
             .field("config", &self.config)
-            .field("buckets", &self.buckets.lock().keys().collect::<Vec<_>>())
+            .field(
+                "buckets",
+                &self
+                    .process
+                    .lock()
+                    .as_ref()
+                    .map(|p| p.buckets.keys().cloned().collect::<Vec<_>>()),
+            )
             .finish()
     }
 }
@@ -68,8 +84,7 @@ impl ObjectStores {
         ObjectStores {
             config,
             vars,
-            runtime: OnceLock::new(),
-            buckets: Mutex::new(HashMap::new()),
+            process: Mutex::new(None),
         }
     }
 
@@ -78,25 +93,41 @@ impl ObjectStores {
         &self.config
     }
 
-    fn runtime(&self) -> Result<Arc<Runtime>> {
-        self.runtime
-            .get_or_init(|| {
-                let threads = std::thread::available_parallelism().map_or(2, |n| n.get().min(8));
-                tokio::runtime::Builder::new_multi_thread()
-                    .worker_threads(threads)
-                    .thread_name("fastensor-s3")
-                    .enable_all()
-                    .build()
-                    .map(Arc::new)
-                    .map_err(|e| format!("cannot start the object-storage I/O threads: {e}"))
+    /// I/O threads for this process.
+    fn new_runtime() -> Result<Arc<Runtime>> {
+        let threads = std::thread::available_parallelism().map_or(2, |n| n.get().min(8));
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(threads)
+            .thread_name("fastensor-s3")
+            .enable_all()
+            .build()
+            .map(Arc::new)
+            .map_err(|e| {
+                fastensor_core::Error::new(
+                    ErrorKind::Io,
+                    format!("cannot start the object-storage I/O threads: {e}"),
+                )
             })
-            .clone()
-            .map_err(|e| fastensor_core::Error::new(ErrorKind::Io, e))
     }
 
-    /// The client of `url`'s bucket, made on first use.
+    /// The client of `url`'s bucket, made on first use in this process.
     pub(crate) fn bucket(&self, url: &ObjectUrl<'_>, path: &Path) -> Result<Arc<Bucket>> {
-        if let Some(b) = self.buckets.lock().get(url.bucket) {
+        let mut process = self.process.lock();
+        let pid = std::process::id();
+        if process.as_ref().is_some_and(|p| p.pid != pid) {
+            // A fork() child: the parent's threads are gone and its connections are the
+            // parent's. Dropping them here would wait for threads that do not exist.
+            std::mem::forget(process.take());
+        }
+        if process.is_none() {
+            *process = Some(PerProcess {
+                pid,
+                runtime: Self::new_runtime()?,
+                buckets: HashMap::new(),
+            });
+        }
+        let here = process.as_mut().expect("made above");
+        if let Some(b) = here.buckets.get(url.bucket) {
             return Ok(b.clone());
         }
         let store = self.client(url.bucket).map_err(|e| {
@@ -110,15 +141,11 @@ impl ObjectStores {
         let bucket = Arc::new(Bucket {
             store: Arc::new(store),
             in_flight: Arc::new(Semaphore::new(self.config.concurrency)),
-            runtime: self.runtime()?,
+            runtime: here.runtime.clone(),
             config: self.config.clone(),
         });
-        Ok(self
-            .buckets
-            .lock()
-            .entry(url.bucket.to_string())
-            .or_insert(bucket)
-            .clone())
+        here.buckets.insert(url.bucket.to_string(), bucket.clone());
+        Ok(bucket)
     }
 
     /// A client of `bucket`: the AWS shared files' settings, then the environment's `AWS_*`

@@ -266,9 +266,14 @@ impl PyEngine {
     }
 
     /// Whether a backend the engine may use takes GPU device memory (its capabilities'
-    /// `device_memory`): device tensors then move with no stop in host memory.
-    fn takes_device_memory(&self) -> bool {
-        self.engine.takes_device_memory()
+    /// `device_memory`): device tensors then move with no stop in host memory. Given the
+    /// `path` of a transfer, for that file (an object's bytes always arrive in host memory).
+    #[pyo3(signature = (path=None))]
+    fn takes_device_memory(&self, path: Option<PathBuf>) -> bool {
+        match path {
+            Some(p) => self.engine.takes_device_memory_at(&p),
+            None => self.engine.takes_device_memory(),
+        }
     }
 
     /// Uses `backend` for every transfer, or lets the selector choose again with `None`.

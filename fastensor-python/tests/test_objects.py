@@ -179,3 +179,20 @@ def test_transformers_from_pretrained_of_a_prefix(server, tmp_path):
     for (k, a), (_, b) in zip(ours.state_dict().items(), theirs.state_dict().items()):
         assert torch.equal(a, b), k
     assert ours.lm_head.weight is ours.transformer.wte.weight
+
+
+def test_a_forked_child_loads_objects_with_clients_of_its_own(server):
+    t = tensors()
+    ft.save_file(t, url("fork.safetensors"))
+    assert_equal(ft.load_file(url("fork.safetensors")), t)  # the parent's clients exist
+    pid = os.fork()
+    if pid == 0:  # the child: the parent's I/O threads are not here
+        code = 1
+        try:
+            assert_equal(ft.load_file(url("fork.safetensors")), t)
+            code = 0
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert_equal(ft.load_file(url("fork.safetensors")), t)  # and the parent's still work

@@ -210,6 +210,12 @@ impl Engine {
         self.inner.candidates.iter().any(|c| c.caps.device_memory)
     }
 
+    /// [`takes_device_memory`](Self::takes_device_memory) for transfers of the file at
+    /// `path`: never for an object (`s3://`), whose bytes arrive in host memory.
+    pub fn takes_device_memory_at(&self, path: &Path) -> bool {
+        !fastensor_core::location::is_object(path) && self.takes_device_memory()
+    }
+
     /// Uses `backend` for every transfer (of every file), or lets the selector choose again
     /// with `None`. Fails for a backend that is not available.
     pub fn pin(&self, backend: Option<&str>) -> Result<()> {

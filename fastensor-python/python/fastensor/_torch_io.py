@@ -75,7 +75,7 @@ def _save_specs(tensors: Mapping[str, torch.Tensor], path: str, engine, host_onl
     """The save specs ``(name, dtype, shape, bytes)`` of ``tensors``."""
     check_savable(tensors, path)
     specs = []
-    device_ok = not host_only and engine.takes_device_memory()
+    device_ok = not host_only and engine.takes_device_memory(path)
     synced = set()
     for name, t in tensors.items():
         if not isinstance(t, torch.Tensor):
@@ -215,7 +215,7 @@ def _load_new(
     dev = torch.device(device)
     if dev.type == "cpu":
         return load_host(engine, path, names, verify)
-    if dev.type == "cuda" and not engine.takes_device_memory():
+    if dev.type == "cuda" and not engine.takes_device_memory(path):
         _warn_staged_once("loads to CUDA")
         host = load_host(engine, path, names, verify)
         return {k: v.to(dev) for k, v in host.items()}
@@ -235,7 +235,7 @@ def _read_new(
         raise _invalid(f"{path}: cannot load to device {dev} (only cpu and cuda)", path)
     if dev.type == "cpu":
         return read_host(file, path, [e[0] for e in entries])
-    if not engine.takes_device_memory():
+    if not engine.takes_device_memory(path):
         _warn_staged_once("loads to CUDA")
         host = read_host(file, path, [e[0] for e in entries])
         return {k: v.to(dev) for k, v in host.items()}
@@ -333,7 +333,7 @@ def load_into(
         raise RuntimeError(
             f"Error(s) in loading state_dict for {what} from {path}:\n\t" + "\n\t".join(errors)
         )
-    cuda_direct = engine.takes_device_memory() and not verify  # (checked in host memory)
+    cuda_direct = engine.takes_device_memory(path) and not verify  # (checked in host memory)
     targets, copies = [], []
     for name, dst in direct:
         if dst.device.type == "cuda" and not cuda_direct:
