@@ -36,7 +36,10 @@ impl Server {
     fn start() -> Option<Server> {
         let Ok(bin) = std::env::var("FASTENSOR_S3_SERVER") else {
             let required = std::env::var_os("FASTENSOR_REQUIRE_S3").is_some();
-            assert!(!required, "FASTENSOR_REQUIRE_S3 is set, but FASTENSOR_S3_SERVER is not");
+            assert!(
+                !required,
+                "FASTENSOR_REQUIRE_S3 is set, but FASTENSOR_S3_SERVER is not"
+            );
             eprintln!("skipped: no S3 server (set FASTENSOR_S3_SERVER to fastensor-s3-server)");
             return None;
         };

@@ -39,7 +39,7 @@ mod stores;
 mod write;
 
 pub use config::ObjectConfig;
-pub use stores::ObjectStores;
+pub use stores::{ObjectStores, Vars};
 
 /// The name objects report as their backend in errors.
 pub const BACKEND: &str = "s3";

@@ -18,8 +18,9 @@ use std::time::Duration;
 use tokio::runtime::Runtime;
 use tokio::sync::Semaphore;
 
-/// Where settings are looked up: the process environment, or a given table (tests).
-type Vars = Arc<dyn Fn(&str) -> Option<String> + Send + Sync>;
+/// Where settings are looked up: a name gives its value, as the environment would (the
+/// process environment, or a table a program or a test gives).
+pub type Vars = Arc<dyn Fn(&str) -> Option<String> + Send + Sync>;
 
 /// The object stores a process reads and writes: one client per bucket, made on first use,
 /// sharing one set of I/O threads (made on first use too). Opens object URLs as files for the
@@ -77,10 +78,7 @@ impl ObjectStores {
 
     /// Stores moving objects as `config` says, their settings looked up with `vars` (an
     /// `AWS_*` name gives its value, as the environment would).
-    pub fn new(
-        config: ObjectConfig,
-        vars: Arc<dyn Fn(&str) -> Option<String> + Send + Sync>,
-    ) -> Self {
+    pub fn new(config: ObjectConfig, vars: Vars) -> Self {
         ObjectStores {
             config,
             vars,

@@ -194,7 +194,7 @@ pub(crate) fn read_index_from<O: FileOpener + ?Sized>(
 /// The index in `bytes`, read from `index_path`, validated.
 fn parse_index(bytes: &[u8], index_path: PathBuf) -> Result<ShardedIndex> {
     let p = index_path.as_path();
-    let json: serde_json::Value = serde_json::from_slice(&bytes)
+    let json: serde_json::Value = serde_json::from_slice(bytes)
         .map_err(|e| corrupt(format!("the index is not valid JSON: {e}"), p))?;
     let obj = json
         .as_object()
