@@ -186,6 +186,14 @@ pub trait BackendFile: Send + Sync {
         None
     }
 
+    /// Reads of this file a caller should keep in flight at once to reach its speed, where
+    /// that is more than the caller's own count of I/O threads gives: an object's file,
+    /// each of whose reads is one request over the network, asks for as many as its store
+    /// allows. `None` (the default): the caller decides.
+    fn reads_in_flight(&self) -> Option<usize> {
+        None
+    }
+
     /// Reads many requests; each request's `done` receives its byte count. The default runs
     /// them one after another; backends with a native batch path override it.
     fn read_batch(&self, requests: &mut [ReadRequest<'_>]) -> Result<()> {

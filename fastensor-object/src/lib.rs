@@ -31,6 +31,7 @@
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 
+mod bucket;
 mod config;
 mod error;
 mod profile;

@@ -2,8 +2,8 @@
 //! read is ranged GETs, in flight together, each copied into its part of the destination as
 //! the bytes arrive.
 
+use crate::bucket::Bucket;
 use crate::error::{about, from_store};
-use crate::stores::Bucket;
 use bytes::Bytes;
 use fastensor_core::{
     readable_len, unsupported_memory, BackendFile, ErrorKind, MemMut, MemRef, ReadRequest, Result,
@@ -160,6 +160,11 @@ impl BackendFile for ObjectFile {
         let n = dst.len();
         self.get_all(vec![(offset, dst)])?;
         Ok(n)
+    }
+
+    /// As many as the bucket lets go at once: each read is one GET (or a few).
+    fn reads_in_flight(&self) -> Option<usize> {
+        Some(self.bucket.config.concurrency)
     }
 
     /// Every request's GETs in flight together.

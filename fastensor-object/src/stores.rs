@@ -1,6 +1,7 @@
 //! [`ObjectStores`]: one client per bucket, made on first use from the environment and the
 //! AWS shared files, and the [`FileOpener`] of object URLs.
 
+use crate::bucket::Bucket;
 use crate::config::ObjectConfig;
 use crate::error::{about, from_store};
 use crate::read::ObjectFile;
@@ -55,15 +56,6 @@ impl std::fmt::Debug for ObjectStores {
             )
             .finish()
     }
-}
-
-/// One bucket's client and the limit on its requests in flight.
-#[derive(Debug)]
-pub(crate) struct Bucket {
-    pub(crate) store: Arc<AmazonS3>,
-    pub(crate) in_flight: Arc<Semaphore>,
-    pub(crate) runtime: Arc<Runtime>,
-    pub(crate) config: ObjectConfig,
 }
 
 impl ObjectStores {

@@ -4,9 +4,9 @@
 //! [`sync`](BackendFile::sync) uploads the rest and completes the upload, which is when the
 //! object appears, whole. Dropped before that, the upload is aborted.
 
+use crate::bucket::Bucket;
 use crate::config::MAX_PARTS;
 use crate::error::{about, from_store};
-use crate::stores::Bucket;
 use bytes::Bytes;
 use fastensor_core::{unsupported_memory, BackendFile, Error, ErrorKind, MemMut, MemRef, Result};
 use object_store::multipart::{MultipartStore, PartId};

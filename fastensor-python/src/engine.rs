@@ -469,8 +469,8 @@ impl PyCheckpointFile {
 
     /// The path the file was opened at.
     #[getter]
-    fn path(&self) -> crate::files::Located {
-        crate::files::Located::from(self.file.path())
+    fn path(&self) -> crate::located::Located {
+        crate::located::Located::from(self.file.path())
     }
 
     /// Fills each target `(name, object, byte_offset, nbytes)` with that tensor's bytes.

@@ -14,6 +14,7 @@ mod export;
 mod files;
 mod format;
 mod later;
+mod located;
 mod memory;
 mod offload;
 mod sharded;
@@ -99,10 +100,10 @@ fn lease_stats() -> std::collections::BTreeMap<&'static str, f64> {
 
 /// The target paths of this process's background saves that have not finished.
 #[pyfunction]
-fn pending_saves() -> Vec<files::Located> {
+fn pending_saves() -> Vec<located::Located> {
     snapshot::pending_paths()
         .into_iter()
-        .map(files::Located)
+        .map(located::Located)
         .collect()
 }
 

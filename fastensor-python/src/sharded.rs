@@ -6,7 +6,7 @@ use crate::engine::{
     entry_rows, lend_for_save, read_targets, views, PyEngine, SaveSpec, TargetSpec,
 };
 use crate::errors::IntoPy;
-use crate::files::Located;
+use crate::located::Located;
 use crate::memory::{self, Access, Lender};
 use fastensor::checkpoint::{self, ShardedFile};
 use pyo3::prelude::*;

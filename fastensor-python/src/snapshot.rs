@@ -339,8 +339,8 @@ impl SaveHandle {
 
     /// The file being saved.
     #[getter]
-    fn path(&self) -> crate::files::Located {
-        crate::files::Located(self.path.clone())
+    fn path(&self) -> crate::located::Located {
+        crate::located::Located(self.path.clone())
     }
 
     /// Seconds since the save started.

@@ -71,7 +71,9 @@ enum ReadJob<'a> {
 /// checksum (on the I/O thread right after its read, or, for a request cut into windows,
 /// after all reads): a mismatch is [`ErrorKind::Corrupt`] naming the file and the tensor.
 /// A read that ends early (the file is shorter than the range) is [`ErrorKind::Corrupt`]
-/// naming the file and the offset reached. `reqs` are sorted by file and offset.
+/// naming the file and the offset reached. `reqs` are sorted by file and offset. The reads
+/// go out on [`IO_THREADS`] threads, or on as many as a file asks to have in flight
+/// ([`BackendFile::reads_in_flight`]: an object's).
 pub(crate) fn execute(files: &[SourceFile], reqs: &mut [Request<'_>], how: How) -> Result<()> {
     reqs.sort_by_key(|r| (r.file, r.range.start));
     // One job per file: its backend chosen once for all its reads.
@@ -87,7 +89,12 @@ pub(crate) fn execute(files: &[SourceFile], reqs: &mut [Request<'_>], how: How) 
         .map(|(f, job)| job.as_deref().unwrap_or(&*f.file))
         .collect();
     let jobs = plan(reqs, files.len(), how.windows);
-    parallel::for_each(jobs, IO_THREADS, |job| match job {
+    // As many reads in flight as the file that wants most asks for (an object store's).
+    let threads = through
+        .iter()
+        .filter_map(|f| f.reads_in_flight())
+        .fold(IO_THREADS, usize::max);
+    parallel::for_each(jobs, threads, |job| match job {
         ReadJob::Single(Request {
             file,
             range,
