@@ -4,8 +4,9 @@ server, each subject in a fresh process.
 The server is ``fastensor-s3-server`` (s3s-fs serving a directory of this machine's disk,
 on the loopback interface), so the network is the loopback and the limit is the server's
 (its reads and writes of its files, its HTTP handling): that limit is measured in the same
-run by ``limit`` (fastensor-object's example: parallel ranged GETs whose bytes are counted
-and dropped; a multipart upload of one preallocated buffer), and every subject is compared
+run by ``limit`` (fastensor-object's example: parallel ranged GETs, each copied into its
+place in memory faulted in beforehand, as the local benchmark's raw ``O_DIRECT`` read; a
+multipart upload of one preallocated buffer), and every subject is compared
 with it and with the anchors in the same round. Before each subject the page cache is
 dropped (the server's files included), and every loaded tensor's pages are touched inside
 the timed region. Each subject runs with its library's defaults.
@@ -46,7 +47,8 @@ SUBJECTS = subjects(
         "fastensor.load_file": "fastensor.torch.load_file('s3://...')",
         "runai": "runai_model_streamer SafetensorsStreamer, tensors cloned into a dict",
         "boto3+safetensors": "boto3 download_fileobj, then safetensors.torch.load",
-        "raw GET limit": "parallel ranged GETs (8 MiB, 16 in flight), bytes dropped",
+        "raw GET limit": "parallel ranged GETs (8 MiB, 16 in flight), each copied into its"
+        " place in memory faulted in beforehand",
     },
     save={
         "fastensor.save_file": "fastensor.torch.save_file('s3://...')",
