@@ -90,6 +90,16 @@ def test_files_load_and_save_bit_exact_against_the_local_path(server, tmp_path):
         assert torch.equal(f.get_slice("norm")[-3:], t["norm"][-3:])
 
 
+def test_background_saves_and_verification_of_objects(server):
+    t = tensors()
+    handle = ft.save_file_async(t, url("async.safetensors"), checksum=True)
+    handle.wait()
+    assert handle.path == url("async.safetensors")  # a str: pathlib would fold s3://
+    assert_equal(ft.load_file(url("async.safetensors")), t)
+    tensors_checked, _ = fastensor.verify_file(url("async.safetensors"))
+    assert tensors_checked == len(t)
+
+
 def test_sharded_checkpoints_under_a_prefix(server):
     t = tensors()
     ft.save_sharded(t, url("sharded"), max_shard_size="5MB")

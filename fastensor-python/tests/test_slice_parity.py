@@ -68,6 +68,8 @@ CASES = [
     (slice(None), slice(0, 3, 2**63)),
     (slice(0, 0), slice(0, 3, 2**63)),
     (slice(None), slice(1, None, 2**62)),
+    (0, ..., slice(1, 0, 2**62)),  # safetensors gives the whole last dimension
+    slice(1, 0, 2**62),
     slice(0, 2**70),
     slice(-(2**70), 2),
     slice(2**64, None),
@@ -149,9 +151,26 @@ def _has_bool(index) -> bool:
     return any(isinstance(p, bool) for p in parts)
 
 
+def _framework_gives(framework: str, name: str, index):
+    """What the framework's own indexing of the tensor in memory gives (``None`` where it
+    refuses the index)."""
+    t = TENSORS[name]
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return t[index] if framework == "pt" else t.numpy()[index]
+    except Exception:
+        return None
+
+
 def _check(paths, framework: str, name: str, index) -> None:
     path = paths[framework]
     kind, want = _theirs(path, framework, name, index)
+    truth = _framework_gives(framework, name, index)
+    if kind == "gave" and truth is not None and tuple(truth.shape) != tuple(want.shape):
+        # safetensors' own arithmetic overflowing (a step near 2**62 over an empty range
+        # gives the whole dimension): the framework's indexing is the answer.
+        want = truth.contiguous() if framework == "pt" else np.ascontiguousarray(truth)
     for verify in (False, True):
         what = f"{framework} `{name}`[{index!r}] verify={verify}"
         got_kind, got = _ours(path, framework, name, index, verify)
