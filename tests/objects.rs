@@ -302,7 +302,7 @@ fn sharded_checkpoints_are_saved_and_loaded_under_a_prefix() {
 }
 
 #[test]
-fn throttling_server_errors_dropped_connections_and_cut_bodies_are_retried() {
+fn throttling_server_errors_slow_responses_dropped_connections_and_cut_bodies_are_retried() {
     let Some(server) = Server::start() else {
         return;
     };
@@ -321,6 +321,19 @@ fn throttling_server_errors_dropped_connections_and_cut_bodies_are_retried() {
             "{kind}: every fault was met and retried"
         );
     }
+    // Slow responses are waited for (well under the client's timeout).
+    server.faults("DELETE", "");
+    server.faults(
+        "POST",
+        r#"{"kind":"delay","method":"GET","times":4,"delay_ms":1500}"#,
+    );
+    let started = std::time::Instant::now();
+    assert_same(
+        &checkpoint::load(&stores, &url("f.safetensors")).unwrap(),
+        &t,
+    );
+    assert_eq!(server.fired("delay"), 4);
+    assert!(started.elapsed() >= std::time::Duration::from_millis(1500));
     // Saves retry too: parts refused or cut off are sent again.
     for kind in ["slow_down", "drop"] {
         server.faults("DELETE", "");
