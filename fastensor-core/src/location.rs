@@ -81,17 +81,6 @@ impl<'a> ObjectUrl<'a> {
             self.scheme, self.bucket
         ))
     }
-
-    /// The URL of the prefix this object sits under (`s3://b/dir/x` gives `s3://b/dir`), and
-    /// its last segment (`x`).
-    pub fn split_last(&self) -> (PathBuf, &'a str) {
-        let key = self.key.trim_end_matches('/');
-        let (dir, last) = key.rsplit_once('/').unwrap_or(("", key));
-        (
-            PathBuf::from(format!("{}://{}/{dir}", self.scheme, self.bucket)),
-            last,
-        )
-    }
 }
 
 impl std::fmt::Display for ObjectUrl<'_> {
@@ -129,14 +118,10 @@ mod tests {
     }
 
     #[test]
-    fn joins_and_splits_keep_one_separator() {
+    fn joins_keep_one_separator() {
         let u = ObjectUrl::parse("s3://b/dir/").unwrap();
         assert_eq!(u.join("x.json"), PathBuf::from("s3://b/dir/x.json"));
         let root = ObjectUrl::parse("s3://b").unwrap();
         assert_eq!(root.join("x"), PathBuf::from("s3://b/x"));
-        let (dir, last) = ObjectUrl::parse("s3://b/a/c/x.safetensors")
-            .unwrap()
-            .split_last();
-        assert_eq!((dir, last), (PathBuf::from("s3://b/a/c"), "x.safetensors"));
     }
 }

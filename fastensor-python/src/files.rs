@@ -20,10 +20,11 @@ fn read_whole<'py>(
     Ok(PyBytes::new(py, &bytes))
 }
 
-/// Writes `data` as the file or object at `path`, atomically and durably.
+/// Writes `data` (a `bytes`, borrowed for the call: never converted element by element)
+/// as the file or object at `path`, atomically and durably.
 #[pyfunction]
-fn write_whole(py: Python<'_>, engine: &PyEngine, path: PathBuf, data: Vec<u8>) -> PyResult<()> {
-    py.detach(|| engine.engine.write_whole(&path, &data))
+fn write_whole(py: Python<'_>, engine: &PyEngine, path: PathBuf, data: &[u8]) -> PyResult<()> {
+    py.detach(|| engine.engine.write_whole(&path, data))
         .py_err()
 }
 

@@ -5,16 +5,23 @@
 use super::Engine;
 use fastensor_core::location::is_object;
 use fastensor_core::{BackendFileExt, Error, FileOpener, MemRef, OpenMode, Result};
+use std::io::Read;
 use std::path::Path;
 
 impl Engine {
-    /// The whole file or object at `path` (meant for small ones: metadata, indexes).
+    /// The whole file or object at `path` (meant for small ones: metadata, indexes). A local
+    /// path that is not a regular file is [`ErrorKind::InvalidInput`](fastensor_core::ErrorKind::InvalidInput).
     pub fn read_whole(&self, path: &Path) -> Result<Vec<u8>> {
         if is_object(path) {
             let file = self.open_file(path, OpenMode::Read)?;
             return Ok(file.read_all()?.to_vec());
         }
-        std::fs::read(path).map_err(|e| Error::io(e, "cannot read the file").with_path(path))
+        // A regular file only: a FIFO or a device is refused, never read or waited on.
+        let mut bytes = Vec::new();
+        crate::atomic::open_regular(path)?
+            .read_to_end(&mut bytes)
+            .map_err(|e| Error::io(e, "cannot read the file").with_path(path))?;
+        Ok(bytes)
     }
 
     /// Writes `bytes` as the file or object at `path`, atomically and durably: readers see
