@@ -342,3 +342,19 @@ fn an_engine_takes_device_memory_when_one_of_its_backends_declares_it() {
     };
     assert!(engine_of(device).takes_device_memory());
 }
+
+#[test]
+fn an_object_url_is_not_opened_as_a_local_file() {
+    let engine = fastensor::Engine::new().unwrap();
+    let e = engine
+        .open(
+            std::path::Path::new("s3://bucket/model.safetensors"),
+            fastensor::OpenMode::Read,
+        )
+        .unwrap_err();
+    assert_eq!(e.kind(), fastensor::ErrorKind::Unsupported, "{e}");
+    assert!(
+        e.to_string().contains("s3://bucket/model.safetensors"),
+        "{e}"
+    );
+}
