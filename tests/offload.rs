@@ -681,3 +681,97 @@ fn puts_from_two_threads_start_the_writes_their_room_needs_whenever_they_wake() 
         }
     }
 }
+
+/// A tensor whose 1 MiB chunks are, in turn: a float dropout mask (0 or 1/0.9), random
+/// bytes, zeros, a boolean mask, mostly zeros, random bytes; `len` bytes in all.
+fn patchwork(seed: u64, len: usize) -> HostBuffer {
+    let mut b = tensor(seed, len);
+    let scale = (1.0f32 / 0.9).to_ne_bytes();
+    for (i, chunk) in b.chunks_mut(1 << 20).enumerate() {
+        match i % 6 {
+            0 => {
+                for (j, w) in chunk.chunks_exact_mut(4).enumerate() {
+                    let keep = (j as u64 * 7 + seed) % 10 != 0;
+                    w.copy_from_slice(&if keep { scale } else { [0; 4] });
+                }
+            }
+            2 => chunk.fill(0),
+            3 => chunk.iter_mut().for_each(|x| *x &= 1),
+            4 => {
+                for (j, w) in chunk.chunks_exact_mut(4).enumerate() {
+                    if j % 19 != 0 {
+                        w.fill(0);
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    b
+}
+
+#[test]
+fn packed_chunks_come_back_bit_exact_from_a_real_disk_and_cross_fewer_bytes() {
+    for pack in [true, false] {
+        let dir = tempfile::tempdir().unwrap();
+        let engine = Engine::new().unwrap();
+        let budget = 8 << 20;
+        let config = OffloadConfig::new(dir.path(), budget)
+            .write_behind(0)
+            .pack(pack);
+        let store = OffloadStore::new(&engine, config).unwrap();
+        // Lengths around chunk and page boundaries, one larger than the budget (written
+        // through), the last chunk of some not a multiple of a word.
+        let lens = [
+            6 << 20,
+            (5 << 20) + 4096 + 12,
+            (3 << 20) + 3,
+            (12 << 20) + 100,
+            1 << 20,
+            (2 << 20) - 4,
+            (7 << 20) + 65536,
+        ];
+        let mut handles: Vec<_> = lens
+            .iter()
+            .enumerate()
+            .map(|(i, &len)| {
+                let h = store
+                    .put(patchwork(i as u64, len), format!("p{i}"))
+                    .unwrap();
+                (i, len, h)
+            })
+            .collect();
+        store.flush();
+        while let Some((i, len, h)) = handles.pop() {
+            let got = store.get(&h).unwrap();
+            assert!(
+                got[..] == patchwork(i as u64, len)[..],
+                "tensor {i}, pack {pack}"
+            );
+        }
+        let s = store.stats();
+        assert!(s.peak_held_bytes <= budget, "{s:?}");
+        assert!(s.bytes_read > 20 << 20, "most came back from disk: {s:?}");
+        if pack {
+            // Four chunks of six pack to a bitmap or less: well under three quarters.
+            assert!(s.file_bytes_written < s.bytes_written / 4 * 3, "{s:?}");
+            assert!(s.file_bytes_read < s.bytes_read / 4 * 3, "{s:?}");
+        } else {
+            assert!(s.file_bytes_written >= s.bytes_written, "{s:?}");
+            assert!(s.file_bytes_read >= s.bytes_read, "{s:?}");
+        }
+    }
+}
+
+#[test]
+fn a_packed_read_that_fails_surfaces_on_get() {
+    let (engine, _faulty) = faulty_engine(Fault::new(Op::Read, When::From(0), ErrorKind::Io));
+    let dir = tempfile::tempdir().unwrap();
+    let store = OffloadStore::new(&engine, swapping(dir.path()).write_behind(0)).unwrap();
+    let len = 3 << 20; // larger than the budget: written through, then read by the get
+    let h = store.put(patchwork(1, len), "mask").unwrap();
+    assert!(store.stats().file_bytes_written < (len / 2) as u64);
+    let err = store.get(&h).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Io, "{err}");
+    assert!(err.to_string().contains("mask"), "{err}");
+}

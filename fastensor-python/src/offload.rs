@@ -135,8 +135,10 @@ impl PyOffloadStore {
     /// `write_behind` bytes (`None`: `OffloadConfig::write_behind`'s default), wait
     /// unwritten and are never written if taken back first. `initial_capacity` bytes are
     /// reserved in the swap file at once: growing it later waits for the writes in flight.
+    /// With `pack`, chunks that are mostly zeros or two-valued cross to the file as bitmaps
+    /// (`OffloadConfig::pack`).
     #[new]
-    #[pyo3(signature = (engine, dir, budget, prefetch_depth=4, io_threads=2, initial_capacity=0, device_path="auto", write_behind=None))]
+    #[pyo3(signature = (engine, dir, budget, prefetch_depth=4, io_threads=2, initial_capacity=0, device_path="auto", write_behind=None, pack=true))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -148,6 +150,7 @@ impl PyOffloadStore {
         initial_capacity: u64,
         device_path: &str,
         write_behind: Option<u64>,
+        pack: bool,
     ) -> PyResult<Self> {
         let device_path = match device_path {
             "auto" => DevicePath::Auto,
@@ -169,6 +172,7 @@ impl PyOffloadStore {
             .small_threshold(0)
             .io_threads(io_threads)
             .initial_capacity(initial_capacity)
+            .pack(pack)
             .pool(crate::torch_alloc::pool());
         let store = py
             .detach(|| OffloadStore::new(&engine.engine, config))
@@ -431,6 +435,8 @@ impl PyOffloadStore {
             ("gets_from_disk", s.gets_from_disk),
             ("bytes_written", s.bytes_written),
             ("bytes_read", s.bytes_read),
+            ("file_bytes_written", s.file_bytes_written),
+            ("file_bytes_read", s.file_bytes_read),
             ("prefetches", s.prefetches),
             ("evictions", s.evictions),
             ("bytes_never_written", s.bytes_never_written),

@@ -93,6 +93,31 @@ def step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, **kw) -> tuple[torc
     return loss.detach(), stats
 
 
+@pytest.mark.parametrize("pack", [True, False])
+def test_dropout_masks_cross_to_disk_packed_with_gradients_bit_identical(tmp_path, pack):
+    # torch's CPU dropout saves its mask as a float tensor of 0 and 1/(1-p): packed, it
+    # crosses to the swap file as a bitmap and comes back bit for bit.
+    ref = transformer(d=128, blocks=4)
+    off = copy.deepcopy(ref)
+    torch.manual_seed(2)
+    x = torch.randn(16, 64, 128)
+    y = torch.randint(0, 10, (16, 64))
+    loss_ref, _ = step(ref, x, y)
+    loss_off, stats = step(
+        off, x, y, dir=tmp_path, budget_bytes=2 * MIB, min_bytes=64 << 10, pack=pack
+    )
+    assert torch.equal(loss_ref, loss_off)
+    assert_same_grads(ref, off)
+    assert stats.bytes_written > 16 * MIB and stats.bytes_read > 8 * MIB
+    if pack:
+        # The masks are about a quarter of what a layer saves.
+        assert stats.file_bytes_written < 0.85 * stats.bytes_written, stats.as_dict()
+        assert stats.file_bytes_read < 0.9 * stats.bytes_read, stats.as_dict()
+    else:
+        assert stats.file_bytes_written >= stats.bytes_written
+        assert stats.file_bytes_read >= stats.bytes_read
+
+
 @pytest.mark.parametrize("prefetch", [None, 0, 2])
 def test_transformer_gradients_bit_identical(tmp_path, prefetch):
     ref = transformer()

@@ -14,6 +14,7 @@
 //!   reads back land in device memory of the store's, copied into the caller's on the
 //!   caller's stream. Device memory held counts against the device budget.
 
+use super::packing::Written;
 use super::state::Taken;
 use super::state::{Data, Home, Job};
 use super::{Handle, OffloadStore, Payload, PINNED_WAIT};
@@ -155,6 +156,7 @@ impl OffloadStore {
             self.shared
                 .file
                 .write_at(offset, fastensor_core::MemRef::Device(src.slice()))
+                .map(|()| Written::raw(src.slice().len() as u64))
         });
         self.written_through(handle, t0, result)
     }

@@ -38,8 +38,10 @@
 //! share with the framework that allocates the tensors (see [`OffloadConfig::pool`]).
 
 mod allocator;
+mod codec;
 #[cfg(feature = "gds")]
 mod device;
+mod packing;
 mod payload;
 mod pool;
 mod schedule;
@@ -103,6 +105,11 @@ pub struct OffloadConfig {
     /// budget and four times the largest tensor put so far; `Some(0)`: every tensor is
     /// written as soon as it is put.
     pub write_behind: Option<u64>,
+    /// Pack host tensors' chunks that are mostly zeros or two-valued (dropout masks, boolean
+    /// masks, all-zero blocks) into a bitmap on their way to the swap file, and unpack them
+    /// on the way back, bit for bit: fewer bytes cross to the disk. Other chunks cost a
+    /// glance at their first 4 KiB and go as they are. Default on.
+    pub pack: bool,
 }
 
 impl OffloadConfig {
@@ -122,6 +129,7 @@ impl OffloadConfig {
             #[cfg(feature = "gds")]
             device_path: DevicePath::Auto,
             write_behind: None,
+            pack: true,
         }
     }
 
@@ -137,6 +145,12 @@ impl OffloadConfig {
     /// Sets [`OffloadConfig::write_behind`].
     pub fn write_behind(mut self, bytes: u64) -> Self {
         self.write_behind = Some(bytes);
+        self
+    }
+
+    /// Sets [`OffloadConfig::pack`].
+    pub fn pack(mut self, on: bool) -> Self {
+        self.pack = on;
         self
     }
 
@@ -234,10 +248,15 @@ pub struct OffloadStats {
     pub gets_waited: u64,
     /// Gets that read the disk themselves (nothing prefetched).
     pub gets_from_disk: u64,
-    /// Bytes written to the swap file.
+    /// Bytes of the tensors written to the swap file (as they are in memory).
     pub bytes_written: u64,
-    /// Bytes read from the swap file.
+    /// Bytes of the tensors read back from the swap file (as they are in memory).
     pub bytes_read: u64,
+    /// Bytes that crossed to the swap file: `bytes_written` less what packing saved
+    /// ([`OffloadConfig::pack`]).
+    pub file_bytes_written: u64,
+    /// Bytes that came from the swap file: `bytes_read` less what packing saved.
+    pub file_bytes_read: u64,
     /// Prefetch reads issued.
     pub prefetches: u64,
     /// Tensors kept or read back ahead that were dropped from memory to make room.

@@ -13,6 +13,7 @@
 //! the farthest expected ones.
 
 use super::allocator::{Extent, ExtentAllocator};
+use super::packing::{Layout, Written};
 use super::payload::Payload;
 use super::schedule::Schedule;
 use super::OffloadStats;
@@ -151,6 +152,8 @@ pub(crate) struct Entry {
     pub(crate) len: u64,
     pub(crate) home: Home,
     pub(crate) extent: Option<Extent>,
+    /// How the tensor lies in its extent, where chunks of it were written packed.
+    pub(crate) layout: Option<Arc<Layout>>,
     pub(crate) data: Data,
     /// Already returned by `get` (not expected again by the schedule).
     pub(crate) taken: bool,
@@ -192,8 +195,12 @@ pub(crate) enum Step {
     Wait,
     /// The bytes, taken.
     Taken(Taken),
-    /// Read them now, at this offset into memory of this home.
-    Read { offset: u64, home: Home },
+    /// Read them now, at this offset (laid out so) into memory of this home.
+    Read {
+        offset: u64,
+        layout: Option<Arc<Layout>>,
+        home: Home,
+    },
 }
 
 /// Work for an I/O thread.
@@ -205,10 +212,11 @@ pub(crate) enum Job {
         offset: u64,
         buf: Arc<Payload>,
     },
-    /// Read `len` bytes at the offset into memory of `home`.
+    /// Read `len` bytes at the offset (laid out so) into memory of `home`.
     Read {
         id: u64,
         offset: u64,
+        layout: Option<Arc<Layout>>,
         len: u64,
         home: Home,
     },
@@ -395,7 +403,12 @@ impl State {
                 }
                 Data::OnDisk => {
                     let offset = e.extent.expect("tensors on disk have an extent").offset;
-                    Step::Read { offset, home }
+                    let layout = e.layout.clone();
+                    Step::Read {
+                        offset,
+                        layout,
+                        home,
+                    }
                 }
                 Data::Small(b) => {
                     let b = b.clone();
@@ -451,11 +464,13 @@ impl State {
             let e = self.entries.get_mut(&id).expect("desired ids are live");
             let extent = e.extent.expect("tensors on disk have an extent");
             e.data = Data::Queued;
+            let layout = e.layout.clone();
             self.hold_in(home, len);
             self.stats.prefetches += 1;
             self.jobs.push_back(Job::Read {
                 id,
                 offset: extent.offset,
+                layout,
                 len,
                 home,
             });
@@ -645,16 +660,19 @@ impl State {
         &mut self,
         id: u64,
         buf: Option<Arc<Payload>>,
-        result: fastensor_core::Result<()>,
+        result: fastensor_core::Result<Written>,
     ) {
-        if let Err(err) = result {
-            return self.fail(id, &err, "background write");
-        }
+        let written = match result {
+            Ok(w) => w,
+            Err(err) => return self.fail(id, &err, "background write"),
+        };
         let e = self
             .entries
             .get_mut(&id)
             .expect("written tensors stay until done");
         self.stats.bytes_written += e.len;
+        self.stats.file_bytes_written += written.file_bytes;
+        e.layout = written.layout.map(Arc::new);
         let (home, len) = (e.home, e.len);
         if e.dropped {
             self.unhold(home, len);
@@ -672,9 +690,16 @@ impl State {
 
     /// Records the end of a read; whether its handle is still alive (the room of a dropped
     /// tensor starts no further read).
-    pub(crate) fn read_done(&mut self, id: u64, result: fastensor_core::Result<Data>) -> bool {
+    pub(crate) fn read_done(
+        &mut self,
+        id: u64,
+        result: fastensor_core::Result<(Data, u64)>,
+    ) -> bool {
         let data = match result {
-            Ok(data) => data,
+            Ok((data, file_bytes)) => {
+                self.stats.file_bytes_read += file_bytes;
+                data
+            }
             Err(err) => {
                 self.fail(id, &err, "background read");
                 return true;

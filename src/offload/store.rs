@@ -1,5 +1,6 @@
 //! [`OffloadStore`] and its [`Handle`]s.
 
+use super::packing::{Layout, Written};
 use super::payload::Payload;
 use super::shared::Shared;
 use super::state::{Data, Entry, Failure, Home, State, Step, Taken};
@@ -213,6 +214,7 @@ impl OffloadStore {
             len,
             home,
             extent: None,
+            layout: None,
             data: Data::OnDisk,
             taken: false,
             dropped: false,
@@ -225,7 +227,7 @@ impl OffloadStore {
     /// once written, is in the table already); a failure drops the handle (and the entry).
     fn write_through(&self, handle: Handle, offset: u64, tensor: &Payload) -> Result<Handle> {
         let t0 = Instant::now();
-        let result = self.shared.file.write_at(offset, &tensor[..]);
+        let result = worker::write_host(&self.shared, offset, &tensor[..]);
         self.written_through(handle, t0, result)
     }
 
@@ -235,14 +237,18 @@ impl OffloadStore {
         &self,
         handle: Handle,
         t0: Instant,
-        result: Result<()>,
+        result: Result<Written>,
     ) -> Result<Handle> {
         let mut st = self.shared.lock();
         st.stats.write_time += t0.elapsed();
         st.stats.written_through += 1;
         match result {
-            Ok(()) => {
+            Ok(written) => {
                 st.stats.bytes_written += handle.len;
+                st.stats.file_bytes_written += written.file_bytes;
+                if let Some(e) = st.entries.get_mut(&handle.id) {
+                    e.layout = written.layout.map(Arc::new);
+                }
                 Ok(handle)
             }
             Err(err) => {
@@ -335,27 +341,39 @@ impl OffloadStore {
                     s.after_change(&mut st);
                     return Ok(taken);
                 }
-                Step::Read { offset, home } => {
+                Step::Read {
+                    offset,
+                    layout,
+                    home,
+                } => {
                     s.after_change(&mut st);
                     drop(st);
-                    return self.read_now(handle, offset, home, stall);
+                    return self.read_now(handle, offset, layout.as_deref(), home, stall);
                 }
             }
         }
     }
 
     /// Reads a tensor on disk with nothing in flight for it, on the caller's thread.
-    fn read_now(&self, handle: &Handle, offset: u64, home: Home, stall: Duration) -> Result<Taken> {
+    fn read_now(
+        &self,
+        handle: &Handle,
+        offset: u64,
+        layout: Option<&Layout>,
+        home: Home,
+        stall: Duration,
+    ) -> Result<Taken> {
         let s = &self.shared;
         let t0 = Instant::now();
-        let result = worker::read(s, offset, handle.len, home);
+        let result = worker::read(s, offset, layout, handle.len, home);
         let mut st = s.lock();
         st.stats.get_stall += stall + t0.elapsed();
         st.stats.read_time += t0.elapsed();
         st.stats.gets_from_disk += 1;
         match result {
-            Ok(data) => {
+            Ok((data, file_bytes)) => {
                 st.stats.bytes_read += handle.len;
+                st.stats.file_bytes_read += file_bytes;
                 Ok(Taken::of_read(data))
             }
             Err(err) => {

@@ -2,6 +2,7 @@
 //! through the engine with the store's lock released, and record the outcome.
 
 use super::allocator::round_up;
+use super::packing::{self, Layout, Written};
 use super::payload::Payload;
 use super::shared::Shared;
 #[cfg(feature = "gds")]
@@ -48,7 +49,7 @@ fn run(shared: &Shared) {
         match job {
             Job::Write { id, offset, buf } => {
                 let t0 = Instant::now();
-                let result = shared.file.write_at(offset, &buf[..]);
+                let result = write_host(shared, offset, &buf);
                 let mut st = shared.lock();
                 st.stats.write_time += t0.elapsed();
                 st.write_done(id, Some(buf), result);
@@ -57,11 +58,12 @@ fn run(shared: &Shared) {
             Job::Read {
                 id,
                 offset,
+                layout,
                 len,
                 home,
             } => {
                 let t0 = Instant::now();
-                let result = read(shared, offset, len, home);
+                let result = read(shared, offset, layout.as_deref(), len, home);
                 let mut st = shared.lock();
                 st.stats.read_time += t0.elapsed();
                 if st.read_done(id, result) {
@@ -81,10 +83,11 @@ fn run(shared: &Shared) {
                         .file
                         .write_at(offset, fastensor_core::MemRef::Device(src.slice()))
                 });
+                let len = src.range().len() as u64;
                 drop(src); // the device memory goes back to its owner once written
                 let mut st = shared.lock();
                 st.stats.write_time += t0.elapsed();
-                st.write_done(id, None, result);
+                st.write_done(id, None, result.map(|()| Written::raw(len)));
                 shared.after_change(&mut st);
             }
         }
@@ -102,7 +105,10 @@ fn stage(shared: &Shared, id: u64, offset: u64, copy: crate::gds::copies::Outgoi
     let result = staged.map(|mut block| {
         let len = block.len();
         block.set_len(round_up(len as u64) as usize);
-        let written = shared.file.write_at(offset, &block[..]);
+        let written = shared
+            .file
+            .write_at(offset, &block[..])
+            .map(|()| Written::raw(block.len() as u64));
         block.set_len(len);
         (written, Arc::new(Payload::Pinned(block)))
     });
@@ -121,15 +127,36 @@ fn stage(shared: &Shared, id: u64, offset: u64, copy: crate::gds::copies::Outgoi
     shared.after_change(&mut st);
 }
 
-/// Reads the `len` bytes at `offset` of the swap file into memory of `home`: a block of the
-/// store's host pool, a GPU's pinned pool, or device memory. The extent's whole pages are
-/// read (with no bounce through a partial page); what is returned holds exactly the `len`
-/// bytes.
-pub(crate) fn read(shared: &Shared, offset: u64, len: u64, home: Home) -> Result<Data> {
+/// Writes a host tensor at `offset`: packed where it packs ([`OffloadConfig::pack`](
+/// super::OffloadConfig::pack)), through a scratch block of the pool, else as it is.
+pub(crate) fn write_host(shared: &Shared, offset: u64, bytes: &[u8]) -> Result<Written> {
+    if !shared.config.pack {
+        shared.file.write_at(offset, bytes)?;
+        return Ok(Written::raw(bytes.len() as u64));
+    }
+    let mut scratch = shared.pool.take(packing::SCRATCH)?;
+    let result = packing::write(&shared.file, offset, bytes, &mut scratch[..]);
+    shared.pool.give(scratch);
+    result
+}
+
+/// Reads the `len` bytes at `offset` of the swap file (laid out as `layout` says, where the
+/// tensor was written packed) into memory of `home`: a block of the store's host pool, a
+/// GPU's pinned pool, or device memory. The extent's whole pages are read (with no bounce
+/// through a partial page); what is returned holds exactly the `len` bytes, with the bytes
+/// read from the file.
+pub(crate) fn read(
+    shared: &Shared,
+    offset: u64,
+    layout: Option<&Layout>,
+    len: u64,
+    home: Home,
+) -> Result<(Data, u64)> {
     let n = usize::try_from(len)
         .map_err(|_| Error::new(ErrorKind::InvalidInput, "tensor too large for memory"))?;
     match home {
-        Home::Host => read_host(shared, offset, n).map(|b| Data::Loaded(Payload::Owned(b))),
+        Home::Host => read_host(shared, offset, layout, n)
+            .map(|(b, moved)| (Data::Loaded(Payload::Owned(b)), moved)),
         #[cfg(feature = "gds")]
         Home::Pinned(gpu) => {
             let engine = shared.copies(gpu)?;
@@ -138,14 +165,14 @@ pub(crate) fn read(shared: &Shared, offset: u64, len: u64, home: Home) -> Result
             let got = shared.file.read_at(offset, &mut block[..])?;
             block.set_len(n);
             complete(shared, offset, n, got)?;
-            Ok(Data::Loaded(Payload::Pinned(block)))
+            Ok((Data::Loaded(Payload::Pinned(block)), got as u64))
         }
         #[cfg(feature = "gds")]
         Home::Device(gpu) => {
             let mut buf = crate::gds::DeviceBuffer::new(n, gpu)?;
             let got = shared.file.read_at(offset, buf.as_mem_mut())?;
             complete(shared, offset, n, got)?;
-            Ok(Data::LoadedDevice(buf))
+            Ok((Data::LoadedDevice(buf), got as u64))
         }
         #[cfg(not(feature = "gds"))]
         Home::Pinned(_) | Home::Device(_) => Err(Error::new(
@@ -155,23 +182,45 @@ pub(crate) fn read(shared: &Shared, offset: u64, len: u64, home: Home) -> Result
     }
 }
 
-/// Reads `n` bytes at `offset` into a block of the store's host pool.
-fn read_host(shared: &Shared, offset: u64, n: usize) -> Result<HostBuffer> {
+/// Reads the `n` bytes of a tensor at `offset` (laid out as `layout` says) into a block of
+/// the store's host pool; the block, and the bytes read from the file.
+fn read_host(
+    shared: &Shared,
+    offset: u64,
+    layout: Option<&Layout>,
+    n: usize,
+) -> Result<(HostBuffer, u64)> {
     let mut buf = shared.pool.take(n)?;
     let span = (round_up(n as u64) as usize).min(buf.len());
-    let got = match shared.file.read_at(offset, &mut buf[..span]) {
-        Ok(got) => got,
+    let got = match layout {
+        None => shared
+            .file
+            .read_at(offset, &mut buf[..span])
+            .and_then(|got| complete(shared, offset, n, got).map(|()| got as u64)),
+        Some(layout) => shared.pool.take(packing::SCRATCH).and_then(|mut scratch| {
+            let got = packing::read(
+                &shared.file,
+                &shared.path,
+                offset,
+                layout,
+                n,
+                &mut buf[..span],
+                &mut scratch[..],
+            );
+            shared.pool.give(scratch);
+            got
+        }),
+    };
+    match got {
+        Ok(got) => {
+            buf.truncate(n);
+            Ok((buf, got))
+        }
         Err(e) => {
             shared.pool.give(buf);
-            return Err(e);
+            Err(e)
         }
-    };
-    if let Err(e) = complete(shared, offset, n, got) {
-        shared.pool.give(buf);
-        return Err(e);
     }
-    buf.truncate(n);
-    Ok(buf)
 }
 
 /// An error unless `got` bytes read cover the `n` wanted.

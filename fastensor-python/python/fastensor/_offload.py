@@ -231,8 +231,20 @@ class OffloadStats:
         "written_through", "Storages larger than the budget, written on the spot by the pack."
     )
     held_bytes = _field("held_bytes", "Bytes the store holds now.")
-    bytes_written = _field("bytes_written", "Bytes written to the swap file.")
-    bytes_read = _field("bytes_read", "Bytes read back from the swap file.")
+    bytes_written = _field(
+        "bytes_written", "Bytes of the tensors written to the swap file (as in memory)."
+    )
+    bytes_read = _field(
+        "bytes_read", "Bytes of the tensors read back from the swap file (as in memory)."
+    )
+    file_bytes_written = _field(
+        "file_bytes_written",
+        "Bytes that crossed to the swap file: ``bytes_written`` less what packing saved.",
+    )
+    file_bytes_read = _field(
+        "file_bytes_read",
+        "Bytes that came from the swap file: ``bytes_read`` less what packing saved.",
+    )
     bytes_never_written = _field(
         "bytes_never_written",
         "Bytes of offloaded storages backward took from memory before they were ever written "
@@ -360,6 +372,8 @@ class _Session:
             "held_bytes",
             "bytes_written",
             "bytes_read",
+            "file_bytes_written",
+            "file_bytes_read",
             "prefetches",
             "peak_resident_bytes",
             "written_through",
@@ -586,6 +600,12 @@ class offload:  # noqa: N801 (a context manager named as a function, like torch.
             tensor changed in place after it was saved (which autograd refuses without
             offload) comes back from disk as it was saved once written; changed while still
             unwritten, backward raises ``RuntimeError``.
+        pack: store chunks of saved tensors that are mostly zeros or hold only 0 and one
+            other value (dropout masks, as float or bool; all-zero blocks) as bitmaps in the
+            swap file, and unpack them when read back, bit for bit: fewer bytes cross to the
+            disk and back. Other chunks cost a glance at their first 4 KiB and go as they
+            are. Default True; ``stats.file_bytes_written`` against ``stats.bytes_written``
+            shows what it saved.
         caching_allocator: serve torch's CPU allocations of 256 KiB or more from fastensor's
             host pool while the block's graphs live (see
             :class:`fastensor.torch.caching_allocator`): the memory each offloaded tensor
@@ -621,6 +641,7 @@ class offload:  # noqa: N801 (a context manager named as a function, like torch.
         *,
         io_threads: int = 2,
         write_behind: int | None = None,
+        pack: bool = True,
         caching_allocator: bool = True,
         release_memory: bool = False,
         device_path: str = "auto",
@@ -638,6 +659,7 @@ class offload:  # noqa: N801 (a context manager named as a function, like torch.
         if write_behind is not None and write_behind < 0:
             raise _invalid(f"fastensor offload: write_behind must be >= 0, not {write_behind}")
         self.write_behind = write_behind
+        self.pack = bool(pack)
         self.caching_allocator = caching_allocator
         self.release_memory = release_memory
         if device_path not in ("auto", "staged", "direct"):
@@ -677,6 +699,7 @@ class offload:  # noqa: N801 (a context manager named as a function, like torch.
                 initial_capacity=_capacity_hints.get(hint_key, 0),
                 device_path=self.device_path,
                 write_behind=self.write_behind,
+                pack=self.pack,
             )
         except BaseException:
             _allocator_disable(allocator[0])
