@@ -3,7 +3,8 @@
     python bench/offload.py [--models deep,shallow] [--configs none,checkpoint,paper,fastensor,
                             fastensor+checkpoint] [--steps 8] [--search-steps 3] [--rounds 3]
                             [--base-batch 4] [--budget-layers 1] [--equal-budget-layers L]
-                            [--skip-largest] [--dir DIR] [--json FILE] [--out FILE] [--quick]
+                            [--skip-largest] [--at-ratio R] [--dir DIR] [--json FILE]
+                            [--out FILE] [--quick]
 
 Models: stacks of ``torch.nn.TransformerEncoderLayer`` (pre-norm, torch's defaults otherwise:
 feed-forward 2048, dropout 0.1) trained with SGD on random tokens:
@@ -23,7 +24,9 @@ Configurations (the model and seed are the same in all):
 - ``fastensor``: ``fastensor.torch.offload(dir=..., budget_bytes=...)`` with its defaults,
   the budget one layer's saved activations at that batch (``--budget-layers``);
 - ``fastensor+checkpoint``: the same, with every layer checkpointed (reentrant: each layer's
-  input goes to the store, the rest is recomputed in backward).
+  input goes to the store, the rest is recomputed in backward);
+- ``unpacked``: ``fastensor`` with ``pack=False`` (every byte crosses to the disk as it is;
+  not run unless named).
 
 Memory: every run is a process of its own in a memory cgroup of its own (v2 where the
 machine has it, else v1) whose limit is the cap: what the kernel charges (interpreter, torch,
@@ -46,6 +49,10 @@ charged here and alike in every run.
    (its offloaded bytes at the rates the store measured). ``--equal-budget-layers`` gives
    these runs a budget of their own (a batch that fits without offload leaves room to hold
    more of it); ``--skip-largest`` runs only the cap and this part.
+4. With ``--at-ratio R``: every configuration but no offload at R times no offload's batch
+   under the cap (``--rounds`` rounds, fresh processes, no offload at its batch in the same
+   rounds): tokens/s at a batch with room left under the cap, where the largest batch runs
+   at the cap itself (the kernel reclaiming all the while).
 """
 
 from __future__ import annotations
@@ -73,6 +80,7 @@ MODELS = {
     "tiny": {"layers": 8, "d": 128, "heads": 2, "seq": 64, "kind": "transformer"},
 }
 CONFIGS = ["none", "checkpoint", "paper", "fastensor", "fastensor+checkpoint"]
+OPTIONAL_CONFIGS = ["unpacked"]
 
 
 # ---------------------------------------------------------------- the worker process
@@ -188,10 +196,10 @@ def worker(spec: dict) -> None:
         return h
 
     def hooks():
-        if config.startswith("fastensor"):
+        if config.startswith("fastensor") or config == "unpacked":
             from fastensor.torch import offload
 
-            return offload(dir=spec["dir"], budget_bytes=spec["budget"])
+            return offload(dir=spec["dir"], budget_bytes=spec["budget"], pack=config != "unpacked")
         if config == "paper":
             return paper_hooks(spec["dir"])
         return contextlib.nullcontext()
@@ -211,6 +219,8 @@ def worker(spec: dict) -> None:
             out.update(
                 written=s["bytes_written"],
                 read=s["bytes_read"],
+                file_written=s["file_bytes_written"],
+                file_read=s["file_bytes_read"],
                 write_s=s["write_time_s"],
                 read_s=s["read_time_s"],
                 stall=s["unpack_stall_s"],
@@ -436,30 +446,78 @@ class Bench:
         self.say()
         self.say(
             f"| {model}, cap {cap / MIB:.0f} MiB | largest batch | vs no offload | tokens/s "
-            "| vs no offload | peak MiB (last step) | flat over the steps |"
+            "| vs no offload | peak MiB (last step) | flat over the steps "
+            "| GB to / from the disk a step |"
         )
-        self.say("|---|---:|---:|---:|---:|---:|---|")
+        self.say("|---|---:|---:|---:|---:|---:|---|---|")
         for config, row in rows.items():
             r = row["run"]
             if not r or not row["batch"]:
-                self.say(f"| {config} | none found | - | - | - | - | - |")
+                self.say(f"| {config} | none found | - | - | - | - | - | - |")
                 continue
             tps = row["batch"] * m["seq"] / step_time(r)
             is_flat, grow = flat(r)
             row.update(tokens_s=tps, flat=is_flat, growth_mib=grow)
+            last = r["steps"][-1]
+            moved = "-"
+            if "file_written" in last:
+                moved = f"{last['file_written'] / 1e9:.2f} / {last['file_read'] / 1e9:.2f}"
             self.say(
                 f"| {config} | {row['batch']} | {row['batch'] / base:.1f}x | {tps:.0f} "
-                f"| {tps / none_tps:.2f}x | {r['steps'][-1]['peak'] / MIB:.0f} "
-                f"| {'yes' if is_flat else 'no'} ({grow:+.0f} MiB) |"
+                f"| {tps / none_tps:.2f}x | {last['peak'] / MIB:.0f} "
+                f"| {'yes' if is_flat else 'no'} ({grow:+.0f} MiB) | {moved} |"
                 if none_tps
-                else f"| {config} | {row['batch']} | - | {tps:.0f} | - | - | - |"
+                else f"| {config} | {row['batch']} | - | {tps:.0f} | - | - | - | {moved} |"
             )
         equal = self.equal_batch(model, cap)
+        at_ratio = self.at_ratio(model, cap) if a.at_ratio else None
         self.report["models"][model] = {
             "cap": cap,
             "largest": {c: {k: v for k, v in row.items()} for c, row in rows.items()},
             "equal_batch": equal,
+            "at_ratio": at_ratio,
         }
+
+    def at_ratio(self, model: str, cap: int) -> dict:
+        a = self.args
+        base, seq = a.base_batch, MODELS[model]["seq"]
+        batch = int(round(a.at_ratio * base))
+        results: dict[str, list[dict]] = {c: [] for c in a.configs}
+        for _, order in interleaved(a.configs, a.rounds, seed=11):
+            for config in order:
+                b = base if config == "none" else batch
+                results[config].append(
+                    run(self.spec(model, config, b, a.steps), self.cgroups, cap, a.timeout)
+                )
+        self.say()
+        self.say(
+            f"| {model} at {batch} sequences ({a.at_ratio:g}x no offload's {base}), "
+            f"{a.rounds} rounds | tokens/s | vs no offload (same round) | peak MiB "
+            "| GB to / from the disk a step |"
+        )
+        self.say("|---|---:|---:|---:|---|")
+        out = {}
+        for config, rs in results.items():
+            b = base if config == "none" else batch
+            ok = [r for r in rs if r["ok"]]
+            if not ok:
+                self.say(f"| {config} | {rs[0]['why']} | - | - | - |")
+                continue
+            tps = med(b * seq / step_time(r) for r in ok)
+            ratios = [
+                (b * seq / step_time(r)) / (base * seq / step_time(n))
+                for r, n in zip(rs, results["none"], strict=True)
+                if r["ok"] and n["ok"]
+            ]
+            ratio = f"{med(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f})" if ratios else "-"
+            last = ok[0]["steps"][-1]
+            moved = "-"
+            if "file_written" in last:
+                moved = f"{last['file_written'] / 1e9:.2f} / {last['file_read'] / 1e9:.2f}"
+            peak = med(r["steps"][-1]["peak"] for r in ok) / MIB
+            out[config] = {"batch": b, "tokens_s": tps, "ratios": ratios, "peak": peak}
+            self.say(f"| {config} | {tps:.0f} | {ratio} | {peak:.0f} | {moved} |")
+        return out
 
     def equal_batch(self, model: str, cap: int) -> dict:
         a = self.args
@@ -474,14 +532,15 @@ class Bench:
             f"| {model} at {base} sequences (no offload's largest), {a.rounds} rounds, budget "
             f"{a.budget_layers if a.equal_budget_layers is None else a.equal_budget_layers:g} "
             "layer(s) "
-            "| step s | vs no offload | peak MiB | flat over the steps | compute/I/O a layer |"
+            "| step s | vs no offload | peak MiB | flat over the steps | compute/I/O a layer "
+            "| GB to / from the disk a step |"
         )
-        self.say("|---|---:|---:|---:|---|---:|")
+        self.say("|---|---:|---:|---:|---|---:|---|")
         out = {}
         for config, rs in results.items():
             ok = [r for r in rs if r["ok"]]
             if not ok:
-                self.say(f"| {config} | {rs[0]['why']} | - | - | - | - |")
+                self.say(f"| {config} | {rs[0]['why']} | - | - | - | - | - |")
                 continue
             t = med(step_time(r) for r in ok)
             ratios = [
@@ -503,10 +562,13 @@ class Bench:
             flats = [flat(r) for r in ok]
             is_flat = all(f for f, _ in flats)
             grow = max(g for _, g in flats)
+            moved = "-"
+            if "file_written" in last:
+                moved = f"{last['file_written'] / 1e9:.2f} / {last['file_read'] / 1e9:.2f}"
             out[config] = {"time": t, "ratios": ratios, "peak": peak, "flat": is_flat}
             self.say(
                 f"| {config} | {t:.3f} | {ratio} | {peak:.0f} "
-                f"| {'yes' if is_flat else 'no'} ({grow:+.0f} MiB) | {balance} |"
+                f"| {'yes' if is_flat else 'no'} ({grow:+.0f} MiB) | {balance} | {moved} |"
             )
         return out
 
@@ -533,6 +595,12 @@ def main() -> None:
     ap.add_argument(
         "--skip-largest", action="store_true", help="only the cap and the equal-batch runs"
     )
+    ap.add_argument(
+        "--at-ratio",
+        type=float,
+        default=None,
+        help="also run the offload configurations at this many times no offload's batch",
+    )
     ap.add_argument("--io-threads", type=int, default=2, help="offload's I/O threads (default)")
     ap.add_argument("--threads", type=int, default=None, help="torch's compute threads")
     ap.add_argument("--timeout", type=float, default=1800, help="seconds a run may take")
@@ -548,6 +616,9 @@ def main() -> None:
         args.max_batch = min(args.max_batch, 64)
     args.models = [m for m in args.models.split(",") if m]
     args.configs = [c for c in args.configs.split(",") if c]
+    unknown = set(args.configs) - set(CONFIGS + OPTIONAL_CONFIGS)
+    if unknown:
+        ap.error(f"unknown configurations {sorted(unknown)}: {CONFIGS + OPTIONAL_CONFIGS}")
     if "none" not in args.configs:
         args.configs.insert(0, "none")
 
