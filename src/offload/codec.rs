@@ -14,7 +14,7 @@
 pub(crate) const CHUNK: usize = 1 << 20;
 
 /// Chunks shorter than this are stored as they are.
-const MIN_PACKED: usize = 64 << 10;
+pub(crate) const MIN_PACKED: usize = 64 << 10;
 
 /// How many leading bytes of a chunk decide whether it is worth packing.
 const SAMPLE: usize = 4096;

@@ -130,7 +130,7 @@ fn stage(shared: &Shared, id: u64, offset: u64, copy: crate::gds::copies::Outgoi
 /// Writes a host tensor at `offset`: packed where it packs ([`OffloadConfig::pack`](
 /// super::OffloadConfig::pack)), through a scratch block of the pool, else as it is.
 pub(crate) fn write_host(shared: &Shared, offset: u64, bytes: &[u8]) -> Result<Written> {
-    if !shared.config.pack {
+    if !shared.config.pack || bytes.len() < super::codec::MIN_PACKED {
         shared.file.write_at(offset, bytes)?;
         return Ok(Written::raw(bytes.len() as u64));
     }
