@@ -241,8 +241,9 @@ pub(crate) fn read(
     Ok(read)
 }
 
-/// An error unless `got` bytes read at `offset` cover the `want` asked for.
-fn complete(path: &Path, offset: u64, want: usize, got: usize) -> Result<()> {
+/// An error unless `got` bytes read at `offset` of the swap file at `path` cover the `want`
+/// asked for.
+pub(crate) fn complete(path: &Path, offset: u64, want: usize, got: usize) -> Result<()> {
     if got >= want {
         return Ok(());
     }

@@ -225,13 +225,5 @@ fn read_host(
 
 /// An error unless `got` bytes read cover the `n` wanted.
 fn complete(shared: &Shared, offset: u64, n: usize, got: usize) -> Result<()> {
-    if got >= n {
-        return Ok(());
-    }
-    Err(Error::new(
-        ErrorKind::UnexpectedEof,
-        format!("wanted {n} bytes, the swap file ended after {got}"),
-    )
-    .with_path(&shared.path)
-    .with_offset(offset))
+    packing::complete(&shared.path, offset, n, got)
 }
