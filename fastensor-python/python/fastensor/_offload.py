@@ -305,6 +305,8 @@ class OffloadStats:
             f"{d['tensors_offloaded']} tensors (kept {d['bytes_kept'] / 2**20:.1f} MiB), "
             f"peak held {d['peak_held_bytes'] / 2**20:.1f} of "
             f"{d['budget_bytes'] / 2**20:.1f} MiB, unpack stall {d['unpack_stall_s']:.3f} s, "
+            f"written {d['bytes_written'] / 2**20:.1f} MiB as "
+            f"{d['file_bytes_written'] / 2**20:.1f} MiB to disk, "
             f"write {self.write_gbps:.2f} GB/s, read {self.read_gbps:.2f} GB/s>"
         )
 
