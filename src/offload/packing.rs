@@ -16,8 +16,14 @@ use fastensor_core::{Error, ErrorKind, Result};
 use std::ops::Range;
 use std::path::Path;
 
-/// Bytes of the scratch buffer a packed transfer needs: at least one chunk.
+/// The most bytes of scratch a packed transfer uses (see [`write_scratch`], [`Layout::read_scratch`]).
 pub(crate) const SCRATCH: usize = 4 * CHUNK;
+
+/// Scratch bytes a write of a `len`-byte tensor uses: room to pack one chunk, up to
+/// [`SCRATCH`] (a tensor smaller than that needs no more than its own length).
+pub(crate) fn write_scratch(len: usize) -> usize {
+    (round_up(len as u64) as usize).min(SCRATCH)
+}
 
 /// What a write of a tensor did: how it lies in its extent (None: as it is), and the
 /// bytes that crossed to the file.
@@ -44,6 +50,17 @@ pub(crate) struct Layout {
 }
 
 impl Layout {
+    /// Scratch bytes a read of the `len`-byte tensor laid out so uses: its packed chunks'
+    /// stored bytes, up to [`SCRATCH`] (a mask of 1 MiB reads 32 KiB, not 4 MiB).
+    pub(crate) fn read_scratch(&self, len: usize) -> usize {
+        let packed: usize = self
+            .pieces(len)
+            .filter(|p| p.codec != Codec::Raw)
+            .map(|p| p.disk.len())
+            .sum();
+        packed.min(SCRATCH)
+    }
+
     /// Each chunk: its codec, its bytes in the tensor, its bytes in the extent (relative).
     fn pieces(&self, len: usize) -> impl Iterator<Item = Piece> + '_ {
         let mut disk = 0usize;
@@ -88,7 +105,8 @@ enum Run {
 }
 
 /// Writes `src` (a tensor of `src.len()` bytes) into its extent at `offset`, packing the
-/// chunks that pack ([`codec::encode`]) through `scratch` ([`SCRATCH`] bytes, page-aligned).
+/// chunks that pack ([`codec::encode`]) through `scratch` (page-aligned, at least
+/// [`write_scratch`] bytes).
 /// The layout is None when every chunk went raw (the tensor lies as it is).
 pub(crate) fn write(
     file: &EngineFile,
@@ -96,7 +114,7 @@ pub(crate) fn write(
     src: &[u8],
     scratch: &mut [u8],
 ) -> Result<Written> {
-    debug_assert!(scratch.len() >= CHUNK);
+    debug_assert!(scratch.len() >= write_scratch(src.len()));
     let mut chunks = Vec::with_capacity(src.len().div_ceil(CHUNK));
     let mut run = Run::None;
     let mut disk = 0usize;
@@ -163,8 +181,8 @@ pub(crate) fn write(
 
 /// Reads the tensor written with `layout` at `offset` into `dst` (its `len` bytes, in a
 /// buffer that may hold up to a page more: raw bytes are read to whole pages where it
-/// does), through `scratch` ([`SCRATCH`] bytes, page-aligned). Returns the bytes read from
-/// the file.
+/// does), through `scratch` (page-aligned, at least [`Layout::read_scratch`] bytes).
+/// Returns the bytes read from the file.
 pub(crate) fn read(
     file: &EngineFile,
     path: &Path,

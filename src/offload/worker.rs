@@ -134,7 +134,7 @@ pub(crate) fn write_host(shared: &Shared, offset: u64, bytes: &[u8]) -> Result<W
         shared.file.write_at(offset, bytes)?;
         return Ok(Written::raw(bytes.len() as u64));
     }
-    let mut scratch = shared.pool.take(packing::SCRATCH)?;
+    let mut scratch = shared.pool.take(packing::write_scratch(bytes.len()))?;
     let result = packing::write(&shared.file, offset, bytes, &mut scratch[..]);
     shared.pool.give(scratch);
     result
@@ -197,19 +197,22 @@ fn read_host(
             .file
             .read_at(offset, &mut buf[..span])
             .and_then(|got| complete(shared, offset, n, got).map(|()| got as u64)),
-        Some(layout) => shared.pool.take(packing::SCRATCH).and_then(|mut scratch| {
-            let got = packing::read(
-                &shared.file,
-                &shared.path,
-                offset,
-                layout,
-                n,
-                &mut buf[..span],
-                &mut scratch[..],
-            );
-            shared.pool.give(scratch);
-            got
-        }),
+        Some(layout) => shared
+            .pool
+            .take(layout.read_scratch(n))
+            .and_then(|mut scratch| {
+                let got = packing::read(
+                    &shared.file,
+                    &shared.path,
+                    offset,
+                    layout,
+                    n,
+                    &mut buf[..span],
+                    &mut scratch[..],
+                );
+                shared.pool.give(scratch);
+                got
+            }),
     };
     match got {
         Ok(got) => {
