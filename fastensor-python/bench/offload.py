@@ -53,6 +53,10 @@ charged here and alike in every run.
    under the cap (``--rounds`` rounds, fresh processes, no offload at its batch in the same
    rounds): tokens/s at a batch with room left under the cap, where the largest batch runs
    at the cap itself (the kernel reclaiming all the while).
+
+Parts 3 and 4 also give the machine's steal time a step (``/proc/stat``, the median after
+the first two steps): on a virtual machine whose disk is served by the host's CPUs, the
+time those CPUs took from this machine's while it computed, which each byte moved adds to.
 """
 
 from __future__ import annotations
@@ -163,6 +167,17 @@ class CgroupPeak:
             return int(f.read().split()[0])
 
 
+def steal_seconds() -> float:
+    """The hypervisor's steal time of the whole machine so far (``/proc/stat``; 0 where the
+    kernel does not count it): CPU time the host took from this VM's vCPUs while they had
+    work. On a VM whose disk is served by the host's CPUs, each byte moved shows up here."""
+    with contextlib.suppress(OSError, IndexError, ValueError), open("/proc/stat") as f:
+        fields = f.readline().split()
+        if fields[0] == "cpu":
+            return int(fields[8]) / os.sysconf("SC_CLK_TCK")
+    return 0.0
+
+
 def rss_peak() -> int:
     with open("/proc/self/status") as f:
         for line in f:
@@ -206,6 +221,7 @@ def worker(spec: dict) -> None:
 
     for _ in range(spec["steps"]):
         peak.reset()
+        steal0 = steal_seconds()
         t0 = time.perf_counter()
         with hooks() as stats:
             loss = forward(x).square().mean()
@@ -213,7 +229,11 @@ def worker(spec: dict) -> None:
         opt.step()
         opt.zero_grad(set_to_none=False)
         del loss
-        out = {"time": time.perf_counter() - t0, "peak": peak.read()}
+        out = {
+            "time": time.perf_counter() - t0,
+            "peak": peak.read(),
+            "steal": steal_seconds() - steal0,
+        }
         if stats is not None and hasattr(stats, "as_dict"):
             s = stats.as_dict()
             out.update(
@@ -336,6 +356,12 @@ def step_time(r: dict) -> float:
     """The median step after the first two (first-touch costs)."""
     s = r["steps"]
     return med(x["time"] for x in (s[2:] or s[-1:]))
+
+
+def steal_time(r: dict) -> float:
+    """The machine's steal time over a step (the median after the first two)."""
+    s = r["steps"]
+    return med(x.get("steal", 0.0) for x in (s[2:] or s[-1:]))
 
 
 def flat(r: dict) -> tuple[bool, float]:
@@ -493,15 +519,15 @@ class Bench:
         self.say(
             f"| {model} at {batch} sequences ({a.at_ratio:g}x no offload's {base}), "
             f"{a.rounds} rounds | tokens/s | vs no offload (same round) | peak MiB "
-            "| GB to / from the disk a step |"
+            "| GB to / from the disk a step | steal s a step |"
         )
-        self.say("|---|---:|---:|---:|---|")
+        self.say("|---|---:|---:|---:|---|---:|")
         out = {}
         for config, rs in results.items():
             b = base if config == "none" else batch
             ok = [r for r in rs if r["ok"]]
             if not ok:
-                self.say(f"| {config} | {rs[0]['why']} | - | - | - |")
+                self.say(f"| {config} | {rs[0]['why']} | - | - | - | - |")
                 continue
             tps = med(b * seq / step_time(r) for r in ok)
             ratios = [
@@ -515,8 +541,15 @@ class Bench:
             if "file_written" in last:
                 moved = f"{last['file_written'] / 1e9:.2f} / {last['file_read'] / 1e9:.2f}"
             peak = med(r["steps"][-1]["peak"] for r in ok) / MIB
-            out[config] = {"batch": b, "tokens_s": tps, "ratios": ratios, "peak": peak}
-            self.say(f"| {config} | {tps:.0f} | {ratio} | {peak:.0f} | {moved} |")
+            steal = med(steal_time(r) for r in ok)
+            out[config] = {
+                "batch": b,
+                "tokens_s": tps,
+                "ratios": ratios,
+                "peak": peak,
+                "steal_s": steal,
+            }
+            self.say(f"| {config} | {tps:.0f} | {ratio} | {peak:.0f} | {moved} | {steal:.2f} |")
         return out
 
     def equal_batch(self, model: str, cap: int) -> dict:
@@ -533,14 +566,14 @@ class Bench:
             f"{a.budget_layers if a.equal_budget_layers is None else a.equal_budget_layers:g} "
             "layer(s) "
             "| step s | vs no offload | peak MiB | flat over the steps | compute/I/O a layer "
-            "| GB to / from the disk a step |"
+            "| GB to / from the disk a step | steal s a step |"
         )
-        self.say("|---|---:|---:|---:|---|---:|---|")
+        self.say("|---|---:|---:|---:|---|---:|---|---:|")
         out = {}
         for config, rs in results.items():
             ok = [r for r in rs if r["ok"]]
             if not ok:
-                self.say(f"| {config} | {rs[0]['why']} | - | - | - | - | - |")
+                self.say(f"| {config} | {rs[0]['why']} | - | - | - | - | - | - |")
                 continue
             t = med(step_time(r) for r in ok)
             ratios = [
@@ -565,10 +598,18 @@ class Bench:
             moved = "-"
             if "file_written" in last:
                 moved = f"{last['file_written'] / 1e9:.2f} / {last['file_read'] / 1e9:.2f}"
-            out[config] = {"time": t, "ratios": ratios, "peak": peak, "flat": is_flat}
+            steal = med(steal_time(r) for r in ok)
+            out[config] = {
+                "time": t,
+                "ratios": ratios,
+                "peak": peak,
+                "flat": is_flat,
+                "steal_s": steal,
+            }
             self.say(
                 f"| {config} | {t:.3f} | {ratio} | {peak:.0f} "
-                f"| {'yes' if is_flat else 'no'} ({grow:+.0f} MiB) | {balance} | {moved} |"
+                f"| {'yes' if is_flat else 'no'} ({grow:+.0f} MiB) | {balance} | {moved} "
+                f"| {steal:.2f} |"
             )
         return out
 
