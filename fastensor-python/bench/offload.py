@@ -3,8 +3,8 @@
     python bench/offload.py [--models deep,shallow] [--configs none,checkpoint,paper,fastensor,
                             fastensor+checkpoint] [--steps 8] [--search-steps 3] [--rounds 3]
                             [--base-batch 4] [--budget-layers 1] [--equal-budget-layers L]
-                            [--skip-largest] [--at-ratio R] [--dir DIR] [--json FILE]
-                            [--out FILE] [--quick]
+                            [--skip-largest] [--at-ratio R [--uncapped-reference]]
+                            [--dir DIR] [--json FILE] [--out FILE] [--quick]
 
 Models: stacks of ``torch.nn.TransformerEncoderLayer`` (pre-norm, torch's defaults otherwise:
 feed-forward 2048, dropout 0.1) trained with SGD on random tokens:
@@ -52,7 +52,9 @@ charged here and alike in every run.
 4. With ``--at-ratio R``: every configuration but no offload at R times no offload's batch
    under the cap (``--rounds`` rounds, fresh processes, no offload at its batch in the same
    rounds): tokens/s at a batch with room left under the cap, where the largest batch runs
-   at the cap itself (the kernel reclaiming all the while).
+   at the cap itself (the kernel reclaiming all the while). ``--uncapped-reference`` adds no
+   offload at that batch without a cap in the same rounds (it needs that memory): what
+   offload itself costs at that batch, apart from what the batch costs.
 
 Parts 3 and 4 also give the machine's steal time a step (``/proc/stat``, the median after
 the first two steps): on a virtual machine whose disk is served by the host's CPUs, the
@@ -85,6 +87,8 @@ MODELS = {
 }
 CONFIGS = ["none", "checkpoint", "paper", "fastensor", "fastensor+checkpoint"]
 OPTIONAL_CONFIGS = ["unpacked"]
+#: The ``--uncapped-reference`` run's name: no offload at the ``--at-ratio`` batch, no cap.
+NO_CAP = "none, no cap"
 
 
 # ---------------------------------------------------------------- the worker process
@@ -508,48 +512,67 @@ class Bench:
         a = self.args
         base, seq = a.base_batch, MODELS[model]["seq"]
         batch = int(round(a.at_ratio * base))
-        results: dict[str, list[dict]] = {c: [] for c in a.configs}
-        for _, order in interleaved(a.configs, a.rounds, seed=11):
-            for config in order:
-                b = base if config == "none" else batch
-                results[config].append(
-                    run(self.spec(model, config, b, a.steps), self.cgroups, cap, a.timeout)
-                )
+        names = list(a.configs) + ([NO_CAP] if a.uncapped_reference else [])
+        results: dict[str, list[dict]] = {c: [] for c in names}
+        for _, order in interleaved(names, a.rounds, seed=11):
+            for name in order:
+                if name == NO_CAP:
+                    spec, limit = self.spec(model, "none", batch, a.steps), None
+                else:
+                    b = base if name == "none" else batch
+                    spec, limit = self.spec(model, name, b, a.steps), cap
+                results[name].append(run(spec, self.cgroups, limit, a.timeout))
+
+        def tokens_s(name: str, r: dict) -> float:
+            return (base if name == "none" else batch) * seq / step_time(r)
+
+        def ratios(name: str, against: str) -> list[float]:
+            return [
+                tokens_s(name, r) / tokens_s(against, n)
+                for r, n in zip(results[name], results[against], strict=True)
+                if r["ok"] and n["ok"]
+            ]
+
+        def span(xs: list[float]) -> str:
+            return f"{med(xs):.2f}x ({min(xs):.2f}-{max(xs):.2f})" if xs else "-"
+
+        reference = NO_CAP in results
         self.say()
         self.say(
             f"| {model} at {batch} sequences ({a.at_ratio:g}x no offload's {base}), "
-            f"{a.rounds} rounds | tokens/s | vs no offload (same round) | peak MiB "
-            "| GB to / from the disk a step | steal s a step |"
+            f"{a.rounds} rounds | tokens/s | vs no offload (same round) "
+            + ("| vs no offload at this batch without a cap (same round) " if reference else "")
+            + "| peak MiB | GB to / from the disk a step | steal s a step |"
         )
-        self.say("|---|---:|---:|---:|---|---:|")
+        self.say("|---|---:|---:|" + ("---:|" if reference else "") + "---:|---|---:|")
         out = {}
-        for config, rs in results.items():
-            b = base if config == "none" else batch
+        for name, rs in results.items():
             ok = [r for r in rs if r["ok"]]
             if not ok:
-                self.say(f"| {config} | {rs[0]['why']} | - | - | - | - |")
+                self.say(f"| {name} | {rs[0]['why']} |" + " - |" * (5 if reference else 4))
                 continue
-            tps = med(b * seq / step_time(r) for r in ok)
-            ratios = [
-                (b * seq / step_time(r)) / (base * seq / step_time(n))
-                for r, n in zip(rs, results["none"], strict=True)
-                if r["ok"] and n["ok"]
-            ]
-            ratio = f"{med(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f})" if ratios else "-"
+            tps = med(tokens_s(name, r) for r in ok)
+            against_none = ratios(name, "none")
             last = ok[0]["steps"][-1]
             moved = "-"
             if "file_written" in last:
                 moved = f"{last['file_written'] / 1e9:.2f} / {last['file_read'] / 1e9:.2f}"
             peak = med(r["steps"][-1]["peak"] for r in ok) / MIB
             steal = med(steal_time(r) for r in ok)
-            out[config] = {
-                "batch": b,
+            out[name] = {
+                "batch": base if name == "none" else batch,
                 "tokens_s": tps,
-                "ratios": ratios,
+                "ratios": against_none,
                 "peak": peak,
                 "steal_s": steal,
             }
-            self.say(f"| {config} | {tps:.0f} | {ratio} | {peak:.0f} | {moved} | {steal:.2f} |")
+            cells = [f"{tps:.0f}", span(against_none)]
+            if reference:
+                against_free = ratios(name, NO_CAP) if name != "none" else []
+                out[name]["ratios_no_cap"] = against_free
+                cells.append(span(against_free))
+            cells += [f"{peak:.0f}", moved, f"{steal:.2f}"]
+            self.say(f"| {name} | " + " | ".join(cells) + " |")
         return out
 
     def equal_batch(self, model: str, cap: int) -> dict:
@@ -641,6 +664,12 @@ def main() -> None:
         type=float,
         default=None,
         help="also run the offload configurations at this many times no offload's batch",
+    )
+    ap.add_argument(
+        "--uncapped-reference",
+        action="store_true",
+        help="with --at-ratio, also run no offload at that batch without a cap (needs the "
+        "memory: the cost of offload itself at that batch)",
     )
     ap.add_argument("--io-threads", type=int, default=2, help="offload's I/O threads (default)")
     ap.add_argument("--threads", type=int, default=None, help="torch's compute threads")
