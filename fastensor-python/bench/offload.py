@@ -565,6 +565,7 @@ class Bench:
                 "ratios": against_none,
                 "peak": peak,
                 "steal_s": steal,
+                "runs": rs,
             }
             cells = [f"{tps:.0f}", span(against_none)]
             if reference:
@@ -628,6 +629,7 @@ class Bench:
                 "peak": peak,
                 "flat": is_flat,
                 "steal_s": steal,
+                "runs": rs,
             }
             self.say(
                 f"| {config} | {t:.3f} | {ratio} | {peak:.0f} "
