@@ -362,6 +362,13 @@ def step_time(r: dict) -> float:
     return med(x["time"] for x in (s[2:] or s[-1:]))
 
 
+def disk_bytes(step: dict) -> str:
+    """GB written to / read from the disk in a step ("-" for a run without offload)."""
+    if "file_written" not in step:
+        return "-"
+    return f"{step['file_written'] / 1e9:.2f} / {step['file_read'] / 1e9:.2f}"
+
+
 def steal_time(r: dict) -> float:
     """The machine's steal time over a step (the median after the first two)."""
     s = r["steps"]
@@ -489,9 +496,7 @@ class Bench:
             is_flat, grow = flat(r)
             row.update(tokens_s=tps, flat=is_flat, growth_mib=grow)
             last = r["steps"][-1]
-            moved = "-"
-            if "file_written" in last:
-                moved = f"{last['file_written'] / 1e9:.2f} / {last['file_read'] / 1e9:.2f}"
+            moved = disk_bytes(last)
             self.say(
                 f"| {config} | {row['batch']} | {row['batch'] / base:.1f}x | {tps:.0f} "
                 f"| {tps / none_tps:.2f}x | {last['peak'] / MIB:.0f} "
@@ -554,9 +559,7 @@ class Bench:
             tps = med(tokens_s(name, r) for r in ok)
             against_none = ratios(name, "none")
             last = ok[0]["steps"][-1]
-            moved = "-"
-            if "file_written" in last:
-                moved = f"{last['file_written'] / 1e9:.2f} / {last['file_read'] / 1e9:.2f}"
+            moved = disk_bytes(last)
             peak = med(r["steps"][-1]["peak"] for r in ok) / MIB
             steal = med(steal_time(r) for r in ok)
             out[name] = {
@@ -619,9 +622,7 @@ class Bench:
             flats = [flat(r) for r in ok]
             is_flat = all(f for f, _ in flats)
             grow = max(g for _, g in flats)
-            moved = "-"
-            if "file_written" in last:
-                moved = f"{last['file_written'] / 1e9:.2f} / {last['file_read'] / 1e9:.2f}"
+            moved = disk_bytes(last)
             steal = med(steal_time(r) for r in ok)
             out[config] = {
                 "time": t,

@@ -28,8 +28,9 @@ Who owns what:
   on the spot instead (the pack returns once it is on disk) and never held.
 - On its way to the swap file a storage is cut into 1 MiB chunks; a chunk that holds only 0
   and one other value (a dropout mask, float or bool; zeros) or is mostly zeros is written
-  as a bitmap (through a 4 MiB scratch block of the pool, outside the budget) and unpacked
-  into the block it is read back into, bit for bit (``pack``).
+  as a bitmap (through a scratch block of the pool sized to the transfer, at most 4 MiB,
+  outside the budget) and unpacked into the block it is read back into, bit for bit
+  (``pack``).
 - On unpack, a storage still in memory (kept, or alive elsewhere) is used as it is; else its
   bytes come back in a pool block the store read them into (ahead of time when prefetched);
   ``torch.from_dlpack`` turns it into a tensor that owns the block, which goes back to the
