@@ -13,6 +13,7 @@ mod errors;
 mod export;
 mod files;
 mod format;
+mod group;
 mod later;
 mod located;
 mod memory;
@@ -132,6 +133,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(source::read_new, m)?)?;
     format::register(m)?;
     sharded::register(m)?;
+    group::register(m)?;
     files::register(m)?;
     slice::register(m)?;
     checksum::register(m)?;

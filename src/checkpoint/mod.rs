@@ -25,6 +25,7 @@
 
 mod arena;
 pub mod checksum;
+pub mod group;
 mod header;
 mod into_arena;
 mod load;

@@ -285,6 +285,91 @@ impl CheckpointSource {
         })
     }
 
+    /// Fills each `(file, range, destination)`: bytes `range` of the source's file `file`
+    /// (an index into [`paths`](Self::paths)), which must lie within that file's data
+    /// section, and the destination exactly the range's length; else
+    /// [`ErrorKind::InvalidInput`] naming the file, before anything is read. All requests go
+    /// out as one job per file, the files' in flight together. On a source opened
+    /// [`verifying`](Self::verifying), a request that is exactly one tensor's bytes is
+    /// checked against its checksum; parts of tensors cannot be checked.
+    pub fn read_spans(&self, spans: Vec<(usize, Range<u64>, MemMut<'_>)>) -> Result<()> {
+        let mut reqs = Vec::with_capacity(spans.len());
+        for (file, range, dst) in spans {
+            let f = self.files.get(file).ok_or_else(|| {
+                Error::new(
+                    ErrorKind::InvalidInput,
+                    format!("no file {file} in a source of {} files", self.files.len()),
+                )
+                .with_path(self.path())
+            })?;
+            if let Some(h) = &f.header {
+                let data = h.data_start()..h.data_start() + h.data_len();
+                if range.start < data.start || range.end > data.end || range.start > range.end {
+                    let e = Error::new(
+                        ErrorKind::InvalidInput,
+                        format!("bytes {range:?} lie outside the data section {data:?}"),
+                    );
+                    return Err(e.with_path(&f.path));
+                }
+            }
+            if dst.len() as u64 != range.end - range.start {
+                let what = format!("bytes {range:?}");
+                return Err(wrong_len(&what, range.end - range.start, dst.len()).with_path(&f.path));
+            }
+            reqs.push(Request { file, range, dst });
+        }
+        self.read(
+            &mut reqs,
+            How {
+                fresh: false,
+                windows: true,
+            },
+        )
+    }
+
+    /// A digest of what the source holds: every file's tensors (name, dtype, shape, byte
+    /// range) and metadata, in file order, and a sharded checkpoint's weight map; equal for
+    /// two opens of the same checkpoint, different (but for a 64-bit collision) when any of
+    /// these differ. Ranks of a group compare it before they share bytes.
+    pub fn digest(&self) -> u64 {
+        let mut h = Fnv64::default();
+        h.write(&(self.files.len() as u64).to_le_bytes());
+        for f in &self.files {
+            let Some(header) = &f.header else {
+                h.write(b"raw");
+                continue;
+            };
+            h.write(&header.data_start().to_le_bytes());
+            for e in header.entries() {
+                h.write(e.desc.name.as_bytes());
+                h.write(&[0]);
+                h.write(e.desc.dtype.name().as_bytes());
+                for d in &e.desc.shape {
+                    h.write(&d.to_le_bytes());
+                }
+                let r = header.file_range(e);
+                h.write(&r.start.to_le_bytes());
+                h.write(&r.end.to_le_bytes());
+            }
+            for (k, v) in header.metadata() {
+                h.write(k.as_bytes());
+                h.write(&[0]);
+                h.write(v.as_bytes());
+                h.write(&[0]);
+            }
+        }
+        if let Names::Index { by_name, .. } = &self.names {
+            let mut names: Vec<(&String, &(usize, usize))> = by_name.iter().collect();
+            names.sort();
+            for (n, (f, e)) in names {
+                h.write(n.as_bytes());
+                h.write(&(*f as u64).to_le_bytes());
+                h.write(&(*e as u64).to_le_bytes());
+            }
+        }
+        h.0
+    }
+
     /// Reads `reqs` (ranges of this source's files) through the planner.
     pub(crate) fn read(&self, reqs: &mut [Request<'_>], how: How) -> Result<()> {
         execute(&self.files, reqs, how)
@@ -295,6 +380,25 @@ impl CheckpointSource {
         match self.names {
             Names::Index { index, .. } => (self.files, Some(index)),
             _ => (self.files, None),
+        }
+    }
+}
+
+/// FNV-1a, 64 bits: a stable digest (the same on every machine and version), not a
+/// defence against crafted collisions.
+struct Fnv64(u64);
+
+impl Default for Fnv64 {
+    fn default() -> Self {
+        Fnv64(0xcbf2_9ce4_8422_2325)
+    }
+}
+
+impl Fnv64 {
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 ^= u64::from(b);
+            self.0 = self.0.wrapping_mul(0x0000_0100_0000_01b3);
         }
     }
 }

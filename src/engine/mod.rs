@@ -23,6 +23,7 @@
 mod builder;
 mod decisions;
 mod file;
+mod group;
 mod measure;
 mod objects;
 mod opener;
@@ -33,6 +34,7 @@ mod whole;
 
 pub use builder::EngineBuilder;
 pub use file::EngineFile;
+pub use group::{GroupChoice, GroupContext, GroupRead, GroupSource};
 pub use measure::{evict, SystemClock};
 pub use placement::{NewLoads, NewLoadsMeasured};
 pub use report::{BackendUsage, Report};
