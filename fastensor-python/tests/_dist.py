@@ -13,7 +13,7 @@ import socket
 import time
 from pathlib import Path
 
-_PRELOAD = ["torch", "torch.distributed.checkpoint", "fastensor.dcp", "dcp_worker"]
+_PRELOAD = ["torch", "torch.distributed.checkpoint", "fastensor.dcp", "dcp_worker", "group_worker"]
 _ctx = None
 
 
@@ -44,17 +44,26 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_world(scenario: str, world: int, directory: Path, timeout: float = 120.0) -> list[str]:
-    """Runs ``scenario`` on ``world`` ranks; returns each rank's output, or raises
-    ``AssertionError`` with every rank's output when one fails or the deadline passes."""
-    import dcp_worker
+def run_world(
+    scenario: str,
+    world: int,
+    directory: Path,
+    timeout: float = 120.0,
+    worker: str = "dcp_worker",
+    may_die: frozenset[int] = frozenset(),
+) -> list[str]:
+    """Runs ``scenario`` of the module ``worker`` (its ``entry``) on ``world`` ranks;
+    returns each rank's output, or raises ``AssertionError`` with every rank's output when
+    one fails (a rank of ``may_die`` may end as it likes) or the deadline passes."""
+    import importlib
 
+    module = importlib.import_module(worker)
     ctx = _context()
     port = free_port()
     logs = [directory / f"{scenario}.rank{r}.log" for r in range(world)]
     procs = [
         ctx.Process(
-            target=dcp_worker.entry,
+            target=module.entry,
             args=(scenario, str(directory), r, world, port, str(logs[r])),
             daemon=True,
         )
@@ -66,10 +75,10 @@ def run_world(scenario: str, world: int, directory: Path, timeout: float = 120.0
     failed = None
     while True:
         codes = [p.exitcode for p in procs]
-        if any(c not in (None, 0) for c in codes):
+        if any(c not in (None, 0) for r, c in enumerate(codes) if r not in may_die):
             failed = "a rank failed"
             break
-        if all(c == 0 for c in codes):
+        if all(c == 0 or (r in may_die and c is not None) for r, c in enumerate(codes)):
             break
         if time.monotonic() > deadline:
             failed = f"the scenario did not finish within {timeout:.0f} s"

@@ -131,6 +131,8 @@ def load_sharded(
     *,
     engine: Engine | None = None,
     verify: bool = False,
+    process_group=None,
+    group_read: str | None = None,
 ) -> dict[str, torch.Tensor]:
     """Loads the sharded checkpoint at ``path`` (its directory or its index) onto
     ``device``: every tensor, or only ``names`` (only their bytes are read). On the CPU each
@@ -141,15 +143,34 @@ def load_sharded(
     With ``verify``, each tensor is checked against the checksum its shard stores
     (``save_sharded(..., checksum=True)``), in host memory.
 
+    With ``process_group``, every rank of the group loads it together, each byte read
+    from storage by one rank (see :func:`fastensor.torch.load_file`).
+
     Raises:
         FileNotFoundError (NotFoundError): no index, a missing shard, or a name the index
             lacks.
         ValueError (CorruptError): with ``verify``, a tensor whose checksum does not match.
     """
     p = fspath(path)
-    engine = engine_or_default(engine)
     if isinstance(device, int):
         device = f"cuda:{device}"
+    if process_group is not None:
+        from . import _group
+
+        native = engine_or_default(engine)
+        wanted = None if names is None else list(names)
+        return _group.load_new(
+            native,
+            process_group,
+            p,
+            lambda: _native.open_sharded(native, p, verify),
+            device,
+            verify,
+            group_read,
+            lambda: load_sharded(p, device, wanted, engine=engine, verify=verify),
+            wanted,
+        )
+    engine = engine_or_default(engine)
     file = _native.open_sharded(engine, p, verify)
     entries = file.entries()
     if names is not None:

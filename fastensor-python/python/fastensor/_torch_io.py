@@ -262,6 +262,8 @@ def load_into(
     *,
     engine: Engine | None = None,
     verify: bool = False,
+    process_group=None,
+    group_read: str | None = None,
 ) -> LoadResult:
     """Reads the tensors of ``filename`` straight into ``target``'s existing tensors.
 
@@ -276,6 +278,12 @@ def load_into(
     With ``verify``, each tensor is checked against the checksum saved with it as it is
     read (CUDA destinations are then filled through host memory).
 
+    With ``process_group`` (a ``torch.distributed`` group; every rank calls this with the
+    same checkpoint), each byte is read from storage by one rank and broadcast, or every
+    rank reads, as the engine decides (``group_read``: ``"broadcast"``, ``"each"`` or
+    ``"auto"``; see :func:`fastensor.torch.load_file`); a failure on any rank raises on
+    every rank.
+
     Raises:
         RuntimeError: with ``strict``, names that do not match (listed as
             ``load_state_dict`` lists them); or any shape mismatch.
@@ -285,54 +293,47 @@ def load_into(
             opened (opening it is retried natively), before its reads.
     """
     path = fspath(filename)
+    asked_engine = engine
     engine = engine_or_default(engine)
     state = _state_of(target)
+    what = type(target).__name__
+    if process_group is not None:
+        from . import _group
+
+        def match(file):
+            return _match_state(state, file.entries(), path, what, strict)
+
+        def each():
+            return load_into(target, path, strict, engine=asked_engine, verify=verify)
+
+        missing, unexpected = _group.load_into(
+            engine,
+            process_group,
+            path,
+            lambda: open_any(engine, path, verify),
+            verify,
+            group_read,
+            match,
+            each,
+        )
+        return LoadResult(missing, unexpected)
     # A directory or an index: every shard, as one job; ``verify``: each tensor checked.
     file = open_any(engine, path, verify)
     entries = {e[0]: e for e in file.entries()}
-    missing = [k for k in state if k not in entries]
-    unexpected = [k for k in entries if k not in state]
-    what = type(target).__name__
-    if strict and (missing or unexpected):
-        parts = []
-        if missing:
-            parts.append(
-                "Missing key(s) in state_dict: " + ", ".join(f'"{k}"' for k in missing) + "."
-            )
-        if unexpected:
-            parts.append(
-                "Unexpected key(s) in state_dict: " + ", ".join(f'"{k}"' for k in unexpected) + "."
-            )
-        raise RuntimeError(
-            f"Error(s) in loading state_dict for {what} from {path}:\n\t" + "\n\t".join(parts)
-        )
+    missing, unexpected, pairs = _match_state(state, file.entries(), path, what, strict)
     direct, staged = [], []
     seen: dict[tuple, str] = {}
-    errors = []
-    for name, dst in state.items():
-        e = entries.get(name)
-        if e is None:
-            continue
-        _, dtype, shape, _, nbytes = e
-        if tuple(dst.shape) != tuple(torch_shape(dtype, shape)):
-            errors.append(
-                f"size mismatch for {name}: copying a param with shape {torch.Size(shape)} from "
-                f"checkpoint, the shape in current model is {dst.shape}."
-            )
-            continue
+    for name, dst in pairs:
+        _, dtype, _, _, nbytes = entries[name]
         same = _TO_NAME.get(dst.dtype) == dtype and dst.is_contiguous()
-        if same and dst.layout == torch.strided and nbytes:
+        if same and dst.layout == torch.strided:
             key = (dst.device, dst.data_ptr(), nbytes)
             if key in seen:  # tied weights: one read fills both names
                 continue
             seen[key] = name
             direct.append((name, dst))
-        elif nbytes:
+        else:
             staged.append((name, dst))
-    if errors:
-        raise RuntimeError(
-            f"Error(s) in loading state_dict for {what} from {path}:\n\t" + "\n\t".join(errors)
-        )
     cuda_direct = engine.takes_device_memory(path) and not verify  # (checked in host memory)
     targets, copies = [], []
     for name, dst in direct:
@@ -351,3 +352,47 @@ def load_into(
         for dst, src in copies:
             dst.copy_(src)
     return LoadResult(missing, unexpected)
+
+
+def _match_state(
+    state: dict[str, torch.Tensor], rows, path: str, what: str, strict: bool
+) -> tuple[list[str], list[str], list[tuple[str, torch.Tensor]]]:
+    """``state`` matched against the checkpoint's entries ``rows``, as ``load_state_dict``
+    matches: the missing and unexpected names and the ``(name, destination)`` pairs with
+    bytes to fill. Raises ``RuntimeError`` (listing them as ``load_state_dict`` does) for
+    names that do not match when ``strict``, and for any shape that differs."""
+    entries = {e[0]: e for e in rows}
+    missing = [k for k in state if k not in entries]
+    unexpected = [k for k in entries if k not in state]
+    if strict and (missing or unexpected):
+        parts = []
+        if missing:
+            parts.append(
+                "Missing key(s) in state_dict: " + ", ".join(f'"{k}"' for k in missing) + "."
+            )
+        if unexpected:
+            parts.append(
+                "Unexpected key(s) in state_dict: " + ", ".join(f'"{k}"' for k in unexpected) + "."
+            )
+        raise RuntimeError(
+            f"Error(s) in loading state_dict for {what} from {path}:\n\t" + "\n\t".join(parts)
+        )
+    pairs, errors = [], []
+    for name, dst in state.items():
+        e = entries.get(name)
+        if e is None:
+            continue
+        _, dtype, shape, _, nbytes = e
+        if tuple(dst.shape) != tuple(torch_shape(dtype, shape)):
+            errors.append(
+                f"size mismatch for {name}: copying a param with shape {torch.Size(shape)} from "
+                f"checkpoint, the shape in current model is {dst.shape}."
+            )
+            continue
+        if nbytes:
+            pairs.append((name, dst))
+    if errors:
+        raise RuntimeError(
+            f"Error(s) in loading state_dict for {what} from {path}:\n\t" + "\n\t".join(errors)
+        )
+    return missing, unexpected, pairs

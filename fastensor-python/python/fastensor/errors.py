@@ -31,6 +31,7 @@ __all__ = [
     "DeviceError",
     "FastensorIOError",
     "FileChangedError",
+    "GroupError",
     "WrongTypeError",
     "SliceIndexError",
     "SharedTensorsError",
@@ -165,6 +166,13 @@ class FastensorIOError(FastensorError, OSError):
 class FileChangedError(FastensorError, OSError):
     """The file was replaced or changed while it was read, again on every retry: a writer
     keeps replacing it. Loading again later gives one whole version."""
+
+
+class GroupError(FastensorError, RuntimeError):
+    """A load by a process group failed in the group itself: a rank died, or a collective
+    failed or timed out (raised on every rank that saw it, naming the file)."""
+
+    kind = "group"
 
 
 def _from_native(

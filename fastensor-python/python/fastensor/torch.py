@@ -53,6 +53,7 @@ from ._torch_shared import _find_shared_tensors as _find_shared_tensors
 from ._torch_shared import _is_complete as _is_complete
 from ._torch_shared import storage_ptr as storage_ptr
 from ._torch_shared import storage_size as storage_size
+from .errors import _invalid
 
 __all__ = [
     "LoadResult",
@@ -84,6 +85,8 @@ def load_file(
     *,
     engine: Engine | None = None,
     verify: bool = False,
+    process_group=None,
+    group_read: str | None = None,
 ) -> dict[str, torch.Tensor]:
     """Loads every tensor of the safetensors file ``filename`` onto ``device``.
 
@@ -104,19 +107,48 @@ def load_file(
     read into new host memory and checked against the checksum saved with it
     (``save_file(..., checksum=True)``) as its bytes arrive.
 
+    With ``process_group`` (a ``torch.distributed`` process group, e.g.
+    ``torch.distributed.group.WORLD``), every rank of the group calls this with the same
+    file and gets every tensor, bit for bit what one process loads, while each byte is read
+    from storage once: each rank reads a share and the group's collectives (gloo on the
+    CPU, NCCL on GPUs) broadcast it, reads and broadcasts overlapping. Where every rank
+    reading is as cheap (ranks of one host reading a local file share the page cache) they
+    each read; elsewhere the engine learns which way is faster from the loads' times.
+    ``group_read`` (or ``$FASTENSOR_GROUP_READ``) forces ``"broadcast"`` or ``"each"``.
+    Ranks given different checkpoints, or a rank that fails, make every rank raise.
+
     Raises:
         FileNotFoundError (NotFoundError): no such file.
         ValueError (CorruptError): not a valid safetensors file, or truncated, or (with
             ``verify``) a tensor whose checksum does not match; the message names the file
             and the tensor.
+        RuntimeError (GroupError): with ``process_group``, another rank died or the group's
+            collectives failed or timed out.
     """
     path = fspath(filename)
-    engine = engine_or_default(engine)
+    native = engine_or_default(engine)
     if isinstance(device, int):
         device = f"cuda:{device}"
-    if verify and not _on_cpu(device):
-        return load_torch_verified(engine, path, device)
-    return _load_new(engine, path, None, device, verify)
+
+    def alone() -> dict[str, torch.Tensor]:
+        if verify and not _on_cpu(device):
+            return load_torch_verified(native, path, device)
+        return _load_new(native, path, None, device, verify)
+
+    if process_group is None:
+        return alone()
+    from . import _group
+
+    return _group.load_new(
+        native,
+        process_group,
+        path,
+        lambda: open_file(native, path, verify),
+        device,
+        verify,
+        group_read,
+        alone,
+    )
 
 
 def load_selected(
@@ -156,6 +188,8 @@ class safe_open(SafeOpenBase):  # noqa: N801 (named as in safetensors)
         *,
         engine: Engine | None = None,
         verify: bool = False,
+        process_group=None,
+        group_read: str | None = None,
     ):
         if framework not in ("pt", "torch", "pytorch"):
             raise ValueError(f"fastensor.torch.safe_open: framework {framework!r} is not 'pt'")
@@ -163,12 +197,64 @@ class safe_open(SafeOpenBase):  # noqa: N801 (named as in safetensors)
         self._engine = engine_or_default(engine)
         self._device = f"cuda:{device}" if isinstance(device, int) else device
         self._verify = verify
-        super().__init__(open_file(self._engine, path, verify), path)
+        self._group = None
+        if process_group is None:
+            super().__init__(open_file(self._engine, path, verify), path)
+            return
+        from . import _group
+
+        def opener():
+            return open_file(self._engine, path, verify)
+
+        dev = self._device
+        self._group = _group.open_group(self._engine, process_group, path, opener, dev, group_read)[
+            0
+        ]
+        super().__init__(self._group.file, path)
 
     def _read(self, entries) -> dict[str, torch.Tensor]:
+        if self._group is None:
+            return self._read_alone(entries)
+        from . import _group
+
+        self._open_file()
+        alone = lambda: self._read_alone(entries)  # noqa: E731
+        return _group.read_entries(self._group, entries, self._device, self._verify, alone)
+
+    def _read_alone(self, entries) -> dict[str, torch.Tensor]:
         device = "cpu" if self._verify else self._device  # (checksums: host memory)
         out = _read_new(self._open_file(), self._path, entries, device, self._engine)
         return out if device == self._device else {k: v.to(self._device) for k, v in out.items()}
+
+    def get_sharded(self, name: str, dim: int = 0) -> torch.Tensor:
+        """This rank's part of tensor ``name`` along ``dim``, for a file opened with
+        ``process_group``: ``torch.chunk(tensor, world_size, dim)[rank]`` (an empty part
+        along ``dim`` where ``torch.chunk`` gives fewer parts than ranks), read from storage
+        by this rank alone (only its bytes; no collective), as fastsafetensors'
+        ``get_sharded`` gives it.
+
+        Raises:
+            ValueError (InvalidInputError): the file was opened without ``process_group``,
+                or ``dim`` is out of range.
+        """
+        if self._group is None:
+            raise _invalid(
+                f"{self._path}: get_sharded needs a file opened with process_group=", self._path
+            )
+        entry = self._entry(name)
+        shape = list(torch_shape(entry[1], entry[2]))
+        nd = len(shape)
+        d = dim + nd if dim < 0 else dim
+        if not 0 <= d < nd:
+            raise _invalid(
+                f"{self._path}: tensor `{name}` has {nd} dimensions; cannot split along {dim}",
+                self._path,
+            )
+        n, ranks, rank = shape[d], self._group.group.size, self._group.group.rank
+        step = -(-n // ranks)
+        start = min(rank * step, n)
+        stop = min(start + step, n)
+        return self.get_slice(name)[(slice(None),) * d + (slice(start, stop),)]
 
 
 def _target_device(device: str | int | torch.device) -> torch.device:

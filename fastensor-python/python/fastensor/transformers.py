@@ -111,10 +111,23 @@ def _single_device(device_map: Any) -> torch.device | None:
     return None
 
 
-def _load_weights(path: str, device: torch.device, engine: Engine | None) -> tuple[dict, list]:
+def _load_weights(
+    path: str, device: torch.device, engine: Engine | None, group: tuple | None = None
+) -> tuple[dict, list]:
     """The weights at ``path`` on ``device``, and the ``PendingPages`` still coming in (onto
     the CPU the files are mapped and the tensors returned at once, their pages brought in
-    by threads of the engine's meanwhile)."""
+    by threads of the engine's meanwhile). ``group``: ``(process_group, group_read)`` of a
+    load by every rank of a process group (each byte read from storage once)."""
+    if group is not None:
+        pg, way = group
+        if path.endswith(".json"):
+            out = _fst.load_sharded(
+                path, device=device, engine=engine, process_group=pg, group_read=way
+            )
+            return out, []
+        return _fst.load_file(
+            path, device=device, engine=engine, process_group=pg, group_read=way
+        ), []
     if device.type != "cpu":
         if path.endswith(".json"):
             return _fst.load_sharded(path, device=device, engine=engine), []
@@ -213,11 +226,20 @@ def from_pretrained(
     straight into the tensors). ``subfolder`` and ``variant`` are
     honoured; ``state_dict`` cannot be given (the weights are the directory's).
 
+    ``process_group=`` (a ``torch.distributed`` group; every rank calls this with the same
+    path) loads the weights once for the group: each byte read from storage by one rank and
+    broadcast, or every rank reading where that is as cheap (see
+    :func:`fastensor.torch.load_file`; ``group_read=`` forces either way).
+
     Raises:
         FileNotFoundError: no such directory, or no safetensors weights in it.
         ValueError: ``state_dict`` was given.
     """
     path = fspath(pretrained_model_name_or_path)
+    process_group = kwargs.pop("process_group", None)
+    group_read = kwargs.pop("group_read", None)
+    if process_group is not None:
+        kwargs["_fastensor_group"] = (process_group, group_read)
     if "state_dict" in kwargs:
         raise ValueError("from_pretrained: the weights are read from the directory; no state_dict")
     if _native.is_object(path):
@@ -304,7 +326,9 @@ def _build(
 ) -> Any:
     """``model_class.from_pretrained`` given the weights at ``weights`` as they load: it
     returns once every page of them is in memory."""
-    state_dict = _WeightsInFlight(lambda: _load_weights(weights, device, engine))
+    group = kwargs.get("_fastensor_group")
+    kwargs = {k: v for k, v in kwargs.items() if k != "_fastensor_group"}
+    state_dict = _WeightsInFlight(lambda: _load_weights(weights, device, engine, group))
     try:
         out = model_class.from_pretrained(None, *model_args, state_dict=state_dict, **kwargs)
     finally:
