@@ -164,6 +164,9 @@ run() {
     fi
     PYTHONPATH="$offpath${PYTHONPATH:+:$PYTHONPATH}" step offload python3 "$ROOT/scripts/gpu-offload.py" \
         "$FASTENSOR_TEST_DIR" || failed=1
+    # Process-group loads over NCCL, one rank per GPU (scripts/gpu-group.py).
+    PYTHONPATH="$offpath${PYTHONPATH:+:$PYTHONPATH}" step group python3 "$ROOT/scripts/gpu-group.py" \
+        "$FASTENSOR_TEST_DIR" "${GPU_BENCH_MIB:-256}" || failed=1
     echo
     printf '%-20s %-9s %8s  %s\n' step result seconds log
     printf '%s\n' "${STEPS[@]}"
@@ -173,6 +176,7 @@ run() {
     sed -n '/MiB file <-> GPU/,$p' "$BUNDLE/results/gds_bench.log" | grep -v '^ceiling_read_gib_s'
     grep -h 'safetensors load_file' "$BUNDLE/results/anchor.log"
     sed -n '/^offload/,$p' "$BUNDLE/results/offload.log"
+    grep -h '^group' "$BUNDLE/results/group.log"
     exit "$failed"
 }
 
