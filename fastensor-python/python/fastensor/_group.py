@@ -245,13 +245,13 @@ def open_group(
 
 
 def finish(opened: Opened, own: BaseException | None, started: float, device, nbytes: int) -> None:
-    """The closing exchange: every rank raises when any failed; rank 0 teaches the engine
-    the time of the load of ``nbytes`` (from ``started``, ``time.perf_counter()``) when it
-    chose the way."""
+    """The closing exchange: every rank raises when any failed; when the engine chose the
+    way, every rank teaches its engine the time of the load of ``nbytes`` (from ``started``,
+    ``time.perf_counter()``), so that whichever rank's profile is saved knows it."""
     group = opened.group
     reports = group.gather(_describe(own), "the closing exchange")
     _raise_for(group, reports, own)
-    if group.rank == 0 and opened.learns:
+    if opened.learns:
         cuda = torch.device(device).type == "cuda"
         _native.group_record(
             opened.engine,

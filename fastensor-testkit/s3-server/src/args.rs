@@ -8,11 +8,14 @@ use std::path::PathBuf;
 pub const USAGE: &str = "\
 usage: fastensor-s3-server --root DIR [--listen 127.0.0.1:0] [--access-key fastensor]
                            [--secret-key fastensor-secret] [--region us-east-1]
+                           [--bandwidth BYTES_PER_SECOND]
 
 A local S3-compatible server with fault injection, for tests and benchmarks only.
 Serves DIR (each subdirectory is a bucket; DIR is created if missing), path-style, SigV4
 signed with the given keys. Prints `http://ADDR:PORT` on one line once listening, then
-serves until SIGTERM or SIGINT. Faults are controlled over HTTP at /_faults (see README).";
+serves until SIGTERM or SIGINT. Faults are controlled over HTTP at /_faults (see README).
+With --bandwidth, all response bodies together go out at most that fast (a shared
+storage or network bottleneck); GET /_faults reports the body bytes sent.";
 
 /// The server's settings.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -27,6 +30,8 @@ pub struct Args {
     pub secret_key: String,
     /// The region SigV4 signatures must name.
     pub region: String,
+    /// Bytes a second for all response bodies together (`None`: unpaced).
+    pub bandwidth: Option<u64>,
 }
 
 /// Why the command line was not accepted.
@@ -52,6 +57,7 @@ impl Args {
         let mut access_key = "fastensor".to_owned();
         let mut secret_key = "fastensor-secret".to_owned();
         let mut region = "us-east-1".to_owned();
+        let mut bandwidth = None;
 
         let mut args = args.into_iter();
         while let Some(arg) = args.next() {
@@ -69,7 +75,12 @@ impl Args {
             };
             if !matches!(
                 flag.as_str(),
-                "--root" | "--listen" | "--access-key" | "--secret-key" | "--region"
+                "--root"
+                    | "--listen"
+                    | "--access-key"
+                    | "--secret-key"
+                    | "--region"
+                    | "--bandwidth"
             ) {
                 return Err(invalid(format!("unknown argument {flag:?}")));
             }
@@ -91,6 +102,12 @@ impl Args {
                 }
                 "--access-key" => access_key = value,
                 "--secret-key" => secret_key = value,
+                "--bandwidth" => {
+                    let b: u64 = value
+                        .parse()
+                        .map_err(|e| invalid(format!("--bandwidth {value:?}: {e}")))?;
+                    bandwidth = Some(b).filter(|&b| b > 0);
+                }
                 _ => region = value,
             }
         }
@@ -101,6 +118,7 @@ impl Args {
             access_key,
             secret_key,
             region,
+            bandwidth,
         })
     }
 }
@@ -136,6 +154,13 @@ mod tests {
         assert_eq!(a.listen, "0.0.0.0:9000".parse().unwrap());
         assert_eq!((a.access_key.as_str(), a.secret_key.as_str()), ("ak", "sk"));
         assert_eq!(a.region, "eu-west-1");
+        assert_eq!(a.bandwidth, None);
+        let a = parse(&["--root=/d", "--bandwidth", "200000000"]).unwrap();
+        assert_eq!(a.bandwidth, Some(200_000_000));
+        assert!(matches!(
+            parse(&["--root=/d", "--bandwidth", "fast"]),
+            Err(ArgsError::Invalid(_))
+        ));
     }
 
     #[test]

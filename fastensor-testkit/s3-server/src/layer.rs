@@ -21,6 +21,7 @@ use s3s::service::S3Service;
 use s3s::{Body, StdError};
 
 use crate::faults::{Fault, FaultState, Rule, WRONG_ETAG};
+use crate::meter::Meter;
 
 /// The control API's path. Bucket names cannot start with `_`, so no S3 path collides.
 pub const FAULTS_PATH: &str = "/_faults";
@@ -38,6 +39,7 @@ const TRUNCATE_FLUSH_GRACE: Duration = Duration::from_millis(100);
 pub struct FaultLayer {
     s3: S3Service,
     faults: Arc<FaultState>,
+    meter: Arc<Meter>,
 }
 
 /// The error that makes hyper close the connection without answering (the `drop` fault).
@@ -71,11 +73,13 @@ impl std::error::Error for CloseConnection {
 }
 
 impl FaultLayer {
-    /// Wraps `s3`; faults start empty.
-    pub fn new(s3: S3Service) -> Self {
+    /// Wraps `s3`; faults start empty; every response body is counted and paced by
+    /// `meter`.
+    pub fn new(s3: S3Service, meter: Meter) -> Self {
         Self {
             s3,
             faults: Arc::default(),
+            meter: Arc::new(meter),
         }
     }
 
@@ -141,21 +145,31 @@ impl FaultLayer {
     }
 
     async fn forward(&self, req: Request<Incoming>) -> Result<Response<Body>, StdError> {
-        self.s3
+        let resp = self
+            .s3
             .call(req.map(Body::from))
             .await
-            .map_err(StdError::from)
+            .map_err(StdError::from)?;
+        Ok(resp.map(|body| self.meter.wrap(body)))
     }
 
-    /// `POST` adds a rule, `GET` reports counters and rules, `DELETE` clears both.
+    /// `POST` adds a rule, `GET` reports counters (with `sent_bytes`: the body bytes of
+    /// every S3 response since the last `DELETE`, and `bandwidth`) and rules, `DELETE`
+    /// clears both.
     async fn control(&self, req: Request<Incoming>) -> Response<Body> {
         if req.uri().path() != FAULTS_PATH {
             return json_response(StatusCode::NOT_FOUND, r#"{"error":"not found"}"#.to_owned());
         }
         match *req.method() {
-            Method::GET => json_response(StatusCode::OK, self.faults.snapshot().to_string()),
+            Method::GET => {
+                let mut snap = self.faults.snapshot();
+                snap["sent_bytes"] = self.meter.sent().into();
+                snap["bandwidth"] = self.meter.bandwidth().into();
+                json_response(StatusCode::OK, snap.to_string())
+            }
             Method::DELETE => {
                 self.faults.reset();
+                self.meter.reset();
                 json_response(StatusCode::OK, r#"{"ok":true}"#.to_owned())
             }
             Method::POST => {

@@ -13,6 +13,7 @@ mod access;
 mod args;
 mod faults;
 mod layer;
+mod meter;
 
 use std::io::Write;
 use std::process::ExitCode;
@@ -77,7 +78,8 @@ async fn serve(args: Args) -> Result<(), String> {
         builder.set_access(SignedForRegion::new(args.region));
         builder.build()
     };
-    let layer = FaultLayer::new(s3);
+    let bandwidth = args.bandwidth;
+    let layer = FaultLayer::new(s3, meter::Meter::new(bandwidth));
 
     let listener = TcpListener::bind(args.listen)
         .await
