@@ -18,7 +18,8 @@ How a group load runs, on every rank:
    thread of its own, straight into the tensors' memory where it can, and each message is
    broadcast by the group's own collectives (gloo on the CPU, NCCL on GPUs) as soon as it
    is read, while the reads of the next go on. Staging memory (messages of several small
-   tensors, and host copies on the way to a GPU) is bounded by :data:`WINDOW` messages.
+   tensors, and host copies on the way to a GPU) is bounded by :data:`WINDOW` plus
+   :data:`READ_AHEAD` messages.
 4. **Agree.** The ranks exchange how it went; a rank whose read failed (a checksum, a disk)
    makes every rank raise, naming it. A rank that dies makes the others' collectives fail:
    they raise :class:`~fastensor.errors.GroupError` within the group's timeout.
@@ -47,6 +48,14 @@ GROUP_READ_ENV = "FASTENSOR_GROUP_READ"
 
 #: Broadcasts in flight at most (each staged message holds at most 32 MiB of staging).
 WINDOW = 8
+
+#: How far ahead of the broadcasts a rank reads messages that need staging (messages read
+#: straight into their tensors are read as far ahead as the readers get).
+READ_AHEAD = 8
+
+#: Threads reading a rank's messages (each read is one engine job with I/O in parallel;
+#: two keep the storage busy between one message's read and the next's).
+READERS = 2
 
 #: The ways a group may read (``auto``: the engine decides).
 WAYS = ("auto", "broadcast", "each")
@@ -231,9 +240,8 @@ def open_group(
     elif asked != "auto":
         chosen = asked
     elif group.rank == 0:
-        chosen = _native.group_choose(engine, path, group.size, hosts, nbytes, dev.type == "cuda")[
-            0
-        ]
+        cuda = dev.type == "cuda"
+        chosen, _, _ = _native.group_choose(engine, path, group.size, hosts, nbytes, cuda)
     else:
         chosen = None
     if asked == "auto" and via.type == dev.type:
@@ -329,8 +337,10 @@ def broadcast_into(
     ready: dict[int, BaseException | None] = {}
     cond = threading.Condition()
     staged: dict[int, torch.Tensor] = {}
-    slots = threading.Semaphore(WINDOW)
     stop = threading.Event()
+    todo = iter(mine)
+    failed: list[BaseException] = []
+    progress = [0]  # the plan index of the next broadcast this rank starts
 
     def read_staged(f: int, start: int, end: int, pieces) -> torch.Tensor:
         """A message's bytes read into new host memory, one span a piece (so that a verified
@@ -344,31 +354,41 @@ def broadcast_into(
         return host if on_cpu else host.to(device)
 
     def reader() -> None:
-        failed: BaseException | None = None
-        for k in mine:
-            m = plan[k]
+        """Reads this rank's messages in plan order (several readers take turns); a staged
+        message waits until it is among the next READ_AHEAD broadcasts, which bounds the
+        staging memory read ahead."""
+        while True:
+            with cond:
+                k = next(todo, None)
+                if k is None:
+                    return
+                m = plan[k]
+                if not direct(m):
+                    while k >= progress[0] + READ_AHEAD and not stop.is_set():
+                        cond.wait()
+                err = failed[0] if failed else None
             _, f, start, end, pieces = m
-            err = failed
             if err is None and not stop.is_set():
                 try:
                     if direct(m):
                         t, a, b = pieces[0]
                         _native.read_spans(opened.file, [(f, start, end, flats[t][a:b], 0)])
                     else:
-                        slots.acquire()
-                        try:
-                            staged[k] = read_staged(f, start, end, pieces)
-                        except BaseException:
-                            slots.release()
-                            raise
+                        staged[k] = read_staged(f, start, end, pieces)
                 except Exception as exc:
-                    err = failed = exc
+                    err = exc
             with cond:
+                if err is not None and not failed:
+                    failed.append(err)
                 ready[k] = err
                 cond.notify_all()
 
-    thread = threading.Thread(target=reader, name="fastensor-group-reader", daemon=True)
-    thread.start()
+    threads = [
+        threading.Thread(target=reader, name="fastensor-group-reader", daemon=True)
+        for _ in range(READERS)
+    ]
+    for th in threads:
+        th.start()
     pending: deque = deque()
     own: BaseException | None = None
 
@@ -382,19 +402,21 @@ def broadcast_into(
         for t, a, b in m[4]:
             flats[t][a:b].copy_(buf[at : at + (b - a)])
             at += b - a
-        if m[0] == group.rank and staged.pop(k, None) is not None:
-            slots.release()
+        staged.pop(k, None)
 
     try:
         for k, m in enumerate(plan):
             owner, _, start, end, pieces = m
+            with cond:
+                progress[0] = k
+                cond.notify_all()
             if owner == group.rank:
                 while True:
                     with cond:
-                        if k in ready or cond.wait(0.02) and k in ready:
+                        if k in ready or (cond.wait(0.02) and k in ready):
                             break
                     if pending:
-                        complete()  # frees staging the reader may wait for
+                        complete()  # the oldest broadcast, while the read goes on
                 err = ready[k]
                 own = own or err
                 if direct(m):
@@ -416,7 +438,10 @@ def broadcast_into(
             complete()
     finally:
         stop.set()
-        thread.join()
+        with cond:
+            cond.notify_all()
+        for th in threads:
+            th.join()
     if own is not None:
         raise own
 
