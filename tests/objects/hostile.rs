@@ -313,6 +313,10 @@ fn calls_from_inside_a_tokio_runtime_work() {
                 .unwrap();
             file.write_at(0, (&vec![1u8; 6 << 20][..]).into()).unwrap();
             drop(file);
+            // Stores made, used and dropped inside the runtime (their I/O threads too).
+            let inner = server.stores(1);
+            assert_eq!(checkpoint::load(&inner, &key).unwrap().len(), t.len());
+            drop(inner);
         });
     }
     assert!(
