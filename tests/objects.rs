@@ -431,3 +431,6 @@ fn a_failed_or_abandoned_save_leaves_no_object_and_no_parts() {
         before
     );
 }
+
+#[path = "objects/hostile.rs"]
+mod hostile;

@@ -342,6 +342,13 @@ pub trait FileOpener: Send + Sync {
         .with_path(dir))
     }
 
+    /// Removes the file (or object) at `path`; nothing there is not an error. How a save
+    /// removes what an earlier save left and the new one does not name (the shards of a
+    /// sharded checkpoint under an object prefix). The default is [`ErrorKind::Unsupported`].
+    fn remove_file(&self, path: &Path) -> Result<()> {
+        Err(Error::new(ErrorKind::Unsupported, "this opener cannot remove a file").with_path(path))
+    }
+
     /// Told once per load into new host memory (all tensors or a selection) where it put the bytes
     /// (a mapping the file system or a lease refused counts as the read that replaced it).
     /// The default does nothing; an engine counts them.

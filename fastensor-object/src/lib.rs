@@ -17,11 +17,21 @@
 //! but its uploaded parts stay stored (and billed) until the bucket's lifecycle rule for
 //! incomplete multipart uploads removes them.
 //!
-//! Credentials, region and endpoint come the way the AWS tools take them: the environment
-//! (`AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, `AWS_SESSION_TOKEN`, `AWS_REGION`,
-//! `AWS_ENDPOINT_URL` for S3-compatible servers), then the shared files
-//! (`~/.aws/credentials`, `~/.aws/config`, profile `AWS_PROFILE` or `default`); an
-//! `http://` endpoint is allowed. Throttling (503 SlowDown), server errors and dropped
+//! Credentials, region and endpoint come the way the AWS tools take them, credentials whole
+//! from the first source that is set: the environment (`AWS_ACCESS_KEY_ID`,
+//! `AWS_SECRET_ACCESS_KEY`, `AWS_SESSION_TOKEN`), a web identity of the environment, the
+//! static keys of the shared files' profile (`~/.aws/credentials`, `~/.aws/config`, profile
+//! `AWS_PROFILE` or `default`), the instance's role; a profile that gets credentials another
+//! way (`role_arn`, `credential_process`, `sso_*`, ...) is
+//! [`ErrorKind::Unsupported`](fastensor_core::ErrorKind::Unsupported) naming it. Region and
+//! endpoint: `AWS_REGION`, `AWS_ENDPOINT_URL` (for S3-compatible servers), else the
+//! profile's; an `http://` endpoint is allowed. Keys are used as written (no character is
+//! encoded into another key); one the store cannot name as it is (`a//b`) is
+//! [`ErrorKind::InvalidInput`](fastensor_core::ErrorKind::InvalidInput).
+//!
+//! Every call blocks its caller until done, also from inside a tokio runtime (the requests
+//! run on the crate's own I/O threads); a file opened before `fork()` is
+//! [`ErrorKind::Unsupported`](fastensor_core::ErrorKind::Unsupported) in the child, at once. Throttling (503 SlowDown), server errors and dropped
 //! connections are retried with exponential backoff (also mid-body: the rest of the range is
 //! asked for again); a missing object is [`ErrorKind::NotFound`](fastensor_core::ErrorKind::NotFound)
 //! and a refused one [`ErrorKind::PermissionDenied`](fastensor_core::ErrorKind::PermissionDenied),

@@ -32,8 +32,8 @@ impl ObjectFile {
         url: PathBuf,
     ) -> Result<Self> {
         let meta = bucket
-            .runtime
-            .block_on(bucket.store.head(&key))
+            .io
+            .block_on(&url, bucket.store.head(&key))?
             .map_err(|e| from_store(e, &url, "read"))?;
         Ok(ObjectFile {
             len: meta.size,
@@ -109,12 +109,13 @@ impl ObjectFile {
             return Ok(());
         }
         let n = requests.len();
-        self.bucket.runtime.block_on(
+        self.bucket.io.block_on(
+            &self.url,
             futures::stream::iter(requests)
                 .map(|(offset, part)| self.get_into(offset, part))
                 .buffer_unordered(n)
                 .try_collect::<()>(),
-        )
+        )?
     }
 
     fn error(&self, e: object_store::Error, offset: u64) -> fastensor_core::Error {

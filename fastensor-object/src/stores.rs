@@ -1,7 +1,7 @@
 //! [`ObjectStores`]: one client per bucket, made on first use from the environment and the
 //! AWS shared files, and the [`FileOpener`] of object URLs.
 
-use crate::bucket::Bucket;
+use crate::bucket::{Bucket, IoThreads};
 use crate::config::ObjectConfig;
 use crate::error::{about, from_store};
 use crate::read::ObjectFile;
@@ -16,7 +16,6 @@ use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::runtime::Runtime;
 use tokio::sync::Semaphore;
 
 /// Where settings are looked up: a name gives its value, as the environment would (the
@@ -38,7 +37,7 @@ pub struct ObjectStores {
 /// What one process made: its I/O threads and its clients, by bucket.
 struct PerProcess {
     pid: u32,
-    runtime: Arc<Runtime>,
+    io: Arc<IoThreads>,
     buckets: HashMap<String, Arc<Bucket>>,
 }
 
@@ -83,36 +82,19 @@ impl ObjectStores {
         &self.config
     }
 
-    /// I/O threads for this process.
-    fn new_runtime() -> Result<Arc<Runtime>> {
-        let threads = std::thread::available_parallelism().map_or(2, |n| n.get().min(8));
-        tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(threads)
-            .thread_name("fastensor-s3")
-            .enable_all()
-            .build()
-            .map(Arc::new)
-            .map_err(|e| {
-                fastensor_core::Error::new(
-                    ErrorKind::Io,
-                    format!("cannot start the object-storage I/O threads: {e}"),
-                )
-            })
-    }
-
     /// The client of `url`'s bucket, made on first use in this process.
     pub(crate) fn bucket(&self, url: &ObjectUrl<'_>, path: &Path) -> Result<Arc<Bucket>> {
         let mut process = self.process.lock();
         let pid = std::process::id();
         if process.as_ref().is_some_and(|p| p.pid != pid) {
             // A fork() child: the parent's threads are gone and its connections are the
-            // parent's. Dropping them here would wait for threads that do not exist.
+            // parent's. Dropping them here would close what the parent still uses.
             std::mem::forget(process.take());
         }
         if process.is_none() {
             *process = Some(PerProcess {
                 pid,
-                runtime: Self::new_runtime()?,
+                io: Arc::new(IoThreads::new()?),
                 buckets: HashMap::new(),
             });
         }
@@ -120,52 +102,22 @@ impl ObjectStores {
         if let Some(b) = here.buckets.get(url.bucket) {
             return Ok(b.clone());
         }
-        let store = self.client(url.bucket).map_err(|e| {
-            about(
-                ErrorKind::InvalidInput,
-                "cannot set up the object-storage client",
-                path,
-            )
-            .with_source(e)
-        })?;
+        let store = self.client(url.bucket, path)?;
         let bucket = Arc::new(Bucket {
             store: Arc::new(store),
             in_flight: Arc::new(Semaphore::new(self.config.concurrency)),
-            runtime: here.runtime.clone(),
+            io: here.io.clone(),
             config: self.config.clone(),
         });
         here.buckets.insert(url.bucket.to_string(), bucket.clone());
         Ok(bucket)
     }
 
-    /// A client of `bucket`: the AWS shared files' settings, then the environment's `AWS_*`
-    /// variables over them; plain `http://` allowed where the endpoint says so.
-    fn client(&self, bucket: &str) -> object_store::Result<AmazonS3> {
-        let mut settings: Vec<(String, String)> = crate::profile::from_files(&*self.vars)
-            .into_iter()
-            .collect();
-        for name in [
-            "AWS_ACCESS_KEY_ID",
-            "AWS_SECRET_ACCESS_KEY",
-            "AWS_SESSION_TOKEN",
-            "AWS_REGION",
-            "AWS_DEFAULT_REGION",
-            "AWS_ENDPOINT_URL",
-            "AWS_ENDPOINT_URL_S3",
-            "AWS_ENDPOINT",
-            "AWS_ALLOW_HTTP",
-            "AWS_SKIP_SIGNATURE",
-            "AWS_VIRTUAL_HOSTED_STYLE_REQUEST",
-            "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
-        ] {
-            if let Some(v) = (self.vars)(name) {
-                let key = match name {
-                    "AWS_ENDPOINT_URL_S3" => "aws_endpoint_url".to_string(),
-                    _ => name.to_ascii_lowercase(),
-                };
-                settings.push((key, v));
-            }
-        }
+    /// A client of `bucket`: credentials from the first source of them that is set (see
+    /// [`crate::profile::settings`]), region and endpoint from the environment over the AWS
+    /// shared files; plain `http://` allowed where the endpoint says so. Errors name `url`.
+    fn client(&self, bucket: &str, url: &Path) -> Result<AmazonS3> {
+        let settings = crate::profile::settings(&*self.vars).map_err(|e| e.with_path(url))?;
         let mut builder = AmazonS3Builder::new().with_bucket_name(bucket);
         let mut http = false;
         for (key, value) in settings {
@@ -195,6 +147,14 @@ impl ObjectStores {
                 retry_timeout: c.retry_timeout,
             })
             .build()
+            .map_err(|e| {
+                about(
+                    ErrorKind::InvalidInput,
+                    "cannot set up the object-storage client",
+                    url,
+                )
+                .with_source(e)
+            })
     }
 
     /// The names directly under the prefix `url` (as a directory: `s3://b/dir` lists
@@ -203,10 +163,14 @@ impl ObjectStores {
         let parsed = object_url(url)?;
         let bucket = self.bucket(&parsed, url)?;
         let key = parsed.key.trim_end_matches('/');
-        let prefix = (!key.is_empty()).then(|| object_store::path::Path::from(key));
+        let prefix = if key.is_empty() {
+            None
+        } else {
+            Some(object_key(key, url)?)
+        };
         let listed = bucket
-            .runtime
-            .block_on(bucket.store.list_with_delimiter(prefix.as_ref()))
+            .io
+            .block_on(url, bucket.store.list_with_delimiter(prefix.as_ref()))?
             .map_err(|e| from_store(e, url, "list"))?;
         let mut names: Vec<String> = listed
             .objects
@@ -221,11 +185,29 @@ impl ObjectStores {
     pub fn delete(&self, url: &Path) -> Result<()> {
         let parsed = object_url(url)?;
         let bucket = self.bucket(&parsed, url)?;
-        let key = object_store::path::Path::from(parsed.key);
-        match bucket.runtime.block_on(bucket.store.delete(&key)) {
+        let key = object_key(parsed.key, url)?;
+        match bucket.io.block_on(url, bucket.store.delete(&key))? {
             Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
             Err(e) => Err(from_store(e, url, "delete")),
         }
+    }
+}
+
+/// `key` as the store's path, exactly as written (`#`, `[`, `]`, `%`, spaces and any other
+/// character kept, never percent-encoded into another key). A key the store cannot name as
+/// it is (an empty segment, as in `a//b`, a `.` or `..` segment, a control character) is
+/// [`ErrorKind::InvalidInput`] naming `url`: refused rather than changed into another key.
+pub(crate) fn object_key(key: &str, url: &Path) -> Result<object_store::path::Path> {
+    match object_store::path::Path::parse(key) {
+        Ok(parsed) if parsed.as_ref() == key => Ok(parsed),
+        _ => Err(about(
+            ErrorKind::InvalidInput,
+            format!(
+                "the key `{key}` cannot be named as it is (an empty, `.` or `..` segment, or \
+                 a control character): refused rather than changed into another key"
+            ),
+            url,
+        )),
     }
 }
 
@@ -250,6 +232,10 @@ impl FileOpener for ObjectStores {
         self.list(dir)
     }
 
+    fn remove_file(&self, path: &Path) -> Result<()> {
+        self.delete(path)
+    }
+
     fn open_file(&self, path: &Path, mode: OpenMode) -> Result<Box<dyn BackendFile>> {
         let url = object_url(path)?;
         if url.key.is_empty() || url.key.ends_with('/') {
@@ -259,8 +245,8 @@ impl FileOpener for ObjectStores {
                 path,
             ));
         }
+        let key = object_key(url.key, path)?;
         let bucket = self.bucket(&url, path)?;
-        let key = object_store::path::Path::from(url.key);
         let path = PathBuf::from(path);
         match mode {
             OpenMode::Read => Ok(Box::new(ObjectFile::open(bucket, key, path)?)),

@@ -215,3 +215,122 @@ def test_a_forked_child_loads_objects_with_clients_of_its_own(server):
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
     assert_equal(ft.load_file(url("fork.safetensors")), t)  # and the parent's still work
+
+
+def _boto3_client(server):
+    import boto3
+
+    env = server.env()
+    return boto3.client(
+        "s3",
+        endpoint_url=env["AWS_ENDPOINT_URL"],
+        aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
+        aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
+        region_name=env["AWS_REGION"],
+    )
+
+
+@pytest.mark.parametrize(
+    "key",
+    [
+        "exp#3/m.safetensors",
+        "run[lr=1e-4]/m.safetensors",
+        "with space/100%/m.safetensors",
+        "a%2Fb/c+d/m.safetensors",
+    ],
+)
+def test_object_keys_round_trip_with_boto3_both_ways(server, key):
+    s3 = _boto3_client(server)
+    t = {"ids": tensors()["ids"], "bias": tensors()["bias"]}
+    ft.save_file(t, url(key))  # ours, read by boto3 under the same key
+    body = s3.get_object(Bucket=BUCKET, Key=key)["Body"].read()
+    assert body == server.file(key).read_bytes()
+    assert s3.head_object(Bucket=BUCKET, Key=key)["ContentLength"] == len(body)
+    engine = fastensor._engine.engine_or_default(None)
+    assert _native.list_names(engine, url(key.rsplit("/", 1)[0])) == ["m.safetensors"]
+    other = key.replace("m.safetensors", "boto.safetensors")
+    s3.put_object(Bucket=BUCKET, Key=other, Body=body)  # boto3's, read by us
+    assert_equal(ft.load_file(url(other)), t)
+    with ft.safe_open(url(other), framework="pt") as f:
+        assert torch.equal(f.get_tensor("ids"), t["ids"])
+
+
+def test_keys_with_an_empty_segment_are_refused_naming_the_key(server):
+    t = {"ids": tensors()["ids"]}
+    ft.save_file(t, url("a/m.safetensors"))
+    for key in ["a//m.safetensors", "a/./m.safetensors"]:
+        with pytest.raises(ValueError, match=r"s3://ckpt/a/\.?/m\.safetensors"):
+            ft.save_file(t, url(key))
+        with pytest.raises(ValueError, match="refused rather than changed"):
+            ft.load_file(url(key))
+    assert server.file("a/m.safetensors").is_file()
+
+
+def test_save_pretrained_to_a_prefix_touches_no_local_path(server, tmp_path, monkeypatch):
+    pytest.importorskip("transformers")
+    sys.path.insert(0, os.path.dirname(__file__))
+    import fastensor.transformers as ftr
+    from _tiny_models import tiny_gpt2
+
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    model = tiny_gpt2()
+    engine = fastensor._engine.engine_or_default(None)
+    ftr.save_pretrained(model, url("gpt"), max_shard_size="40KB")
+    names = _native.list_names(engine, url("gpt"))
+    assert {"config.json", "generation_config.json", "model.safetensors.index.json"} <= set(names)
+    ours = ftr.from_pretrained(type(model), url("gpt"))
+    assert ours.config.n_embd == model.config.n_embd
+    want = model.state_dict()
+    for k, v in ours.state_dict().items():
+        assert torch.equal(v, want[k]), k
+    # Saved again as one file: the shards and their index are gone from the prefix.
+    ftr.save_pretrained(model, url("gpt"))
+    names = _native.list_names(engine, url("gpt"))
+    assert sorted(names) == ["config.json", "generation_config.json", "model.safetensors"]
+    ours = ftr.from_pretrained(type(model), url("gpt"))
+    for k, v in ours.state_dict().items():
+        assert torch.equal(v, want[k]), k
+    assert list(cwd.iterdir()) == []
+
+
+def test_a_handle_opened_before_fork_raises_in_the_child_and_nothing_hangs(server, tmp_path):
+    t = tensors()
+    ft.save_file(t, url("inherited.safetensors"))
+    script = f"""
+import os, sys, time
+import fastensor, fastensor.torch as ft
+with ft.safe_open({url("inherited.safetensors")!r}, framework="pt") as f:
+    f.get_tensor("ids")  # the parent's clients and I/O threads exist
+    pid = os.fork()
+    if pid == 0:
+        code = 3
+        try:
+            f.get_tensor("ids")
+            code = 0  # (working in the child is as good as an error)
+        except fastensor.FastensorError as e:
+            code = 0 if "fork" in str(e) else 4
+            print(type(e).__name__, e, file=sys.stderr)
+        finally:
+            os._exit(code)
+    deadline = time.monotonic() + 60
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        if time.monotonic() > deadline:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+            sys.exit("the child hung on a handle opened before fork()")
+        time.sleep(0.05)
+    assert os.waitstatus_to_exitcode(status) == 0, status
+    assert f.get_tensor("ids").sum().item() == {int(t["ids"].sum())}  # still works here
+print("parent done")
+"""
+    env = dict(os.environ, FASTENSOR_PROFILE="")
+    out = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    assert "parent done" in out.stdout

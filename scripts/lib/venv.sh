@@ -20,7 +20,7 @@ project_venv() {
     py="$venv/bin/python"
     "$py" -m pip install --quiet --disable-pip-version-check --upgrade pip
     "$py" -m pip install --quiet --disable-pip-version-check \
-        torch numpy safetensors pytest ruff hypothesis lightning transformers
+        torch numpy safetensors pytest ruff hypothesis lightning transformers boto3
     echo "== pip install ./fastensor-python"
     "$py" -m pip install --quiet --disable-pip-version-check --force-reinstall --no-deps \
         ./fastensor-python

@@ -178,6 +178,11 @@ pub(crate) fn save_tensors<'a, O: FileOpener + ?Sized>(
     let temp = Target::new(path)?;
     let written = (|| {
         let file = opener.open_file(&temp.path(), OpenMode::Truncate)?;
+        if crate::core::location::is_object(path) {
+            // An object's length said before its first byte: its upload's part size fits
+            // it in S3's 10 000 parts, or it is refused now, before any byte is uploaded.
+            file.set_len(total)?;
+        }
         let sums = write_hashing(&*file, data_start, &laid, checksums.then_some(&views[..]))?;
         let metadata = match &sums {
             Some(sums) => {

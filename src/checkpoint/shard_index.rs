@@ -17,6 +17,13 @@ pub fn shard_name(i: usize, n: usize) -> String {
     format!("model-{:05}-of-{:05}.safetensors", i + 1, n)
 }
 
+/// The name of shard `i` (0-based) of `n` of the save tagged `tag`:
+/// `model-0000{i+1}-of-0000{n}-{tag}.safetensors`, how saves under an object prefix name
+/// their shards, so that no object of an earlier save is replaced before the new index is.
+pub fn tagged_shard_name(i: usize, n: usize, tag: &str) -> String {
+    format!("model-{:05}-of-{:05}-{tag}.safetensors", i + 1, n)
+}
+
 /// A parsed `*.safetensors.index.json`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ShardedIndex {

@@ -63,6 +63,11 @@ impl fastensor_core::FileOpener for Engine {
         Ok(names)
     }
 
+    /// [`Engine::remove`]: a local file or an object.
+    fn remove_file(&self, path: &Path) -> Result<()> {
+        Engine::remove(self, path)
+    }
+
     /// Counted: [`Engine::new_loads`].
     fn note_new_load(&self, placement: NewLoads) {
         self.inner.measurer.count(match placement {

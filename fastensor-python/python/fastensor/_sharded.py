@@ -79,6 +79,11 @@ def save_sharded(
     atomically; then ``model.safetensors.index.json`` is written atomically. An index already
     there is removed first, so a crash never leaves an index naming missing, partial or
     mixed shards; shards of an earlier save that the new index does not name are removed.
+    Under an object prefix (``s3://bucket/model``) the index object is the commit point:
+    the shards' names carry a tag of the save (``model-0000K-of-0000N-TAG.safetensors``, named
+    by the index), the index replaces the previous one once every shard is complete, and the
+    previous save's shards are deleted after it, so a load gives the previous checkpoint or
+    the new one, never a mix.
     Every shard carries ``metadata`` (default ``{"format": "pt"}``, which ``transformers``
     expects). With ``checksum``, each shard also stores the CRC-32C of each of its tensors
     (see :func:`fastensor.torch.save_file`). Returns the weight map (tensor name -> shard

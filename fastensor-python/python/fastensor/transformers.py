@@ -50,7 +50,8 @@ __all__ = ["from_pretrained", "save_pretrained", "weights_file"]
 
 _WEIGHTS = "model.safetensors"
 _INDEX = "model.safetensors.index.json"
-_SHARD = re.compile(r"model-\d{5}-of-\d{5}\.safetensors")
+# (shards saved under an object prefix carry their save's tag: model-00001-of-00003-TAG...)
+_SHARD = re.compile(r"model-\d{5}-of-\d{5}(?:-[0-9a-f]{16})?\.safetensors")
 
 
 def _with_variant(name: str, variant: str | None) -> str:
@@ -404,31 +405,72 @@ def save_pretrained(
     ``model.safetensors.index.json``. Weight files of an earlier save that this one does not
     use are removed after it is durable. Only ``is_main_process`` writes.
 
+    ``save_directory`` may be an object prefix (``s3://bucket/model``): every file is then an
+    object under it (the JSON files as transformers writes them, each written whole; the
+    weights as the engine saves objects), the earlier save's weight objects are found by
+    listing the prefix, and nothing is created or left under the working directory.
+
     Raises:
         OSError: a file could not be written.
     """
     directory = fspath(save_directory)
-    if os.path.isfile(directory):
-        raise FileExistsError(f"{directory}: a file, not a directory")
-    os.makedirs(directory, exist_ok=True)
+    objects = _native.is_object(directory)
+    if not objects:
+        if os.path.isfile(directory):
+            raise FileExistsError(f"{directory}: a file, not a directory")
+        os.makedirs(directory, exist_ok=True)
     limit = parse_size(max_shard_size)
     model.config.dtype = str(model.dtype).split(".")[1]
     model.config.architectures = [type(model).__name__]
     if not is_main_process:
         return
     state = _state_to_save(model, state_dict)
-    model.config.save_pretrained(directory)
-    if model.can_generate():
-        model.generation_config.save_pretrained(directory)
+    if objects:
+        _save_configs_as_objects(model, directory, engine)
+    else:
+        model.config.save_pretrained(directory)
+        if model.can_generate():
+            model.generation_config.save_pretrained(directory)
     state = {k: v.contiguous() for k, v in state.items()}
     total = sum(t.numel() * t.element_size() for t in state.values())
     meta = {"format": "pt"}
+    names = _listing(directory, engine)
     if total <= limit:
         _fst.save_file(state, os.path.join(directory, _WEIGHTS), meta, engine=engine)
-        stale = [_INDEX] + [f for f in os.listdir(directory) if _SHARD.fullmatch(f)]
+        stale = [_INDEX] + [f for f in names() if _SHARD.fullmatch(f)]
     else:
         _fst.save_sharded(state, directory, limit, meta, engine=engine)
         stale = [_WEIGHTS]  # would be read instead of the index
     for name in stale:  # (the index first: it must never name a removed shard)
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(os.path.join(directory, name))
+        path = os.path.join(directory, name)
+        if objects:
+            _native.remove(engine_or_default(engine), path)
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+
+
+def _listing(directory: str, engine: Engine | None) -> Any:
+    """A function giving the names in ``directory`` (a local directory, or an object prefix
+    listed through ``engine``)."""
+    if _native.is_object(directory):
+        return lambda: _native.list_names(engine_or_default(engine), directory)
+    return lambda: os.listdir(directory)
+
+
+def _save_configs_as_objects(model: Any, prefix: str, engine: Engine | None) -> None:
+    """``config.json`` (and ``generation_config.json`` for a generative model) as objects
+    under ``prefix``: what transformers' own ``save_pretrained`` of each writes (its checks
+    and its files), made in a private temporary directory, removed after, and written
+    whole as objects."""
+    import tempfile
+
+    native = engine_or_default(engine)
+    with tempfile.TemporaryDirectory(prefix="fastensor-config-") as local:
+        model.config.save_pretrained(local)
+        if model.can_generate():
+            model.generation_config.save_pretrained(local)
+        for name in sorted(os.listdir(local)):
+            with open(os.path.join(local, name), "rb") as f:
+                data = f.read()
+            _native.write_whole(native, os.path.join(prefix, name), data)

@@ -7,7 +7,9 @@
 //!   concurrently, each durably and atomically as [`save`](super::save) does, and writes the
 //!   index last, atomically ([`crate::atomic::write`]). An index already
 //!   in the directory is removed first, so a crash leaves either no index or one whose every
-//!   shard is whole and of the same save.
+//!   shard is whole and of the same save. Under an object prefix the shards' names carry a
+//!   tag of their save and the index object is the commit point: a crash leaves the
+//!   previous index and its shards.
 //! * [`open_sharded`] validates the index and every shard's header; its
 //!   [`read_into`](ShardedFile::read_into) fills caller buffers with requests of all files
 //!   in flight together. [`load_sharded`], [`load_selected_sharded`] and
@@ -18,7 +20,7 @@ mod read;
 mod save;
 
 pub use super::shard_index::{
-    is_sharded, read_index, resolve_index, shard_name, ShardedIndex, INDEX_NAME,
+    is_sharded, read_index, resolve_index, shard_name, tagged_shard_name, ShardedIndex, INDEX_NAME,
 };
 pub use read::{
     load_into_sharded, load_selected_sharded, load_sharded, open_sharded, read_ranges,

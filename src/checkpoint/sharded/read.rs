@@ -6,10 +6,10 @@ use crate::checkpoint::into_arena::{load_chosen, named};
 use crate::checkpoint::loaded::Checkpoint;
 use crate::checkpoint::plan::{How, Request};
 use crate::checkpoint::retry::retry_changed;
-use crate::checkpoint::shard_index::ShardedIndex;
+use crate::checkpoint::shard_index::{read_index_from, ShardedIndex};
 use crate::checkpoint::source::CheckpointSource;
 use crate::checkpoint::FileOpener;
-use crate::{MemMut, Result};
+use crate::{Error, ErrorKind, MemMut, Result};
 use std::collections::{BTreeMap, HashMap};
 use std::ops::Range;
 use std::path::Path;
@@ -28,7 +28,35 @@ pub struct ShardedFile(CheckpointSource);
 /// [`LOAD_ATTEMPTS`](crate::checkpoint::LOAD_ATTEMPTS) tries; then
 /// [`ErrorKind::Changed`](crate::ErrorKind::Changed)).
 pub fn open_sharded<O: FileOpener + ?Sized>(opener: &O, path: &Path) -> Result<ShardedFile> {
-    retry_changed(|| CheckpointSource::sharded(opener, path).map(ShardedFile))
+    retry_changed(|| {
+        CheckpointSource::sharded(opener, path)
+            .map(ShardedFile)
+            .map_err(|e| replaced(opener, path, e))
+    })
+}
+
+/// `e`, or, where it is a shard of an object checkpoint found missing because a save
+/// replaced the checkpoint meanwhile (the index read now no longer names that shard: a
+/// save under an object prefix deletes the previous save's shards once its own index is
+/// in place), [`ErrorKind::Changed`], which makes the load start again on the new index.
+fn replaced<O: FileOpener + ?Sized>(opener: &O, path: &Path, e: Error) -> Error {
+    if e.kind() != ErrorKind::NotFound || !crate::core::location::is_object(path) {
+        return e;
+    }
+    let Some(shard) = e.path().map(Path::to_path_buf) else {
+        return e;
+    };
+    let Some(name) = shard.file_name().and_then(|n| n.to_str()) else {
+        return e;
+    };
+    match read_index_from(opener, path) {
+        Ok(index) if !index.weight_map.values().any(|v| v == name) => Error::new(
+            ErrorKind::Changed,
+            "the checkpoint was replaced while it was read: its index no longer names this shard",
+        )
+        .with_path(&shard),
+        _ => e,
+    }
 }
 
 impl ShardedFile {
@@ -150,7 +178,11 @@ impl std::ops::Deref for ShardedCheckpoint {
 /// [`LOAD_ATTEMPTS`](crate::checkpoint::LOAD_ATTEMPTS) tries; then
 /// [`ErrorKind::Changed`](crate::ErrorKind::Changed)).
 pub fn load_sharded<O: FileOpener + ?Sized>(opener: &O, path: &Path) -> Result<ShardedCheckpoint> {
-    retry_changed(|| ShardedFile(CheckpointSource::sharded(opener, path)?).load_all())
+    retry_changed(|| {
+        CheckpointSource::sharded(opener, path)
+            .and_then(|source| ShardedFile(source).load_all())
+            .map_err(|e| replaced(opener, path, e))
+    })
 }
 
 /// Loads only the tensors `names` of the sharded checkpoint at `path`, only their bytes
@@ -169,9 +201,12 @@ where
 {
     let names: Vec<S> = names.into_iter().collect();
     retry_changed(|| {
-        let source = CheckpointSource::sharded(opener, path)?;
-        let tensors = load_chosen(&source, &named(&source, &names)?, 0)?;
-        Ok(ShardedCheckpoint::new(source, tensors))
+        let attempt = || {
+            let source = CheckpointSource::sharded(opener, path)?;
+            let tensors = load_chosen(&source, &named(&source, &names)?, 0)?;
+            Ok(ShardedCheckpoint::new(source, tensors))
+        };
+        attempt().map_err(|e| replaced(opener, path, e))
     })
 }
 

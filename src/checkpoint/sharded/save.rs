@@ -3,7 +3,9 @@
 use super::read::open_sharded;
 use crate::checkpoint::checksum::for_shard;
 use crate::checkpoint::header::Header;
-use crate::checkpoint::shard_index::{corrupt, read_index, shard_name, ShardedIndex, INDEX_NAME};
+use crate::checkpoint::shard_index::{
+    corrupt, read_index, shard_name, tagged_shard_name, ShardedIndex, INDEX_NAME,
+};
 use crate::checkpoint::view::TensorView;
 use crate::checkpoint::{save_with_metadata, FileOpener};
 use crate::core::parallel;
@@ -50,6 +52,15 @@ pub fn save_sharded<O: FileOpener + ?Sized>(
 /// shard's own tensors), and the index [`INDEX_NAME`] last; see the [module](super) for what a crash leaves.
 /// Shards of an earlier save that the new index does not name are removed after it is
 /// written. A duplicate name across shards is [`ErrorKind::InvalidInput`].
+///
+/// Under an object prefix (`s3://…`), the index is the commit point: the shards' names carry
+/// a tag of this save ([`tagged_shard_name`]), so no object of the previous save is
+/// replaced; the index object replaces the previous one only once every shard is complete;
+/// then the shards no index names any more (the previous save's, of any shard count) are
+/// deleted through [`FileOpener::remove_file`]. A save that fails or dies at any point
+/// leaves the previous index and every shard it names, so a load gives the previous
+/// checkpoint or the new one, never a mix (a reader that read the previous index as the new
+/// one is committed may find one of its shards deleted: [`ErrorKind::NotFound`]).
 pub fn save_sharded_with_metadata<O: FileOpener + ?Sized>(
     opener: &O,
     dir: &Path,
@@ -87,56 +98,26 @@ fn write_shards<O: FileOpener + ?Sized>(
             .with_path(dir));
         }
     }
-    // Under an object prefix there is no directory to make; the index object is replaced
-    // whole, last, and shards of an earlier save are left in place.
-    let object = crate::core::location::is_object(dir);
+    if crate::core::location::is_object(dir) {
+        return write_object_shards(opener, dir, groups, metadata);
+    }
     let index_path = dir.join(INDEX_NAME);
-    if !object {
-        std::fs::create_dir_all(dir)
-            .map_err(|e| Error::io(e, "cannot create the checkpoint directory").with_path(dir))?;
-        // The old index goes first: from here until the new one is in place, no index
-        // names a shard that is being replaced.
-        match std::fs::remove_file(&index_path) {
-            Ok(()) => sync_dir(dir)?,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => {
-                return Err(Error::io(e, "cannot remove the old index").with_path(&index_path))
-            }
-        }
+    std::fs::create_dir_all(dir)
+        .map_err(|e| Error::io(e, "cannot create the checkpoint directory").with_path(dir))?;
+    // The old index goes first: from here until the new one is in place, no index names a
+    // shard that is being replaced.
+    match std::fs::remove_file(&index_path) {
+        Ok(()) => sync_dir(dir)?,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(Error::io(e, "cannot remove the old index").with_path(&index_path)),
     }
     let n = groups.len();
-    let jobs: Vec<(usize, &[TensorView<'_>])> = groups.iter().copied().enumerate().collect();
-    parallel::for_each(jobs, SHARD_JOBS, |(i, g)| {
-        // (each shard keeps the checksums of its own tensors, if there are any)
-        let metadata = for_shard(metadata, g.iter().map(|t| t.desc.name.as_str()))?;
-        save_with_metadata(opener, &dir.join(shard_name(i, n)), g, &metadata)
-    })?;
-    let mut weight_map = BTreeMap::new();
-    let mut total = 0u64;
-    for (i, g) in groups.iter().enumerate() {
-        for t in g.iter() {
-            weight_map.insert(t.desc.name.clone(), shard_name(i, n));
-            total += t.data.len() as u64;
-        }
-    }
-    let json = serde_json::json!({
-        "metadata": { "total_size": total },
-        "weight_map": weight_map,
-    });
-    let text = serde_json::to_string_pretty(&json).expect("an index always serializes");
-    if object {
-        let file = opener.open_file(&index_path, OpenMode::Truncate)?;
-        file.write_at(0, MemRef::Host(text.as_bytes()))?;
-        file.sync()?;
-        return Ok(ShardedIndex {
-            path: index_path,
-            total_size: Some(total),
-            weight_map,
-        });
-    }
+    let names: Vec<String> = (0..n).map(|i| shard_name(i, n)).collect();
+    save_groups(opener, dir, groups, &names, metadata)?;
+    let (weight_map, total, text) = index_of(groups, &names);
     crate::atomic::write(&index_path, text.as_bytes())?;
     // Shards of an earlier save that the new index does not name.
-    let keep: HashSet<String> = (0..n).map(|i| shard_name(i, n)).collect();
+    let keep: HashSet<String> = names.into_iter().collect();
     if let Ok(list) = std::fs::read_dir(dir) {
         for entry in list.flatten() {
             let name = entry.file_name().to_string_lossy().into_owned();
@@ -152,7 +133,105 @@ fn write_shards<O: FileOpener + ?Sized>(
     })
 }
 
-/// True for names of the form `model-NNNNN-of-NNNNN.safetensors`.
+/// Writes each group as the shard of its name in `names`, concurrently.
+fn save_groups<O: FileOpener + ?Sized>(
+    opener: &O,
+    dir: &Path,
+    groups: &[&[TensorView<'_>]],
+    names: &[String],
+    metadata: &BTreeMap<String, String>,
+) -> Result<()> {
+    let jobs: Vec<(usize, &[TensorView<'_>])> = groups.iter().copied().enumerate().collect();
+    parallel::for_each(jobs, SHARD_JOBS, |(i, g)| {
+        // (each shard keeps the checksums of its own tensors, if there are any)
+        let metadata = for_shard(metadata, g.iter().map(|t| t.desc.name.as_str()))?;
+        save_with_metadata(opener, &dir.join(&names[i]), g, &metadata)
+    })
+}
+
+/// The index of `groups` saved as the shards `names`: its weight map, total size and JSON.
+fn index_of(
+    groups: &[&[TensorView<'_>]],
+    names: &[String],
+) -> (BTreeMap<String, String>, u64, String) {
+    let mut weight_map = BTreeMap::new();
+    let mut total = 0u64;
+    for (g, name) in groups.iter().zip(names) {
+        for t in g.iter() {
+            weight_map.insert(t.desc.name.clone(), name.clone());
+            total += t.data.len() as u64;
+        }
+    }
+    let json = serde_json::json!({
+        "metadata": { "total_size": total },
+        "weight_map": weight_map,
+    });
+    let text = serde_json::to_string_pretty(&json).expect("an index always serializes");
+    (weight_map, total, text)
+}
+
+/// [`write_shards`] under an object prefix: shards named with a tag of this save, the index
+/// object last (the commit point), then the shards no index names removed; see
+/// [`save_sharded_with_metadata`].
+fn write_object_shards<O: FileOpener + ?Sized>(
+    opener: &O,
+    dir: &Path,
+    groups: &[&[TensorView<'_>]],
+    metadata: &BTreeMap<String, String>,
+) -> Result<ShardedIndex> {
+    let n = groups.len();
+    let tag = save_tag();
+    let names: Vec<String> = (0..n).map(|i| tagged_shard_name(i, n, &tag)).collect();
+    let index_path = dir.join(INDEX_NAME);
+    let (weight_map, total, text) = index_of(groups, &names);
+    let committed = save_groups(opener, dir, groups, &names, metadata).and_then(|()| {
+        let file = opener.open_file(&index_path, OpenMode::Truncate)?;
+        file.write_at(0, MemRef::Host(text.as_bytes()))?;
+        file.sync()
+    });
+    if let Err(e) = committed {
+        // Nothing names this save's shards: those written are removed (best effort; a
+        // later save removes what is left).
+        for name in &names {
+            let _ = opener.remove_file(&dir.join(name));
+        }
+        return Err(e);
+    }
+    // Committed: the shards of earlier saves are named by no index now.
+    let keep: HashSet<&str> = names.iter().map(String::as_str).collect();
+    if let Ok(listed) = opener.list_names(dir) {
+        for name in listed {
+            if is_shard_name(&name) && !keep.contains(name.as_str()) {
+                let _ = opener.remove_file(&dir.join(&name));
+            }
+        }
+    }
+    Ok(ShardedIndex {
+        path: index_path,
+        total_size: Some(total),
+        weight_map,
+    })
+}
+
+/// A tag no other save is expected to draw: 16 hex digits hashed (with the process's
+/// random hashing keys) from the time, the process and a counter.
+fn save_tag() -> String {
+    use std::hash::{BuildHasher, Hasher};
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static SAVES: AtomicU64 = AtomicU64::new(0);
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    h.write_u128(now);
+    h.write_u32(std::process::id());
+    h.write_u64(SAVES.fetch_add(1, Ordering::Relaxed));
+    format!("{:016x}", h.finish())
+}
+
+/// True for names of the form `model-NNNNN-of-NNNNN.safetensors`, or
+/// `model-NNNNN-of-NNNNN-TAG.safetensors` ([`tagged_shard_name`]: a tag of 16 lowercase hex
+/// digits).
 fn is_shard_name(name: &str) -> bool {
     let Some(rest) = name.strip_prefix("model-") else {
         return false;
@@ -161,10 +240,22 @@ fn is_shard_name(name: &str) -> bool {
         return false;
     };
     let b = rest.as_bytes();
-    b.len() == 14
-        && b[..5].iter().all(u8::is_ascii_digit)
-        && &b[5..9] == b"-of-"
-        && b[9..].iter().all(u8::is_ascii_digit)
+    let numbered = |b: &[u8]| {
+        b[..5].iter().all(u8::is_ascii_digit)
+            && &b[5..9] == b"-of-"
+            && b[9..14].iter().all(u8::is_ascii_digit)
+    };
+    match b.len() {
+        14 => numbered(b),
+        31 => {
+            numbered(b)
+                && b[14] == b'-'
+                && b[15..]
+                    .iter()
+                    .all(|c| c.is_ascii_digit() || (b'a'..=b'f').contains(c))
+        }
+        _ => false,
+    }
 }
 
 fn sync_dir(dir: &Path) -> Result<()> {
