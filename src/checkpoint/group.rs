@@ -10,7 +10,8 @@
 //! **messages**, the units one rank reads and then broadcasts: a piece of a tensor of at most
 //! [`PlanOptions::max_message`] bytes, or several small whole tensors next to each other in
 //! one file (at most `max_message` in all), so that thousands of small tensors do not cost a
-//! collective each. Messages go out in the order in which their owners have them read when
+//! collective each; each rank's last message is cut shorter still ([`PlanOptions::tail`]),
+//! so that little is left to broadcast once the reads end. Messages go out in the order in which their owners have them read when
 //! every rank reads at the same speed (by the bytes read before each message's end, then by
 //! rank), so the first broadcasts start once the first message of rank 0 is read and the
 //! others' reads go on meanwhile. Empty tensors have no bytes and take no message.
@@ -41,17 +42,22 @@ pub struct PlanOptions {
     pub coalesce_below: u64,
     /// How far (in bytes) a cut may move from the even cut to fall on a tensor boundary.
     pub slack: u64,
+    /// Each rank's last message, when one piece longer than this, is cut into messages of
+    /// at most this many bytes: what is broadcast after the last read ends is short.
+    pub tail: u64,
 }
 
 impl PlanOptions {
-    /// The defaults for `total` bytes over `ranks` ranks: 32 MiB messages, tensors below
-    /// 1 MiB coalesced, a cut moved by at most an eighth of a rank's share.
+    /// The defaults for `total` bytes over `ranks` ranks: 16 MiB messages, 4 MiB at the
+    /// end of each rank's share, tensors below 1 MiB coalesced, a cut moved by at most an
+    /// eighth of a rank's share.
     pub fn for_total(total: u64, ranks: usize) -> Self {
         PlanOptions {
             split: true,
-            max_message: 32 << 20,
+            max_message: 16 << 20,
             coalesce_below: 1 << 20,
             slack: total / (ranks.max(1) as u64 * 8),
+            tail: 4 << 20,
         }
     }
 }
@@ -168,6 +174,9 @@ pub fn plan_group_read(tensors: &[GroupTensor], ranks: usize, opts: PlanOptions)
             at = until;
         }
         pos += n;
+    }
+    for msgs in &mut per_rank {
+        taper(msgs, opts.tail.max(CUT_ALIGN));
     }
     GroupPlan {
         ranks,
@@ -290,6 +299,34 @@ fn push_piece(
             range: start_in_file..t.range.start + end,
             pieces: vec![Piece {
                 tensor: piece.tensor,
+                bytes: at..end,
+            }],
+        });
+        at = end;
+    }
+}
+
+/// Cuts the last of `msgs` into messages of at most `tail` bytes when it is one piece of a
+/// tensor longer than that.
+fn taper(msgs: &mut Vec<Message>, tail: u64) {
+    let Some(last) = msgs.last() else {
+        return;
+    };
+    if last.pieces.len() != 1 || last.len() <= tail {
+        return;
+    }
+    let last = msgs.pop().expect("checked");
+    let p = &last.pieces[0];
+    let mut at = p.bytes.start;
+    while at < p.bytes.end {
+        let end = (at + tail).min(p.bytes.end);
+        let file_at = last.range.start + (at - p.bytes.start);
+        msgs.push(Message {
+            owner: last.owner,
+            file: last.file,
+            range: file_at..file_at + (end - at),
+            pieces: vec![Piece {
+                tensor: p.tensor,
                 bytes: at..end,
             }],
         });

@@ -46,7 +46,7 @@ from ._torch_dtypes import torch_shape
 #: or ``auto`` (the default).
 GROUP_READ_ENV = "FASTENSOR_GROUP_READ"
 
-#: Broadcasts in flight at most (each staged message holds at most 32 MiB of staging).
+#: Broadcasts in flight at most (each staged message holds at most 16 MiB of staging).
 WINDOW = 8
 
 #: How far ahead of the broadcasts a rank reads messages that need staging (messages read

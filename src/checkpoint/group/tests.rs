@@ -181,3 +181,15 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn each_share_ends_in_short_messages() {
+    let tensors = laid(&[64 << 20, 64 << 20], 1);
+    let opts = PlanOptions::for_total(128 << 20, 2);
+    let plan = plan_group_read(&tensors, 2, opts);
+    check_covers(&tensors, &plan, opts);
+    for r in 0..2 {
+        let last = plan.messages.iter().rev().find(|m| m.owner == r).unwrap();
+        assert!(last.len() <= opts.tail, "{last:?}");
+    }
+}
