@@ -160,6 +160,21 @@ fn group_choose(
     (c.read.name(), c.exploring, c.reason)
 }
 
+/// The way the engine's rule gives a group load of `path` by `ranks` ranks on `hosts` hosts
+/// (the same on every rank), or `None` where the way is learned (rank 0's to choose).
+#[pyfunction]
+fn group_rule(
+    path: PathBuf,
+    ranks: u32,
+    hosts: u32,
+    bytes: u64,
+    cuda: bool,
+) -> Option<&'static str> {
+    context(path, ranks, hosts, bytes, cuda)
+        .rule()
+        .map(|(read, _)| read.name())
+}
+
 /// Teaches the engine that a group load as [`group_choose`] described it, done `way`'s way,
 /// took `seconds` until every rank held every tensor.
 #[pyfunction]
@@ -188,6 +203,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(group_plan, m)?)?;
     m.add_function(wrap_pyfunction!(read_spans, m)?)?;
     m.add_function(wrap_pyfunction!(group_choose, m)?)?;
+    m.add_function(wrap_pyfunction!(group_rule, m)?)?;
     m.add_function(wrap_pyfunction!(group_record, m)?)?;
     Ok(())
 }

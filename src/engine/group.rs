@@ -104,8 +104,9 @@ pub struct GroupChoice {
 }
 
 impl GroupContext {
-    /// The rule's answer, where one applies (see the module's documentation).
-    fn rule(&self) -> Option<(GroupRead, &'static str)> {
+    /// The rule's answer and its reason, where one applies (see the module's
+    /// documentation): the same on every rank of a group, which needs no word from rank 0.
+    pub fn rule(&self) -> Option<(GroupRead, &'static str)> {
         if self.ranks <= 1 {
             return Some((GroupRead::Each, "one rank"));
         }

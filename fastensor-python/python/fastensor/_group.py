@@ -5,14 +5,16 @@ bit for bit what a single process loads, while each byte is read from storage by
 How a group load runs, on every rank:
 
 1. **Open and compare.** Each rank opens the checkpoint (one header read) and the ranks
-   exchange what they opened (``all_gather_object``): a rank that could not open it, or
-   ranks whose location or header digest differ, make every rank raise before any data
-   moves, naming the file and the rank.
-2. **Decide.** Rank 0 decides, for all, whether the group reads once and broadcasts or every
-   rank reads on its own (``group_read=`` or ``$FASTENSOR_GROUP_READ`` forces either): the
-   engine's rule (one host reading local files: the page cache is shared, so every rank
-   reads) or what it learned of earlier group loads in the same context
-   (``Engine.choose_group_read`` in Rust; the time of each load teaches it).
+   exchange, in one small collective, whether they could, the header's digest, the
+   location and the host: a rank that could not open it, or ranks whose location or digest
+   differ, make every rank raise before any data moves, naming the file and the rank (the
+   details then go round as objects).
+2. **Decide.** Whether the group reads once and broadcasts or every rank reads on its own
+   (``group_read=`` or ``$FASTENSOR_GROUP_READ`` forces either): the engine's rule, the same
+   on every rank (one host reading local files: the page cache is shared, so every rank
+   reads), or else rank 0's choice from what its engine learned of earlier group loads in
+   the same context (``Engine.choose_group_read`` in Rust; the time of each load teaches
+   it), broadcast to the others.
 3. **Move.** Reading once: the plan (Rust, the same on every rank) gives each rank a
    contiguous share of the bytes, cut into messages; each rank reads its messages on a
    thread of its own, straight into the tensors' memory where it can, and each message is
@@ -20,8 +22,8 @@ How a group load runs, on every rank:
    is read, while the reads of the next go on. Staging memory (messages of several small
    tensors, and host copies on the way to a GPU) is bounded by :data:`WINDOW` plus
    :data:`READ_AHEAD` messages.
-4. **Agree.** The ranks exchange how it went; a rank whose read failed (a checksum, a disk)
-   makes every rank raise, naming it. A rank that dies makes the others' collectives fail:
+4. **Agree.** The ranks exchange whether any failed (one integer); a rank whose read failed
+   (a checksum, a disk) makes every rank raise, naming it. A rank that dies makes the others' collectives fail:
    they raise :class:`~fastensor.errors.GroupError` within the group's timeout.
 
 Every rank must make the same group calls in the same order (as with any collective).
@@ -88,6 +90,8 @@ class Group:
         self.size = dist.get_world_size(pg)
         if self.rank < 0:
             raise errors._invalid(f"{path}: this process is not in the process group", path)
+        #: Where the group's collectives take tensors (see ``_collective_device``).
+        self.device = _collective_device(pg, "cpu")
 
     def global_rank(self, rank: int) -> int:
         """The default group's rank of this group's ``rank``."""
@@ -104,6 +108,26 @@ class Group:
         err.path = self.path
         return err
 
+    def gather_ints(self, values: list[int], what: str) -> list[list[int]]:
+        """``values`` (signed 64-bit integers, as many on every rank) of every rank, by rank:
+        one collective on a small tensor, far cheaper than :meth:`gather` of objects."""
+        mine = torch.tensor(values, dtype=torch.int64, device=self.device)
+        out = [torch.empty_like(mine) for _ in range(self.size)]
+        try:
+            _dist().all_gather(out, mine, group=self.pg)
+        except Exception as exc:
+            raise self._failed(what, exc) from exc
+        return [t.tolist() for t in out]
+
+    def any(self, flag: bool, what: str) -> bool:
+        """Whether ``flag`` is true on any rank (one collective on one integer)."""
+        t = torch.tensor([1 if flag else 0], dtype=torch.int64, device=self.device)
+        try:
+            _dist().all_reduce(t, op=_dist().ReduceOp.MAX, group=self.pg)
+        except Exception as exc:
+            raise self._failed(what, exc) from exc
+        return bool(t.item())
+
     def gather(self, obj: Any, what: str) -> list[Any]:
         """``obj`` of every rank, by rank."""
         out: list[Any] = [None] * self.size
@@ -113,14 +137,14 @@ class Group:
             raise self._failed(what, exc) from exc
         return out
 
-    def broadcast_object(self, obj: Any, src: int, what: str) -> Any:
-        """Rank ``src``'s ``obj``, on every rank."""
-        box = [obj]
+    def broadcast_int(self, value: int, src: int, what: str) -> int:
+        """Rank ``src``'s ``value`` (a signed 64-bit integer), on every rank."""
+        t = torch.tensor([value], dtype=torch.int64, device=self.device)
         try:
-            _dist().broadcast_object_list(box, src=self.global_rank(src), group=self.pg)
+            _dist().broadcast(t, src=self.global_rank(src), group=self.pg)
         except Exception as exc:
             raise self._failed(what, exc) from exc
-        return box[0]
+        return int(t.item())
 
     def broadcast(self, buf: torch.Tensor, src: int, what: str):
         """Starts the broadcast of ``buf`` from rank ``src``; returns its work."""
@@ -134,6 +158,18 @@ class Group:
             work.wait()
         except Exception as exc:
             raise self._failed(what, exc) from exc
+
+
+def _hash(text: str) -> int:
+    """A stable 64-bit hash of ``text`` (the same in every process)."""
+    import hashlib
+
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little")
+
+
+def _signed(value: int) -> int:
+    """``value`` (0 to 2**64 - 1) as the signed 64-bit integer of the same bits."""
+    return value - (1 << 64) if value >= 1 << 63 else value
 
 
 def _describe(exc: BaseException | None) -> tuple[str, str] | None:
@@ -218,19 +254,23 @@ def open_group(
             prepared = prepare(file)
     except Exception as exc:
         own = exc
-    hello = (path, digest, socket.gethostname(), _describe(own))
-    everyone = group.gather(hello, "the opening exchange")
-    _raise_for(group, [h[3] for h in everyone], own)
-    if len({(h[0], h[1]) for h in everyone}) > 1:
+    host = socket.gethostname()
+    row = [int(own is not None), _signed(digest), _signed(_hash(host)), _signed(_hash(path))]
+    rows = group.gather_ints(row, "the opening exchange")
+    if any(r[0] for r in rows) or len({(r[1], r[3]) for r in rows}) > 1:
+        # Something is off: the details, as objects (only on this path).
+        everyone = group.gather((path, digest, _describe(own)), "the opening exchange")
+        _raise_for(group, [h[2] for h in everyone], own)
         lines = "; ".join(f"rank {r}: {h[0]} (digest {h[1]:016x})" for r, h in enumerate(everyone))
         exc = errors.InvalidInputError(
             f"the ranks of the process group were called with different checkpoints: {lines}"
         )
         exc.path = path
         raise exc
-    hosts = len({h[2] for h in everyone})
+    hosts = len({r[2] for r in rows})
     dev = torch.device(device)
     via = _collective_device(pg, dev)
+    cuda = dev.type == "cuda"
     if via.type != dev.type:  # the collectives cannot reach this memory: every rank reads
         if asked == "broadcast":
             raise errors._invalid(
@@ -239,13 +279,13 @@ def open_group(
         chosen = "each"
     elif asked != "auto":
         chosen = asked
-    elif group.rank == 0:
-        cuda = dev.type == "cuda"
-        chosen, _, _ = _native.group_choose(engine, path, group.size, hosts, nbytes, cuda)
-    else:
-        chosen = None
-    if asked == "auto" and via.type == dev.type:
-        chosen = group.broadcast_object(chosen, 0, "the choice of the way to read")
+    else:  # the rule is the same on every rank; else rank 0 chooses and says so
+        chosen = _native.group_rule(path, group.size, hosts, nbytes, cuda)
+        if chosen is None:
+            if group.rank == 0:
+                chosen, _, _ = _native.group_choose(engine, path, group.size, hosts, nbytes, cuda)
+            said = group.broadcast_int(WAYS.index(chosen) if chosen else 0, 0, "the way")
+            chosen = WAYS[said]
     opened = Opened(group, file, chosen, hosts, nbytes, engine)
     opened.via = via
     opened.learns = asked == "auto" and via.type == dev.type
@@ -257,8 +297,9 @@ def finish(opened: Opened, own: BaseException | None, started: float, device, nb
     way, every rank teaches its engine the time of the load of ``nbytes`` (from ``started``,
     ``time.perf_counter()``), so that whichever rank's profile is saved knows it."""
     group = opened.group
-    reports = group.gather(_describe(own), "the closing exchange")
-    _raise_for(group, reports, own)
+    if group.any(own is not None, "the closing exchange"):
+        reports = group.gather(_describe(own), "the closing exchange")
+        _raise_for(group, reports, own)
     if opened.learns:
         cuda = torch.device(device).type == "cuda"
         _native.group_record(

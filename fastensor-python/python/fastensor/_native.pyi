@@ -109,6 +109,7 @@ def read_spans(file: Any, spans: Sequence[tuple[int, int, int, Any, int]]) -> No
 def group_choose(
     engine: Engine, path: str, ranks: int, hosts: int, bytes: int, cuda: bool
 ) -> tuple[str, bool, str]: ...
+def group_rule(path: str, ranks: int, hosts: int, bytes: int, cuda: bool) -> str | None: ...
 def group_record(
     engine: Engine,
     path: str,
