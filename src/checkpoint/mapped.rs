@@ -184,6 +184,18 @@ fn map(
         .iter()
         .map(|&i| header.file_range(&header.entries()[i]))
         .collect();
+    if let (Some(lease), WithoutLease::Read) = (&lease, without) {
+        // A break must move the guarded memory before the kernel lets the writer go: what
+        // cannot be moved in time is read instead.
+        let bytes: u64 = merged(&ranges).iter().map(|r| r.end - r.start).sum();
+        if let Err(too_slow) = lease.in_time(bytes) {
+            return Err(Error::new(
+                ErrorKind::Unsupported,
+                format!("{too_slow}: the file is read instead of mapped"),
+            )
+            .with_path(path));
+        }
+    }
     // What a file changed in place does to the mapping: see `Arena`.
     let failed = |e| map_failed(e, &header).with_path(path);
     let map = match lease {
