@@ -114,11 +114,16 @@ pub fn in_child() {
 }
 
 /// A read lease on the file of `entry`, through a new open file description, its breaks
-/// signalled as this module's are (to no thread yet: the child names its own).
+/// signalled as this module's are: to this process's thread that answers breaks until the
+/// child names its own (that thread ignores a lease it does not know; the child answers a
+/// break that came meanwhile when it adopts the lease). The owner is named before the
+/// lease is taken: the kernel names the whole process where none is, and a thread of the
+/// process that does not block the signal would be ended by it.
 fn lease_again(entry: &Entry) -> io::Result<File> {
     let file = File::open(format!("/proc/self/fd/{}", entry.fd()))?;
     let fd = file.as_raw_fd();
     fcntl_int(fd, F_SETSIG, handler::signal())?;
+    super::set_owner(fd, handler::thread()?)?;
     fcntl_int(fd, libc::F_SETLEASE, libc::F_RDLCK)?;
     Ok(file)
 }
