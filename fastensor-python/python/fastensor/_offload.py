@@ -445,7 +445,10 @@ class _Session:
         capacity = getattr(self, "_native", {}).get("file_capacity", 0)
         if capacity:
             _capacity_hints[self.hint_key] = capacity
-        self.store.close()  # cancels what is still queued: nothing is held after it
+        # Cancels what is still queued: nothing is held after it (a pack or unpack under
+        # way in another thread finishes on the store first, which goes then); never waits
+        # for such a call while holding the GIL it needs.
+        self.store.close()
         token, self.allocator_token = self.allocator_token, None
         _allocator_disable(token)
         final["held_bytes"] = 0
