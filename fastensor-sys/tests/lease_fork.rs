@@ -19,6 +19,11 @@ fn file_of_pages(pages: usize) -> (tempfile::TempDir, std::path::PathBuf) {
     (dir, path)
 }
 
+/// The offsets a map guards: one range.
+fn guard(r: std::ops::Range<u64>) -> Vec<std::ops::Range<u64>> {
+    vec![r]
+}
+
 fn open_writer(path: &std::path::Path) -> File {
     std::fs::OpenOptions::new().write(true).open(path).unwrap()
 }
@@ -36,7 +41,7 @@ fn a_fork_child_keeps_the_memory_it_inherited_through_a_truncation() {
     let (_dir, path) = file_of_pages(256);
     let file = File::open(&path).unwrap();
     let lease = take(&file).unwrap();
-    let map = FileMap::leased(&file, 256 * 4096, lease, &[0..256 * 4096])
+    let map = FileMap::leased(&file, 256 * 4096, lease, &guard(0..256 * 4096))
         .unwrap()
         .unwrap();
     let (go_r, go_w) = pipe();

@@ -121,7 +121,8 @@ fn measure() -> io::Result<u64> {
     map.fill(1);
     let start = map.as_ptr() as usize;
     let t0 = Instant::now();
-    super::anon::move_ranges(&[start..start + SAMPLE])?;
+    let whole = std::iter::once(start..start + SAMPLE).collect::<Vec<_>>();
+    super::anon::move_ranges(&whole)?;
     let nanos = t0.elapsed().as_nanos().max(1);
     drop(map); // the moved pages are at the same addresses: unmapped as the map's
     Ok((SAMPLE as u128 * 1_000_000_000 / nanos) as u64)
