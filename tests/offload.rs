@@ -775,3 +775,25 @@ fn a_packed_read_that_fails_surfaces_on_get() {
     assert_eq!(err.kind(), ErrorKind::Io, "{err}");
     assert!(err.to_string().contains("mask"), "{err}");
 }
+
+#[test]
+fn is_written_turns_true_once_the_write_has_finished_and_never_before() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = swapping(dir.path()).io_threads(1).write_behind(0);
+    let (engine, gate) = gated_engine();
+    let store = OffloadStore::new(&engine, config).unwrap();
+    let first = store.put(tensor(1, 8192), "first").unwrap();
+    // Its write is in flight (held at the gate): its bytes are not on disk yet.
+    gate.wait_entered();
+    assert!(!store.is_written(&first));
+    gate.release();
+    store.flush();
+    assert!(store.is_written(&first), "written, and kept in memory");
+    // A tensor left unwritten (write-behind) is not, nor a handle of another store.
+    let dir2 = tempfile::tempdir().unwrap();
+    let other = OffloadStore::new(&memory_engine(), swapping(dir2.path())).unwrap();
+    let unwritten = other.put(tensor(2, 8192), "unwritten").unwrap();
+    assert!(!other.is_written(&unwritten));
+    assert!(!store.is_written(&unwritten));
+    assert!(!other.is_written(&first));
+}

@@ -84,7 +84,8 @@ fn set_mmap_threshold(threshold: usize) -> bool {
 /// What the read leases of mapped loads did in this process so far: `taken`, `refused`,
 /// `breaks` (answered), `bytes_moved` (into memory of the process by those breaks),
 /// `seconds_held` (writers held, in all), `longest_held`, `failed` (breaks whose memory
-/// could not be moved).
+/// could not be moved), `late` (breaks that ended after the lease-break time), `adopted` (leases a `fork` child made its own at its start) and
+/// `moved_at_start` (bytes a child moved at its start where it had no lease).
 #[pyfunction]
 fn lease_stats() -> std::collections::BTreeMap<&'static str, f64> {
     let s = fastensor::sys::lease::stats();
@@ -96,7 +97,30 @@ fn lease_stats() -> std::collections::BTreeMap<&'static str, f64> {
         ("seconds_held", s.seconds_held),
         ("longest_held", s.longest_held),
         ("failed", s.failed as f64),
+        ("late", s.late as f64),
+        ("adopted", s.adopted as f64),
+        ("moved_at_start", s.moved_at_start as f64),
     ])
+}
+
+/// Before `os.fork`: takes a read lease for the child per lease this process holds (see
+/// `fastensor_sys::lease::inherit`). Registered with `os.register_at_fork`.
+#[pyfunction]
+fn leases_before_fork(py: Python<'_>) {
+    py.detach(fastensor::sys::lease::inherit::prepare);
+}
+
+/// After `os.fork`, in the parent: closes its descriptors of the children's leases.
+#[pyfunction]
+fn leases_after_fork_in_parent() {
+    fastensor::sys::lease::inherit::in_parent();
+}
+
+/// After `os.fork`, in the child: makes the leases taken for it its own (its memory is
+/// then moved on a break, as its parent's is).
+#[pyfunction]
+fn leases_after_fork_in_child(py: Python<'_>) {
+    py.detach(fastensor::sys::lease::inherit::in_child);
 }
 
 /// The target paths of this process's background saves that have not finished.
@@ -130,6 +154,9 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(set_mmap_threshold, m)?)?;
     m.add_function(wrap_pyfunction!(wait_pending_saves, m)?)?;
     m.add_function(wrap_pyfunction!(lease_stats, m)?)?;
+    m.add_function(wrap_pyfunction!(leases_before_fork, m)?)?;
+    m.add_function(wrap_pyfunction!(leases_after_fork_in_parent, m)?)?;
+    m.add_function(wrap_pyfunction!(leases_after_fork_in_child, m)?)?;
     m.add_function(wrap_pyfunction!(source::read_new, m)?)?;
     format::register(m)?;
     sharded::register(m)?;

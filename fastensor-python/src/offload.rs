@@ -25,7 +25,7 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex};
 
 /// A tensor's memory, lent to the store by the Python object that owns it.
 struct TensorBytes {
@@ -113,19 +113,37 @@ impl PyHandle {
 /// prefetch in backward (last in, first out) order.
 #[pyclass(name = "OffloadStore", module = "fastensor._native", frozen)]
 pub struct PyOffloadStore {
-    /// `None` once closed.
-    store: RwLock<Option<OffloadStore>>,
+    /// `None` once closed. The lock is held only to look at or take the store, never
+    /// across a call into it (which may wait, the GIL released): a thread that holds the
+    /// GIL never waits for a thread that needs it.
+    store: Mutex<Option<Arc<OffloadStore>>>,
 }
 
 impl PyOffloadStore {
-    /// Runs `f` on the open store.
+    /// Runs `f` on the open store. A `close` meanwhile does not wait for `f`: the store
+    /// goes once the last call using it returns.
     fn with<T>(&self, f: impl FnOnce(&OffloadStore) -> PyResult<T>) -> PyResult<T> {
-        let guard = self.store.read().unwrap_or_else(|p| p.into_inner());
-        match guard.as_ref() {
-            Some(s) => f(s),
-            None => Err(PyValueError::new_err("the offload store is closed")),
+        let store = self.store.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let Some(store) = store else {
+            return Err(PyValueError::new_err("the offload store is closed"));
+        };
+        let out = f(&store);
+        // Alone with the store: it was closed during `f`.
+        if let Ok(store) = Arc::try_unwrap(store) {
+            drop_in_background(store);
         }
+        out
     }
+}
+
+/// Drops a closed store in a thread of its own: tearing down its I/O (an io_uring
+/// instance, the swap file's blocks) takes time its caller need not wait for.
+fn drop_in_background(store: OffloadStore) {
+    let spawned = std::thread::Builder::new()
+        .name("fastensor-offload-close".into())
+        .spawn(move || drop(store));
+    // A spawn that fails drops the closure, and the store with it, here.
+    let _ = spawned;
 }
 
 #[pymethods]
@@ -178,7 +196,7 @@ impl PyOffloadStore {
             .detach(|| OffloadStore::new(&engine.engine, config))
             .py_err()?;
         Ok(PyOffloadStore {
-            store: RwLock::new(Some(store)),
+            store: Mutex::new(Some(Arc::new(store))),
         })
     }
 
@@ -192,7 +210,7 @@ impl PyOffloadStore {
     #[getter]
     fn closed(&self) -> bool {
         self.store
-            .read()
+            .lock()
             .unwrap_or_else(|p| p.into_inner())
             .is_none()
     }
@@ -200,15 +218,14 @@ impl PyOffloadStore {
     /// Closes the store: the handles left fail to `get` from now on; its I/O threads stop
     /// and its swap file (which has no name) goes in a background thread, since tearing
     /// down a store's I/O (an io_uring instance, the file's blocks) takes time a training
-    /// step need not wait for. Closing twice does nothing.
+    /// step need not wait for. Never waits for a `put` or `get` under way in another thread
+    /// (it finishes on the store it started with, which goes once it returns). Closing
+    /// twice does nothing.
     fn close(&self, _py: Python<'_>) {
-        let store = self.store.write().unwrap_or_else(|p| p.into_inner()).take();
-        if let Some(store) = store {
-            let spawned = std::thread::Builder::new()
-                .name("fastensor-offload-close".into())
-                .spawn(move || drop(store));
-            // A spawn that fails drops the closure, and the store with it, here.
-            let _ = spawned;
+        let store = self.store.lock().unwrap_or_else(|p| p.into_inner()).take();
+        // A call under way in another thread holds the store: it drops it when it returns.
+        if let Some(Ok(store)) = store.map(Arc::try_unwrap) {
+            drop_in_background(store);
         }
     }
 
@@ -377,6 +394,12 @@ impl PyOffloadStore {
         })?;
         let length = length.unwrap_or(buf.len());
         capsule(py, buf, length, pool)
+    }
+
+    /// Whether the tensor's write has finished (see `OffloadStore::is_written`): seen true
+    /// while the memory put is known unchanged, the bytes on disk are the ones put.
+    fn is_written(&self, handle: &PyHandle) -> PyResult<bool> {
+        self.with(|s| Ok(handle.with(|h| s.is_written(h)).unwrap_or(false)))
     }
 
     /// The puts are over: prefetching starts now, in backward order, from the last tensor.

@@ -17,8 +17,14 @@
 //! it had out at its peak; [`torch_allocator_trim`] gives the idle blocks back.
 //!
 //! Life: the first user installs the allocator; further users only count; when the last
-//! one leaves, torch's own allocator is put back at once (blocks still out come back later
-//! through their deleter).
+//! one leaves, every request goes to torch's own allocator again at once (blocks still out
+//! come back later through their deleter), but the object stays in torch's slot, passing
+//! requests through, for the rest of the process. Memory lent through `raw_allocate`
+//! (ideep's MKLDNN tensors, among others) carries no deleter: torch frees it through the
+//! `raw_deleter` of whatever allocator holds the slot at the free, and only this object
+//! tells a pool block from torch's own memory (torch's own deleter, glibc's `free`, would
+//! abort the process on a pool block). Such a block may be freed at any time after the
+//! window that made it, so the slot never goes back to an allocator that cannot tell.
 
 use crate::c10::{DeleterFn, RawDataPtr, Torch};
 use fastensor::fork::{ForkMutex, ForkOnceLock};
@@ -53,7 +59,10 @@ struct State {
     /// The thresholds of the users that enabled it, by token.
     users: Vec<(u64, usize)>,
     next_token: u64,
+    /// The pool serves torch's requests (from the first user's arrival to the last one's
+    /// leaving); the object stays in the slot after, passing requests through.
     installed: bool,
+    /// Times the pool started serving, and stopped.
     installs: u64,
     removals: u64,
     /// Why the allocator could not be installed, or was left in place.
@@ -175,8 +184,9 @@ fn torch_allocator_enable(min_bytes: usize) -> PyResult<u64> {
     Ok(token)
 }
 
-/// Ends the use `token` stands for; the pool keeps serving while other uses remain. The
-/// last one puts torch's allocator back. Unknown tokens are ignored.
+/// Ends the use `token` stands for; the pool keeps serving while other uses remain. After
+/// the last one torch's own allocator serves every request, through the object left in
+/// the slot (see the module docs). Unknown tokens are ignored.
 #[pyfunction]
 fn torch_allocator_disable(token: u64) {
     let mut st = STATE.lock();
@@ -185,12 +195,14 @@ fn torch_allocator_disable(token: u64) {
     if !st.users.is_empty() || !st.installed {
         return;
     }
+    // The pool serves nothing from here (the threshold published above is `usize::MAX`):
+    // the object stays in the slot, passing every request to torch's own allocator, and
+    // frees the pool's blocks lent through `raw_allocate` when they come back (see the
+    // module docs).
     st.installed = false;
     st.removals += 1;
     if let Ok(torch) = torch() {
-        if torch.current() == torch.object() {
-            torch.set(torch.original);
-        } else {
+        if torch.current() != torch.object() {
             st.error =
                 Some("torch's CPU allocator was replaced by someone else; left as it is".into());
         }

@@ -2,7 +2,7 @@
 keeps the tensors, and checks them after another program acted on the file.
 
 ``python _lease_holder.py DIR [--seccomp-einval] [--drop-cap-lease] [--unprotected]
-[--apis a,b,...]``
+[--apis a,b,...] [--fork]``
 
 DIR holds ``model.safetensors`` (a tiny GPT-2's weights and ``ones``, 16 MiB of float32
 ones), its ``config.json``, and ``sharded/`` (an index whose one shard is a hard link to
@@ -12,6 +12,11 @@ file's pages (``POSIX_FADV_DONTNEED`` on the file, ``MADV_PAGEOUT`` on every ten
 memory, which also reclaims page-cache pages that are mapped) and prints one JSON line
 (``checked``: the tensors whose values changed, the lease counts). A page the file took
 away from a tensor ends the process with ``SIGBUS``.
+
+With ``--fork`` the process forks once its tensors are loaded (as a preforking server or a
+``DataLoader`` worker does); the child checks the tensors it inherited when the parent does
+(its findings are the parent's ``child``: its exit status, the tensors that changed, its
+lease counts).
 """
 
 from __future__ import annotations
@@ -158,6 +163,43 @@ def main() -> None:
         for api, tensors in loaded.items()
     }
     _, _, placement = native.load_new(path, ["ones"])
+
+    def check() -> list[str]:
+        regions = []
+        for tensors in loaded.values():
+            for v in tensors.values():
+                t = as_torch(v)
+                regions.append((t.data_ptr(), t.numel() * t.element_size()))
+        if os.path.exists(path):
+            evict(path)
+        page_out(regions)
+        return [
+            f"{api}:{k}"
+            for api, tensors in loaded.items()
+            for k, v in tensors.items()
+            if not torch.equal(as_torch(v).detach(), reference[api][k])
+        ]
+
+    child = None
+    if "--fork" in args:
+        if pending is not None:
+            pending.wait()
+            pending = None
+        go_r, go_w = os.pipe()
+        out_r, out_w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: checks when told to, reports through the pipe
+            os.close(go_w)
+            os.close(out_r)
+            # The parent's OpenMP threads do not exist here (as in a DataLoader worker).
+            torch.set_num_threads(1)
+            os.read(go_r, 1)
+            found = {"changed": check(), "stats": _native.lease_stats()}
+            os.write(out_w, json.dumps(found).encode())
+            os._exit(0)
+        os.close(go_r)
+        os.close(out_w)
+        child = (pid, go_w, out_r)
     print(
         json.dumps({"ready": True, "placement": placement, "stats": _native.lease_stats()}),
         flush=True,
@@ -166,21 +208,27 @@ def main() -> None:
 
     if pending is not None:
         pending.wait()
-    regions = []
-    for tensors in loaded.values():
-        for v in tensors.values():
-            t = as_torch(v)
-            regions.append((t.data_ptr(), t.numel() * t.element_size()))
-    if os.path.exists(path):
-        evict(path)
-    page_out(regions)
-    changed = [
-        f"{api}:{k}"
-        for api, tensors in loaded.items()
-        for k, v in tensors.items()
-        if not torch.equal(as_torch(v).detach(), reference[api][k])
-    ]
-    print(json.dumps({"checked": True, "changed": changed, "stats": _native.lease_stats()}))
+    found_in_child = None
+    if child is not None:
+        pid, go_w, out_r = child
+        os.write(go_w, b"x")
+        chunks = []
+        while chunk := os.read(out_r, 1 << 16):
+            chunks.append(chunk)
+        _, status = os.waitpid(pid, 0)
+        report = json.loads(b"".join(chunks)) if chunks else {}
+        found_in_child = {"status": os.waitstatus_to_exitcode(status), **report}
+    changed = check()
+    print(
+        json.dumps(
+            {
+                "checked": True,
+                "changed": changed,
+                "stats": _native.lease_stats(),
+                "child": found_in_child,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -366,3 +366,37 @@ def test_common_tensor_operations_on_pool_memory(tmp_path):
         assert f.shape == (256, 257)
         del a, back, c, s, f
     assert allocator_stats()["live_bytes"] == live_before, "every block came back"
+
+
+def test_mkldnn_tensors_made_in_the_window_and_freed_after_it_never_reach_glibc(tmp_path):
+    # ideep allocates through torch's `raw_allocate` and frees through the `raw_deleter` of
+    # whichever allocator holds the slot at the free: a pool block made inside the window and
+    # freed after it must not reach glibc's `free` (SIGABRT: munmap_chunk(): invalid pointer),
+    # nor memory of torch's own made before the window and freed inside it the pool.
+    if not torch.backends.mkldnn.is_available():
+        pytest.skip("this torch has no MKLDNN")
+    code = _PROBE + (
+        "from torch import nn\n"
+        "lin = nn.Linear(256, 256)\n"
+        "for i in range(100):\n"
+        "    before = torch.randn(512, 512).to_mkldnn()\n"
+        f"    with offload(dir={str(tmp_path)!r}, min_bytes=256 << 10):\n"
+        "        made = torch.randn(1024, 1024).to_mkldnn()\n"
+        "        twice = (made.to_dense() * 2).to_mkldnn()\n"
+        "        del before\n"
+        "        with caching_allocator(min_bytes=64 << 10):\n"
+        "            inner = torch.randn(256, 1024).to_mkldnn()\n"
+        "    gc.collect()\n"
+        "    if i == 0:\n"
+        "        out['after_window'] = stats()\n"
+        "    out_sum = float(made.to_dense().sum() * 2 - twice.to_dense().sum())\n"
+        "    assert abs(out_sum) < 1e-1, out_sum\n"
+        "    del made, twice, inner\n"
+        "    gc.collect()\n"
+        "out['end'] = stats()\n"
+        "print(json.dumps(out))\n"
+    )
+    out = _run_python(code)
+    assert not out["after_window"]["enabled"] and not out["after_window"]["installed"]
+    assert out["end"]["blocks_held"] == 0
+    assert not out["end"]["installed"] and out["end"]["installs"] == out["end"]["removals"]

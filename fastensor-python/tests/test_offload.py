@@ -523,3 +523,106 @@ def test_two_forwards_in_one_block_write_the_first_ones_tail_when_the_second_nee
     assert all(torch.equal(got[k], expected[k]) for k in expected)
     assert stats.bytes_written >= stats.bytes_offloaded - 4 * MIB
     assert stats.peak_held_bytes <= 4 * MIB
+
+
+def _wait_written(stats, timeout: float = 30.0) -> None:
+    """Waits until every offloaded byte is on disk (reading ``stats`` also lets the session
+    see the writes finished)."""
+    deadline = time.monotonic() + timeout
+    while stats.bytes_written < stats.bytes_offloaded and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert stats.bytes_written >= stats.bytes_offloaded
+
+
+def test_a_base_changed_after_a_temporary_view_of_it_was_saved_comes_back_as_saved(tmp_path):
+    # The saved tensor is a view nothing else keeps: the change is seen through its base,
+    # which shares its version counter (autograd's own check is skipped under saved tensor
+    # hooks). Its write was seen finished first: the gradient is the saved values'.
+    a = torch.randn(1024, 1024)  # 4 MiB, needs no grad: offloaded
+    b = torch.randn(1024 * 1024, requires_grad=True)
+    saved = a.view(-1).clone()
+    with offload(dir=tmp_path, budget_bytes=64 * MIB, write_behind=0) as stats:
+        y = a.view(-1) * b
+    _wait_written(stats)
+    with torch.no_grad():
+        a.add_(1.0)
+    y.sum().backward()
+    assert stats.tensors_offloaded == 1 and stats.restored_in_place == 0
+    assert torch.equal(b.grad, saved)
+
+
+@pytest.mark.parametrize("through_view", [False, True])
+def test_a_tensor_changed_while_its_write_may_be_in_flight_raises_or_gives_the_saved_gradient(
+    tmp_path, through_view
+):
+    # write_behind=0: the write starts at the pack and may still run while the tensor is
+    # changed, reading the changed memory. Backward raises as autograd does, or (where the
+    # write was seen finished before the change) gives the gradient of the values as saved;
+    # never of the changed ones, nor of a mix.
+    n = 32 << 20  # 128 MiB of float32
+    outcomes = []
+    for _ in range(3):
+        a = torch.randn(n)
+        b = torch.randn(n, requires_grad=True)
+        saved = a.clone()
+        with offload(dir=tmp_path, budget_bytes=1 << 30, write_behind=0):
+            y = (a.view(1, -1).view(-1) if through_view else a) * b
+        with torch.no_grad():
+            a.add_(1.0)
+        try:
+            y.sum().backward()
+        except RuntimeError as e:
+            assert "modified by an inplace operation" in str(e)
+            outcomes.append("raised")
+        else:
+            assert torch.equal(b.grad, saved), "the gradient of changed values"
+            outcomes.append("saved")
+        del a, b, y, saved
+        gc.collect()
+    assert outcomes
+
+
+def test_closing_a_store_does_not_wait_holding_the_gil_for_a_put_in_another_thread(tmp_path):
+    # A put waiting for room releases the GIL and needs it back to return; a close that waits
+    # for that put while holding the GIL would hang (the interpreter's exit, say, closing the
+    # store of a block whose pack runs in another thread).
+    code = textwrap.dedent(
+        f"""
+        import threading, time
+        import torch
+        from fastensor import _native
+        from fastensor._engine import engine_or_default
+
+        store = _native.OffloadStore(
+            engine_or_default(None), {os.fspath(tmp_path)!r}, 300 << 20, write_behind=0
+        )
+        big = [torch.ones(256 << 20, dtype=torch.uint8) for _ in range(2)]
+        store.put(big[0], "first")  # written at once; its room comes back once written
+        started = threading.Event()
+        outcome = []
+
+        def second():
+            started.set()
+            try:
+                outcome.append(store.put(big[1], "second").nbytes)  # waits for the room
+            except ValueError as e:
+                outcome.append(str(e))
+
+        t = threading.Thread(target=second)
+        t.start()
+        started.wait()
+        time.sleep(0.02)
+        store.close()
+        t.join()
+        assert store.closed and outcome, outcome
+        print("closed", outcome)
+        """
+    )
+    try:
+        out = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, timeout=60
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail("close() hung waiting for a put in another thread")
+    assert out.returncode == 0, out.stderr
+    assert "closed" in out.stdout

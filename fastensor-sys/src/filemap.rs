@@ -29,7 +29,9 @@ pub enum Protection {
     /// The lease was broken, and the guarded memory moved: nothing done to the file
     /// reaches it.
     Moved,
-    /// No lease (or the memory could not be moved on a break): the file rewritten in place
+    /// No lease (or the memory could not be moved on a break, or its move ended after the
+    /// kernel let the writer go, or this is a `fork` child with no lease of its own for
+    /// it): the file rewritten in place
     /// shows through pages this process has not written, and a truncation takes away every
     /// page past the new end (a read of one raises `SIGBUS`).
     Unprotected,

@@ -184,6 +184,16 @@ fn map(
         .iter()
         .map(|&i| header.file_range(&header.entries()[i]))
         .collect();
+    // A break must move the guarded memory before the kernel lets the writer go: what
+    // cannot be moved in time is read instead (once mapping it did not fail first, which
+    // names the tensor that does not fit).
+    let too_slow = match (&lease, without) {
+        (Some(lease), WithoutLease::Read) => {
+            let bytes: u64 = merged(&ranges).iter().map(|r| r.end - r.start).sum();
+            lease.in_time(bytes).err()
+        }
+        _ => None,
+    };
     // What a file changed in place does to the mapping: see `Arena`.
     let failed = |e| map_failed(e, &header).with_path(path);
     let map = match lease {
@@ -198,6 +208,14 @@ fn map(
             })?,
         None => FileMap::unprotected(&file, len).map_err(failed)?,
     };
+    if let Some(too_slow) = too_slow {
+        drop(map); // and its lease
+        return Err(Error::new(
+            ErrorKind::Unsupported,
+            format!("{too_slow}: the file is read instead of mapped"),
+        )
+        .with_path(path));
+    }
     Ok(Mapped {
         map,
         header,

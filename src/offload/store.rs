@@ -281,6 +281,34 @@ impl OffloadStore {
         self.get_from(handle, false)
     }
 
+    /// Whether the tensor's write to the swap file has finished: its bytes there are the
+    /// ones put (it may also be kept in memory, or read back since). False while it waits
+    /// unwritten or is being written, for a tensor never written (small, or taken back
+    /// unwritten), after a failed transfer, and for a handle of another store (a tensor
+    /// larger than the budget, written by its `put` itself, is written once that `put`
+    /// returns). A caller that
+    /// sees true at a moment when it knows the memory put was not changed yet knows that
+    /// the bytes on disk are the ones it put, whatever happens to that memory later.
+    pub fn is_written(&self, handle: &Handle) -> bool {
+        if !Arc::ptr_eq(&handle.shared, &self.shared) {
+            return false;
+        }
+        let st = self.shared.lock();
+        st.entries.get(&handle.id).is_some_and(|e| {
+            e.extent.is_some()
+                && match &e.data {
+                    Data::Kept(_)
+                    | Data::OnDisk
+                    | Data::Queued
+                    | Data::Reading
+                    | Data::Loaded(_) => true,
+                    #[cfg(feature = "gds")]
+                    Data::LoadedDevice(_) => true,
+                    _ => false,
+                }
+        })
+    }
+
     fn get_from(&self, handle: &Handle, trust_foreign: bool) -> Result<HostBuffer> {
         let s = &self.shared;
         match self.take(handle, trust_foreign)? {

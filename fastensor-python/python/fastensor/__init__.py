@@ -19,12 +19,23 @@ GPUDirect Storage) per transfer and learns which one wins.
 
 from __future__ import annotations
 
-from . import errors
+import os as _os
+
+from . import _native, errors
 from ._bytes import TensorSpec, deserialize, serialize, serialize_file
 from ._checksum import verify_file
 from ._engine import Backend, Engine, backends, default_engine
 from ._native import SaveHandle, __version__
 from .errors import CorruptError, FastensorError, SafetensorError
+
+# A loaded model stays loaded in a child of `os.fork` (multiprocessing, DataLoader workers,
+# preforking servers) too: each read lease of this process gets one for the child, taken
+# before the fork, which the child makes its own (fastensor_sys::lease::inherit).
+_os.register_at_fork(
+    before=_native.leases_before_fork,
+    after_in_parent=_native.leases_after_fork_in_parent,
+    after_in_child=_native.leases_after_fork_in_child,
+)
 
 
 def safe_open(filename, framework: str = "pt", device: str = "cpu", **kwargs):

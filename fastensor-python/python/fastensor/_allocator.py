@@ -24,8 +24,12 @@ then. Idle blocks are kept (what the users had at their peak) until :func:`empty
 releases them.
 
 Its life: the first user installs the allocator; more users only count; when the last user
-leaves, torch's own allocator is put back at once. ``FASTENSOR_TORCH_ALLOCATOR=0`` in the
-environment turns it off whatever the code asks.
+leaves, torch's own allocator serves every request again at once. The allocator object stays
+in torch's slot, passing requests through: memory handed out by ``raw_allocate`` (MKLDNN
+tensors, through ideep) is freed through whichever allocator holds the slot when it is
+freed, and only fastensor's tells a pool block, made inside the window and freed after it,
+from torch's own memory. ``FASTENSOR_TORCH_ALLOCATOR=0`` in the environment turns it off
+whatever the code asks.
 """
 
 from __future__ import annotations
@@ -72,8 +76,8 @@ class caching_allocator:  # noqa: N801 (a context manager named as a function, l
                 loss = model(x).loss
                 loss.backward()
 
-    Blocks freed after the block are still taken back by the pool; torch's own allocator is
-    put back when the last user has left (see the module's documentation). ``enabled``
+    Blocks freed after the block are still taken back by the pool; torch's own allocator
+    serves every request once the last user has left (see the module's documentation). ``enabled``
     tells whether it took effect; ``reason`` why not (``FASTENSOR_TORCH_ALLOCATOR=0``, or a
     torch whose allocator cannot be replaced: then torch allocates as usual).
 
@@ -109,7 +113,7 @@ def empty_cache() -> int:
 
 
 def allocator_stats() -> dict[str, Any]:
-    """The pool's figures: ``installed`` (torch's CPU allocator is the pool's now),
+    """The pool's figures: ``installed`` (the pool serves torch's CPU allocations now),
     ``installs``/``removals`` (times it was put in place and taken out), ``reason`` (why it
     could not be installed, if it could not), ``enabled`` (a user has it on), ``min_bytes``,
     ``blocks_held`` and ``live_bytes`` (held by tensors and reads back), ``idle_bytes``

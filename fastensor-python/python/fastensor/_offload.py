@@ -150,7 +150,9 @@ class _Record:
         "source",
         "original",
         "saved",
+        "base",
         "version",
+        "confirmed",
         "device",
         "nbytes",
         "restored",
@@ -170,21 +172,37 @@ class _Record:
         #: pending or something else holds it; unpack then takes it as it is.
         self.original: weakref.ref | None = None
         #: The saved tensor (weakly) and its version when packed: a tensor changed in place
-        #: since then comes back from disk, as packed.
+        #: since then comes back from disk, as packed (once its write was seen finished).
         self.saved: weakref.ref | None = None
+        #: The saved tensor's base when it is a view (weakly): it shares the view's version
+        #: counter and lives as long as any view of it, so a change through any of them is
+        #: seen after a temporary saved view is gone.
+        self.base: weakref.ref | None = None
         self.version = 0
+        #: The session saw the write of these bytes finished while the tensor was still at
+        #: its packed version: the bytes on disk are the ones packed, whatever is done to
+        #: the tensor after (see ``_Session.confirm_writes``).
+        self.confirmed = False
         self.device = device
         self.nbytes = nbytes
         #: The storage read back (kept while a saved tensor still refers to this record).
         self.restored: torch.UntypedStorage | None = None
 
+    def changed(self) -> bool:
+        """Whether the saved tensor was changed in place since packed, as autograd tells:
+        by the version counter the saved tensor shares with its base and every view of it,
+        read through whichever of the two still lives (neither: no tensor is left that
+        could change it)."""
+        for ref in (self.saved, self.base):
+            t = ref() if ref is not None else None
+            if t is not None:
+                return t._version != self.version
+        return False
+
     def in_memory(self) -> torch.UntypedStorage | None:
         """The original storage when it is still alive and unchanged since packed."""
         original = self.original() if self.original is not None else None
-        if original is None:
-            return None
-        saved = self.saved() if self.saved is not None else None
-        if saved is not None and saved._version != self.version:
+        if original is None or self.changed():
             return None
         return original
 
@@ -354,12 +372,33 @@ class _Session:
         #: Per CUDA device: bytes offloaded, bytes kept on the device, unpack stall.
         self.per_device: dict[str, dict[str, float]] = {}
         self.labels = itertools.count()
+        #: CPU records whose write was not seen finished yet, oldest first (weakly).
+        self.unconfirmed: collections.deque[weakref.ref[_Record]] = collections.deque()
         self.stats = OffloadStats(self)
         self.swap_path = os.fspath(store.path)
         with _live_lock:
             _live_sessions.add(self)
 
     # -- figures
+
+    def confirm_writes(self) -> None:
+        """Marks ``confirmed`` the records, oldest first, whose write has finished while
+        their tensor is still at its packed version; stops at the first one still unwritten
+        (the store writes oldest first). Called at each pack and unpack, at the end of the
+        block and whenever the figures are read: a tensor changed in place after its write
+        was seen finished comes back from disk as packed; changed before, unpack raises
+        as autograd does (the bytes on disk may be the changed ones: a write in flight
+        reads the tensor's memory as it is changed)."""
+        queue = self.unconfirmed
+        while queue:
+            rec = queue[0]()
+            if rec is None or rec.restored is not None or rec.changed():
+                queue.popleft()  # gone, back already, or changed first: never confirmed
+                continue
+            if self.store.closed or not self.store.is_written(rec.handle):
+                return
+            rec.confirmed = True
+            queue.popleft()
 
     def figures(self) -> dict[str, Any]:
         out: dict[str, Any] = dict(self.counts)
@@ -371,6 +410,8 @@ class _Session:
         if not self.store.closed:
             n = self.store.stats()
             self._native = n
+            # After the figures: a write they count as done is seen finished.
+            self.confirm_writes()
         else:
             n = getattr(self, "_native", None) or {}
         out["budget_bytes"] = n.get("budget", 0)
@@ -404,7 +445,10 @@ class _Session:
         capacity = getattr(self, "_native", {}).get("file_capacity", 0)
         if capacity:
             _capacity_hints[self.hint_key] = capacity
-        self.store.close()  # cancels what is still queued: nothing is held after it
+        # Cancels what is still queued: nothing is held after it (a pack or unpack under
+        # way in another thread finishes on the store first, which goes then); never waits
+        # for such a call while holding the GIL it needs.
+        self.store.close()
         token, self.allocator_token = self.allocator_token, None
         _allocator_disable(token)
         final["held_bytes"] = 0
@@ -437,6 +481,7 @@ class _Session:
         if base.is_leaf and base.requires_grad:
             self._keep(0)
             return t  # parameters (and views of them), leaves that require grad
+        self.confirm_writes()
         dev = t.device
         if dev.type not in ("cpu", "cuda"):
             raise _invalid(f"fastensor offload: tensors on {dev} are not supported (cpu, cuda)")
@@ -451,9 +496,12 @@ class _Session:
         if rec is None or rec.source.expired():
             rec = self._offload(storage, dev, nbytes)
             rec.saved = weakref.ref(t)
+            if t._base is not None:
+                rec.base = weakref.ref(t._base)
             rec.version = t._version
             if dev.type == "cpu":
                 rec.original = weakref.ref(storage)
+                self.unconfirmed.append(weakref.ref(rec))
             by_key = self.by_key
 
             def forget(r: weakref.ref, key: tuple = key) -> None:
@@ -526,6 +574,7 @@ class _Session:
             return p
         rec, dtype, size, stride, offset = p
         self.counts["unpacks"] += 1
+        self.confirm_writes()
         storage = rec.restored
         if storage is None:
             storage = self._take_kept(rec)
@@ -550,11 +599,19 @@ class _Session:
             rec.restored = storage
         if storage is None:
             t0 = time.perf_counter()
-            # Memory the store holds is the original storage's. Changed since packed, the
-            # bytes come from disk as they were packed; changed before they were written, they
-            # are nowhere, which autograd itself refuses without offload. Gone (only the
-            # store still holds it), it is unchanged.
-            changed = rec.original is not None and rec.original() is not None
+            # Memory the store holds is the original storage's. Changed since packed after
+            # its write was seen finished, the bytes come from disk as they were packed;
+            # changed before, the bytes as packed may be nowhere (a write in flight reads the
+            # memory as it changes), which autograd itself refuses without offload. Gone
+            # (only the store still holds it), it is unchanged.
+            changed = rec.changed()
+            if changed and not rec.confirmed:
+                raise RuntimeError(
+                    "one of the variables needed for gradient computation has been modified "
+                    "by an inplace operation after fastensor offload saved it, before its "
+                    "write to the swap file was seen finished (offload keeps the bytes as "
+                    "saved only once written)"
+                )
             try:
                 got = self.store.get(rec.handle, rec.nbytes, written=changed)
             except FileChangedError as e:
@@ -605,8 +662,11 @@ class offload:  # noqa: N801 (a context manager named as a function, like torch.
             less room for the writes in flight (the smaller of half the budget and four times
             the largest tensor saved); ``0``: every tensor is written as soon as it is saved. A
             tensor changed in place after it was saved (which autograd refuses without
-            offload) comes back from disk as it was saved once written; changed while still
-            unwritten, backward raises ``RuntimeError``.
+            offload; a change through a view or the base of the tensor saved counts) comes
+            back from disk as it was saved where its write was seen finished before the
+            change (at a pack, an unpack, the end of the block, or a read of ``stats``);
+            changed before that (unwritten, or its write in flight), backward raises
+            ``RuntimeError`` as autograd does.
         pack: store chunks of saved tensors that are mostly zeros or hold only 0 and one
             other value (dropout masks, as float or bool; all-zero blocks) as bitmaps in the
             swap file, and unpack them when read back, bit for bit: fewer bytes cross to the
@@ -725,6 +785,7 @@ class offload:  # noqa: N801 (a context manager named as a function, like torch.
         if hooks is not None:
             hooks.__exit__(*exc)
         if session is not None and not session.store.closed:
+            session.confirm_writes()
             # The forward pass is over: read back, in backward order, what backward needs
             # first, while the caller computes its loss and starts backward.
             session.store.expect_backward()

@@ -132,20 +132,29 @@ fn run(set: &libc::sigset_t) -> ! {
     }
 }
 
+/// The live leases this process took (in a `fork` child: those it took or adopted since).
+pub(crate) fn ours() -> Vec<Arc<Entry>> {
+    let w = WATCHER.lock();
+    if w.generation != crate::fork::generation() {
+        return Vec::new(); // the parent's watcher: none of these is this process's
+    }
+    w.entries
+        .iter()
+        .filter_map(Weak::upgrade)
+        .filter(|e| e.ours())
+        .collect()
+}
+
 /// Answers every lease of this process that is being broken.
 fn answer_breaks() {
-    let entries: Vec<Arc<Entry>> = {
-        let w = WATCHER.lock();
-        w.entries.iter().filter_map(Weak::upgrade).collect()
-    };
-    for entry in entries.iter().filter(|e| e.ours()) {
-        answer(entry);
+    for entry in ours() {
+        answer(&entry);
     }
 }
 
 /// If `entry`'s lease is being broken: moves the memory it guards into anonymous memory,
 /// then lets go of the lease (the writer goes on).
-fn answer(entry: &Entry) {
+pub(crate) fn answer(entry: &Entry) {
     let mut state = entry.state();
     if state.phase != Phase::Held {
         return;
@@ -165,7 +174,17 @@ fn answer(entry: &Entry) {
         match super::anon::move_ranges(&state.guarded) {
             Ok(bytes) => {
                 BYTES_MOVED.fetch_add(bytes, Ordering::Relaxed);
-                Outcome::Moved
+                let took = started.elapsed();
+                super::budget::note_move(bytes, took.as_nanos() as u64);
+                if took.as_secs() >= super::budget::break_time() {
+                    // The kernel lets the writer go after the lease-break time from the
+                    // break's start (before `started`): the last pieces may have been
+                    // moved with the file's new bytes.
+                    LATE.fetch_add(1, Ordering::Relaxed);
+                    Outcome::MovedLate
+                } else {
+                    Outcome::Moved
+                }
             }
             Err(_) => {
                 FAILED.fetch_add(1, Ordering::Relaxed);
@@ -189,6 +208,7 @@ static BYTES_MOVED: AtomicU64 = AtomicU64::new(0);
 static NANOS: AtomicU64 = AtomicU64::new(0);
 static LONGEST: AtomicU64 = AtomicU64::new(0);
 static FAILED: AtomicU64 = AtomicU64::new(0);
+static LATE: AtomicU64 = AtomicU64::new(0);
 
 pub(crate) fn count_taken() {
     TAKEN.fetch_add(1, Ordering::Relaxed);
@@ -215,11 +235,21 @@ pub struct Stats {
     pub longest_held: f64,
     /// Breaks whose memory could not be moved (it stayed shared with the file).
     pub failed: u64,
+    /// Breaks whose move ended after the lease-break time: the kernel may have let the
+    /// writer go first (the memory is counted unprotected).
+    pub late: u64,
+    /// Leases taken for this process before the `fork` that made it, and made its own at
+    /// its start ([`super::inherit`]; counted down the line of forks).
+    pub adopted: u64,
+    /// Bytes moved into anonymous memory at a `fork` child's start, where no lease could
+    /// be taken for it.
+    pub moved_at_start: u64,
 }
 
 /// What the leases of this process did so far (counted in the process that took them).
 pub fn stats() -> Stats {
     let secs = |n: &AtomicU64| n.load(Ordering::Relaxed) as f64 * 1e-9;
+    let (adopted, moved_at_start) = super::inherit::counts();
     Stats {
         taken: TAKEN.load(Ordering::Relaxed),
         refused: REFUSED.load(Ordering::Relaxed),
@@ -228,5 +258,8 @@ pub fn stats() -> Stats {
         seconds_held: secs(&NANOS),
         longest_held: secs(&LONGEST),
         failed: FAILED.load(Ordering::Relaxed),
+        late: LATE.load(Ordering::Relaxed),
+        adopted,
+        moved_at_start,
     }
 }

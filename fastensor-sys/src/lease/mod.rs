@@ -31,13 +31,27 @@
 //!   is being copied may be lost (the piece is copied, then swapped in).
 //! * The moving must end within the lease-break time, or the kernel lets the writer go
 //!   first; moving runs at memory-copy speed for pages in memory, at the device's speed for
-//!   pages that were evicted.
-//! * Memory a `fork` child inherited is that child's: only the process that took the lease
-//!   moves its own memory.
+//!   pages that were evicted. [`Lease::in_time`] tells whether memory can be guarded at
+//!   all (see `budget`: half the lease-break time at the rate measured here); a break
+//!   that ended after the lease-break time all the same leaves its memory unprotected
+//!   (counted as `late`).
+//!
+//! A `fork` child shares the clean pages of its parent's private mappings with the page
+//! cache too, and the lease is its parent's: the parent's break moves only the parent's
+//! memory. So each lease has a successor in the child ([`inherit`]): around a fork (the
+//! Python package calls these from `os.register_at_fork`), [`inherit::prepare`] takes, in
+//! the parent, one more read lease per lease held, on a new open file description of the
+//! same file, before the fork; the child inherits it, and [`inherit::in_child`] makes it
+//! the child's (its own thread answers its breaks, moving the child's memory);
+//! [`inherit::in_parent`] closes the parent's copies. The child's lease exists from the
+//! fork on: a writer is held until both processes have moved their memory.
 
 mod anon;
+mod budget;
 mod handler;
+pub mod inherit;
 
+use crate::fork::ForkMutex;
 use std::fmt;
 use std::fs::File;
 use std::io;
@@ -45,6 +59,7 @@ use std::ops::Range;
 use std::os::fd::AsRawFd;
 use std::sync::{Arc, Mutex, MutexGuard};
 
+pub use budget::{break_time, rate as move_rate, TooSlow};
 pub use handler::{stats, Stats};
 
 /// Why a read lease could not be had.
@@ -126,6 +141,10 @@ pub(crate) struct Entry {
     /// thread that answers breaks).
     pid: u32,
     state: Mutex<State>,
+    /// In a `fork` child: the lease the child holds in this one's place on the same file
+    /// ([`inherit`]); `None` where the child has none (its memory is then unprotected,
+    /// or was moved when the child started).
+    successor: ForkMutex<Option<Arc<Entry>>>,
 }
 
 #[derive(Debug)]
@@ -157,6 +176,9 @@ pub(crate) enum Outcome {
     Moved,
     /// Not moved (out of memory, say): it stays shared with the file.
     MoveFailed,
+    /// Moved, but after the lease-break time: the kernel may have let the writer go
+    /// before the last pieces were moved, so they may hold the file's new bytes.
+    MovedLate,
 }
 
 impl Entry {
@@ -170,6 +192,18 @@ impl Entry {
 
     pub(crate) fn ours(&self) -> bool {
         self.pid == std::process::id()
+    }
+
+    /// The lease of this process that stands for `self`: `self` in the process that took
+    /// it, its successor (or the successor's, down a line of forks) in a child; `None` in
+    /// a child that took none.
+    pub(crate) fn current(self: &Arc<Self>) -> Option<Arc<Entry>> {
+        let mut e = self.clone();
+        while !e.ours() {
+            let next = e.successor.lock().clone()?;
+            e = next;
+        }
+        Some(e)
     }
 }
 
@@ -190,6 +224,7 @@ pub fn take(file: &File) -> Result<Lease, Refused> {
             phase: Phase::Taking,
             guarded: Vec::new(),
         }),
+        successor: ForkMutex::new(None),
     });
     // Registered before the lease exists, and set to `Held` under its lock: a break that
     // comes at once waits for the lock and finds the lease held.
@@ -197,16 +232,7 @@ pub fn take(file: &File) -> Result<Lease, Refused> {
     handler::register(&entry);
     let fd = entry.fd();
     fcntl_int(fd, F_SETSIG, handler::signal()).map_err(failed)?;
-    let owner = FOwnerEx {
-        kind: F_OWNER_TID,
-        pid: tid,
-    };
-    // SAFETY: `fd` is open (held by `entry`); the kernel reads `owner`, a live
-    // `struct f_owner_ex`, during the call.
-    let rc = unsafe { libc::fcntl(fd, F_SETOWN_EX, &owner as *const FOwnerEx) };
-    if rc < 0 {
-        return Err(failed(io::Error::last_os_error()));
-    }
+    set_owner(fd, tid).map_err(failed)?;
     if let Err(source) = fcntl_int(fd, libc::F_SETLEASE, libc::F_RDLCK) {
         handler::count_refused();
         return Err(Refused {
@@ -234,27 +260,79 @@ impl Lease {
         true
     }
 
-    /// Where the lease stands.
+    /// Whether a break could move `bytes` of guarded memory of this lease, with the memory
+    /// the other leases of this process on the same file guard (a writer breaks them all,
+    /// answered one after the other), before the kernel lets the writer go: within half
+    /// `/proc/sys/fs/lease-break-time` at the move rate measured in this process (see
+    /// `budget`). Where not, the caller had better read the file than map it.
+    pub fn in_time(&self, bytes: u64) -> Result<(), TooSlow> {
+        budget::check(bytes.saturating_add(guarded_on_same_file(&self.entry)))
+    }
+
+    /// Where the lease of this process that stands for this one stands (in a `fork`
+    /// child, its successor's; `Released` where the child has none).
     pub(crate) fn phase(&self) -> Phase {
-        self.entry.state().phase
+        match self.entry.current() {
+            Some(e) => e.state().phase,
+            None => Phase::Released,
+        }
     }
 }
 
 impl Drop for Lease {
     /// Lets go of the lease, waiting for a break being answered to finish: the guarded
     /// memory may be unmapped once this returns. In a `fork` child (which inherited the
-    /// descriptor) nothing is let go: the lease is its parent's.
+    /// descriptor) the parent's lease is left alone: the child lets go of its successor.
     fn drop(&mut self) {
-        if !self.entry.ours() {
+        let Some(entry) = self.entry.current() else {
             return;
-        }
-        let mut state = self.entry.state();
+        };
+        let mut state = entry.state();
         state.guarded.clear();
         if state.phase == Phase::Held {
-            let _ = fcntl_int(self.entry.fd(), libc::F_SETLEASE, libc::F_UNLCK);
+            let _ = fcntl_int(entry.fd(), libc::F_SETLEASE, libc::F_UNLCK);
             state.phase = Phase::Released;
         }
     }
+}
+
+/// Bytes the held leases of this process other than `entry` guard on `entry`'s file.
+fn guarded_on_same_file(entry: &Arc<Entry>) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    let id = |e: &Entry| e.file.metadata().ok().map(|m| (m.dev(), m.ino()));
+    let Some(this) = id(entry) else {
+        return 0;
+    };
+    handler::ours()
+        .iter()
+        .filter(|e| !Arc::ptr_eq(e, entry) && id(e.as_ref()) == Some(this))
+        .map(|e| {
+            let state = e.state();
+            if state.phase != Phase::Held {
+                return 0;
+            }
+            state
+                .guarded
+                .iter()
+                .map(|r| (r.end - r.start) as u64)
+                .sum::<u64>()
+        })
+        .sum()
+}
+
+/// Sends the break signal of the lease on `fd` to the thread `tid`.
+pub(crate) fn set_owner(fd: i32, tid: libc::pid_t) -> io::Result<()> {
+    let owner = FOwnerEx {
+        kind: F_OWNER_TID,
+        pid: tid,
+    };
+    // SAFETY: `fd` is an open descriptor of the caller's; the kernel reads `owner`, a live
+    // `struct f_owner_ex`, during the call.
+    let rc = unsafe { libc::fcntl(fd, F_SETOWN_EX, &owner as *const FOwnerEx) };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 /// `fcntl` commands and types the `libc` crate lacks for glibc targets.
