@@ -23,8 +23,9 @@ How a group load runs, on every rank:
    tensors, and host copies on the way to a GPU) is bounded by :data:`WINDOW` plus
    :data:`READ_AHEAD` messages.
 4. **Agree.** The ranks exchange whether any failed (one integer); a rank whose read failed
-   (a checksum, a disk) makes every rank raise, naming it. A rank that dies makes the others' collectives fail:
-   they raise :class:`~fastensor.errors.GroupError` within the group's timeout.
+   (a checksum, a disk) makes every rank raise, naming it. A rank that dies makes the
+   others' collectives fail: they raise :class:`~fastensor.errors.GroupError` within the
+   group's timeout.
 
 Every rank must make the same group calls in the same order (as with any collective).
 """
