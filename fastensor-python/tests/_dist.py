@@ -99,3 +99,27 @@ def run_world(
         )
         raise AssertionError(f"{scenario} on {world} ranks: {failed}\n{report}")
     return outputs
+
+
+def logged_entry(run, scenario: str, directory: str, rank: int, world: int, port: int, log: str):
+    """A forked rank's life: the environment of ``rank``, its output to ``log``, then
+    ``run(scenario, Path(directory), rank, world)``; exits 0, or 1 with the traceback
+    logged."""
+    import sys
+
+    rank_environment(rank, world, port)
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115
+    sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
+    try:
+        run(scenario, Path(directory), rank, world)
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+        sys.stderr.flush()
+        os._exit(1)
+    sys.stdout.flush()
+    os._exit(0)

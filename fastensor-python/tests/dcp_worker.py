@@ -279,23 +279,8 @@ def run(scenario: str, directory: Path, rank: int, world: int) -> None:
 
 
 def entry(scenario: str, directory: str, rank: int, world: int, port: int, log: str) -> None:
-    """A forked rank's entry: environment, output to ``log``, then :func:`run`."""
-    _dist.rank_environment(rank, world, port)
-    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    os.dup2(fd, 1)
-    os.dup2(fd, 2)
-    sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115
-    sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
-    try:
-        run(scenario, Path(directory), rank, world)
-    except BaseException:
-        import traceback
-
-        traceback.print_exc()
-        sys.stderr.flush()
-        os._exit(1)
-    sys.stdout.flush()
-    os._exit(0)
+    """A forked rank's entry (see ``_dist.logged_entry``)."""
+    _dist.logged_entry(run, scenario, directory, rank, world, port, log)
 
 
 if __name__ == "__main__":
