@@ -209,6 +209,18 @@ static NANOS: AtomicU64 = AtomicU64::new(0);
 static LONGEST: AtomicU64 = AtomicU64::new(0);
 static FAILED: AtomicU64 = AtomicU64::new(0);
 static LATE: AtomicU64 = AtomicU64::new(0);
+/// Leases this process adopted from its parent at its start, and memory it moved then
+/// (counted in each child; see [`super::inherit`]).
+static ADOPTED: AtomicU64 = AtomicU64::new(0);
+static MOVED_AT_START: AtomicU64 = AtomicU64::new(0);
+
+pub(crate) fn count_adopted() {
+    ADOPTED.fetch_add(1, Ordering::Relaxed);
+}
+
+pub(crate) fn count_moved_at_start(bytes: u64) {
+    MOVED_AT_START.fetch_add(bytes, Ordering::Relaxed);
+}
 
 pub(crate) fn count_taken() {
     TAKEN.fetch_add(1, Ordering::Relaxed);
@@ -249,7 +261,6 @@ pub struct Stats {
 /// What the leases of this process did so far (counted in the process that took them).
 pub fn stats() -> Stats {
     let secs = |n: &AtomicU64| n.load(Ordering::Relaxed) as f64 * 1e-9;
-    let (adopted, moved_at_start) = super::inherit::counts();
     Stats {
         taken: TAKEN.load(Ordering::Relaxed),
         refused: REFUSED.load(Ordering::Relaxed),
@@ -259,7 +270,7 @@ pub fn stats() -> Stats {
         longest_held: secs(&LONGEST),
         failed: FAILED.load(Ordering::Relaxed),
         late: LATE.load(Ordering::Relaxed),
-        adopted,
-        moved_at_start,
+        adopted: ADOPTED.load(Ordering::Relaxed),
+        moved_at_start: MOVED_AT_START.load(Ordering::Relaxed),
     }
 }

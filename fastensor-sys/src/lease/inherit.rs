@@ -35,7 +35,6 @@ use std::fs::File;
 use std::io;
 use std::ops::Range;
 use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// A lease of this process and what its child gets in its place.
@@ -51,11 +50,6 @@ struct ForChild {
 
 /// What [`prepare`] made for the child of the fork under way.
 static FOR_CHILD: ForkMutex<Vec<ForChild>> = ForkMutex::lazy();
-
-/// Leases children adopted, and memory children moved at their start (counted in each
-/// child; see [`super::stats`]).
-static ADOPTED: AtomicU64 = AtomicU64::new(0);
-static MOVED_AT_START: AtomicU64 = AtomicU64::new(0);
 
 /// In the parent, just before `fork`: a lease for the child per lease this process holds
 /// (see the module docs). Cheap when the process holds no lease.
@@ -156,7 +150,7 @@ fn adopt(child: ForChild) {
     // Should this fail, the thread still looks at every lease once a second.
     let _ = super::set_owner(fd, tid);
     *child.parent.successor.lock() = Some(entry.clone());
-    ADOPTED.fetch_add(1, Ordering::Relaxed);
+    handler::count_adopted();
     // A writer that came since the fork waits for this lease: answered now.
     handler::answer(&entry);
 }
@@ -164,14 +158,6 @@ fn adopt(child: ForChild) {
 /// Moves `ranges` of this process into anonymous memory of its own.
 fn move_now(ranges: &[Range<usize>]) {
     if let Ok(bytes) = anon::move_ranges(ranges) {
-        MOVED_AT_START.fetch_add(bytes, Ordering::Relaxed);
+        handler::count_moved_at_start(bytes);
     }
-}
-
-/// Leases this process adopted from its parent at its start, and bytes it moved then.
-pub(crate) fn counts() -> (u64, u64) {
-    (
-        ADOPTED.load(Ordering::Relaxed),
-        MOVED_AT_START.load(Ordering::Relaxed),
-    )
 }
