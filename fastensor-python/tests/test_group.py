@@ -15,6 +15,7 @@ import pytest
 torch = pytest.importorskip("torch")
 sys.path.insert(0, os.path.dirname(__file__))
 
+import fastensor  # noqa: E402
 import fastensor.torch as ft  # noqa: E402
 from _dist import run_world  # noqa: E402
 
@@ -54,12 +55,13 @@ def module_state() -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
-def write_case(d: Path, where, extra: dict | None = None) -> dict:
-    """Saves the checkpoints through ``where(name)`` (a path or URL) and writes case.json."""
+def write_case(d: Path, where, extra: dict | None = None, engine=None) -> dict:
+    """Saves the checkpoints through ``where(name)`` (a path or URL; through ``engine`` when
+    given) and writes case.json."""
     t = checkpoint_tensors()
-    ft.save_file(t, where("single.safetensors"))
-    ft.save_sharded(t, where("sharded"), max_shard_size="1MB")
-    ft.save_file(module_state(), where("module.safetensors"))
+    ft.save_file(t, where("single.safetensors"), engine=engine)
+    ft.save_sharded(t, where("sharded"), max_shard_size="1MB", engine=engine)
+    ft.save_file(module_state(), where("module.safetensors"), engine=engine)
     corrupt = d / "corrupt.safetensors"
     ft.save_file(t, corrupt, checksum=True)
     with ft.safe_open(corrupt, framework="pt") as f:
@@ -111,7 +113,9 @@ def s3_case(tmp_path_factory):
     os.environ.update(server.env())
     try:
         url = lambda n: f"s3://{BUCKET}/group/{n}"  # noqa: E731
-        case = write_case(d, url, {"s3": True, "server": server.url, "env": server.env()})
+        # An engine of its own: the default engine's clients stay unmade for other tests.
+        extra = {"s3": True, "server": server.url, "env": server.env()}
+        case = write_case(d, url, extra, engine=fastensor.Engine())
         case["single_size"] = server.file("group/single.safetensors").stat().st_size
         (d / "case.json").write_text(json.dumps(case))
         yield d

@@ -43,7 +43,7 @@ from typing import Any
 import torch
 
 from . import _native, errors
-from ._torch_dtypes import torch_shape
+from ._torch_dtypes import torch_dtype, torch_shape
 
 #: The environment switch that forces a way for every group load: ``broadcast``, ``each``
 #: or ``auto`` (the default).
@@ -347,12 +347,10 @@ def _flat(t: torch.Tensor) -> torch.Tensor:
 
 def new_tensors(opened: Opened, indices: list[int], device) -> dict[int, torch.Tensor]:
     """A new tensor for each entry ``indices`` of ``opened`` on ``device`` (by index)."""
-    from ._torch_io import _torch_dtype
-
     out = {}
     for i in indices:
         name, dtype, shape, _, _ = opened.entries[i]
-        dt = _torch_dtype(opened.group.path, name, dtype)
+        dt = torch_dtype(opened.group.path, name, dtype)
         out[i] = torch.empty(torch_shape(dtype, shape), dtype=dt, device=device)
     return out
 

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 import torch
 
+from ._common import unknown_dtype
 from .errors import _invalid
 
 
@@ -95,3 +96,12 @@ def torch_shape(dtype: str, shape: Sequence[int]) -> list[int]:
             )
         shape[-1] //= 2
     return shape
+
+
+def torch_dtype(path: str, name: str, dtype: str) -> torch.dtype:
+    """The torch dtype of safetensors dtype ``dtype`` (tensor ``name`` of ``path``); one this
+    torch lacks is an error naming the file and the tensor."""
+    dt = FROM_NAME.get(dtype)
+    if dt is None:
+        raise unknown_dtype(path, name, dtype, f"torch {torch.__version__}")
+    return dt

@@ -22,14 +22,13 @@ from ._common import (
     fspath,
     pad_for,
     read_new,
-    unknown_dtype,
 )
 from ._engine import Engine, engine_or_default, watch_pending_saves
 from ._host_load import load_host, read_host
 from ._torch_checks import check_savable
-from ._torch_dtypes import FROM_NAME as _FROM_NAME
 from ._torch_dtypes import TO_NAME as _TO_NAME
 from ._torch_dtypes import header_shape, torch_shape
+from ._torch_dtypes import torch_dtype as _torch_dtype
 from ._torch_hold import held
 from .errors import _invalid
 
@@ -164,13 +163,6 @@ def save_file_async(
     watch_pending_saves()
     specs = _save_specs(tensors, path, engine, host_only=True)
     return engine.save_async(path, specs, meta, checksum=checksum)
-
-
-def _torch_dtype(path: str, name: str, dtype: str) -> torch.dtype:
-    dt = _FROM_NAME.get(dtype)
-    if dt is None:
-        raise unknown_dtype(path, name, dtype, f"torch {torch.__version__}")
-    return dt
 
 
 def _place_new(entry, path: str, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, int]:

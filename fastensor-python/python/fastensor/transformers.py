@@ -112,23 +112,10 @@ def _single_device(device_map: Any) -> torch.device | None:
     return None
 
 
-def _load_weights(
-    path: str, device: torch.device, engine: Engine | None, group: tuple | None = None
-) -> tuple[dict, list]:
+def _load_weights(path: str, device: torch.device, engine: Engine | None) -> tuple[dict, list]:
     """The weights at ``path`` on ``device``, and the ``PendingPages`` still coming in (onto
     the CPU the files are mapped and the tensors returned at once, their pages brought in
-    by threads of the engine's meanwhile). ``group``: ``(process_group, group_read)`` of a
-    load by every rank of a process group (each byte read from storage once)."""
-    if group is not None:
-        pg, way = group
-        if path.endswith(".json"):
-            out = _fst.load_sharded(
-                path, device=device, engine=engine, process_group=pg, group_read=way
-            )
-            return out, []
-        return _fst.load_file(
-            path, device=device, engine=engine, process_group=pg, group_read=way
-        ), []
+    by threads of the engine's meanwhile)."""
     if device.type != "cpu":
         if path.endswith(".json"):
             return _fst.load_sharded(path, device=device, engine=engine), []
@@ -138,6 +125,17 @@ def _load_weights(
         return load_host_later_by_shard(native, path)
     weights, pages = load_host_later(native, path)
     return weights, [] if pages is None else [pages]
+
+
+def _load_group_weights(
+    path: str, device: torch.device, engine: Engine | None, group: tuple
+) -> tuple[dict, list]:
+    """The weights at ``path`` on ``device``, loaded by every rank of a process group
+    (``group``: ``(process_group, group_read)``; each byte read from storage once), and no
+    pages still coming in."""
+    pg, way = group
+    load = _fst.load_sharded if path.endswith(".json") else _fst.load_file
+    return load(path, device=device, engine=engine, process_group=pg, group_read=way), []
 
 
 class _WeightsInFlight(dict):
@@ -329,7 +327,10 @@ def _build(
     returns once every page of them is in memory."""
     group = kwargs.get("_fastensor_group")
     kwargs = {k: v for k, v in kwargs.items() if k != "_fastensor_group"}
-    state_dict = _WeightsInFlight(lambda: _load_weights(weights, device, engine, group))
+    if group is None:
+        state_dict = _WeightsInFlight(lambda: _load_weights(weights, device, engine))
+    else:
+        state_dict = _WeightsInFlight(lambda: _load_group_weights(weights, device, engine, group))
     try:
         out = model_class.from_pretrained(None, *model_args, state_dict=state_dict, **kwargs)
     finally:
