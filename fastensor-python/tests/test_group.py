@@ -114,8 +114,16 @@ def s3_case(tmp_path_factory):
     try:
         url = lambda n: f"s3://{BUCKET}/group/{n}"  # noqa: E731
         # An engine of its own: the default engine's clients stay unmade for other tests.
-        extra = {"s3": True, "server": server.url, "env": server.env()}
-        case = write_case(d, url, extra, engine=fastensor.Engine())
+        engine = fastensor.Engine()
+        extra = {"s3": True, "server": server.url, "env": server.env(), "model": url("gpt2")}
+        case = write_case(d, url, extra, engine=engine)
+        from _tiny_models import tiny_gpt2
+
+        tiny_gpt2().save_pretrained(d / "gpt2", max_shard_size="40KB")
+        native = fastensor._engine.engine_or_default(engine)
+        for name in os.listdir(d / "gpt2"):
+            data = (d / "gpt2" / name).read_bytes()
+            fastensor._native.write_whole(native, url(f"gpt2/{name}"), data)
         case["single_size"] = server.file("group/single.safetensors").stat().st_size
         (d / "case.json").write_text(json.dumps(case))
         yield d
