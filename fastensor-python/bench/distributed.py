@@ -138,6 +138,7 @@ def run_load(subject: str, location: str, ranks: int, env: dict[str, str]) -> di
     procs = []
     for r in range(ranks):
         e = dict(env, RANK=str(r), WORLD_SIZE=str(ranks), MASTER_ADDR="127.0.0.1")
+        e.update(LOCAL_RANK=str(r), LOCAL_WORLD_SIZE=str(ranks))  # as torchrun sets them
         e["MASTER_PORT"] = str(port)
         cmd = [sys.executable, __file__, "--rank-of", subject, "--location", location]
         procs.append(subprocess.Popen(cmd, env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE))

@@ -33,6 +33,8 @@ def rank_environment(rank: int, world: int, port: int) -> None:
         MASTER_PORT=str(port),
         RANK=str(rank),
         WORLD_SIZE=str(world),
+        LOCAL_RANK=str(rank),
+        LOCAL_WORLD_SIZE=str(world),  # (every rank on this host, as torchrun says it)
         FASTENSOR_PROFILE="",
     )
 

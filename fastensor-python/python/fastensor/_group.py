@@ -27,6 +27,10 @@ How a group load runs, on every rank:
    others' collectives fail: they raise :class:`~fastensor.errors.GroupError` within the
    group's timeout.
 
+Where every rank reads on its own whatever the others say (``group_read="each"``, or the
+rule with every rank on one host as ``LOCAL_WORLD_SIZE`` tells), steps 1 and 4 are one: the
+ranks load, then compare in one small collective, and raise together as above.
+
 Every rank must make the same group calls in the same order (as with any collective).
 """
 
@@ -255,20 +259,7 @@ def open_group(
             prepared = prepare(file)
     except Exception as exc:
         own = exc
-    host = socket.gethostname()
-    row = [int(own is not None), _signed(digest), _signed(_hash(host)), _signed(_hash(path))]
-    rows = group.gather_ints(row, "the opening exchange")
-    if any(r[0] for r in rows) or len({(r[1], r[3]) for r in rows}) > 1:
-        # Something is off: the details, as objects (only on this path).
-        everyone = group.gather((path, digest, _describe(own)), "the opening exchange")
-        _raise_for(group, [h[2] for h in everyone], own)
-        lines = "; ".join(f"rank {r}: {h[0]} (digest {h[1]:016x})" for r, h in enumerate(everyone))
-        exc = errors.InvalidInputError(
-            f"the ranks of the process group were called with different checkpoints: {lines}"
-        )
-        exc.path = path
-        raise exc
-    hosts = len({r[2] for r in rows})
+    hosts = _agree(group, path, digest, own, "the opening exchange")
     dev = torch.device(device)
     via = _collective_device(pg, dev)
     cuda = dev.type == "cuda"
@@ -506,6 +497,66 @@ def _broadcast_new(
     return out if opened.via == device else {k: v.to(device) for k, v in out.items()}
 
 
+def _each_known(pg, path: str, way: str | None) -> bool:
+    """Whether every rank will read on its own whatever the others say: asked so, or the
+    engine's rule for ranks that all share one host (``LOCAL_WORLD_SIZE``, as torchrun sets
+    it, equal to the world's size), the same on every rank."""
+    asked = way_asked(way)
+    if asked != "auto":
+        return asked == "each"
+    dist = _dist()
+    local = os.environ.get("LOCAL_WORLD_SIZE", "")
+    if not local.isdigit() or int(local) != dist.get_world_size():
+        return False
+    size = dist.get_world_size(pg)
+    return _native.group_rule(path, size, 1, 0, False) == "each"
+
+
+def _each_then_agree(
+    pg, path: str, open_file: Callable[[], Any], prepare: Callable[[Any], Any], each: Callable
+):
+    """A group load whose every rank reads on its own (see :func:`_each_known`): each rank
+    opens (``prepare`` checks the file), loads, and then the ranks agree in one small
+    collective that all opened the same checkpoint and none failed, else every rank raises
+    as :func:`open_group` and :func:`finish` do. Returns ``each()``'s result."""
+    group = Group(pg, path)
+    global last_way
+    last_way = "each"
+    own: BaseException | None = None
+    digest, out = 0, None
+    try:
+        file = open_file()
+        digest = _native.source_digest(file)
+        prepare(file)
+        del file
+        out = each()
+    except Exception as exc:
+        own = exc
+    _agree(group, path, digest, own, "the closing exchange")
+    return out
+
+
+def _agree(group: Group, path: str, digest: int, own: BaseException | None, what: str) -> int:
+    """One small collective: whether any rank failed, and each rank's header digest, host
+    and location. Raises on every rank when one failed (its own error there, the same class
+    naming it on the others) or when the ranks opened different checkpoints. Returns the
+    number of hosts."""
+    host = socket.gethostname()
+    row = [int(own is not None), _signed(digest), _signed(_hash(host)), _signed(_hash(path))]
+    rows = group.gather_ints(row, what)
+    if any(r[0] for r in rows) or len({(r[1], r[3]) for r in rows}) > 1:
+        # Something is off: the details, as objects (only on this path).
+        everyone = group.gather((path, digest, _describe(own)), what)
+        _raise_for(group, [h[2] for h in everyone], own)
+        lines = "; ".join(f"rank {r}: {h[0]} (digest {h[1]:016x})" for r, h in enumerate(everyone))
+        exc = errors.InvalidInputError(
+            f"the ranks of the process group were called with different checkpoints: {lines}"
+        )
+        exc.path = path
+        raise exc
+    return len({r[2] for r in rows})
+
+
 def load_new(
     engine,
     pg,
@@ -535,6 +586,8 @@ def load_new(
             raise exc
         return [at[n] for n in dict.fromkeys(names)]
 
+    if _each_known(pg, path, way):
+        return _each_then_agree(pg, path, open_file, chosen, each)
     opened, indices = open_group(engine, pg, path, open_file, dev, way, chosen)
 
     nbytes = sum(opened.entries[i][4] for i in indices)
