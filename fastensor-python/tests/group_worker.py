@@ -219,7 +219,30 @@ def scenario_killed(case: dict, rank: int, world: int) -> None:
     print(f"rank {rank}: raised GroupError in {time.monotonic() - started:.1f} s: {exc}")
 
 
+def scenario_no_memory(case: dict, rank: int, world: int) -> None:
+    import fastensor._group as group
+    import fastensor.torch as ft
+
+    if rank == 1:
+
+        def no_memory(*args, **kwargs):
+            raise MemoryError("no memory for the tensors (test)")
+
+        group.new_tensors = no_memory
+    exc = expect_raise(
+        lambda: ft.load_file(
+            case["single"], process_group=dist.group.WORLD, group_read="broadcast"
+        ),
+        Exception,
+        "no memory",
+    )
+    if rank != 1:
+        assert "rank 1" in str(exc), str(exc)
+    print(f"rank {rank}: raised {type(exc).__name__}: {exc}", flush=True)
+
+
 SCENARIOS = {
+    "no_memory": scenario_no_memory,
     "apis": scenario_apis,
     "missing": scenario_missing,
     "different": scenario_different,

@@ -143,7 +143,7 @@ def test_every_api_loads_bit_exact_from_objects_each_byte_served_once(s3_case, w
     assert "served" in out[0]
 
 
-@pytest.mark.parametrize("scenario", ["missing", "different", "corrupt"])
+@pytest.mark.parametrize("scenario", ["missing", "different", "corrupt", "no_memory"])
 def test_a_failing_rank_makes_every_rank_raise(local_case, scenario):
     out = run_world(scenario, 3, local_case, timeout=120, worker="group_worker")
     assert all("raised" in o for o in out), out

@@ -184,14 +184,26 @@ def _describe(exc: BaseException | None) -> tuple[str, str] | None:
     return (type(exc).__name__, str(exc))
 
 
+class _PeerFailed(Exception):
+    """Another rank failed before any bytes moved: this rank stops with the group (and then
+    raises that rank's error)."""
+
+
+def _together(group: Group, own: BaseException | None, what: str) -> None:
+    """Every rank goes on only if every rank got here well (one small collective): raises
+    ``own`` on a rank that failed, :class:`_PeerFailed` on the others."""
+    if group.any(own is not None, what):
+        raise own if own is not None else _PeerFailed()
+
+
 def _raise_for(group: Group, reports: list[tuple[str, str] | None], own: BaseException | None):
     """Raises on every rank when any rank failed: a failed rank its own error, the others
     the first failure's class (a fastensor error class, else ``GroupError``), naming the
     rank and the file."""
-    failed = [(r, rep) for r, rep in enumerate(reports) if rep is not None]
+    failed = [(r, rep) for r, rep in enumerate(reports) if rep and rep[0] != "_PeerFailed"]
     if not failed:
         return
-    if own is not None:
+    if own is not None and not isinstance(own, _PeerFailed):
         raise own
     r, (cls_name, msg) = failed[0]
     cls = getattr(errors, cls_name, None)
@@ -490,8 +502,14 @@ def _collective_device(pg, device) -> torch.device:
 def _broadcast_new(
     opened: Opened, indices: list[int], verify: bool, device: torch.device
 ) -> dict[str, torch.Tensor]:
-    """The entries ``indices`` in new tensors on ``device``, read once and broadcast."""
-    dests = new_tensors(opened, indices, opened.via)
+    """The entries ``indices`` in new tensors on ``device``, read once and broadcast (the
+    ranks agree first that every one could allocate them)."""
+    dests, own = {}, None
+    try:
+        dests = new_tensors(opened, indices, opened.via)
+    except Exception as exc:
+        own = exc
+    _together(opened.group, own, "the allocation")
     broadcast_into(opened, dests, verify)
     out = {opened.entries[i][0]: dests[i] for i in indices}
     return out if opened.via == device else {k: v.to(device) for k, v in out.items()}
@@ -653,7 +671,12 @@ def load_into(
                 dests[i] = dst.detach()
             else:
                 copies.append((dst, i))
-        fresh = new_tensors(opened, [i for _, i in copies], via)
+        fresh, own = {}, None
+        try:
+            fresh = new_tensors(opened, [i for _, i in copies], via)
+        except Exception as exc:
+            own = exc
+        _together(opened.group, own, "the allocation")
         dests.update(fresh)
         with torch.no_grad():
             broadcast_into(opened, dests, verify)
