@@ -227,7 +227,17 @@ class Opened:
     """A checkpoint opened by every rank of a group and found the same on all: the native
     file, its entries, and the way the group reads it."""
 
-    def __init__(self, group: Group, file, way: str, hosts: int, nbytes: int, engine):
+    def __init__(
+        self,
+        group: Group,
+        file,
+        way: str,
+        hosts: int,
+        nbytes: int,
+        engine,
+        via: torch.device,
+        learns: bool,
+    ):
         self.group = group
         self.file = file
         self.entries = file.entries()
@@ -236,9 +246,9 @@ class Opened:
         self.nbytes = nbytes
         self.engine = engine
         #: Where the group's collectives move bytes (see ``_collective_device``).
-        self.via = torch.device("cpu")
+        self.via = via
         #: Whether the engine chose the way (and so learns from the loads' times).
-        self.learns = False
+        self.learns = learns
 
 
 def open_group(
@@ -290,10 +300,8 @@ def open_group(
                 chosen, _, _ = _native.group_choose(engine, path, group.size, hosts, nbytes, cuda)
             said = group.broadcast_int(WAYS.index(chosen) if chosen else 0, 0, "the way")
             chosen = WAYS[said]
-    opened = Opened(group, file, chosen, hosts, nbytes, engine)
-    opened.via = via
-    opened.learns = asked == "auto" and via.type == dev.type
-    return opened, prepared
+    learns = asked == "auto" and via.type == dev.type
+    return Opened(group, file, chosen, hosts, nbytes, engine, via, learns), prepared
 
 
 def finish(opened: Opened, own: BaseException | None, started: float, device, nbytes: int) -> None:
