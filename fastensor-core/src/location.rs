@@ -67,14 +67,15 @@ impl<'a> ObjectUrl<'a> {
         Some(ObjectUrl {
             scheme,
             bucket,
-            key: key.trim_start_matches('/'),
+            key,
         })
     }
 
     /// The URL of `name` under this one taken as a prefix ("directory"): `s3://b/dir` and
-    /// `x.json` give `s3://b/dir/x.json`.
+    /// `x.json` give `s3://b/dir/x.json`. One trailing `/` is the separator; any before it
+    /// belong to the key (`s3://b/dir//` and `x` give `s3://b/dir//x`).
     pub fn join(&self, name: &str) -> PathBuf {
-        let key = self.key.trim_end_matches('/');
+        let key = self.key.strip_suffix('/').unwrap_or(self.key);
         let sep = if key.is_empty() { "" } else { "/" };
         PathBuf::from(format!(
             "{}://{}/{key}{sep}{name}",
@@ -123,5 +124,18 @@ mod tests {
         assert_eq!(u.join("x.json"), PathBuf::from("s3://b/dir/x.json"));
         let root = ObjectUrl::parse("s3://b").unwrap();
         assert_eq!(root.join("x"), PathBuf::from("s3://b/x"));
+        let empty = ObjectUrl::parse("s3://b/dir//").unwrap();
+        assert_eq!(empty.join("x"), PathBuf::from("s3://b/dir//x"));
+    }
+
+    #[test]
+    fn keys_are_kept_as_written() {
+        for (text, key) in [
+            ("s3://b//k", "/k"),
+            ("s3://b/a//k", "a//k"),
+            ("s3://b/a/", "a/"),
+        ] {
+            assert_eq!(ObjectUrl::parse(text).unwrap().key, key, "{text}");
+        }
     }
 }

@@ -26,8 +26,9 @@
 //! [`ErrorKind::Unsupported`](fastensor_core::ErrorKind::Unsupported) naming it. Region and
 //! endpoint: `AWS_REGION`, `AWS_ENDPOINT_URL` (for S3-compatible servers), else the
 //! profile's; an `http://` endpoint is allowed. Keys are used as written (no character is
-//! encoded into another key); one the store cannot name as it is (`a//b`) is
-//! [`ErrorKind::InvalidInput`](fastensor_core::ErrorKind::InvalidInput).
+//! encoded into another key, `a//b` is not `a/b`); one the store cannot name as it is (`/b`,
+//! `a/./b`) is [`ErrorKind::InvalidInput`](fastensor_core::ErrorKind::InvalidInput), and so
+//! is listing a prefix that holds an empty segment (`object_store` cannot list such keys).
 //!
 //! Every call blocks its caller until done, also from inside a tokio runtime (the requests
 //! run on the crate's own I/O threads); a file opened before `fork()` is

@@ -162,7 +162,7 @@ impl ObjectStores {
     pub fn list(&self, url: &Path) -> Result<Vec<String>> {
         let parsed = object_url(url)?;
         let bucket = self.bucket(&parsed, url)?;
-        let key = parsed.key.trim_end_matches('/');
+        let key = parsed.key.strip_suffix('/').unwrap_or(parsed.key);
         let prefix = if key.is_empty() {
             None
         } else {
@@ -171,7 +171,19 @@ impl ObjectStores {
         let listed = bucket
             .io
             .block_on(url, bucket.store.list_with_delimiter(prefix.as_ref()))?
-            .map_err(|e| from_store(e, url, "list"))?;
+            .map_err(|e| match e {
+                // The store's client names what it lists by `Path::parse`, which refuses
+                // empty segments: a listing that holds `p//...` cannot be returned.
+                object_store::Error::InvalidPath { .. } => about(
+                    ErrorKind::InvalidInput,
+                    "cannot list it: a key under it has an empty segment (`a//b`), which the \
+                     store's client cannot list (such objects are read, written and removed \
+                     by their own URL)",
+                    url,
+                )
+                .with_source(e),
+                e => from_store(e, url, "list"),
+            })?;
         let mut names: Vec<String> = listed
             .objects
             .iter()
@@ -193,21 +205,36 @@ impl ObjectStores {
     }
 }
 
-/// `key` as the store's path, exactly as written (`#`, `[`, `]`, `%`, spaces and any other
-/// character kept, never percent-encoded into another key). A key the store cannot name as
-/// it is (an empty segment, as in `a//b`, a `.` or `..` segment, a control character) is
-/// [`ErrorKind::InvalidInput`] naming `url`: refused rather than changed into another key.
+/// `key` as the store's path, exactly as written: `#`, `[`, `]`, `%`, spaces, empty segments
+/// (`a//b`) and any other character kept, never percent-encoded into another key. A key the
+/// store cannot name as it is (one starting with `/`, a `.` or `..` segment, a control
+/// character) is [`ErrorKind::InvalidInput`] naming `url`: refused rather than changed into
+/// another key.
 pub(crate) fn object_key(key: &str, url: &Path) -> Result<object_store::path::Path> {
-    match object_store::path::Path::parse(key) {
-        Ok(parsed) if parsed.as_ref() == key => Ok(parsed),
-        _ => Err(about(
+    use object_store::path::{Path as Key, PathPart};
+    let refused = || {
+        about(
             ErrorKind::InvalidInput,
             format!(
-                "the key `{key}` cannot be named as it is (an empty, `.` or `..` segment, or \
-                 a control character): refused rather than changed into another key"
+                "the key `{key}` cannot be named as it is (a leading `/`, a `.` or `..` \
+                 segment, or a control character): refused rather than changed into another key"
             ),
             url,
-        )),
+        )
+    };
+    // Segment by segment: `Path::parse` refuses empty segments and `Path::from` drops them,
+    // but a child may be empty, so `a//b` is named as it is.
+    let mut built = Key::default();
+    for (i, segment) in key.split('/').enumerate() {
+        if i == 0 && segment.is_empty() && !key.is_empty() {
+            return Err(refused());
+        }
+        built = built.child(PathPart::parse(segment).map_err(|_| refused())?);
+    }
+    if built.as_ref() == key {
+        Ok(built)
+    } else {
+        Err(refused())
     }
 }
 

@@ -36,8 +36,14 @@ pub struct ShardedIndex {
 }
 
 impl ShardedIndex {
-    /// The directory the shards live in.
+    /// The directory the shards live in. For an object index, its URL up to and with the
+    /// last `/` (`Path::parent` would fold `a//x.json` into `a`, another prefix).
     pub fn dir(&self) -> &Path {
+        if let (Location::Object(_), Some(text)) = (Location::of(&self.path), self.path.to_str()) {
+            if let Some(slash) = text.rfind('/') {
+                return Path::new(&text[..=slash]);
+            }
+        }
         match self.path.parent() {
             Some(p) if !p.as_os_str().is_empty() => p,
             _ => Path::new("."),

@@ -208,19 +208,42 @@ fn object_keys_are_kept_as_written() {
     std::fs::create_dir_all(other.parent().unwrap()).unwrap();
     std::fs::copy(server.file("exp#3/m.safetensors"), &other).unwrap();
     checkpoint::load(&stores, &url("x#1[2] %/m.safetensors")).unwrap();
-    // Keys the store cannot name as they are (an empty segment) are refused, never changed.
-    for key in [
-        "a//m.safetensors",
-        "a/./m.safetensors",
-        "a/../m.safetensors",
-    ] {
+    // Empty segments are kept: `a//m` and `a/m` are two objects.
+    let other = checkpoint_of(8);
+    checkpoint::save(&stores, &url("a/m.safetensors"), &views(t)).unwrap();
+    checkpoint::save(&stores, &url("a//m.safetensors"), &views(&other[..2])).unwrap();
+    let got = checkpoint::load(&stores, &url("a//m.safetensors")).unwrap();
+    assert_eq!(got.tensor("layer1").unwrap().1, &other[1].1[..]);
+    let got = checkpoint::load(&stores, &url("a/m.safetensors")).unwrap();
+    assert_eq!(got.tensor("layer1").unwrap().1, &t[1].1[..]);
+    // A listing that holds an empty segment is refused, naming the prefix (the store's
+    // client cannot list such keys); the objects stay reachable by their URLs.
+    for dir in ["a", "a//"] {
+        let e = stores.list(&url(dir)).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::InvalidInput, "{dir}: {e}");
+        assert!(e.to_string().contains("empty segment"), "{dir}: {e}");
+    }
+    // A sharded checkpoint under such a prefix is loaded by its index's URL, its shards
+    // from that prefix, not from the one without the empty segment.
+    let a = checkpoint_of(11);
+    let b = checkpoint_of(12);
+    checkpoint::save_sharded(&stores, &url("x/"), &views(&a), 4000).unwrap();
+    let index = checkpoint::save_sharded(&stores, &url("x//"), &views(&b), 4000).unwrap();
+    assert!(index.shard_names().len() > 1);
+    let got = checkpoint::load_sharded(&stores, &url("x//model.safetensors.index.json")).unwrap();
+    assert_eq!(which_save(&got, &[11, 12]), 12);
+    stores.delete(&url("a//m.safetensors")).unwrap();
+    assert_eq!(stores.list(&url("a")).unwrap(), ["m.safetensors"]);
+    // Keys the store cannot name as they are are refused, never changed.
+    for key in ["/m.safetensors", "a/./m.safetensors", "a/../m.safetensors"] {
         let e = checkpoint::save(&stores, &url(key), &views(t)).unwrap_err();
         assert_eq!(e.kind(), ErrorKind::InvalidInput, "{key}: {e}");
         assert!(e.to_string().contains(key), "{key}: {e}");
         let e = checkpoint::load(&stores, &url(key)).unwrap_err();
         assert_eq!(e.kind(), ErrorKind::InvalidInput, "{key}: {e}");
     }
-    assert!(!server.file("a/m.safetensors").exists());
+    let got = checkpoint::load(&stores, &url("a/m.safetensors")).unwrap();
+    assert_eq!(got.tensor("layer1").unwrap().1, &t[1].1[..]);
 }
 
 #[test]

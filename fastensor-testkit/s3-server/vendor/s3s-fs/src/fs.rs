@@ -108,7 +108,7 @@ impl FileSystem {
     /// resolve object path under the virtual root
     pub(crate) fn get_object_path(&self, bucket: &str, key: &str) -> Result<PathBuf> {
         let dir = Path::new(&bucket);
-        let file_path = Path::new(&key);
+        let file_path = PathBuf::from(key_as_path(key));
         self.resolve_abs_path(dir.join(file_path))
     }
 
@@ -313,4 +313,21 @@ impl Drop for FileWriter<'_> {
             let _ = std::fs::remove_file(&self.tmp_path);
         }
     }
+}
+
+/// The directory name that stands for an empty key segment on disk (`a//b` is stored as
+/// `a/.empty-segment/b`): without it `a//b` and `a/b` would be one file.
+pub(crate) const EMPTY_SEGMENT: &str = ".empty-segment";
+
+/// `key` as a relative file path: every empty segment but a trailing one (a directory
+/// marker) becomes [`EMPTY_SEGMENT`].
+pub(crate) fn key_as_path(key: &str) -> String {
+    let segments: Vec<&str> = key.split('/').collect();
+    let last = segments.len() - 1;
+    segments
+        .iter()
+        .enumerate()
+        .map(|(i, s)| if s.is_empty() && i < last { EMPTY_SEGMENT } else { s })
+        .collect::<Vec<_>>()
+        .join("/")
 }

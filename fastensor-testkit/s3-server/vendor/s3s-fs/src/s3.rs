@@ -46,6 +46,7 @@ fn normalize_path(path: &Path, delimiter: &str) -> Option<String> {
             }
             Component::Normal(name) => {
                 let name = name.to_str()?;
+                let name = if name == crate::fs::EMPTY_SEGMENT { "" } else { name };
                 if !first {
                     normalized.push_str(delimiter);
                 }
