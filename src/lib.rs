@@ -9,22 +9,6 @@
 pub use fastensor_sys as sys;
 pub use fastensor_sys::atomic;
 pub use fastensor_sys::fork;
-/// `impl Debug for $ty`, printed as the struct `$name` with the given fields, each the value
-/// of an expression of `$s` (the value printed), the rest elided.
-macro_rules! debug_fields {
-    ($ty:ty, $name:literal, |$s:ident| { $($field:ident: $value:expr),* $(,)? }) => {
-        impl std::fmt::Debug for $ty {
-            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                let $s = self;
-                f.debug_struct($name)
-                    $(.field(stringify!($field), &$value))*
-                    .finish_non_exhaustive()
-            }
-        }
-    };
-}
-
-pub mod checkpoint;
 pub mod engine;
 pub mod offload;
 pub mod profile;
@@ -37,6 +21,7 @@ pub use fastensor_core::{
 };
 
 pub use engine::{Engine, EngineBuilder, EngineFile, Report};
+pub use fastensor_checkpoint as checkpoint;
 pub use fastensor_select as select;
 pub use fastensor_select::{Dictionary, Objective, SelectorConfig};
 

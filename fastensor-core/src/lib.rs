@@ -14,6 +14,23 @@ macro_rules! display_as_str {
     };
 }
 
+/// `impl Debug for $ty`, printed as the struct `$name` with the given fields, each the value
+/// of an expression of `$s` (the value printed), the rest elided.
+#[macro_export]
+#[doc(hidden)]
+macro_rules! debug_fields {
+    ($ty:ty, $name:literal, |$s:ident| { $($field:ident: $value:expr),* $(,)? }) => {
+        impl std::fmt::Debug for $ty {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                let $s = self;
+                f.debug_struct($name)
+                    $(.field(stringify!($field), &$value))*
+                    .finish_non_exhaustive()
+            }
+        }
+    };
+}
+
 pub mod align;
 mod backend;
 mod capabilities;

@@ -3,6 +3,7 @@
 use super::measure::Measurer;
 use super::{Candidate, Engine, Inner, SystemClock};
 use crate::profile::Warning;
+use fastensor_core::debug_fields;
 use fastensor_core::Clock;
 use fastensor_core::{Error, ErrorKind, Knobs, Registry, Result, SharedBackend};
 use fastensor_select::{Objective, SelectorConfig};

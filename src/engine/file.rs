@@ -4,6 +4,7 @@
 use super::decisions::Decisions;
 use super::measure::{FileState, MeasuredFile};
 use super::{Candidate, Inner};
+use fastensor_core::debug_fields;
 use fastensor_core::{
     BackendFile, Direction, Error, ErrorKind, FileLocation, MemMut, MemRef, MemoryKind, OpenMode,
     Purpose, ReadRequest, Result, WriteRequest,

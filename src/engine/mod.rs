@@ -41,6 +41,7 @@ pub use report::{BackendUsage, Report};
 pub use tune::{default_profile_path, tune, TuneOptions, TuneOutcome};
 
 use crate::profile::Warning;
+use fastensor_core::debug_fields;
 use fastensor_core::{
     Capabilities, Direction, Error, ErrorKind, MemoryKind, OpenMode, Result, SharedBackend,
     TransferContext,

@@ -6,6 +6,7 @@ use super::shared::Shared;
 use super::state::{Data, Entry, Failure, Home, State, Step, Taken};
 use super::{worker, HostPool, OffloadConfig, OffloadStats};
 use crate::Engine;
+use fastensor_core::debug_fields;
 use fastensor_core::{Error, ErrorKind, HostBuffer, OpenMode, Purpose, Result};
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};

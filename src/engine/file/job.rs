@@ -11,6 +11,7 @@
 
 use super::{refusal, EngineFile, Handle};
 use crate::engine::measure::{Shape, Ticket, What};
+use fastensor_core::debug_fields;
 use fastensor_core::policy::{default_reader, may_explore};
 use fastensor_core::{BackendFile, Direction, MemMut, MemRef, ReadJob, Result, TransferContext};
 use std::path::Path;

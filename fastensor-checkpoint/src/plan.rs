@@ -7,10 +7,10 @@
 
 use super::source_file::SourceFile;
 use super::IO_THREADS;
-use crate::core::align::align_down;
-use crate::core::parallel;
-use crate::core::ReadJob as JobShape;
 use crate::{BackendFile, Error, ErrorKind, HostBuffer, MemMut, Result};
+use fastensor_core::align::align_down;
+use fastensor_core::parallel;
+use fastensor_core::ReadJob as JobShape;
 use std::ops::Range;
 use std::path::Path;
 

@@ -1,14 +1,14 @@
 //! Reading sharded checkpoints and raw byte ranges: [`CheckpointSource`]s of many files,
 //! every file's requests in flight together.
 
-use crate::checkpoint::header::{Header, HeaderEntry};
-use crate::checkpoint::into_arena::{load_chosen, named};
-use crate::checkpoint::loaded::Checkpoint;
-use crate::checkpoint::plan::{How, Request};
-use crate::checkpoint::retry::retry_changed;
-use crate::checkpoint::shard_index::{read_index_from, ShardedIndex};
-use crate::checkpoint::source::CheckpointSource;
-use crate::checkpoint::FileOpener;
+use crate::header::{Header, HeaderEntry};
+use crate::into_arena::{load_chosen, named};
+use crate::loaded::Checkpoint;
+use crate::plan::{How, Request};
+use crate::retry::retry_changed;
+use crate::shard_index::{read_index_from, ShardedIndex};
+use crate::source::CheckpointSource;
+use crate::FileOpener;
 use crate::{Error, ErrorKind, MemMut, Result};
 use std::collections::{BTreeMap, HashMap};
 use std::ops::Range;
@@ -25,7 +25,7 @@ pub struct ShardedFile(CheckpointSource);
 /// from its shard is [`ErrorKind::Corrupt`](crate::ErrorKind::Corrupt); a missing shard
 /// [`ErrorKind::NotFound`](crate::ErrorKind::NotFound). A shard replaced (renamed over)
 /// while it is opened makes the whole checkpoint be opened again (at most
-/// [`LOAD_ATTEMPTS`](crate::checkpoint::LOAD_ATTEMPTS) tries; then
+/// [`LOAD_ATTEMPTS`](crate::LOAD_ATTEMPTS) tries; then
 /// [`ErrorKind::Changed`](crate::ErrorKind::Changed)).
 pub fn open_sharded<O: FileOpener + ?Sized>(opener: &O, path: &Path) -> Result<ShardedFile> {
     retry_changed(|| {
@@ -40,7 +40,7 @@ pub fn open_sharded<O: FileOpener + ?Sized>(opener: &O, path: &Path) -> Result<S
 /// save under an object prefix deletes the previous save's shards once its own index is
 /// in place), [`ErrorKind::Changed`], which makes the load start again on the new index.
 fn replaced<O: FileOpener + ?Sized>(opener: &O, path: &Path, e: Error) -> Error {
-    if e.kind() != ErrorKind::NotFound || !crate::core::location::is_object(path) {
+    if e.kind() != ErrorKind::NotFound || !fastensor_core::location::is_object(path) {
         return e;
     }
     let Some(shard) = e.path().map(Path::to_path_buf) else {
@@ -101,7 +101,7 @@ impl ShardedFile {
     /// [`read_into`](Self::read_into) is checked against the checksum its shard's header
     /// stores; a mismatch is [`ErrorKind::Corrupt`](crate::ErrorKind::Corrupt) naming the
     /// shard and the tensor. Errors as
-    /// [`Checksums::from_header`](crate::checkpoint::Checksums::from_header), for any shard.
+    /// [`Checksums::from_header`](crate::Checksums::from_header), for any shard.
     pub fn verifying(self) -> Result<ShardedFile> {
         self.0.verifying().map(ShardedFile)
     }
@@ -175,7 +175,7 @@ impl std::ops::Deref for ShardedCheckpoint {
 /// Loads every tensor of the sharded checkpoint at `path` (a directory or an index file)
 /// into one arena: each shard's reads go out as one job, all shards' in flight together. A
 /// shard replaced (renamed over) during the load makes the whole load start again (at most
-/// [`LOAD_ATTEMPTS`](crate::checkpoint::LOAD_ATTEMPTS) tries; then
+/// [`LOAD_ATTEMPTS`](crate::LOAD_ATTEMPTS) tries; then
 /// [`ErrorKind::Changed`](crate::ErrorKind::Changed)).
 pub fn load_sharded<O: FileOpener + ?Sized>(opener: &O, path: &Path) -> Result<ShardedCheckpoint> {
     retry_changed(|| {
@@ -213,7 +213,7 @@ where
 /// Fills the caller's buffers `(name, destination)` from the sharded checkpoint at `path`,
 /// requests of every shard in flight together; returns the index. A shard replaced (renamed
 /// over) during the load makes the whole load start again, every destination filled anew
-/// (at most [`LOAD_ATTEMPTS`](crate::checkpoint::LOAD_ATTEMPTS) tries; then
+/// (at most [`LOAD_ATTEMPTS`](crate::LOAD_ATTEMPTS) tries; then
 /// [`ErrorKind::Changed`](crate::ErrorKind::Changed), the
 /// destinations' contents unspecified).
 pub fn load_into_sharded<O: FileOpener + ?Sized>(

@@ -1,15 +1,15 @@
 //! Writing sharded checkpoints: shards concurrently, the index last.
 
 use super::read::open_sharded;
-use crate::checkpoint::checksum::for_shard;
-use crate::checkpoint::header::Header;
-use crate::checkpoint::shard_index::{
+use crate::checksum::for_shard;
+use crate::header::Header;
+use crate::shard_index::{
     corrupt, read_index, shard_name, tagged_shard_name, ShardedIndex, INDEX_NAME,
 };
-use crate::checkpoint::view::TensorView;
-use crate::checkpoint::{save_with_metadata, FileOpener};
-use crate::core::parallel;
+use crate::view::TensorView;
+use crate::{save_with_metadata, FileOpener};
 use crate::{Error, ErrorKind, MemRef, OpenMode, Result};
+use fastensor_core::parallel;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::ops::Range;
 use std::path::{Path, PathBuf};
@@ -48,7 +48,7 @@ pub fn save_sharded<O: FileOpener + ?Sized>(
 
 /// Saves `tensors` (in this order) in `dir` (created if needed) as shards of at most
 /// `max_shard_bytes` of data each, every shard carrying `metadata` as its `__metadata__`
-/// (checksums under [`CHECKSUMS_KEY`](crate::checkpoint::CHECKSUMS_KEY) restricted to the
+/// (checksums under [`CHECKSUMS_KEY`](crate::CHECKSUMS_KEY) restricted to the
 /// shard's own tensors), and the index [`INDEX_NAME`] last; see the [module](super) for what a crash leaves.
 /// Shards of an earlier save that the new index does not name are removed after it is
 /// written. A duplicate name across shards is [`ErrorKind::InvalidInput`].
@@ -98,7 +98,7 @@ fn write_shards<O: FileOpener + ?Sized>(
             .with_path(dir));
         }
     }
-    if crate::core::location::is_object(dir) {
+    if fastensor_core::location::is_object(dir) {
         return write_object_shards(opener, dir, groups, metadata);
     }
     let index_path = dir.join(INDEX_NAME);
@@ -115,7 +115,7 @@ fn write_shards<O: FileOpener + ?Sized>(
     let names: Vec<String> = (0..n).map(|i| shard_name(i, n)).collect();
     save_groups(opener, dir, groups, &names, metadata)?;
     let (weight_map, total, text) = index_of(groups, &names);
-    crate::atomic::write(&index_path, text.as_bytes())?;
+    fastensor_sys::atomic::write(&index_path, text.as_bytes())?;
     // Shards of an earlier save that the new index does not name.
     let keep: HashSet<String> = names.into_iter().collect();
     if let Ok(list) = std::fs::read_dir(dir) {
@@ -292,7 +292,7 @@ pub fn inspect_sharded(path: &Path) -> Result<(ShardedIndex, Vec<(PathBuf, Heade
     let mut shards = Vec::new();
     for name in index.shard_names() {
         let p = index.dir().join(name);
-        let header = crate::checkpoint::inspect(&p)?;
+        let header = crate::inspect(&p)?;
         shards.push((p, header));
     }
     for (name, file) in &index.weight_map {

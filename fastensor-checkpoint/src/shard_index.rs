@@ -1,8 +1,8 @@
 //! The index of a sharded checkpoint: its name, where it is, and reading it.
 
-use crate::core::location::Location;
-use crate::core::{BackendFileExt, FileOpener};
 use crate::{Error, ErrorKind, OpenMode, Result};
+use fastensor_core::location::Location;
+use fastensor_core::{BackendFileExt, FileOpener};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
@@ -142,10 +142,10 @@ fn read_limited(path: &Path, max: u64) -> Result<Vec<u8>> {
 }
 
 /// The regular file at `path` (symbolic links followed) and its length, opened for reading
-/// as checkpoints are ([`crate::atomic::open_regular`]: a FIFO cannot hang the open;
+/// as checkpoints are ([`fastensor_sys::atomic::open_regular`]: a FIFO cannot hang the open;
 /// anything but a regular file is [`ErrorKind::InvalidInput`] naming the path).
 fn open_regular(path: &Path) -> Result<(std::fs::File, u64)> {
-    let file = crate::atomic::open_regular(path)?;
+    let file = fastensor_sys::atomic::open_regular(path)?;
     let len = file
         .metadata()
         .map_err(|e| Error::io(e, "cannot stat the index").with_path(path))?

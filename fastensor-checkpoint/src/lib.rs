@@ -15,13 +15,16 @@
 //!   [`CheckpointFile`] and [`ShardedFile`] are its single-file and sharded faces.
 //! * [`serialize`] lays tensors out as a file in memory, as the `safetensors` crate does.
 //! * [`parse_header`] validates hostile input without panicking; every defect is an
-//!   [`ErrorKind::Corrupt`](crate::ErrorKind::Corrupt) error naming the file and the tensor.
+//!   [`ErrorKind::Corrupt`](fastensor_core::ErrorKind::Corrupt) error naming the file and the tensor.
 //! * [`inspect`], [`rows`] and [`copy`] serve the command line.
 //!
 //! Files written by other tools (unaligned data sections) load too.
 //!
-//! Every transfer goes through a [`FileOpener`]: the [`Engine`](crate::Engine) (which picks
-//! the backend per transfer; its implementation lives in `src/engine`) or any [`Backend`](crate::Backend).
+//! Every transfer goes through a [`FileOpener`]: the facade's `Engine` (which picks the
+//! backend per transfer), or any [`Backend`](fastensor_core::Backend). This crate knows no
+//! backend, no engine and no object store: what differs between files and objects is asked
+//! of the opener.
+#![deny(missing_docs)]
 
 mod arena;
 pub mod checksum;
@@ -49,8 +52,9 @@ pub use checksum::{verify_file, Checksums, Verified, CHECKSUMS_KEY};
 pub use header::{
     parse_header, Header, HeaderEntry, DATA_ALIGN, MAX_HEADER_LEN, MAX_RANK, METADATA_KEY,
 };
-pub(crate) use load::load_placed;
-pub use load::{load, load_into, load_later, load_selected, load_verified, open, CheckpointFile};
+pub use load::{
+    load, load_into, load_later, load_placed, load_selected, load_verified, open, CheckpointFile,
+};
 pub use loaded::{Checkpoint, CheckpointParts};
 pub use mapped::PendingPages;
 pub use retry::LOAD_ATTEMPTS;
@@ -65,7 +69,12 @@ pub use source::CheckpointSource;
 pub use tools::{copy, format_table, inspect, rows, write_table, InspectRow};
 pub use view::TensorView;
 
-pub use crate::core::FileOpener;
+pub use fastensor_core::FileOpener;
+
+// The core's names, as the modules of this crate use them (`crate::Error`, ...).
+use fastensor_core::{
+    BackendFile, DType, Error, ErrorKind, HostBuffer, MemMut, MemRef, OpenMode, Result, TensorDesc,
+};
 
 /// Threads that issue the transfers of one checkpoint (the caller's included).
 pub(crate) const IO_THREADS: usize = 4;

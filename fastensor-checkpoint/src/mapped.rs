@@ -13,9 +13,9 @@ use super::header::Header;
 use super::loaded::Checkpoint;
 use super::sums::Checksums;
 use super::{Arena, IO_THREADS};
-use crate::core::align::align_down;
-use crate::core::parallel;
 use crate::{Error, ErrorKind, Result};
+use fastensor_core::align::align_down;
+use fastensor_core::parallel;
 use fastensor_sys::filemap::FileMap;
 use fastensor_sys::lease;
 use std::ops::Range;
@@ -31,13 +31,13 @@ pub(crate) enum WithoutLease {
     /// Fails with [`ErrorKind::Unsupported`], naming the refusal: the caller reads the
     /// file into memory of its own instead.
     Read,
-    /// Maps the file unprotected (see [`crate::checkpoint::Placement::Unprotected`]).
+    /// Maps the file unprotected (see [`crate::Placement::Unprotected`]).
     Map,
 }
 
 impl WithoutLease {
     /// `Map` where the opener allows unprotected maps
-    /// ([`NewLoadFacts::unprotected_maps`](crate::core::policy::NewLoadFacts::unprotected_maps)).
+    /// ([`NewLoadFacts::unprotected_maps`](fastensor_core::policy::NewLoadFacts::unprotected_maps)).
     pub(crate) fn when(unprotected_maps: bool) -> WithoutLease {
         if unprotected_maps {
             WithoutLease::Map
@@ -153,7 +153,7 @@ fn map(
         )
         .with_path(path));
     }
-    let file = crate::atomic::open_regular(path)?;
+    let file = fastensor_sys::atomic::open_regular(path)?;
     let lease = match lease::take(&file) {
         Ok(lease) => Some(lease),
         Err(_) if without == WithoutLease::Map => None,

@@ -5,7 +5,7 @@
 //! * [`save_sharded`] splits the tensors (in order) into shards of at most
 //!   `max_shard_bytes` (a tensor larger than that gets a shard of its own), writes the shards
 //!   concurrently, each durably and atomically as [`save`](super::save) does, and writes the
-//!   index last, atomically ([`crate::atomic::write`]). An index already
+//!   index last, atomically ([`fastensor_sys::atomic::write`]). An index already
 //!   in the directory is removed first, so a crash leaves either no index or one whose every
 //!   shard is whole and of the same save. Under an object prefix the shards' names carry a
 //!   tag of their save and the index object is the commit point: a crash leaves the

@@ -6,8 +6,8 @@ use super::loaded::Checkpoint;
 use super::plan::{How, Request, ALIGN, READ_WINDOW};
 use super::source::CheckpointSource;
 use super::Arena;
-use crate::core::align::align_down;
 use crate::{Error, ErrorKind, MemMut, Result};
+use fastensor_core::align::align_down;
 
 /// A range of a file read into the arena: the file, its aligned-down start, its end, and
 /// the arena offset of that start (aligned).

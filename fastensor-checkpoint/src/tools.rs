@@ -13,7 +13,7 @@ use std::path::Path;
 /// through the page cache; no backend needed).
 pub fn inspect(path: &Path) -> Result<Header> {
     let ctx = |e: Error| e.with_path(path);
-    let mut file = crate::atomic::open_regular(path)?;
+    let mut file = fastensor_sys::atomic::open_regular(path)?;
     let file_len = file
         .metadata()
         .map_err(|e| ctx(Error::io(e, "cannot stat")))?

@@ -8,8 +8,8 @@ use super::mapped::{PendingPages, WithoutLease};
 use super::retry::retry_changed;
 use super::source::CheckpointSource;
 use super::FileOpener;
-use crate::core::policy::{plan_new_load, NewLoads};
 use crate::{ErrorKind, MemMut, Result};
+use fastensor_core::policy::{plan_new_load, NewLoads};
 use std::path::Path;
 
 /// Selected tensors closer than this are read in one request, gap included.
@@ -23,7 +23,7 @@ const MERGE_GAP: u64 = 1 << 20;
 /// page cache's pages, and another program that opens the file for writing or truncates it
 /// waits until they are moved into memory of this process (see [`Arena`](super::Arena)). Otherwise,
 /// where the file system cannot map the file, or where no lease can be had (unless the
-/// opener [maps those unprotected](crate::core::policy::NewLoadFacts::unprotected_maps)), the data section
+/// opener [maps those unprotected](fastensor_core::policy::NewLoadFacts::unprotected_maps)), the data section
 /// is read into one page-aligned arena of its own. When the data
 /// section is not aligned in the file (files written by other tools), the arena is offset so
 /// that file and memory alignments still match and direct I/O still copies nothing. A file
@@ -37,7 +37,7 @@ pub fn load<O: FileOpener + ?Sized>(opener: &O, path: &Path) -> Result<Checkpoin
 
 /// [`load`] with its placement given rather than asked of the opener (`fastensor tune`
 /// measures both), and the placement it ended with (a mapping refused is read).
-pub(crate) fn load_placed<O: FileOpener + ?Sized>(
+pub fn load_placed<O: FileOpener + ?Sized>(
     opener: &O,
     path: &Path,
     placement: NewLoads,
@@ -155,7 +155,7 @@ pub fn load_verified<O: FileOpener + ?Sized>(
 /// before `bring_in` returns is correct but slower (its pages fault in on first use). The
 /// lease guards every page of the tensors, brought in or not: a writer of the file waits
 /// until they are all in memory of this process. Mapped unprotected
-/// ([`NewLoadFacts::unprotected_maps`](crate::core::policy::NewLoadFacts::unprotected_maps)), a file that shrinks before its pages are in makes
+/// ([`NewLoadFacts::unprotected_maps`](fastensor_core::policy::NewLoadFacts::unprotected_maps)), a file that shrinks before its pages are in makes
 /// `bring_in` fail with [`ErrorKind::Changed`] (load it again), and a page cut from the
 /// file raises `SIGBUS` in a reader.
 pub fn load_later<O: FileOpener + ?Sized>(

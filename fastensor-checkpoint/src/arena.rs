@@ -1,6 +1,7 @@
 //! The memory a checkpoint is loaded into.
 
 use crate::{Error, ErrorKind, HostBuffer, Result};
+use fastensor_core::debug_fields;
 use fastensor_sys::filemap::{FileMap, Protection};
 use std::ops::{Deref, DerefMut};
 

@@ -7,8 +7,8 @@ use super::checksum::{self, CHECKSUMS_KEY};
 use super::header::{self, validate, DATA_ALIGN};
 use super::view::{TensorView, Tensors};
 use super::FileOpener;
-use crate::atomic::AtomicFile;
 use crate::{BackendFile, Error, ErrorKind, HostBuffer, MemRef, OpenMode, Result, TensorDesc};
+use fastensor_sys::atomic::AtomicFile;
 use std::collections::BTreeMap;
 use std::ops::Range;
 use std::path::Path;
@@ -178,7 +178,7 @@ pub(crate) fn save_tensors<'a, O: FileOpener + ?Sized>(
     let temp = Target::new(path)?;
     let written = (|| {
         let file = opener.open_file(&temp.path(), OpenMode::Truncate)?;
-        if crate::core::location::is_object(path) {
+        if fastensor_core::location::is_object(path) {
             // An object's length said before its first byte: its upload's part size fits
             // it in S3's 10 000 parts, or it is refused now, before any byte is uploaded.
             file.set_len(total)?;
