@@ -85,7 +85,7 @@ impl SplitMix {
 fn layout(sizes: &[(usize, usize)], seed: u64) -> Vec<(u64, usize)> {
     let mut items: Vec<usize> = sizes
         .iter()
-        .flat_map(|&(s, n)| std::iter::repeat(s).take(n))
+        .flat_map(|&(s, n)| std::iter::repeat_n(s, n))
         .collect();
     // Deterministic shuffle.
     let mut rng = SplitMix(seed);

@@ -442,7 +442,7 @@ fn read_new_places_each_tensor_for_direct_reads_and_checks_it_whole() {
             "{} keeps its element alignment",
             desc.name
         );
-        if starts[&desc.name] % item as u64 == 0 {
+        if starts[&desc.name].is_multiple_of(item as u64) {
             assert_eq!(
                 at % 4096,
                 (starts[&desc.name] % 4096) as usize,

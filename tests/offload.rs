@@ -691,7 +691,7 @@ fn patchwork(seed: u64, len: usize) -> HostBuffer {
         match i % 6 {
             0 => {
                 for (j, w) in chunk.chunks_exact_mut(4).enumerate() {
-                    let keep = (j as u64 * 7 + seed) % 10 != 0;
+                    let keep = !(j as u64 * 7 + seed).is_multiple_of(10);
                     w.copy_from_slice(&if keep { scale } else { [0; 4] });
                 }
             }

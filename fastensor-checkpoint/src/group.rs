@@ -217,7 +217,7 @@ fn cut_points(
             .iter()
             .flatten()
         {
-            let closer = best.map_or(true, |x| b.abs_diff(even) < x.abs_diff(even));
+            let closer = best.is_none_or(|x| b.abs_diff(even) < x.abs_diff(even));
             if b >= prev && closer {
                 best = Some(b);
             }

@@ -73,7 +73,7 @@ impl Header {
 
     /// True when the data section starts on a [`DATA_ALIGN`] boundary (files we write).
     pub fn is_aligned(&self) -> bool {
-        self.data_start() % DATA_ALIGN == 0
+        self.data_start().is_multiple_of(DATA_ALIGN)
     }
 
     /// The tensors, in the order of their data in the file.

@@ -3,7 +3,7 @@
 //! one job per file through the planner.
 
 use super::loaded::Checkpoint;
-use super::plan::{How, Request, ALIGN, READ_WINDOW};
+use super::plan::{congruent_pad, How, Request, ALIGN, READ_WINDOW};
 use super::source::CheckpointSource;
 use super::Arena;
 use crate::{Error, ErrorKind, MemMut, Result};
@@ -137,7 +137,7 @@ impl CheckpointSource {
             if r.start % item == 0 {
                 // Congruent, hence aligned to the element (it divides ALIGN); no gap after
                 // a congruent neighbour that ends where this one starts in the file.
-                pos += (r.start % ALIGN + ALIGN - pos % ALIGN) % ALIGN;
+                pos += congruent_pad(r.start, pos);
             } else {
                 pos = pos.div_ceil(item) * item;
             }

@@ -57,6 +57,7 @@ pub use load::{
 };
 pub use loaded::{Checkpoint, CheckpointParts};
 pub use mapped::PendingPages;
+pub use plan::{congruent_pad, direct_read_pad};
 pub use retry::LOAD_ATTEMPTS;
 pub use save::{save, save_checked, save_section, save_with_metadata};
 pub use serialize::{serialize, serialized, Serialized, SERIALIZED_ALIGN};

@@ -20,6 +20,26 @@ pub(crate) const ALIGN: u64 = 4096;
 /// Requested tensors smaller than this are read through a staging buffer, with neighbours.
 pub(crate) const SMALL: u64 = 1 << 20;
 
+/// Bytes to skip from memory at `address` so that the memory and a file offset agree
+/// modulo [`DATA_ALIGN`](crate::DATA_ALIGN) (4096): where they agree, a direct read fills the memory with
+/// no copy. Every placement of tensors in new memory uses it (the arena's, and one tensor's
+/// own allocation, [`direct_read_pad`]).
+pub fn congruent_pad(file_offset: u64, address: u64) -> u64 {
+    (file_offset % ALIGN + ALIGN - address % ALIGN) % ALIGN
+}
+
+/// Where a tensor of `len` bytes (elements of `item` bytes) at `file_offset` starts in a
+/// memory of its own allocated at `address` with `DATA_ALIGN` bytes to spare: its padding. The
+/// [`congruent_pad`] where the tensor is large enough for a direct read to pay (
+/// bytes, 1 MiB, or more) and the padding keeps it aligned to its elements (its offset is a
+/// multiple of `item`); else 0 (allocators align to the elements already).
+pub fn direct_read_pad(file_offset: u64, address: u64, len: u64, item: u64) -> u64 {
+    if len < SMALL || item == 0 || !file_offset.is_multiple_of(item) {
+        return 0;
+    }
+    congruent_pad(file_offset, address)
+}
+
 /// Small requested tensors closer than this are read in one staged request.
 const JOIN_GAP: u64 = 64 << 10;
 

@@ -480,7 +480,9 @@ fn jobs<'a>(data_start: u64, tensors: &dyn Tensors<'a>, offsets: &[Range<u64>]) 
             let direct = match src {
                 MemRef::Device(_) => true,
                 MemRef::Host(_) => {
-                    end - pos >= DIRECT_MIN && abs % DATA_ALIGN == 0 && src.addr() % DATA_ALIGN == 0
+                    end - pos >= DIRECT_MIN
+                        && abs.is_multiple_of(DATA_ALIGN)
+                        && src.addr() % DATA_ALIGN == 0
                 }
             };
             if direct {
@@ -489,7 +491,7 @@ fn jobs<'a>(data_start: u64, tensors: &dyn Tensors<'a>, offsets: &[Range<u64>]) 
             } else if let MemRef::Host(bytes) = src {
                 match &mut run {
                     Some((offset, len, pieces))
-                        if *offset + *len as u64 == abs && (abs % WINDOW != 0) =>
+                        if *offset + *len as u64 == abs && !abs.is_multiple_of(WINDOW) =>
                     {
                         *len += bytes.len();
                         pieces.push(bytes);

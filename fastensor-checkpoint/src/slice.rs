@@ -99,7 +99,7 @@ pub fn slice_runs(desc: &TensorDesc, sel: &[DimSelection]) -> Result<Vec<Range<u
         .collect();
     let base = if outer == k { sel[k].start * inner } else { 0 };
     let to_bytes = |b: u64, what: &str| -> Result<u64> {
-        if b % 8 == 0 {
+        if b.is_multiple_of(8) {
             Ok(b / 8)
         } else {
             Err(invalid(

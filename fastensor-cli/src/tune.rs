@@ -57,7 +57,7 @@ fn profile_path(given: Option<PathBuf>) -> Result<PathBuf> {
     given.or_else(default_profile_path).ok_or_else(|| {
         Error::new(
             ErrorKind::InvalidInput,
-            "no profile path: give one, or set FASTENSOR_PROFILE or HOME",
+            "no profile path: give one, or set FASTENSOR_PROFILE (set and empty, it means none) or HOME",
         )
     })
 }

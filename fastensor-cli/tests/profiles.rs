@@ -1,5 +1,5 @@
 //! Profiles that cannot be used: `tune` does not overwrite them without `--force`,
-//! `profile show` says so, bad values are refused, and an empty `FASTENSOR_PROFILE` is unset.
+//! `profile show` says so, bad values are refused, and an empty `FASTENSOR_PROFILE` means no profile.
 
 mod common;
 
@@ -110,7 +110,7 @@ fn bad_values_in_a_profile_are_refused() {
 }
 
 #[test]
-fn an_empty_fastensor_profile_is_unset() {
+fn an_empty_fastensor_profile_means_no_profile() {
     let home = tempfile::tempdir().unwrap();
     let out = fastensor()
         .args(["profile", "show"])
@@ -119,7 +119,9 @@ fn an_empty_fastensor_profile_is_unset() {
         .env("HOME", home.path())
         .output()
         .unwrap();
-    assert_says(&out, false, ".cache/fastensor/profile.toml", "empty");
+    // As for Python's default engine: set and empty, no profile is read or written.
+    assert_says(&out, false, "no profile path", "empty");
+    assert!(!home.path().join(".cache").exists());
 }
 
 #[test]

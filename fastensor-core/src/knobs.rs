@@ -112,15 +112,7 @@ impl Knobs {
 
     /// The value of `name` as a flag (`true`/`false`, `on`/`off`, `1`/`0`), if set.
     pub fn flag(&self, name: &str) -> Result<Option<bool>> {
-        self.parsed(
-            name,
-            |v| match v.to_ascii_lowercase().as_str() {
-                "true" | "on" | "1" | "yes" => Some(true),
-                "false" | "off" | "0" | "no" => Some(false),
-                _ => None,
-            },
-            "true or false",
-        )
+        self.parsed(name, parse_flag, "true or false")
     }
 
     fn parsed<T>(
@@ -157,6 +149,17 @@ impl fmt::Display for Knobs {
 impl From<BTreeMap<String, String>> for Knobs {
     fn from(map: BTreeMap<String, String>) -> Self {
         Knobs(map)
+    }
+}
+
+/// `value` as an on/off switch: `true`/`on`/`1`/`yes` or `false`/`off`/`0`/`no`, in any
+/// case; `None` for anything else. Every switch of fastensor (knobs and environment
+/// variables, in Rust and in Python) is read by this one rule.
+pub fn parse_flag(value: &str) -> Option<bool> {
+    match value.to_ascii_lowercase().as_str() {
+        "true" | "on" | "1" | "yes" => Some(true),
+        "false" | "off" | "0" | "no" => Some(false),
+        _ => None,
     }
 }
 

@@ -52,6 +52,22 @@ fn default_profile_path() -> Option<std::path::PathBuf> {
     fastensor::engine::default_profile_path()
 }
 
+/// `value` as an on/off switch (`1`/`0`, `true`/`false`, `on`/`off`, `yes`/`no`, any case,
+/// surrounding spaces ignored), as the engine reads its knobs; `None` when it is neither.
+#[pyfunction]
+fn parse_flag(value: &str) -> Option<bool> {
+    fastensor::core::knobs::parse_flag(value.trim())
+}
+
+/// Where a new tensor of `nbytes` (elements of `itemsize` bytes) at `file_offset` in its
+/// file starts in memory allocated at `address` with `DATA_ALIGN` bytes to spare: the
+/// padding, in bytes (see `fastensor::checkpoint::direct_read_pad`). Arithmetic only:
+/// `address` is never dereferenced.
+#[pyfunction]
+fn direct_read_pad(file_offset: u64, address: u64, nbytes: u64, itemsize: u64) -> u64 {
+    fastensor::checkpoint::direct_read_pad(file_offset, address, nbytes, itemsize)
+}
+
 /// Writes `data` to `path` durably and atomically (an unnamed temporary file, synced,
 /// linked over `path`, directory synced): the old file or the new one, never a torn one.
 #[pyfunction]
@@ -148,6 +164,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     offload::register(m)?;
     m.add_function(wrap_pyfunction!(backends, m)?)?;
     m.add_function(wrap_pyfunction!(default_profile_path, m)?)?;
+    m.add_function(wrap_pyfunction!(parse_flag, m)?)?;
+    m.add_function(wrap_pyfunction!(direct_read_pad, m)?)?;
     m.add_function(wrap_pyfunction!(write_atomic, m)?)?;
     m.add_function(wrap_pyfunction!(pending_saves, m)?)?;
     m.add_function(wrap_pyfunction!(fs_type, m)?)?;
@@ -167,5 +185,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     torch_alloc::register(m)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add("LOAD_ATTEMPTS", fastensor::checkpoint::LOAD_ATTEMPTS)?;
+    m.add("CHECKSUMS_KEY", fastensor::checkpoint::CHECKSUMS_KEY)?;
+    m.add("DATA_ALIGN", fastensor::checkpoint::DATA_ALIGN)?;
     Ok(())
 }

@@ -131,7 +131,7 @@ unsafe extern "C" fn pool_raw_delete(p: *mut c_void) {
     if p.is_null() || pool().reclaim(p as usize) {
         return;
     }
-    if (p as usize) % PAGE == 0 && starts_a_mapping(p as usize) {
+    if (p as usize).is_multiple_of(PAGE) && starts_a_mapping(p as usize) {
         return;
     }
     let Some(Ok(torch)) = TORCH.get() else {
@@ -266,7 +266,7 @@ fn torch_allocator_block(tensor: &Bound<'_, PyAny>) -> PyResult<Option<usize>> {
 /// spans them, else `nbytes`.
 pub fn readable_len(address: usize, nbytes: usize) -> usize {
     let rounded = nbytes.div_ceil(PAGE) * PAGE;
-    if address % PAGE != 0 {
+    if !address.is_multiple_of(PAGE) {
         return nbytes;
     }
     match pool().lent_len(address) {

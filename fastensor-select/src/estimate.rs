@@ -35,7 +35,7 @@ impl Estimate {
             let left = below.checked_sub(1).map(|i| med - sorted[i]);
             let right = sorted.get(above).map(|c| c - med);
             let d = match (left, right) {
-                (Some(l), r) if r.map_or(true, |r| l <= r) => {
+                (Some(l), r) if r.is_none_or(|r| l <= r) => {
                     below -= 1;
                     l
                 }

@@ -187,7 +187,7 @@ proptest! {
     ) {
         let bad = count.min((clean.len() - 1) / 2);
         let mut all = clean.clone();
-        all.extend(std::iter::repeat(outlier).take(bad));
+        all.extend(std::iter::repeat_n(outlier, bad));
         let e = estimate_of(&all).unwrap();
         let lo = clean.iter().cloned().fold(f64::MAX, f64::min);
         let hi = clean.iter().cloned().fold(f64::MIN, f64::max);

@@ -144,14 +144,59 @@ fn run(engine: &Engine, path: &Path, options: &TuneOptions) -> Result<TuneOutcom
     })
 }
 
-/// Where profiles live by default: `$FASTENSOR_PROFILE` (unless empty), else
-/// `$XDG_CACHE_HOME/fastensor/profile.toml`, else `~/.cache/fastensor/profile.toml`.
+/// The variable that names the profile file; set and empty, it means "no profile".
+pub const PROFILE_ENV: &str = "FASTENSOR_PROFILE";
+
+/// Where profiles live by default: `$FASTENSOR_PROFILE`, else
+/// `$XDG_CACHE_HOME/fastensor/profile.toml`, else `~/.cache/fastensor/profile.toml`. `None`
+/// where there is no profile: `FASTENSOR_PROFILE` set and empty (the one rule, for the
+/// command line and Python alike), or no home to put one in.
 pub fn default_profile_path() -> Option<PathBuf> {
-    if let Some(p) = std::env::var_os("FASTENSOR_PROFILE").filter(|p| !p.is_empty()) {
-        return Some(PathBuf::from(p));
+    profile_path_from(|name| std::env::var_os(name))
+}
+
+/// [`default_profile_path`] with the environment given by `var`.
+fn profile_path_from(var: impl Fn(&str) -> Option<std::ffi::OsString>) -> Option<PathBuf> {
+    if let Some(p) = var(PROFILE_ENV) {
+        return (!p.is_empty()).then(|| PathBuf::from(p));
     }
-    let base = std::env::var_os("XDG_CACHE_HOME")
+    let base = var("XDG_CACHE_HOME")
         .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
+        .or_else(|| var("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
     Some(base.join("fastensor").join("profile.toml"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::ffi::OsString;
+
+    fn path_with(vars: &[(&str, &str)]) -> Option<PathBuf> {
+        profile_path_from(|name| {
+            vars.iter()
+                .find(|(n, _)| *n == name)
+                .map(|(_, v)| OsString::from(v))
+        })
+    }
+
+    #[test]
+    fn an_empty_profile_variable_means_no_profile() {
+        assert_eq!(
+            path_with(&[("FASTENSOR_PROFILE", ""), ("HOME", "/h")]),
+            None
+        );
+        assert_eq!(
+            path_with(&[("FASTENSOR_PROFILE", "/p.toml"), ("HOME", "/h")]),
+            Some(PathBuf::from("/p.toml"))
+        );
+        assert_eq!(
+            path_with(&[("HOME", "/h")]),
+            Some(PathBuf::from("/h/.cache/fastensor/profile.toml"))
+        );
+        assert_eq!(
+            path_with(&[("XDG_CACHE_HOME", "/x"), ("HOME", "/h")]),
+            Some(PathBuf::from("/x/fastensor/profile.toml"))
+        );
+        assert_eq!(path_with(&[]), None);
+    }
 }

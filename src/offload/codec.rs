@@ -57,7 +57,7 @@ pub(crate) fn encode(src: &[u8], out: &mut [u8]) -> (Codec, usize) {
     // The widest word that holds only 0 and one other value in the sample: bool masks are
     // two-valued as bytes, half-precision ones as 2-byte words, float32 ones as 4-byte words.
     for word in [4usize, 2, 1] {
-        if src.len() % word != 0 {
+        if !src.len().is_multiple_of(word) {
             continue;
         }
         let packed = match word {
@@ -69,7 +69,7 @@ pub(crate) fn encode(src: &[u8], out: &mut [u8]) -> (Codec, usize) {
             return packed;
         }
     }
-    if src.len() % 4 == 0 && zero_words(sample) * 8 >= sample.len() / 4 * 7 {
+    if src.len().is_multiple_of(4) && zero_words(sample) * 8 >= sample.len() / 4 * 7 {
         // Mostly zeros (seven eighths of the sample): packed when that stores it in an
         // eighth of its size. Packing costs about a nanosecond a word each way, more than
         // moving the bytes of a chunk with fewer zeros (a ReLU's output, about half zeros,
@@ -340,7 +340,8 @@ mod tests {
     fn a_float_dropout_mask_packs_to_a_bit_a_word() {
         let mut r = rng(1);
         let scale = 1.0f32 / 0.9;
-        let src = floats((0..(CHUNK / 4) + 3).map(|_| if r() % 10 == 0 { 0.0 } else { scale }));
+        let src =
+            floats((0..(CHUNK / 4) + 3).map(|_| if r().is_multiple_of(10) { 0.0 } else { scale }));
         let codec = round_trip(&src);
         assert_eq!(
             codec,
@@ -361,7 +362,7 @@ mod tests {
             Codec::TwoValued { word: 1, value: 1 }
         ));
         let half: Vec<u8> = (0..70_001)
-            .flat_map(|_| if r() % 3 == 0 { 0u16 } else { 0x3C00 }.to_ne_bytes())
+            .flat_map(|_| if r().is_multiple_of(3) { 0u16 } else { 0x3C00 }.to_ne_bytes())
             .collect();
         assert!(matches!(
             round_trip(&half),
@@ -376,7 +377,7 @@ mod tests {
     fn mostly_zero_chunks_pack_their_zeros_away_and_half_zero_ones_stay_raw() {
         let mut r = rng(3);
         let sparse = floats((0..CHUNK / 4 - 5).map(|_| {
-            if r() % 20 == 0 {
+            if r().is_multiple_of(20) {
                 (r() % 1000) as f32 + 0.5
             } else {
                 0.0
@@ -408,7 +409,7 @@ mod tests {
         }));
         assert!(matches!(round_trip(&src), Codec::Sparse { .. }));
         // Two-valued with -0.0 as the value: 0.0 and -0.0 differ as words.
-        let signs = floats((0..CHUNK / 4).map(|_| if r() % 2 == 0 { 0.0 } else { -0.0 }));
+        let signs = floats((0..CHUNK / 4).map(|_| if r().is_multiple_of(2) { 0.0 } else { -0.0 }));
         assert!(matches!(
             round_trip(&signs),
             Codec::TwoValued { word: 4, .. }
@@ -479,11 +480,11 @@ mod tests {
                 Codec::TwoValued { .. }
             ));
             let sparse: Vec<u8> = (0..len)
-                .map(|_| if r() % 40 == 0 { r() as u8 } else { 0 })
+                .map(|_| if r().is_multiple_of(40) { r() as u8 } else { 0 })
                 .collect();
             round_trip(&sparse);
             let mask: Vec<u8> = (0..len)
-                .map(|_| if r() % 5 == 0 { 0 } else { 0x5A })
+                .map(|_| if r().is_multiple_of(5) { 0 } else { 0x5A })
                 .collect();
             round_trip(&mask);
         }

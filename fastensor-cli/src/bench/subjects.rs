@@ -38,9 +38,7 @@ impl Subject {
 
     /// True when it can write.
     pub fn writes(&self) -> bool {
-        self.backend
-            .as_ref()
-            .map_or(true, |b| b.capabilities().write)
+        self.backend.as_ref().is_none_or(|b| b.capabilities().write)
     }
 }
 

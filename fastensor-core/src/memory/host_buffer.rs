@@ -203,7 +203,7 @@ impl HostBuffer {
     /// nothing changed) for other buffers or positions.
     pub fn split_off(&mut self, at: usize) -> Option<HostBuffer> {
         let body = self.mapped_len()?;
-        if at == 0 || at >= body || at % PAGE_ALIGN != 0 {
+        if at == 0 || at >= body || !at.is_multiple_of(PAGE_ALIGN) {
             return None;
         }
         // SAFETY: `at < body`, so the pointer stays inside this buffer's own mapping.
@@ -233,7 +233,7 @@ impl HostBuffer {
         let (Some(room), Some(have)) = (self.mapped_len(), src.mapped_len()) else {
             return Err(src);
         };
-        if at % PAGE_ALIGN != 0 || at >= room {
+        if !at.is_multiple_of(PAGE_ALIGN) || at >= room {
             return Err(src);
         }
         let n = have.min(room - at);

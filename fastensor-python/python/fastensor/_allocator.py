@@ -46,7 +46,7 @@ ENV_SWITCH = "FASTENSOR_TORCH_ALLOCATOR"
 
 
 def _switched_off() -> bool:
-    return os.environ.get(ENV_SWITCH, "").strip().lower() in ("0", "false", "no", "off")
+    return _native.parse_flag(os.environ.get(ENV_SWITCH, "")) is False
 
 
 def _enable(min_bytes: int) -> tuple[int | None, str | None]:

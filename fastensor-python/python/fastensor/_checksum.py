@@ -17,8 +17,8 @@ from typing import Any
 
 from . import _native
 
-#: The ``__metadata__`` key of the checksums.
-CHECKSUMS_KEY = "fastensor.checksums"
+#: The ``__metadata__`` key of the checksums (the Rust checkpoint code's).
+CHECKSUMS_KEY: str = _native.CHECKSUMS_KEY
 
 
 def stamp(specs: Sequence[tuple[str, str, Any, Any]], metadata: Mapping[str, str] | None):

@@ -11,13 +11,10 @@ from .errors import OutOfMemoryError, _invalid
 
 PathLike = Union[str, "os.PathLike[str]"]
 
-#: Device memory of a tensor read from a file is placed so that its address and its file
-#: offset agree modulo this many bytes: a direct read can then fill it with no copy (host
-#: memory is laid out by the native side).
-IO_ALIGN = 4096
-
-#: Tensors smaller than this are not worth a padded allocation (they are read staged).
-ALIGN_MIN_BYTES = 1 << 20
+#: Device memory of a tensor read from a file is allocated with this many bytes to spare and
+#: placed (:func:`pad_for`) so that its address and its file offset agree modulo it: a direct
+#: read can then fill it with no copy (host memory is laid out by the native side).
+IO_ALIGN: int = _native.DATA_ALIGN
 
 
 def fspath(path: PathLike) -> str:
@@ -65,12 +62,10 @@ def check_names(tensors: Mapping[str, object], path: str) -> None:
 
 
 def pad_for(file_offset: int, base_address: int, nbytes: int, itemsize: int) -> int:
-    """Bytes to skip in a buffer starting at ``base_address`` so that the tensor lands on an
-    address congruent to ``file_offset`` modulo :data:`IO_ALIGN`, keeping ``itemsize``
-    alignment; 0 where that cannot hold or is not worth it."""
-    if nbytes < ALIGN_MIN_BYTES or file_offset % itemsize:
-        return 0
-    return (file_offset - base_address) % IO_ALIGN
+    """Bytes to skip in a buffer starting at ``base_address`` (with :data:`IO_ALIGN` to spare)
+    for a tensor at ``file_offset`` in its file: the native placement rule
+    (``fastensor::checkpoint::direct_read_pad``)."""
+    return _native.direct_read_pad(file_offset, base_address, nbytes, itemsize)
 
 
 def unknown_dtype(path: str, name: str, dtype: str, framework: str) -> Exception:

@@ -132,9 +132,7 @@ def default_engine() -> Engine:
     global _default
     with _lock:
         if _default is None:
-            profile = None
-            if os.environ.get("FASTENSOR_PROFILE", None) != "":
-                profile = _native.default_profile_path()
+            profile = _native.default_profile_path()  # None: FASTENSOR_PROFILE=""
             _default = Engine(profile=profile)
             warning = _default.profile_warning
             if warning:

@@ -284,7 +284,7 @@ impl KeyState {
         }
         let alive = self.candidates.get(choice).is_some_and(|c| !c.is_dropped());
         let current = self.judged_median(choice, objective).filter(|_| alive);
-        current.map_or(true, |current| current > SWITCH_MARGIN * lead.median)
+        current.is_none_or(|current| current > SWITCH_MARGIN * lead.median)
     }
 }
 

@@ -273,7 +273,7 @@ pub(crate) fn device_range(
     let start = ptr - base + offset;
     if start
         .checked_add(len as u64)
-        .map_or(true, |end| end > a.len as u64)
+        .is_none_or(|end| end > a.len as u64)
     {
         let msg = format!(
             "{call}: bytes {start}..{} of a {}-byte allocation at {base:#x}",

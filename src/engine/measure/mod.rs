@@ -459,7 +459,10 @@ impl Measurer {
     fn reads_cpu(&self, sampled: bool) -> bool {
         sampled
             || self.objective_uses_cpu
-            || self.counters.add(Count::Transfers, 1) % CPU_SAMPLE_EVERY == 0
+            || self
+                .counters
+                .add(Count::Transfers, 1)
+                .is_multiple_of(CPU_SAMPLE_EVERY)
     }
 
     /// Adds one to the counter `c`.

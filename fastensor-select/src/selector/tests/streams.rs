@@ -56,7 +56,7 @@ fn an_answer_kept_while_its_epoch_stands_is_the_selectors_answer() {
         };
         let ns = ((lat + per_byte * bytes as f64) * noise) as u64;
         // One transfer in three recorded (as the engine records a stream's runs).
-        if (rng >> 20) % 3 == 0 {
+        if (rng >> 20).is_multiple_of(3) {
             s.record(&ctx(bytes), &choice.backend, taking(bytes, ns));
         }
         let name = names.iter().find(|n| **n == choice.backend).unwrap();

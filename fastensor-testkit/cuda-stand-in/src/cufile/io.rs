@@ -149,7 +149,7 @@ pub(crate) fn write(call: &str, io: &Io) -> Result<usize, Failure> {
     }
     let len = io.device.len;
     account(len)?;
-    if io.file.direct && (io.offset % BLOCK != 0 || len as u64 % BLOCK != 0) {
+    if io.file.direct && (!io.offset.is_multiple_of(BLOCK) || !(len as u64).is_multiple_of(BLOCK)) {
         stats::violation(
             "unaligned_cufile_write",
             &format!(
