@@ -128,14 +128,15 @@ def test_a_forked_child_allocates_while_the_parent_uses_the_pool():
     assert in_pool and total == 3.0
 
 
-def test_the_environment_switch_turns_it_off():
+@pytest.mark.parametrize("value", ["0", " Off ", "no", "FALSE"])
+def test_the_environment_switch_turns_it_off(value):
     code = (
         "import torch; from fastensor.torch import caching_allocator, allocator_stats\n"
         "with caching_allocator() as ca:\n"
         "    t = torch.empty(1 << 22)\n"
         "print(ca.enabled, ca.reason, allocator_stats()['installed'])\n"
     )
-    env = dict(os.environ, FASTENSOR_TORCH_ALLOCATOR="0")
+    env = dict(os.environ, FASTENSOR_TORCH_ALLOCATOR=value)
     out = subprocess.run(
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
     )
