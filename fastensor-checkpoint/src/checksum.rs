@@ -10,7 +10,7 @@
 //!
 //! CRC-32C is hardware-accelerated (SSE 4.2 on x86-64, the CRC instructions on ARMv8):
 //! the fastest check measured here (`cargo test --release checksum_throughput -- --ignored`;
-//! figures in `docs/lab/performance.md`, "Figures behind settings in the code"). Every error
+//! figures in `docs/lab/io-paths.md`, "Figures behind settings in the code"). Every error
 //! it misses (a 1 in 2³² chance for random damage; none of up to 32 flipped bits in a row)
 //! is beyond what a storage fault makes.
 //!

@@ -511,7 +511,7 @@ fn jobs<'a>(data_start: u64, tensors: &dyn Tensors<'a>, offsets: &[Range<u64>]) 
 
 /// Writes the data section of `tensors`, laid out at `offsets`, from `data_start`: the jobs
 /// go out in file order, one at a time (each already split into parallel requests by the
-/// backend; four jobs at once measured slower, `docs/lab/performance.md`), while a second thread
+/// backend; four jobs at once measured slower, `docs/lab/loads.md`), while a second thread
 /// copies the next staged job's pieces into a spare buffer, so that a save of memory that
 /// cannot be written in place costs its writes, not its writes plus its copies.
 fn write_data(

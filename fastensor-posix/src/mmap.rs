@@ -105,7 +105,7 @@ impl MmapFile {
     /// sequential stream), else none. Page faults start no readahead of their own beyond
     /// the range asked for, so without this every read of a stream would wait for its own
     /// pages from the device; with it the next range is read while this one is copied
-    /// (figures: `docs/lab/performance.md`, "Figures behind settings in the code").
+    /// (figures: `docs/lab/io-paths.md`, "Figures behind settings in the code").
     fn ahead(&self, offset: u64, len: usize, map_len: usize) -> usize {
         let end = offset + len as u64;
         let sequential = self.last_end.swap(end, Ordering::Relaxed) == offset;

@@ -11,7 +11,7 @@ median ratio with its range and every raw time.
 The checkpoint is GPT-2-medium-shaped (292 f32 tensors, about 1.42 GB at ``--scale 1``).
 
     python fastensor-python/bench/fresh.py [--dir DIR] [--rounds 5] [--scale 1.0]
-        [--out docs/bench/fresh.md] [--only load|save]
+        [--out docs/lab/runs/fresh-DATE.md] [--only load|save]
 
 Anchors that are not installed (fastsafetensors, runai-model-streamer) are left out, and
 the report says so.

@@ -18,7 +18,7 @@ Loads: fastensor ``load_file("s3://...")``; Run:ai's streamer (``runai-model-str
 ``save_file("s3://...")``; ``safetensors.torch.save`` then boto3's ``upload_fileobj``; the raw
 multipart limit.
 
-    scripts/bench objects [--rounds 3] [--scale 0.5] [--out docs/bench/objects.md]
+    scripts/bench objects [--rounds 3] [--scale 0.5] [--out docs/lab/runs/objects-DATE.md]
 """
 
 from __future__ import annotations

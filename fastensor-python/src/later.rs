@@ -44,7 +44,7 @@ impl PyPendingPages {
 
 /// The lock that lets one load's pages in at a time in this process: each load already
 /// keeps several windows in flight, so the shards of a checkpoint come in one after another
-/// (why: docs/lab/performance.md, "Figures behind the Python package's rules"). A forked
+/// (why: docs/lab/loads.md, "Figures behind the Python package's rules"). A forked
 /// child gets a lock of its own, whatever its parent's threads held.
 fn turns() -> Arc<Mutex<()>> {
     static BY_PROCESS: Mutex<Option<(u32, Arc<Mutex<()>>)>> = Mutex::new(None);

@@ -119,7 +119,7 @@ class _ReadOnlyExport:
 
 @pytest.mark.filterwarnings("ignore:The given")
 def test_destinations_are_refused_exactly_where_their_memory_says_read_only(tmp_path, small):
-    # What the README lists as refused: a read-only numpy array or memoryview, bytes, a
+    # What docs/reliability.md lists as refused: a read-only numpy array or memoryview, bytes, a
     # DLPack export flagged read-only, host memory not mapped writable.
     f = _native.Engine().open(os.fspath(small))
     frozen = np.zeros(4096, np.uint8)

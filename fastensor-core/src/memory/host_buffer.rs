@@ -40,7 +40,7 @@ const HUGE_PAGE: usize = 2 << 20;
 /// hold 4 MiB, and zero it). Physically contiguous 2 MiB pieces let the block
 /// layer build direct-I/O requests of up to `max_sectors_kb` instead of the few hundred KiB
 /// that `max_segments` scattered 4 KiB pages allow, and take fewer page faults to fault in
-/// (figures: `docs/lab/performance.md`, "Memory for direct I/O: huge pages"). Where huge
+/// (figures: `docs/lab/io-paths.md`, "Memory for direct I/O: huge pages"). Where huge
 /// pages are disabled the hint is ignored.
 const HUGE_PAGE_THRESHOLD: usize = HUGE_PAGE;
 

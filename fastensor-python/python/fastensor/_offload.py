@@ -108,7 +108,7 @@ def release_freed_memory(threshold: int = 1 << 20) -> bool:
     """Makes glibc give blocks of at least ``threshold`` bytes back to the system when freed.
 
     glibc's malloc raises its mmap threshold as large blocks are freed, after which such
-    blocks come from its heap, and freed ones stay there (docs/lab/performance.md has the
+    blocks come from its heap, and freed ones stay there (docs/lab/offload-allocator.md has the
     figures). Fixing the threshold (``mallopt``, as ``MALLOC_MMAP_THRESHOLD_`` does) maps
     such blocks on their own and unmaps them on free.
 

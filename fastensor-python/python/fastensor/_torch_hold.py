@@ -24,7 +24,7 @@ torch cannot share copy-on-write (a tensor moved to shared memory, which ``resiz
 grow without crashing torch itself), device memory (a resize frees it into torch's caching
 allocator, not to the driver, unless ``torch.cuda.empty_cache()`` runs meanwhile), and every
 tensor under a torch without ``torch._lazy_clone`` or a read-only DLPack export (resizing a
-tensor during a save is then unsafe, as the README says).
+tensor during a save is then unsafe, as docs/reliability.md says).
 """
 
 from __future__ import annotations

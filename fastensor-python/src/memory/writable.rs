@@ -6,7 +6,7 @@
 //! fault: each page's first byte is read and written back unchanged with
 //! `process_vm_readv`/`process_vm_writev` on this process (two system calls in all; nothing
 //! changes). Larger destinations, or where those calls are refused (a seccomp profile), are
-//! checked against `/proc/self/maps` (one read of it; its cost: docs/lab/performance.md).
+//! checked against `/proc/self/maps` (one read of it; its cost: docs/lab/loads.md).
 
 use super::Region;
 use fastensor::sys::populate::byte_iovecs;
