@@ -17,7 +17,9 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-LINK = re.compile(r"!?\[(?:[^\[\]]|\[[^\]]*\])*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
+LINK = re.compile(
+    r"!?\[(?:[^\[\]]|\[[^\]]*\])*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)"
+)
 FENCE = re.compile(r"^\s*(```|~~~)")
 HEADING = re.compile(r"^(#{1,6})\s+(.*?)\s*#*\s*$")
 EXPLICIT = re.compile(r"<a\s+(?:id|name)=\"([^\"]+)\"")
@@ -87,7 +89,9 @@ def check(path: Path) -> list[str]:
             if not dest.exists():
                 problems.append(f"{where} (no such file)")
             elif fragment and dest.suffix == ".md" and fragment not in anchors(dest):
-                problems.append(f"{where} (no heading #{fragment} in {dest.relative_to(ROOT)})")
+                problems.append(
+                    f"{where} (no heading #{fragment} in {dest.relative_to(ROOT)})"
+                )
     return problems
 
 

@@ -86,22 +86,30 @@ def main(argv: list[str]) -> int:
         meta = metadata(manifest)
         problems += too_new(meta)
         for member in meta["workspace_members"]:
-            v = next(p for p in meta["packages"] if p["id"] == member).get("rust_version")
+            v = next(p for p in meta["packages"] if p["id"] == member).get(
+                "rust_version"
+            )
             if v:
                 declared.add(v)
     for line in problems:
         print(f"check-msrv: {line}", file=sys.stderr)
     if problems:
         return 1
-    print(f"check-msrv: every dependency builds with the declared rust-version ({', '.join(sorted(declared))})")
+    print(
+        f"check-msrv: every dependency builds with the declared rust-version ({', '.join(sorted(declared))})"
+    )
     if "--build" in argv:
         listed = subprocess.run(
-            ["rustup", "toolchain", "list"], capture_output=True, text=True
+            ["rustup", "toolchain", "list"], capture_output=True, text=True, check=False
         ).stdout
         for v in sorted(declared):
-            if re.search(rf"^{re.escape(v)}(\.0)?-", listed, re.M):
+            if re.search(rf"^{re.escape(v)}(\.0)?-", listed, re.MULTILINE):
                 print(f"== cargo +{v} build --workspace --locked")
-                subprocess.run(["cargo", f"+{v}", "build", "--workspace", "--locked"], cwd=ROOT, check=True)
+                subprocess.run(
+                    ["cargo", f"+{v}", "build", "--workspace", "--locked"],
+                    cwd=ROOT,
+                    check=True,
+                )
             else:
                 print(
                     f"check-msrv: no {v} toolchain installed (only a newer one can be had "

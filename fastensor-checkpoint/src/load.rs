@@ -8,7 +8,7 @@ use super::mapped::{PendingPages, WithoutLease};
 use super::retry::retry_changed;
 use super::source::CheckpointSource;
 use super::FileOpener;
-use crate::{ErrorKind, MemMut, Result};
+use crate::{Error, ErrorKind, MemMut, Result};
 use fastensor_core::policy::{plan_new_load, NewLoads};
 use std::path::Path;
 
@@ -84,6 +84,19 @@ fn placed<T>(
     )
 }
 
+/// [`ErrorKind::Unsupported`] where the opener says `path`'s place cannot be mapped (an
+/// object): the load reads it instead (see [`placed`]).
+fn mappable<O: FileOpener + ?Sized>(opener: &O, path: &Path) -> Result<()> {
+    if opener.place(path).mappable {
+        return Ok(());
+    }
+    Err(Error::new(
+        ErrorKind::Unsupported,
+        "this file cannot be mapped: it is read instead",
+    )
+    .with_path(path))
+}
+
 /// One try of a load into new host memory of every tensor (`names`: `None`) or those
 /// named, checked against their checksums where `verify`, placed as `placement` says.
 fn load_as<O: FileOpener + ?Sized>(
@@ -95,6 +108,7 @@ fn load_as<O: FileOpener + ?Sized>(
     without: WithoutLease,
 ) -> Result<Checkpoint> {
     if placement == NewLoads::Mapped {
+        mappable(opener, path)?;
         return match names {
             None => super::mapped::load(path, &|_, _| true, verify, without),
             Some(names) => super::mapped::load_named(path, names, verify, without),
@@ -164,7 +178,8 @@ pub fn load_later<O: FileOpener + ?Sized>(
     names: Option<&[&str]>,
 ) -> Result<(Checkpoint, Option<PendingPages>)> {
     planned(opener, |placement, without| match placement {
-        NewLoads::Mapped => super::mapped::load_later_named(path, names, without)
+        NewLoads::Mapped => mappable(opener, path)
+            .and_then(|()| super::mapped::load_later_named(path, names, without))
             .map(|(ckpt, pending)| (ckpt, Some(pending))),
         NewLoads::Read => {
             load_as(opener, path, names, false, placement, without).map(|ckpt| (ckpt, None))

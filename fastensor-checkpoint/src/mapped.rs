@@ -137,7 +137,8 @@ struct Mapped {
 
 /// Opens the file at `path`, takes a read lease on it, reads its header, picks the entries
 /// `keep` accepts and maps the file, the pages of those entries guarded by the lease; no
-/// data page is brought in. An object (`s3://`) is [`ErrorKind::Unsupported`]: it is read.
+/// data page is brought in. (A place that cannot be mapped is not asked here: see
+/// `load::mappable`.)
 /// Without a lease, `without` says what to do. A lease broken
 /// before the mapping was guarded (the file may have changed since its header was read) is
 /// [`ErrorKind::Changed`].
@@ -146,13 +147,6 @@ fn map(
     keep: &dyn Fn(&Header, usize) -> bool,
     without: WithoutLease,
 ) -> Result<Mapped> {
-    if fastensor_core::location::is_object(path) {
-        return Err(Error::new(
-            ErrorKind::Unsupported,
-            "an object cannot be mapped: it is read instead",
-        )
-        .with_path(path));
-    }
     let file = fastensor_sys::atomic::open_regular(path)?;
     let lease = match lease::take(&file) {
         Ok(lease) => Some(lease),

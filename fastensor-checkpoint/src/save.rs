@@ -8,6 +8,7 @@ use super::header::{self, validate, DATA_ALIGN};
 use super::view::{TensorView, Tensors};
 use super::FileOpener;
 use crate::{BackendFile, Error, ErrorKind, HostBuffer, MemRef, OpenMode, Result, TensorDesc};
+use fastensor_core::Commit;
 use fastensor_sys::atomic::AtomicFile;
 use std::collections::BTreeMap;
 use std::ops::Range;
@@ -175,12 +176,13 @@ pub(crate) fn save_tensors<'a, O: FileOpener + ?Sized>(
     let data_start = header::padded_len(layout_len);
     let total = data_start + laid.offsets.last().map_or(0, |r| r.end);
 
-    let temp = Target::new(path)?;
+    let commit = opener.place(path).commit;
+    let temp = Target::new(path, commit)?;
     let written = (|| {
         let file = opener.open_file(&temp.path(), OpenMode::Truncate)?;
-        if fastensor_core::location::is_object(path) {
-            // An object's length said before its first byte: its upload's part size fits
-            // it in S3's 10 000 parts, or it is refused now, before any byte is uploaded.
+        if commit == Commit::OnSync {
+            // The length said before the first byte (an upload's part size fits it in S3's
+            // 10 000 parts, or it is refused now, before any byte is uploaded).
             file.set_len(total)?;
         }
         let sums = write_hashing(&*file, data_start, &laid, checksums.then_some(&views[..]))?;
@@ -213,21 +215,21 @@ pub(crate) fn save_tensors<'a, O: FileOpener + ?Sized>(
     temp.commit()
 }
 
-/// Where a save writes, so that no reader ever sees part of it: a local file is written
-/// under a temporary name and renamed over its path once synced ([`AtomicFile`]); an object
-/// is written by an upload that makes it appear, whole, when the file is synced (and leaves
-/// nothing when it is dropped before).
+/// Where a save writes, so that no reader ever sees part of it, as the place commits
+/// ([`Commit`]): under a temporary name renamed over its path once synced ([`AtomicFile`]),
+/// or at the path itself, which shows the whole when synced (an upload: nothing when
+/// dropped before).
 enum Target {
     File(AtomicFile),
     Object(std::path::PathBuf),
 }
 
 impl Target {
-    fn new(path: &Path) -> Result<Self> {
-        if fastensor_core::location::is_object(path) {
-            return Ok(Target::Object(path.to_path_buf()));
+    fn new(path: &Path, commit: Commit) -> Result<Self> {
+        match commit {
+            Commit::OnSync => Ok(Target::Object(path.to_path_buf())),
+            Commit::RenameOver => AtomicFile::new(path).map(Target::File),
         }
-        AtomicFile::new(path).map(Target::File)
     }
 
     /// The path to open for writing.

@@ -1,7 +1,6 @@
 //! The index of a sharded checkpoint: its name, where it is, and reading it.
 
 use crate::{Error, ErrorKind, OpenMode, Result};
-use fastensor_core::location::Location;
 use fastensor_core::{BackendFileExt, FileOpener};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -36,17 +35,20 @@ pub struct ShardedIndex {
 }
 
 impl ShardedIndex {
-    /// The directory the shards live in. For an object index, its URL up to and with the
-    /// last `/` (`Path::parent` would fold `a//x.json` into `a`, another prefix).
+    /// The directory (or object prefix) the shards live in, ending in `/`.
     pub fn dir(&self) -> &Path {
-        if let (Location::Object(_), Some(text)) = (Location::of(&self.path), self.path.to_str()) {
-            if let Some(slash) = text.rfind('/') {
-                return Path::new(&text[..=slash]);
-            }
-        }
-        match self.path.parent() {
-            Some(p) if !p.as_os_str().is_empty() => p,
-            _ => Path::new("."),
+        // By the text, up to and with the last `/`: `Path::parent` folds `a//x.json` into
+        // `a`, another object prefix.
+        match self
+            .path
+            .to_str()
+            .and_then(|t| t.rfind('/').map(|i| &t[..=i]))
+        {
+            Some(dir) => Path::new(dir),
+            None => match self.path.parent() {
+                Some(p) if !p.as_os_str().is_empty() => p,
+                _ => Path::new("."),
+            },
         }
     }
 
@@ -59,11 +61,12 @@ impl ShardedIndex {
 }
 
 /// True when `path` names a sharded checkpoint: a directory, or a file ending in
-/// `.index.json`. An object URL is sharded unless it ends in `.safetensors` (a prefix such
-/// as `s3://bucket/model/` is a sharded checkpoint's "directory"); no request is made.
-pub fn is_sharded(path: &Path) -> bool {
-    if let Location::Object(url) = Location::of(path) {
-        return !url.key.ends_with(".safetensors");
+/// `.index.json`. Where `opener`'s place has no directories of its own (objects), any name
+/// but one ending in `.safetensors` is (a prefix such as `s3://bucket/model/` is a sharded
+/// checkpoint's "directory"); no request is made.
+pub fn is_sharded<O: FileOpener + ?Sized>(opener: &O, path: &Path) -> bool {
+    if !opener.place(path).directories {
+        return !path.to_str().is_some_and(|p| p.ends_with(".safetensors"));
     }
     path.is_dir()
         || path
@@ -165,29 +168,34 @@ pub fn read_index(path: &Path) -> Result<ShardedIndex> {
     parse_index(&bytes, index_path)
 }
 
-/// [`read_index`] of a local path, or of an object prefix or index object (`s3://…`) read
-/// through `opener`: a prefix holds [`INDEX_NAME`] or exactly one
-/// `*.safetensors.index.json` (found by listing it).
+/// [`read_index`] where `opener`'s place has directories (a local path); elsewhere (an
+/// object prefix or index object, `s3://…`) read through `opener`: a prefix holds
+/// [`INDEX_NAME`] or exactly one `*.safetensors.index.json` (found by listing it).
 pub(crate) fn read_index_from<O: FileOpener + ?Sized>(
     opener: &O,
     path: &Path,
 ) -> Result<ShardedIndex> {
-    let Location::Object(url) = Location::of(path) else {
+    if opener.place(path).directories {
         return read_index(path);
+    }
+    let text = path.to_str().unwrap_or_default();
+    let join = |name: &str| {
+        let prefix = text.strip_suffix('/').unwrap_or(text);
+        PathBuf::from(format!("{prefix}/{name}"))
     };
-    let index_path = if url.key.ends_with(".json") {
+    let index_path = if text.ends_with(".json") {
         path.to_path_buf()
     } else {
         let names = opener.list_names(path)?;
         if names.iter().any(|n| n == INDEX_NAME) {
-            url.join(INDEX_NAME)
+            join(INDEX_NAME)
         } else {
             let found: Vec<&String> = names
                 .iter()
                 .filter(|n| n.ends_with(".safetensors.index.json") && !n.starts_with('.'))
                 .collect();
             match found[..] {
-                [one] => url.join(one),
+                [one] => join(one),
                 [] => return Err(no_index(path)),
                 _ => return Err(many_indexes(found.len(), path)),
             }

@@ -3,7 +3,7 @@
 use clap::Subcommand;
 use fastensor::checkpoint::Header;
 use fastensor::checkpoint::{self, sharded};
-use fastensor::core::location::is_object;
+use fastensor::core::FileOpener;
 use fastensor::{Engine, Result};
 use std::path::{Path, PathBuf};
 
@@ -50,18 +50,12 @@ pub enum CkptCommand {
 /// Runs `fastensor ckpt ...`.
 pub fn run(cmd: CkptCommand) -> Result<()> {
     match cmd {
-        CkptCommand::Inspect { file } if is_object(&file) => inspect_object(&file),
-        CkptCommand::Inspect { file } if sharded::is_sharded(&file) => {
-            let (index, shards) = sharded::inspect_sharded(&file)?;
-            print_sharded(&index, &shards);
-            Ok(())
-        }
-        CkptCommand::Inspect { file } => print_table(&checkpoint::inspect(&file)?),
+        CkptCommand::Inspect { file } => inspect(&file),
         CkptCommand::Verify { file } => verify(&file),
         CkptCommand::Bench { dir, scale, rounds } => crate::ckpt_bench::run(&dir, scale, rounds),
         CkptCommand::Copy { src, dst } => {
             let engine = Engine::new()?;
-            let bytes = if sharded::is_sharded(&src) {
+            let bytes = if sharded::is_sharded(&engine, &src) {
                 sharded::copy_sharded(&engine, &src, &dst)?
             } else {
                 checkpoint::copy(&engine, &src, &dst)?
@@ -76,12 +70,27 @@ pub fn run(cmd: CkptCommand) -> Result<()> {
     }
 }
 
-/// `fastensor ckpt inspect` of an object (`s3://…`): its header by ranged reads, or a
-/// sharded checkpoint's index and shard headers under a prefix.
-fn inspect_object(url: &Path) -> Result<()> {
+/// `fastensor ckpt inspect`: a file's header, or a sharded checkpoint's index and shard
+/// headers; where the engine's place for `path` has no directories (an object, `s3://…`),
+/// by ranged reads through the engine.
+fn inspect(path: &Path) -> Result<()> {
     let engine = Engine::new()?;
-    if sharded::is_sharded(url) {
-        let file = checkpoint::open_sharded(&engine, url)?;
+    if !engine.place(path).directories {
+        return inspect_object(&engine, path);
+    }
+    if sharded::is_sharded(&engine, path) {
+        let (index, shards) = sharded::inspect_sharded(path)?;
+        print_sharded(&index, &shards);
+        return Ok(());
+    }
+    print_table(&checkpoint::inspect(path)?)
+}
+
+/// [`inspect`] of an object: its header by ranged reads, or a sharded checkpoint's index
+/// and shard headers under a prefix.
+fn inspect_object(engine: &Engine, url: &Path) -> Result<()> {
+    if sharded::is_sharded(engine, url) {
+        let file = checkpoint::open_sharded(engine, url)?;
         let shards: Vec<(PathBuf, Header)> = file
             .shard_paths()
             .into_iter()
@@ -91,7 +100,7 @@ fn inspect_object(url: &Path) -> Result<()> {
         print_sharded(file.index(), &shards);
         return Ok(());
     }
-    print_table(checkpoint::open(&engine, url)?.header())
+    print_table(checkpoint::open(engine, url)?.header())
 }
 
 /// The listing of one file's header.
@@ -127,7 +136,7 @@ fn print_sharded(index: &sharded::ShardedIndex, shards: &[(PathBuf, Header)]) {
 /// is the error (naming the file and the tensor).
 fn verify(path: &std::path::Path) -> Result<()> {
     let engine = Engine::new()?;
-    let files: Vec<PathBuf> = if sharded::is_sharded(path) {
+    let files: Vec<PathBuf> = if sharded::is_sharded(&engine, path) {
         let ckpt = checkpoint::open_sharded(&engine, path)?;
         ckpt.shard_paths().iter().map(|p| p.to_path_buf()).collect()
     } else {

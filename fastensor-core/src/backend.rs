@@ -317,12 +317,62 @@ pub struct ReadJob {
     pub first_offset: u64,
 }
 
+/// What differs between the places a [`FileOpener`] reaches (a local file system, an object
+/// store), as the opener answers for one path ([`FileOpener::place`]): the layers above ask
+/// it, never the path's spelling.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Place {
+    /// How a save makes its bytes visible, whole.
+    pub commit: Commit,
+    /// Whether a file there may be memory-mapped (else it is read).
+    pub mappable: bool,
+    /// Whether a name there may be a directory of its own (created, synced, tested with
+    /// `is_dir`). Where not, a directory is only the prefix of the names under it, and a
+    /// name that does not end in `.safetensors` is taken for one (no request is made).
+    pub directories: bool,
+}
+
+/// How a save makes its bytes visible, whole: see [`Place::commit`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Commit {
+    /// Written under a temporary name beside the path and renamed over it once synced (a
+    /// reader sees the old file or the new one); the directory decides what is visible.
+    RenameOver,
+    /// Written at the path itself, which shows nothing until [`BackendFile::sync`] makes the
+    /// whole appear (an upload); dropped before, nothing appears. Its length is declared
+    /// ([`BackendFile::set_len`]) before its first byte, and nothing is renamed: a sharded
+    /// save commits by writing its index last.
+    OnSync,
+}
+
+impl Place {
+    /// A local file system: rename-over saves, mappable files, directories.
+    pub const LOCAL: Place = Place {
+        commit: Commit::RenameOver,
+        mappable: true,
+        directories: true,
+    };
+    /// An object store: saves appear whole on sync, objects are read, prefixes only.
+    pub const OBJECT: Place = Place {
+        commit: Commit::OnSync,
+        mappable: false,
+        directories: false,
+    };
+}
+
 /// Opens files for the layers above the backends (checkpoints): a [`Backend`] (every
 /// transfer through it), or an engine that picks a backend per transfer. It lives here, below
 /// both, so that the engine implements it without depending on the layers that use it.
 pub trait FileOpener: Send + Sync {
     /// Opens `path` in `mode` for checkpoint transfers. Errors name the file.
     fn open_file(&self, path: &Path, mode: OpenMode) -> Result<Box<dyn BackendFile>>;
+
+    /// What the place `path` names is ([`Place`]), as this opener reaches it. The default,
+    /// a local file system.
+    fn place(&self, path: &Path) -> Place {
+        let _ = path;
+        Place::LOCAL
+    }
 
     /// What a load of a whole checkpoint into new host memory is planned from
     /// ([`plan_new_load`](crate::policy::plan_new_load): map the file copy-on-write, or read

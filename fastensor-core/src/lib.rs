@@ -51,7 +51,8 @@ mod tensor;
 
 pub use backend::{
     readable_len, unsupported_memory, write_end, Availability, Backend, BackendFile,
-    BackendFileExt, FileOpener, OpenMode, ReadJob, ReadRequest, SharedBackend, WriteRequest,
+    BackendFileExt, Commit, FileOpener, OpenMode, Place, ReadJob, ReadRequest, SharedBackend,
+    WriteRequest,
 };
 pub use capabilities::Capabilities;
 pub use clock::{Clock, ClockReading};

@@ -255,6 +255,10 @@ impl FileOpener for ObjectStores {
     /// by a multipart upload, visible when the file is synced. `ReadWrite` and `Create`
     /// (changing part of an object) are [`ErrorKind::Unsupported`]: objects are written
     /// whole.
+    fn place(&self, _path: &Path) -> fastensor_core::Place {
+        fastensor_core::Place::OBJECT
+    }
+
     fn list_names(&self, dir: &Path) -> Result<Vec<String>> {
         self.list(dir)
     }

@@ -40,10 +40,11 @@ fn list_names(py: Python<'_>, engine: &PyEngine, path: PathBuf) -> PyResult<Vec<
     py.detach(|| engine.engine.list_names(&path)).py_err()
 }
 
-/// True when `path` names an object (`s3://bucket/key`) rather than a local file.
+/// True when the place `path` names, as `engine` resolves it, has directories of its own (a
+/// local file system: `os` calls apply), false for an object store's prefix or object.
 #[pyfunction]
-fn is_object(path: PathBuf) -> bool {
-    fastensor::core::location::is_object(&path)
+fn has_directories(engine: &PyEngine, path: PathBuf) -> bool {
+    engine.engine.place(&path).directories
 }
 
 /// Registers this module's functions.
@@ -52,6 +53,6 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(write_whole, m)?)?;
     m.add_function(wrap_pyfunction!(remove, m)?)?;
     m.add_function(wrap_pyfunction!(list_names, m)?)?;
-    m.add_function(wrap_pyfunction!(is_object, m)?)?;
+    m.add_function(wrap_pyfunction!(has_directories, m)?)?;
     Ok(())
 }

@@ -188,11 +188,12 @@ impl PyShardedFile {
     }
 }
 
-/// True when `path` names a sharded checkpoint (`checkpoint::sharded::is_sharded`): a
-/// directory, or a file ending in `.index.json`.
+/// True when `path` names a sharded checkpoint (`checkpoint::sharded::is_sharded`, asked
+/// of `engine`'s place for it): a directory, or a file ending in `.index.json`; under an
+/// object prefix, any name but a `.safetensors` one.
 #[pyfunction]
-fn is_sharded(path: PathBuf) -> bool {
-    checkpoint::sharded::is_sharded(&path)
+fn is_sharded(engine: &PyEngine, path: PathBuf) -> bool {
+    checkpoint::sharded::is_sharded(&engine.engine, &path)
 }
 
 /// Registers this module's classes and functions.

@@ -66,7 +66,7 @@ impl GroupSource {
     /// Where the checkpoint at `path` (a file, a sharded checkpoint's index or directory, or
     /// an object URL) comes from.
     pub fn of(path: &std::path::Path) -> GroupSource {
-        match fastensor_core::location::Location::of(path) {
+        match super::opener::resolve(path) {
             fastensor_core::location::Location::Object(url) => {
                 GroupSource::Objects(format!("{}://{}", url.scheme, url.bucket))
             }

@@ -199,7 +199,7 @@ impl Engine {
     /// objects are opened through [`FileOpener::open_file`](fastensor_core::FileOpener::open_file)
     /// (what every checkpoint function does), which gives the object store's file.
     pub fn open(&self, path: &Path, mode: OpenMode) -> Result<EngineFile> {
-        if fastensor_core::location::is_object(path) {
+        if let fastensor_core::location::Location::Object(_) = opener::resolve(path) {
             return Err(fastensor_core::Error::new(
                 fastensor_core::ErrorKind::Unsupported,
                 "an object is not a local file: open it through FileOpener::open_file",
@@ -227,7 +227,10 @@ impl Engine {
     /// [`takes_device_memory`](Self::takes_device_memory) for transfers of the file at
     /// `path`: never for an object (`s3://`), whose bytes arrive in host memory.
     pub fn takes_device_memory_at(&self, path: &Path) -> bool {
-        !fastensor_core::location::is_object(path) && self.takes_device_memory()
+        matches!(
+            opener::resolve(path),
+            fastensor_core::location::Location::File(_)
+        ) && self.takes_device_memory()
     }
 
     /// Uses `backend` for every transfer (of every file), or lets the selector choose again

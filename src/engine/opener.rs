@@ -2,9 +2,17 @@
 
 use super::measure::Count;
 use super::Engine;
+use fastensor_core::location::Location;
 use fastensor_core::policy::{NewLoadFacts, NewLoads};
-use fastensor_core::{OpenMode, Result};
+use fastensor_core::{OpenMode, Place, Result};
 use std::path::Path;
+
+/// `path` resolved: a local file, or an object of a store. The one place the engine (and
+/// so fastensor) tells locations apart by their spelling; everything above asks the
+/// opener ([`FileOpener::place`](fastensor_core::FileOpener::place)).
+pub(crate) fn resolve(path: &Path) -> Location<'_> {
+    Location::of(path)
+}
 
 /// Checkpoints opened through the engine pick their backend per transfer, and their
 /// transfers are tagged with the checkpoint purpose.
@@ -14,12 +22,21 @@ impl fastensor_core::FileOpener for Engine {
         path: &Path,
         mode: OpenMode,
     ) -> Result<Box<dyn fastensor_core::BackendFile>> {
-        if fastensor_core::location::is_object(path) {
+        if let Location::Object(_) = resolve(path) {
             return self.inner.objects.opener(path)?.open_file(path, mode);
         }
         let file = self.open(path, mode)?;
         file.set_purpose(fastensor_core::Purpose::Checkpoint);
         Ok(Box::new(file))
+    }
+
+    /// An object URL (`s3://…`) is an object store's place; any other path, a local file
+    /// system's ([`resolve`]).
+    fn place(&self, path: &Path) -> Place {
+        match resolve(path) {
+            Location::Object(_) => Place::OBJECT,
+            Location::File(_) => Place::LOCAL,
+        }
     }
 
     /// The pinned backend's capabilities, or every backend's; whether mapped loads are on
@@ -49,7 +66,7 @@ impl fastensor_core::FileOpener for Engine {
 
     /// A local directory's entries; an object prefix's objects.
     fn list_names(&self, dir: &Path) -> Result<Vec<String>> {
-        if fastensor_core::location::is_object(dir) {
+        if let Location::Object(_) = resolve(dir) {
             return self.inner.objects.opener(dir)?.list_names(dir);
         }
         let entries = std::fs::read_dir(dir).map_err(|e| {

@@ -3,8 +3,7 @@
 //! the checkpoint files themselves.
 
 use super::Engine;
-use fastensor_core::location::is_object;
-use fastensor_core::{BackendFileExt, Error, FileOpener, MemRef, OpenMode, Result};
+use fastensor_core::{BackendFileExt, Commit, Error, FileOpener, MemRef, OpenMode, Result};
 use std::io::Read;
 use std::path::Path;
 
@@ -12,7 +11,7 @@ impl Engine {
     /// The whole file or object at `path` (meant for small ones: metadata, indexes). A local
     /// path that is not a regular file is [`ErrorKind::InvalidInput`](fastensor_core::ErrorKind::InvalidInput).
     pub fn read_whole(&self, path: &Path) -> Result<Vec<u8>> {
-        if is_object(path) {
+        if !self.place(path).directories {
             let file = self.open_file(path, OpenMode::Read)?;
             return Ok(file.read_all()?.to_vec());
         }
@@ -28,7 +27,7 @@ impl Engine {
     /// the old content or the new, never part of it (a local file is written under a
     /// temporary name, synced and renamed; an object appears when its upload completes).
     pub fn write_whole(&self, path: &Path, bytes: &[u8]) -> Result<()> {
-        if is_object(path) {
+        if self.place(path).commit == Commit::OnSync {
             let file = self.open_file(path, OpenMode::Truncate)?;
             file.write_at(0, MemRef::Host(bytes))?;
             return file.sync();
@@ -38,7 +37,7 @@ impl Engine {
 
     /// Removes the file or object at `path`; nothing to remove is not an error.
     pub fn remove(&self, path: &Path) -> Result<()> {
-        if is_object(path) {
+        if let fastensor_core::location::Location::Object(_) = super::opener::resolve(path) {
             return self.inner.objects.remove(path);
         }
         match std::fs::remove_file(path) {

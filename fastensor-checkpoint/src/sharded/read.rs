@@ -40,7 +40,9 @@ pub fn open_sharded<O: FileOpener + ?Sized>(opener: &O, path: &Path) -> Result<S
 /// save under an object prefix deletes the previous save's shards once its own index is
 /// in place), [`ErrorKind::Changed`], which makes the load start again on the new index.
 fn replaced<O: FileOpener + ?Sized>(opener: &O, path: &Path, e: Error) -> Error {
-    if e.kind() != ErrorKind::NotFound || !fastensor_core::location::is_object(path) {
+    if e.kind() != ErrorKind::NotFound
+        || opener.place(path).commit != fastensor_core::Commit::OnSync
+    {
         return e;
     }
     let Some(shard) = e.path().map(Path::to_path_buf) else {

@@ -98,7 +98,7 @@ fn write_shards<O: FileOpener + ?Sized>(
             .with_path(dir));
         }
     }
-    if fastensor_core::location::is_object(dir) {
+    if opener.place(dir).commit == fastensor_core::Commit::OnSync {
         return write_object_shards(opener, dir, groups, metadata);
     }
     let index_path = dir.join(INDEX_NAME);
