@@ -1,7 +1,7 @@
 # The project's Python environment, shared by scripts/test and scripts/bench (sourced, not
 # run): a virtual environment (default `.venv` at the repository root, git-ignored;
 # FASTENSOR_VENV=DIR picks another; PYTHON=python3.x the interpreter that makes it), made
-# on first use and reused after. It holds torch, numpy, safetensors, pytest, ruff,
+# on first use and reused after. It holds torch, numpy, safetensors, pytest, ruff, mypy,
 # hypothesis and the frameworks the integrations are tested with (lightning, transformers),
 # from the package registry: torch for Linux is a CUDA build of about 4 GB that runs on the
 # CPU, so the first use takes a few minutes. Then `./fastensor-python` is built (a Rust
@@ -20,7 +20,7 @@ project_venv() {
     py="$venv/bin/python"
     "$py" -m pip install --quiet --disable-pip-version-check --upgrade pip
     "$py" -m pip install --quiet --disable-pip-version-check \
-        torch numpy safetensors pytest ruff hypothesis lightning transformers boto3
+        torch numpy safetensors pytest ruff mypy hypothesis lightning transformers boto3
     echo "== pip install ./fastensor-python"
     "$py" -m pip install --quiet --disable-pip-version-check --force-reinstall --no-deps \
         ./fastensor-python
