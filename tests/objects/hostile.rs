@@ -68,6 +68,10 @@ impl FileOpener for DiesAfter<'_> {
         self.stores.open_file(path, mode)
     }
 
+    fn place(&self, path: &Path) -> fastensor::core::Place {
+        self.stores.place(path)
+    }
+
     fn list_names(&self, dir: &Path) -> fastensor::Result<Vec<String>> {
         self.stores.list_names(dir)
     }
