@@ -10,7 +10,6 @@ pub use fastensor_sys as sys;
 pub use fastensor_sys::atomic;
 pub use fastensor_sys::fork;
 pub mod engine;
-pub mod offload;
 pub mod profile;
 
 pub use fastensor_core as core;
@@ -22,6 +21,7 @@ pub use fastensor_core::{
 
 pub use engine::{Engine, EngineBuilder, EngineFile, Report};
 pub use fastensor_checkpoint as checkpoint;
+pub use fastensor_offload as offload;
 pub use fastensor_select as select;
 pub use fastensor_select::{Dictionary, Objective, SelectorConfig};
 

@@ -367,6 +367,16 @@ pub trait FileOpener: Send + Sync {
     /// Opens `path` in `mode` for checkpoint transfers. Errors name the file.
     fn open_file(&self, path: &Path, mode: OpenMode) -> Result<Box<dyn BackendFile>>;
 
+    /// Opens, for offload, the swap file at `path` (written once, read back once, its
+    /// length set by the caller): through the backend `pin` names when given, else through
+    /// one that bypasses the page cache where one can take it (a cached copy would hold the
+    /// very memory offload frees). The default opens it as [`open_file`](Self::open_file)
+    /// does (`pin` is the caller's choice of backend, which only an engine has).
+    fn open_swap(&self, path: &Path, pin: Option<&str>) -> Result<Box<dyn BackendFile>> {
+        let _ = pin;
+        self.open_file(path, OpenMode::Truncate)
+    }
+
     /// What the place `path` names is ([`Place`]), as this opener reaches it. The default,
     /// a local file system.
     fn place(&self, path: &Path) -> Place {

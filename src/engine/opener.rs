@@ -30,6 +30,25 @@ impl fastensor_core::FileOpener for Engine {
         Ok(Box::new(file))
     }
 
+    /// The engine's file of the swap file, its transfers tagged [`Purpose::Offload`]
+    /// (`fastensor_core::Purpose`), pinned to `pin` or kept to the backends that bypass the
+    /// page cache (where one can take it).
+    fn open_swap(
+        &self,
+        path: &Path,
+        pin: Option<&str>,
+    ) -> Result<Box<dyn fastensor_core::BackendFile>> {
+        let file = self.open(path, OpenMode::Truncate)?;
+        file.set_purpose(fastensor_core::Purpose::Offload);
+        match pin {
+            Some(b) => file.pin(Some(b))?,
+            None => {
+                file.bypass_page_cache();
+            }
+        }
+        Ok(Box::new(file))
+    }
+
     /// An object URL (`s3://…`) is an object store's place; any other path, a local file
     /// system's ([`resolve`]).
     fn place(&self, path: &Path) -> Place {

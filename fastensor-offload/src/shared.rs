@@ -6,8 +6,7 @@ use super::allocator::round_up;
 use super::state::{Home, State};
 use super::HostPool;
 use super::OffloadConfig;
-use crate::EngineFile;
-use fastensor_core::{HostBuffer, Result};
+use fastensor_core::{BackendFile, HostBuffer, MemMut, MemRef, Result};
 use std::path::PathBuf;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 #[cfg(feature = "gds")]
@@ -18,9 +17,30 @@ use std::time::Instant;
 #[cfg(feature = "gds")]
 pub const PINNED_WAIT: Duration = Duration::from_secs(60);
 
+/// The swap file as the opener gave it, read and written with any memory that converts
+/// into a [`MemRef`] or [`MemMut`] (a slice, a buffer, device memory).
+pub(crate) struct SwapFile(pub(crate) Box<dyn BackendFile>);
+
+impl SwapFile {
+    /// Reads at `offset` into `dst`: the bytes read (short only at the end of the file).
+    pub(crate) fn read_at<'a>(&self, offset: u64, dst: impl Into<MemMut<'a>>) -> Result<usize> {
+        self.0.read_at(offset, dst.into())
+    }
+
+    /// Writes all of `src` at `offset`.
+    pub(crate) fn write_at<'a>(&self, offset: u64, src: impl Into<MemRef<'a>>) -> Result<()> {
+        self.0.write_at(offset, src.into())
+    }
+
+    /// Sets the file's length.
+    pub(crate) fn set_len(&self, len: u64) -> Result<()> {
+        self.0.set_len(len)
+    }
+}
+
 /// What the store, its I/O threads and its handles share.
 pub(crate) struct Shared {
-    pub(crate) file: EngineFile,
+    pub(crate) file: SwapFile,
     /// `/proc/self/fd/N` of `swap`: how the engine's backends open the swap file.
     pub(crate) path: PathBuf,
     /// The swap file, which has no name: it goes away with the last descriptor, however
@@ -36,14 +56,14 @@ pub(crate) struct Shared {
     pub(crate) pool: Arc<HostPool>,
     /// The copies of each GPU that put a tensor here, made on its first one.
     #[cfg(feature = "gds")]
-    copies: Mutex<std::collections::HashMap<u32, Arc<crate::gds::copies::CopyEngine>>>,
+    copies: Mutex<std::collections::HashMap<u32, Arc<fastensor_gds::copies::CopyEngine>>>,
 }
 
 impl Shared {
-    /// The shared part of a new store over `file` (the engine's handle on `swap`, opened
+    /// The shared part of a new store over `file` (the opener's handle on `swap`, opened
     /// as `path`).
     pub(crate) fn new(
-        file: EngineFile,
+        file: SwapFile,
         path: PathBuf,
         swap: std::fs::File,
         config: &OffloadConfig,
@@ -89,12 +109,12 @@ impl Shared {
 
     /// The copies of GPU `gpu` (made on first use, with a pinned pool of the budget's size).
     #[cfg(feature = "gds")]
-    pub(crate) fn copies(&self, gpu: u32) -> Result<Arc<crate::gds::copies::CopyEngine>> {
+    pub(crate) fn copies(&self, gpu: u32) -> Result<Arc<fastensor_gds::copies::CopyEngine>> {
         let mut map = self.copies.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(e) = map.get(&gpu) {
             return Ok(e.clone());
         }
-        let engine = Arc::new(crate::gds::copies::CopyEngine::new(
+        let engine = Arc::new(fastensor_gds::copies::CopyEngine::new(
             gpu,
             self.config.budget,
         )?);
@@ -104,7 +124,7 @@ impl Shared {
 
     /// The copies of GPU `gpu`, if made.
     #[cfg(feature = "gds")]
-    pub(crate) fn copies_made(&self, gpu: u32) -> Option<Arc<crate::gds::copies::CopyEngine>> {
+    pub(crate) fn copies_made(&self, gpu: u32) -> Option<Arc<fastensor_gds::copies::CopyEngine>> {
         let map = self.copies.lock().unwrap_or_else(|p| p.into_inner());
         map.get(&gpu).cloned()
     }
@@ -165,7 +185,7 @@ impl Shared {
     pub(crate) fn grow(&self, st: &mut State, needed: u64) -> Result<()> {
         let cap = st.alloc.capacity();
         let new = round_up(needed.max(cap * 2));
-        fastensor_core::BackendFile::set_len(&self.file, new)?;
+        self.file.set_len(new)?;
         // Best effort: reserve the blocks so later writes do not allocate.
         let flags = rustix::fs::FallocateFlags::KEEP_SIZE;
         let _ = rustix::fs::fallocate(&self.swap, flags, cap, new - cap);

@@ -3,18 +3,20 @@
 //!
 //! An [`OffloadStore`] keeps, under a memory budget, the tensors handed to
 //! [`OffloadStore::put`] while background I/O threads write them to a preallocated swap
-//! file opened through the [`Engine`](crate::Engine) (purpose
-//! [`Purpose::Offload`](crate::core::Purpose)), so every transfer takes the fastest
-//! backend. [`OffloadStore::get`] returns a tensor, from memory when it is still there (being
+//! file opened through a [`FileOpener`](fastensor_core::FileOpener)'s
+//! [`open_swap`](fastensor_core::FileOpener::open_swap): the facade's `Engine`, which tags
+//! the transfers `Offload` and picks the fastest backend for each, or any one backend.
+//! [`OffloadStore::get`] returns a tensor, from memory when it is still there (being
 //! written, or prefetched), and prefetches the tensors expected next: by default in backward
 //! order (last in, first out), or in the order given to [`OffloadStore::hint_order`].
 //!
 //! ```no_run
-//! use fastensor::offload::{OffloadConfig, OffloadStore};
-//! use fastensor::{Engine, HostBuffer};
-//! # fn main() -> fastensor::Result<()> {
-//! let engine = Engine::new()?;
-//! let store = OffloadStore::new(&engine, OffloadConfig::new("/scratch", 256 << 20))?;
+//! use fastensor_core::HostBuffer;
+//! use fastensor_offload::{OffloadConfig, OffloadStore};
+//! # fn main() -> fastensor_core::Result<()> {
+//! // `fastensor::Engine::new()?` in a program: it chooses the backend per transfer.
+//! let opener = fastensor_posix::PosixBackend;
+//! let store = OffloadStore::new(&opener, OffloadConfig::new("/scratch", 256 << 20))?;
 //! let mut handles = Vec::new();
 //! for layer in 0..32 {
 //!     let activation = HostBuffer::new(64 << 20)?; // forward pass output
@@ -29,13 +31,15 @@
 //! # Ok(()) }
 //! ```
 //!
-//! [`OffloadStore::put`] takes a [`HostBuffer`](crate::HostBuffer) it then owns, or a
+//! [`OffloadStore::put`] takes a [`HostBuffer`](fastensor_core::HostBuffer) it then owns, or a
 //! [`Payload::foreign`]: memory owned elsewhere (a framework's tensor), written in place and
 //! given back once written.
 //!
 //! Memory: the budget bounds every byte the store holds; buffers of reads back come from a
 //! [`HostPool`] (page-aligned blocks moved, not faulted, between sizes), which a caller can
 //! share with the framework that allocates the tensors (see [`OffloadConfig::pool`]).
+
+#![deny(missing_docs)]
 
 mod allocator;
 mod codec;

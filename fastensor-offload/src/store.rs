@@ -2,12 +2,11 @@
 
 use super::packing::{Layout, Written};
 use super::payload::Payload;
-use super::shared::Shared;
+use super::shared::{Shared, SwapFile};
 use super::state::{Data, Entry, Failure, Home, State, Step, Taken};
 use super::{worker, HostPool, OffloadConfig, OffloadStats};
-use crate::Engine;
 use fastensor_core::debug_fields;
-use fastensor_core::{Error, ErrorKind, HostBuffer, OpenMode, Purpose, Result};
+use fastensor_core::{Error, ErrorKind, FileOpener, HostBuffer, Result};
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, MutexGuard};
@@ -73,8 +72,9 @@ static NEXT_FILE: AtomicU64 = AtomicU64::new(0);
 
 impl OffloadStore {
     /// A store whose swap file is a new, unnamed file in `config.dir`, opened through
-    /// `engine`.
-    pub fn new(engine: &Engine, config: OffloadConfig) -> Result<OffloadStore> {
+    /// `opener` ([`FileOpener::open_swap`]: the facade's `Engine` picks the backend per
+    /// transfer, among those that bypass the page cache unless `config.pin` names one).
+    pub fn new<O: FileOpener + ?Sized>(opener: &O, config: OffloadConfig) -> Result<OffloadStore> {
         if config.budget == 0 {
             return Err(Error::new(
                 ErrorKind::InvalidInput,
@@ -86,30 +86,25 @@ impl OffloadStore {
             std::process::id(),
             NEXT_FILE.fetch_add(1, Ordering::Relaxed)
         );
-        let swap = crate::atomic::unnamed_file(&config.dir, &name).map_err(|e| {
+        let swap = fastensor_sys::atomic::unnamed_file(&config.dir, &name).map_err(|e| {
             Error::io(e, "cannot create the offload swap file").with_path(&config.dir)
         })?;
-        let path = crate::atomic::fd_path(&swap);
-        let file = engine.open(&path, OpenMode::Truncate).map_err(|e| {
-            Error::new(e.kind(), "cannot open the offload swap file")
-                .with_path(&config.dir)
-                .with_source(e)
-        })?;
+        let path = fastensor_sys::atomic::fd_path(&swap);
+        // Written once and read back once: a page-cache copy would hold the memory offload
+        // frees (and cost a copy each way, with the page cache's faults).
+        let file = opener
+            .open_swap(&path, config.pin.as_deref())
+            .map_err(|e| {
+                Error::new(e.kind(), "cannot open the offload swap file")
+                    .with_path(&config.dir)
+                    .with_source(e)
+            })?;
         let mut store = OffloadStore {
-            shared: Arc::new(Shared::new(file, path, swap, &config)),
+            shared: Arc::new(Shared::new(SwapFile(file), path, swap, &config)),
             threads: Vec::new(),
         };
         // From here on, Drop stops the threads whatever fails.
         let s = &store.shared;
-        s.file.set_purpose(Purpose::Offload);
-        // Written once and read back once: a page-cache copy would hold the memory offload
-        // frees (and cost a copy each way, with the page cache's faults).
-        match &s.config.pin {
-            Some(b) => s.file.pin(Some(b))?,
-            None => {
-                s.file.bypass_page_cache();
-            }
-        }
         if s.config.initial_capacity > 0 {
             let mut st = s.lock();
             s.grow(&mut st, s.config.initial_capacity)?;
@@ -329,7 +324,7 @@ impl OffloadStore {
                 let r = src.range();
                 let mut out = s.pool.take(r.len())?;
                 out.truncate(r.len());
-                crate::gds::copy_to_host(r.ptr(), r.ordinal(), &mut out)?;
+                fastensor_gds::copy_to_host(r.ptr(), r.ordinal(), &mut out)?;
                 Ok(out)
             }
         }

@@ -11,7 +11,7 @@
 
 use super::allocator::round_up;
 use super::codec::{self, Codec, CHUNK};
-use crate::EngineFile;
+use super::shared::SwapFile;
 use fastensor_core::{Error, ErrorKind, Result};
 use std::ops::Range;
 use std::path::Path;
@@ -109,7 +109,7 @@ enum Run {
 /// [`write_scratch`] bytes).
 /// The layout is None when every chunk went raw (the tensor lies as it is).
 pub(crate) fn write(
-    file: &EngineFile,
+    file: &SwapFile,
     offset: u64,
     src: &[u8],
     scratch: &mut [u8],
@@ -184,7 +184,7 @@ pub(crate) fn write(
 /// does), through `scratch` (page-aligned, at least [`Layout::read_scratch`] bytes).
 /// Returns the bytes read from the file.
 pub(crate) fn read(
-    file: &EngineFile,
+    file: &SwapFile,
     path: &Path,
     offset: u64,
     layout: &Layout,

@@ -105,10 +105,10 @@ pub(crate) enum Data {
     Staging,
     /// A GPU tensor being written from its device memory (the direct path).
     #[cfg(feature = "gds")]
-    WritingDevice(Arc<crate::gds::copies::DeviceSource>),
+    WritingDevice(Arc<fastensor_gds::copies::DeviceSource>),
     /// Read back ahead of its `get` into device memory (the direct path).
     #[cfg(feature = "gds")]
-    LoadedDevice(crate::gds::DeviceBuffer),
+    LoadedDevice(fastensor_gds::DeviceBuffer),
 }
 
 impl Data {
@@ -171,10 +171,10 @@ pub(crate) enum Taken {
     Shared(Arc<Payload>),
     /// A GPU tensor read back into device memory.
     #[cfg(feature = "gds")]
-    Device(crate::gds::DeviceBuffer),
+    Device(fastensor_gds::DeviceBuffer),
     /// A GPU tensor's own memory, not written yet (the direct path).
     #[cfg(feature = "gds")]
-    Source(Arc<crate::gds::copies::DeviceSource>),
+    Source(Arc<fastensor_gds::copies::DeviceSource>),
 }
 
 impl Taken {
@@ -225,14 +225,14 @@ pub(crate) enum Job {
     Stage {
         id: u64,
         offset: u64,
-        copy: crate::gds::copies::Outgoing,
+        copy: fastensor_gds::copies::Outgoing,
     },
     /// Write a GPU tensor from its device memory.
     #[cfg(feature = "gds")]
     WriteDevice {
         id: u64,
         offset: u64,
-        src: Arc<crate::gds::copies::DeviceSource>,
+        src: Arc<fastensor_gds::copies::DeviceSource>,
     },
 }
 

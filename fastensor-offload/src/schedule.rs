@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 /// The expected order of `get`s.
 #[derive(Debug, Default, Clone)]
 pub struct Schedule {
-    /// An explicit order given by [`crate::offload::OffloadStore::hint_order`]; `None`:
+    /// An explicit order given by [`crate::OffloadStore::hint_order`]; `None`:
     /// backward order (last in, first out).
     hint: Option<Vec<u64>>,
     /// The last tensor taken with `get` (the schedule's cursor): with a hint, where the

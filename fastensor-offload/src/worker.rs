@@ -97,7 +97,7 @@ fn run(shared: &Shared) {
 /// Finishes a GPU tensor's copy into its pinned block (its device memory then goes back to
 /// its owner) and writes the block (its whole pages).
 #[cfg(feature = "gds")]
-fn stage(shared: &Shared, id: u64, offset: u64, copy: crate::gds::copies::Outgoing) {
+fn stage(shared: &Shared, id: u64, offset: u64, copy: fastensor_gds::copies::Outgoing) {
     let t0 = Instant::now();
     let staged = copy.finish();
     let waited = t0.elapsed();
@@ -169,7 +169,7 @@ pub(crate) fn read(
         }
         #[cfg(feature = "gds")]
         Home::Device(gpu) => {
-            let mut buf = crate::gds::DeviceBuffer::new(n, gpu)?;
+            let mut buf = fastensor_gds::DeviceBuffer::new(n, gpu)?;
             let got = shared.file.read_at(offset, buf.as_mem_mut())?;
             complete(shared, offset, n, got)?;
             Ok((Data::LoadedDevice(buf), got as u64))

@@ -264,7 +264,7 @@ impl std::fmt::Debug for State {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::offload::EXTENT_ALIGN;
+    use crate::EXTENT_ALIGN;
     use proptest::prelude::*;
 
     const P: usize = EXTENT_ALIGN as usize;

@@ -18,7 +18,7 @@ use super::packing::Written;
 use super::state::Taken;
 use super::state::{Data, Home, Job};
 use super::{Handle, OffloadStore, Payload, PINNED_WAIT};
-use crate::gds::copies::{CopyEngine, DeviceDest, DeviceSource};
+use fastensor_gds::copies::{CopyEngine, DeviceDest, DeviceSource};
 use fastensor_core::{Error, ErrorKind, Result};
 use std::sync::Arc;
 use std::time::Instant;
@@ -42,8 +42,8 @@ impl DevicePath {
         match self {
             DevicePath::Direct => true,
             DevicePath::Staged => false,
-            DevicePath::Auto => crate::gds::cufile::cufile(None)
-                .is_ok_and(|cf| matches!(cf.mode(), crate::gds::cufile::GdsMode::Direct { .. })),
+            DevicePath::Auto => fastensor_gds::cufile::cufile(None)
+                .is_ok_and(|cf| matches!(cf.mode(), fastensor_gds::cufile::GdsMode::Direct { .. })),
         }
     }
 }
@@ -200,7 +200,7 @@ impl OffloadStore {
                 let r = src.range();
                 let mut block = engine.pool().take(r.len(), PINNED_WAIT)?;
                 src.wait_ready()
-                    .and_then(|()| crate::gds::copy_to_host(r.ptr(), r.ordinal(), &mut block))
+                    .and_then(|()| fastensor_gds::copy_to_host(r.ptr(), r.ordinal(), &mut block))
                     .and_then(|()| engine.copy_in(block, dest))
             }
         };
@@ -229,24 +229,24 @@ impl OffloadStore {
     /// The stream of the store's copies of GPU `gpu` (made on first use): a producer that
     /// orders its work on a tensor before the work queued on this stream (DLPack's stream
     /// handshake) may then put the tensor with [`OffloadStore::ready_after_handshake`].
-    pub fn copy_stream(&self, gpu: u32) -> Result<crate::gds::copies::StreamRef> {
+    pub fn copy_stream(&self, gpu: u32) -> Result<fastensor_gds::copies::StreamRef> {
         Ok(self.shared.copies(gpu)?.stream())
     }
 
     /// The end of the work ordered on [`OffloadStore::copy_stream`] so far: a tensor
     /// handed over with the stream handshake is ready once it has passed.
-    pub fn ready_after_handshake(&self, gpu: u32) -> Result<crate::gds::copies::Done> {
-        crate::gds::copies::Done::record(self.copy_stream(gpu)?)
+    pub fn ready_after_handshake(&self, gpu: u32) -> Result<fastensor_gds::copies::Done> {
+        fastensor_gds::copies::Done::record(self.copy_stream(gpu)?)
     }
 
     /// The counters of GPU `gpu`'s pinned pool, once a tensor of that GPU was put here.
-    pub fn pinned_stats(&self, gpu: u32) -> Option<crate::gds::copies::PinnedStats> {
+    pub fn pinned_stats(&self, gpu: u32) -> Option<fastensor_gds::copies::PinnedStats> {
         self.shared.copies_made(gpu).map(|e| e.pool().stats())
     }
 }
 
 /// A pinned block of `engine`'s pool holding a copy of `bytes`.
-fn stage(engine: &CopyEngine, bytes: &[u8]) -> Result<crate::gds::copies::PinnedBlock> {
+fn stage(engine: &CopyEngine, bytes: &[u8]) -> Result<fastensor_gds::copies::PinnedBlock> {
     let mut block = engine.pool().take(bytes.len(), PINNED_WAIT)?;
     block.copy_from_slice(bytes);
     Ok(block)

@@ -22,7 +22,7 @@ pub enum Payload {
     Foreign(Box<dyn ForeignBytes>),
     /// A block of a GPU's pinned pool (a GPU tensor on its way to or from the disk).
     #[cfg(feature = "gds")]
-    Pinned(crate::gds::copies::PinnedBlock),
+    Pinned(fastensor_gds::copies::PinnedBlock),
 }
 
 impl Payload {
