@@ -18,8 +18,8 @@ use super::packing::Written;
 use super::state::Taken;
 use super::state::{Data, Home, Job};
 use super::{Handle, OffloadStore, Payload, PINNED_WAIT};
-use fastensor_gds::copies::{CopyEngine, DeviceDest, DeviceSource};
 use fastensor_core::{Error, ErrorKind, Result};
+use fastensor_gds::copies::{CopyEngine, DeviceDest, DeviceSource};
 use std::sync::Arc;
 use std::time::Instant;
 
