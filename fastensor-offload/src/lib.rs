@@ -52,6 +52,7 @@ mod schedule;
 mod shared;
 mod state;
 mod store;
+mod swap;
 mod worker;
 
 pub use allocator::{round_up, Extent, ExtentAllocator, EXTENT_ALIGN};

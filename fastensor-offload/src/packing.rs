@@ -11,7 +11,7 @@
 
 use super::allocator::round_up;
 use super::codec::{self, Codec, CHUNK};
-use super::shared::SwapFile;
+use super::swap::SwapFile;
 use fastensor_core::{Error, ErrorKind, Result};
 use std::ops::Range;
 use std::path::Path;

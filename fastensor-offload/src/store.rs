@@ -2,8 +2,9 @@
 
 use super::packing::{Layout, Written};
 use super::payload::Payload;
-use super::shared::{Shared, SwapFile};
+use super::shared::Shared;
 use super::state::{Data, Entry, Failure, Home, State, Step, Taken};
+use super::swap::SwapFile;
 use super::{worker, HostPool, OffloadConfig, OffloadStats};
 use fastensor_core::debug_fields;
 use fastensor_core::{Error, ErrorKind, FileOpener, HostBuffer, Result};
