@@ -139,7 +139,11 @@ fn real_disk_round_trip_leaves_no_name_for_the_swap_file() {
     let dir = tempfile::tempdir().unwrap();
     let budget = 1 << 20;
     let engine = Engine::new().unwrap();
-    let store = OffloadStore::new(&engine, OffloadConfig::new(dir.path(), budget)).unwrap();
+    let store = OffloadStore::new(
+        &engine,
+        OffloadConfig::new(dir.path(), budget).small_threshold(64 << 10),
+    )
+    .unwrap();
     let mut handles = Vec::new();
     for i in 0..400u64 {
         let len = 65536 + ((i * 4099) % 200_000) as usize;
@@ -174,8 +178,11 @@ fn swap_file_removed_after_panic() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path().to_path_buf();
     let result = std::panic::catch_unwind(move || {
-        let store =
-            OffloadStore::new(&Engine::new().unwrap(), OffloadConfig::new(&d, 1 << 20)).unwrap();
+        let store = OffloadStore::new(
+            &Engine::new().unwrap(),
+            OffloadConfig::new(&d, 1 << 20).small_threshold(64 << 10),
+        )
+        .unwrap();
         let _h = store.put(tensor(1, 100_000), "x").unwrap();
         assert_eq!(std::fs::read_dir(&d).unwrap().count(), 0);
         panic!("training step failed");
@@ -312,8 +319,11 @@ fn read_failure_surfaces_on_get() {
 #[test]
 fn a_tensor_larger_than_the_budget_is_written_through_never_held() {
     let dir = tempfile::tempdir().unwrap();
-    let store =
-        OffloadStore::new(&memory_engine(), OffloadConfig::new(dir.path(), 1 << 16)).unwrap();
+    let store = OffloadStore::new(
+        &memory_engine(),
+        OffloadConfig::new(dir.path(), 1 << 16).small_threshold(64 << 10),
+    )
+    .unwrap();
     let small = store.put(tensor(1, 1 << 15), "small").unwrap();
     let huge = store.put(tensor(0, (1 << 17) + 5), "huge").unwrap();
     // Written before `put` returned, and never counted in the budget.
@@ -330,7 +340,11 @@ fn a_tensor_larger_than_the_budget_is_written_through_never_held() {
 fn a_tensor_written_through_that_fails_is_not_stored_and_says_so() {
     let (engine, _faulty) = faulty_engine(Fault::new(Op::Write, When::Nth(1), ErrorKind::Io));
     let dir = tempfile::tempdir().unwrap();
-    let store = OffloadStore::new(&engine, OffloadConfig::new(dir.path(), 1 << 16)).unwrap();
+    let store = OffloadStore::new(
+        &engine,
+        OffloadConfig::new(dir.path(), 1 << 16).small_threshold(64 << 10),
+    )
+    .unwrap();
     let e = store.put(tensor(0, 1 << 17), "huge").unwrap_err();
     assert_eq!(e.kind(), ErrorKind::Io);
     assert!(e.to_string().contains("`huge`"), "{e}");
@@ -361,8 +375,11 @@ fn foreign_memory_is_written_in_place_kept_while_there_is_room_and_given_back() 
     use fastensor::offload::Payload;
     use std::sync::atomic::{AtomicBool, Ordering};
     let dir = tempfile::tempdir().unwrap();
-    let store =
-        OffloadStore::new(&memory_engine(), OffloadConfig::new(dir.path(), 1 << 20)).unwrap();
+    let store = OffloadStore::new(
+        &memory_engine(),
+        OffloadConfig::new(dir.path(), 1 << 20).small_threshold(64 << 10),
+    )
+    .unwrap();
     let lend = |seed: u64, len: usize| {
         let returned = Arc::new(AtomicBool::new(false));
         let bytes = tensor(seed, len)[..].to_vec();
@@ -416,7 +433,11 @@ fn a_store_keeps_page_cache_backends_where_no_direct_one_opens_the_file() {
         .backend(Arc::new(MemoryBackend::new()))
         .build()
         .unwrap();
-    let store = OffloadStore::new(&engine, OffloadConfig::new(dir.path(), 4 << 20)).unwrap();
+    let store = OffloadStore::new(
+        &engine,
+        OffloadConfig::new(dir.path(), 4 << 20).small_threshold(64 << 10),
+    )
+    .unwrap();
     let len = 2 << 20; // above the small threshold: written to the swap file
     let h = store.put(tensor(7, len), "a").unwrap();
     store.flush();
@@ -717,6 +738,7 @@ fn packed_chunks_come_back_bit_exact_from_a_real_disk_and_cross_fewer_bytes() {
         let engine = Engine::new().unwrap();
         let budget = 8 << 20;
         let config = OffloadConfig::new(dir.path(), budget)
+            .small_threshold(64 << 10)
             .write_behind(0)
             .pack(pack);
         let store = OffloadStore::new(&engine, config).unwrap();

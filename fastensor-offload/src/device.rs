@@ -36,6 +36,34 @@ pub enum DevicePath {
     Direct,
 }
 
+impl std::str::FromStr for DevicePath {
+    type Err = fastensor_core::Error;
+
+    /// `auto`, `staged` or `direct`; anything else is
+    /// [`ErrorKind::InvalidInput`](fastensor_core::ErrorKind::InvalidInput) saying so.
+    fn from_str(s: &str) -> fastensor_core::Result<Self> {
+        match s {
+            "auto" => Ok(DevicePath::Auto),
+            "staged" => Ok(DevicePath::Staged),
+            "direct" => Ok(DevicePath::Direct),
+            other => Err(fastensor_core::Error::new(
+                fastensor_core::ErrorKind::InvalidInput,
+                format!("device_path is 'auto', 'staged' or 'direct', not {other:?}"),
+            )),
+        }
+    }
+}
+
+impl std::fmt::Display for DevicePath {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            DevicePath::Auto => "auto",
+            DevicePath::Staged => "staged",
+            DevicePath::Direct => "direct",
+        })
+    }
+}
+
 impl DevicePath {
     /// Whether this path writes from device memory, on this machine.
     fn direct(self) -> bool {
@@ -250,4 +278,24 @@ fn stage(engine: &CopyEngine, bytes: &[u8]) -> Result<fastensor_gds::copies::Pin
     let mut block = engine.pool().take(bytes.len(), PINNED_WAIT)?;
     block.copy_from_slice(bytes);
     Ok(block)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::DevicePath;
+
+    #[test]
+    fn device_paths_are_parsed_by_their_names_and_nothing_else() {
+        for path in [DevicePath::Auto, DevicePath::Staged, DevicePath::Direct] {
+            assert_eq!(path.to_string().parse::<DevicePath>().unwrap(), path);
+        }
+        for bad in ["", "Direct", "gds", "auto "] {
+            let e = bad.parse::<DevicePath>().unwrap_err();
+            assert_eq!(e.kind(), fastensor_core::ErrorKind::InvalidInput, "{bad:?}");
+            assert!(
+                e.to_string().contains("'auto', 'staged' or 'direct'"),
+                "{e}"
+            );
+        }
+    }
 }

@@ -69,6 +69,27 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+/// The defaults of offload, in one table: [`OffloadConfig::new`] takes them, and so does
+/// Python's `fastensor.torch.offload` (read through the native module), so that the two
+/// never differ.
+pub mod defaults {
+    /// The memory budget of an offload that names none (bytes): 1 GiB.
+    pub const BUDGET: u64 = 1 << 30;
+    /// Tensors smaller than this (bytes) stay in memory and never touch the swap file: 1 MiB
+    /// (offloading less frees little memory, and costs a request each way).
+    pub const SMALL_THRESHOLD: usize = 1 << 20;
+    /// The prefetch depth that stands for "as many tensors as the budget holds" (the
+    /// default: the budget, not a count, bounds what is read ahead).
+    pub const PREFETCH_AS_BUDGET_HOLDS: usize = 1 << 20;
+    /// Background I/O threads.
+    pub const IO_THREADS: usize = 2;
+    /// Whether chunks that are mostly zeros or two-valued are packed into bitmaps.
+    pub const PACK: bool = true;
+    /// Python: torch's CPU allocations of at least this many bytes come from the host pool
+    /// while an offload block's graphs live.
+    pub const POOL_MIN_BYTES: usize = 256 << 10;
+}
+
 /// Settings of an [`OffloadStore`].
 #[derive(Debug, Clone)]
 pub struct OffloadConfig {
@@ -118,15 +139,16 @@ pub struct OffloadConfig {
 }
 
 impl OffloadConfig {
-    /// A swap file in `dir` and a memory budget of `budget` bytes; prefetch depth 4, small
-    /// threshold 64 KiB, 2 I/O threads, nothing preallocated, no pinned backend.
+    /// A swap file in `dir` and a memory budget of `budget` bytes; the rest from
+    /// [`defaults`]: prefetch as many tensors as the budget holds, small threshold 1 MiB,
+    /// 2 I/O threads, packing on; nothing preallocated, no pinned backend.
     pub fn new(dir: impl Into<PathBuf>, budget: u64) -> Self {
         OffloadConfig {
             dir: dir.into(),
             budget,
-            prefetch_depth: 4,
-            small_threshold: 64 << 10,
-            io_threads: 2,
+            prefetch_depth: defaults::PREFETCH_AS_BUDGET_HOLDS,
+            small_threshold: defaults::SMALL_THRESHOLD,
+            io_threads: defaults::IO_THREADS,
             initial_capacity: 0,
             pin: None,
             pool: None,
@@ -134,7 +156,7 @@ impl OffloadConfig {
             #[cfg(feature = "gds")]
             device_path: DevicePath::Auto,
             write_behind: None,
-            pack: true,
+            pack: defaults::PACK,
         }
     }
 

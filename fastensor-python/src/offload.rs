@@ -18,7 +18,7 @@ use crate::errors::IntoPy;
 use crate::memory::{self, Access, Lent, Place};
 use fastensor::gds::copies::{DeviceBytes, DeviceDest, DeviceSource, StreamRef};
 use fastensor::offload::{
-    DevicePath, ForeignBytes, Handle, HostPool, OffloadConfig, OffloadStore, Payload,
+    defaults, DevicePath, ForeignBytes, Handle, HostPool, OffloadConfig, OffloadStore, Payload,
 };
 use fastensor::HostBuffer;
 use pyo3::exceptions::PyValueError;
@@ -156,7 +156,7 @@ impl PyOffloadStore {
     /// With `pack`, chunks that are mostly zeros or two-valued cross to the file as bitmaps
     /// (`OffloadConfig::pack`).
     #[new]
-    #[pyo3(signature = (engine, dir, budget, prefetch_depth=4, io_threads=2, initial_capacity=0, device_path="auto", write_behind=None, pack=true))]
+    #[pyo3(signature = (engine, dir, budget, prefetch_depth=defaults::PREFETCH_AS_BUDGET_HOLDS, io_threads=defaults::IO_THREADS, initial_capacity=0, device_path="auto", write_behind=None, pack=defaults::PACK))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -170,16 +170,7 @@ impl PyOffloadStore {
         write_behind: Option<u64>,
         pack: bool,
     ) -> PyResult<Self> {
-        let device_path = match device_path {
-            "auto" => DevicePath::Auto,
-            "staged" => DevicePath::Staged,
-            "direct" => DevicePath::Direct,
-            other => {
-                return Err(PyValueError::new_err(format!(
-                    "device_path is 'auto', 'staged' or 'direct', not {other:?}"
-                )))
-            }
-        };
+        let device_path: DevicePath = device_path.parse().py_err()?;
         let config = OffloadConfig {
             write_behind,
             ..OffloadConfig::new(dir, budget)
@@ -489,9 +480,36 @@ impl PyOffloadStore {
 }
 
 /// Adds the offload classes to the module.
+/// `device_path` parsed (`fastensor::offload::DevicePath`): its name, or a `ValueError`.
+#[pyfunction]
+fn parse_device_path(device_path: &str) -> PyResult<String> {
+    let parsed: DevicePath = device_path.parse().py_err()?;
+    Ok(parsed.to_string())
+}
+
+/// The defaults of offload (`fastensor::offload::defaults`), as a dict Python reads its own
+/// defaults from.
+fn defaults_dict(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("budget", defaults::BUDGET)?;
+    d.set_item("small_threshold", defaults::SMALL_THRESHOLD)?;
+    d.set_item(
+        "prefetch_as_budget_holds",
+        defaults::PREFETCH_AS_BUDGET_HOLDS,
+    )?;
+    d.set_item("io_threads", defaults::IO_THREADS)?;
+    d.set_item("pack", defaults::PACK)?;
+    d.set_item("pool_min_bytes", defaults::POOL_MIN_BYTES)?;
+    d.set_item("device_path", DevicePath::default().to_string())?;
+    Ok(d)
+}
+
+/// Registers this module's classes, functions and the defaults table (`OFFLOAD_DEFAULTS`).
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyOffloadStore>()?;
-    m.add_class::<PyHandle>()
+    m.add_class::<PyHandle>()?;
+    m.add_function(wrap_pyfunction!(parse_device_path, m)?)?;
+    m.add("OFFLOAD_DEFAULTS", defaults_dict(m.py())?)
 }
 
 /// A block lent to a tensor: given back to its pool when the tensor dies.

@@ -45,3 +45,28 @@ def test_an_empty_profile_variable_means_no_profile(tmp_path):
         )
         assert out.returncode == 0, out.stderr
         assert out.stdout.strip() == want
+
+
+def test_offload_defaults_are_the_rust_table():
+    import inspect
+
+    from fastensor.torch import offload
+
+    table = _native.OFFLOAD_DEFAULTS
+    params = inspect.signature(offload).parameters
+    assert params["budget_bytes"].default == table["budget"] == 1 << 30
+    assert params["min_bytes"].default == table["small_threshold"] == 1 << 20
+    assert params["io_threads"].default == table["io_threads"]
+    assert params["pack"].default is table["pack"] is True
+    assert params["device_path"].default == table["device_path"] == "auto"
+
+
+def test_the_device_path_is_parsed_once_by_the_native_rule():
+    from fastensor.torch import offload
+
+    for name in ("auto", "staged", "direct"):
+        assert offload(device_path=name).device_path == _native.parse_device_path(name) == name
+    with pytest.raises(ValueError, match="'auto', 'staged' or 'direct', not 'gpu'"):
+        offload(device_path="gpu")
+    with pytest.raises(ValueError, match="'auto', 'staged' or 'direct'"):
+        _native.parse_device_path("Direct")

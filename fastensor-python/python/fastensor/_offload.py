@@ -79,14 +79,17 @@ from .errors import FileChangedError, _invalid
 
 __all__ = ["OffloadStats", "offload", "release_freed_memory"]
 
+#: The defaults of offload: Rust's table (``fastensor::offload::defaults``), one for both.
+_DEFAULTS: dict[str, Any] = _native.OFFLOAD_DEFAULTS
+
 #: Prefetch depth standing for "as many tensors as the budget holds".
-_UNLIMITED = 1 << 20
+_UNLIMITED: int = _DEFAULTS["prefetch_as_budget_holds"]
 
 #: The most glibc accepts as its mmap threshold (64-bit).
 _MMAP_THRESHOLD_MAX = 32 << 20
 
 #: torch's CPU requests of at least this many bytes come from the pool while offload runs.
-_POOL_MIN_BYTES = 256 << 10
+_POOL_MIN_BYTES: int = _DEFAULTS["pool_min_bytes"]
 
 #: The mmap threshold this module set (None: malloc left alone so far).
 _mmap_threshold: int | None = None
@@ -702,16 +705,16 @@ class offload:  # noqa: N801 (a context manager named as a function, like torch.
     def __init__(
         self,
         dir: str | os.PathLike[str] | None = None,  # noqa: A002 (the issue's name)
-        budget_bytes: int = 1 << 30,
-        min_bytes: int = 1 << 20,
+        budget_bytes: int = _DEFAULTS["budget"],
+        min_bytes: int = _DEFAULTS["small_threshold"],
         prefetch: int | None = None,
         *,
-        io_threads: int = 2,
+        io_threads: int = _DEFAULTS["io_threads"],
         write_behind: int | None = None,
-        pack: bool = True,
+        pack: bool = _DEFAULTS["pack"],
         caching_allocator: bool = True,
         release_memory: bool = False,
-        device_path: str = "auto",
+        device_path: str = _DEFAULTS["device_path"],
         engine: Engine | None = None,
     ):
         if budget_bytes <= 0:
@@ -729,12 +732,10 @@ class offload:  # noqa: N801 (a context manager named as a function, like torch.
         self.pack = bool(pack)
         self.caching_allocator = caching_allocator
         self.release_memory = release_memory
-        if device_path not in ("auto", "staged", "direct"):
-            raise _invalid(
-                "fastensor offload: device_path is 'auto', 'staged' or 'direct', "
-                f"not {device_path!r}"
-            )
-        self.device_path = device_path
+        try:
+            self.device_path = _native.parse_device_path(device_path)
+        except ValueError as exc:
+            raise _invalid(f"fastensor offload: {exc}") from None
         self.engine = engine
         self._session: _Session | None = None
         self._hooks: contextlib.AbstractContextManager | None = None
