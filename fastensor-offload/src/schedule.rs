@@ -39,15 +39,17 @@ impl Schedule {
     }
 
     /// Up to `depth` tensors expected next, nearest first, among the `entries` (keyed by id,
-    /// in put order) for which `live` holds. With no hint and no `get` yet, nothing is
-    /// expected (the caller is still putting).
+    /// in put order) for which `live` holds, ending before the first for which `more`
+    /// (asked of each in turn) says no: a caller bounds the list by the bytes its memory
+    /// can hold, so a long schedule costs no more than the part of it that could fit. With
+    /// no hint and no `get` yet, nothing is expected (the caller is still putting).
     pub fn next<V>(
         &self,
         entries: &BTreeMap<u64, V>,
         depth: usize,
         live: impl Fn(&V) -> bool,
+        mut more: impl FnMut(&V) -> bool,
     ) -> Vec<u64> {
-        let is_live = |id: &u64| entries.get(id).is_some_and(&live);
         match (&self.hint, self.cursor) {
             (Some(order), cursor) => {
                 let start = cursor
@@ -55,9 +57,10 @@ impl Schedule {
                     .map_or(0, |p| p + 1);
                 order[start..]
                     .iter()
-                    .copied()
-                    .filter(is_live)
+                    .filter_map(|id| entries.get(id).filter(|v| live(v)).map(|v| (*id, v)))
                     .take(depth)
+                    .take_while(|(_, v)| more(v))
+                    .map(|(id, _)| id)
                     .collect()
             }
             // Backward order: the last put of those still expected comes first, wherever
@@ -67,8 +70,9 @@ impl Schedule {
                 .iter()
                 .rev()
                 .filter(|(_, v)| live(v))
-                .map(|(&id, _)| id)
                 .take(depth)
+                .take_while(|(_, v)| more(v))
+                .map(|(&id, _)| id)
                 .collect(),
             (None, None) => Vec::new(),
         }
@@ -84,14 +88,38 @@ mod tests {
         // Tensors 0..10, of which 9 and 7 are taken (false: no longer expected).
         let live: BTreeMap<u64, bool> = (0..10).map(|i| (i, i != 9 && i != 7)).collect();
         let mut s = Schedule::default();
-        assert!(s.next(&live, 3, |&v| v).is_empty());
+        assert!(s.next(&live, 3, |&v| v, |_| true).is_empty());
         s.taken(7);
         // 8 was passed over: it is expected first.
-        assert_eq!(s.next(&live, 3, |&v| v), vec![8, 6, 5]);
+        assert_eq!(s.next(&live, 3, |&v| v, |_| true), vec![8, 6, 5]);
         let live: BTreeMap<u64, ()> = (0..10).map(|i| (i, ())).collect();
         s.set_hint(vec![1, 3, 5, 20, 7]);
-        assert_eq!(s.next(&live, 2, |_| true), vec![1, 3]);
+        assert_eq!(s.next(&live, 2, |_| true, |_| true), vec![1, 3]);
         s.taken(5);
-        assert_eq!(s.next(&live, 5, |_| true), vec![7]);
+        assert_eq!(s.next(&live, 5, |_| true, |_| true), vec![7]);
+        // Bounded by the caller: the list ends before the first it refuses.
+        let mut room = 2;
+        let bounded = s.next(
+            &live,
+            5,
+            |_| true,
+            |_| {
+                room -= 1;
+                room >= 0
+            },
+        );
+        assert_eq!(bounded, vec![7]);
+        s.clear_hint();
+        let mut room = 2;
+        let bounded = s.next(
+            &live,
+            5,
+            |_| true,
+            |_| {
+                room -= 1;
+                room >= 0
+            },
+        );
+        assert_eq!(bounded, vec![9, 8]);
     }
 }

@@ -347,12 +347,31 @@ impl State {
     }
 
     /// The tensors wanted in memory soon, nearest first: explicit prefetches, then the
-    /// schedule's next `depth`.
+    /// schedule's next `depth`, as far as the budgets hold them (the schedule's list ends
+    /// before the first tensor whose bytes, added to those before it in its memory, would
+    /// pass that memory's budget: more could never be held at once; one larger than its
+    /// budget is never held, and passed over).
     pub(crate) fn desired(&self, depth: usize) -> Vec<u64> {
         let live = |id: &u64| self.entries.get(id).is_some_and(Self::expected);
         let mut out: Vec<u64> = self.explicit.iter().copied().filter(live).collect();
         let explicit = out.len();
-        for id in self.schedule.next(&self.entries, depth, Self::expected) {
+        let (mut host, mut device) = (0u64, 0u64);
+        let within_budgets = |e: &Entry| {
+            let (sum, budget) = if Self::on_device(e.home) {
+                (&mut device, self.device_budget)
+            } else {
+                (&mut host, self.budget)
+            };
+            if e.len > budget {
+                return true; // never held (read back on its get): passed over
+            }
+            *sum = sum.saturating_add(e.len);
+            *sum <= budget
+        };
+        for id in self
+            .schedule
+            .next(&self.entries, depth, Self::expected, within_budgets)
+        {
             if !out[..explicit].contains(&id) {
                 out.push(id);
             }

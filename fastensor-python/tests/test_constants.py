@@ -66,7 +66,7 @@ def test_the_device_path_is_parsed_once_by_the_native_rule():
 
     for name in ("auto", "staged", "direct"):
         assert offload(device_path=name).device_path == _native.parse_device_path(name) == name
-    with pytest.raises(ValueError, match="'auto', 'staged' or 'direct', not 'gpu'"):
+    with pytest.raises(ValueError, match="'auto', 'staged' or 'direct', not .gpu."):
         offload(device_path="gpu")
     with pytest.raises(ValueError, match="'auto', 'staged' or 'direct'"):
         _native.parse_device_path("Direct")

@@ -21,6 +21,8 @@ __all__ = [
     "default_profile_path",
     "parse_flag",
     "direct_read_pad",
+    "parse_device_path",
+    "OFFLOAD_DEFAULTS",
     "write_atomic",
     "pending_saves",
     "fs_type",
@@ -71,6 +73,8 @@ __version__: str
 LOAD_ATTEMPTS: int
 #: The metadata key under which a save's per-tensor checksums are stored.
 CHECKSUMS_KEY: str
+#: The defaults of offload (Rust's `fastensor::offload::defaults`).
+OFFLOAD_DEFAULTS: dict[str, int | bool | str]
 #: Bytes of alignment (and spare room) of memory allocated for direct reads.
 DATA_ALIGN: int
 
@@ -244,12 +248,12 @@ class OffloadStore:
         engine: Engine,
         dir: _Path,
         budget: int,
-        prefetch_depth: int = 4,
-        io_threads: int = 2,
+        prefetch_depth: int = ...,
+        io_threads: int = ...,
         initial_capacity: int = 0,
         device_path: str = "auto",
         write_behind: int | None = None,
-        pack: bool = True,
+        pack: bool = ...,
     ) -> OffloadStore: ...
     @property
     def path(self) -> Path: ...
@@ -275,6 +279,7 @@ def backends() -> list[tuple[str, bool, str | None, str]]: ...
 def default_profile_path() -> Path | None: ...
 def parse_flag(value: str) -> bool | None: ...
 def direct_read_pad(file_offset: int, address: int, nbytes: int, itemsize: int) -> int: ...
+def parse_device_path(device_path: str) -> str: ...
 def write_atomic(path: _Path, data: bytes) -> None: ...
 def pending_saves() -> list[_Located]: ...
 def fs_type(path: _Path) -> str: ...
