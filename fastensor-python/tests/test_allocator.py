@@ -170,11 +170,11 @@ def test_offload_uses_the_pool_and_writes_pool_blocks_without_copies(tmp_path):
 def test_offload_serves_torch_from_the_pool_unless_asked_not_to_and_leaves_malloc_alone(
     tmp_path, monkeypatch
 ):
-    from fastensor import _offload
+    from fastensor import _allocator
 
     calls: list = []
-    monkeypatch.setattr(_offload._native, "set_mmap_threshold", lambda t: calls.append(t) or True)
-    monkeypatch.setattr(_offload, "_mmap_threshold", None)
+    monkeypatch.setattr(_allocator._native, "set_mmap_threshold", lambda t: calls.append(t) or True)
+    monkeypatch.setattr(_allocator, "_mmap_threshold", None)
     x = torch.randn(1000, 512, requires_grad=True)
     with offload(dir=tmp_path, budget_bytes=8 * MIB) as stats:
         assert _in_pool(x * 3), "by default torch's large tensors come from the pool"

@@ -39,7 +39,7 @@ from typing import Any
 
 from . import _native
 
-__all__ = ["allocator_stats", "caching_allocator", "empty_cache"]
+__all__ = ["allocator_stats", "caching_allocator", "empty_cache", "release_freed_memory"]
 
 #: The environment variable that turns the allocator off (``0``).
 ENV_SWITCH = "FASTENSOR_TORCH_ALLOCATOR"
@@ -123,3 +123,35 @@ def allocator_stats() -> dict[str, Any]:
     :func:`empty_cache`), ``fallbacks`` (requests torch's allocator served because the pool
     could not)."""
     return dict(_native.torch_allocator_stats())
+
+
+#: The most glibc accepts as its mmap threshold (64-bit).
+_MMAP_THRESHOLD_MAX = 32 << 20
+
+#: The mmap threshold this module set (None: malloc left alone so far).
+_mmap_threshold: int | None = None
+
+
+def release_freed_memory(threshold: int = 1 << 20) -> bool:
+    """Makes glibc give blocks of at least ``threshold`` bytes back to the system when freed.
+
+    glibc's malloc raises its mmap threshold as large blocks are freed, after which such
+    blocks come from its heap, and freed ones stay there (docs/lab/offload-allocator.md has the
+    figures). Fixing the threshold (``mallopt``, as ``MALLOC_MMAP_THRESHOLD_`` does) maps
+    such blocks on their own and unmaps them on free.
+
+    Never called behind the caller's back: only by the caller, or by
+    ``offload(..., release_memory=True)`` (with its ``min_bytes``, where the pool is not in
+    use). It affects the whole process (every library's ``malloc``), for the rest of its life
+    (glibc cannot tell the threshold it replaces, so it is not put back), and each large
+    allocation then faults in fresh pages. Returns whether the threshold is set (False off
+    glibc).
+    """
+    global _mmap_threshold
+    threshold = max(1, min(int(threshold), _MMAP_THRESHOLD_MAX))
+    if _mmap_threshold is not None and _mmap_threshold <= threshold:
+        return True
+    if not _native.set_mmap_threshold(threshold):
+        return False
+    _mmap_threshold = threshold
+    return True

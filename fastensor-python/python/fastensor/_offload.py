@@ -1,58 +1,8 @@
-"""Activation offload inside PyTorch autograd: :func:`offload`.
-
-Inside ``with offload(...)``, the tensors autograd saves for backward go to a swap file on
-disk through fastensor's Rust ``OffloadStore`` (background writes, a memory budget,
-prefetch in backward order), over ``torch.autograd.graph.saved_tensors_hooks``::
-
-    with fastensor.torch.offload(budget_bytes=256 << 20) as stats:
-        loss = model(x).sum()
-    loss.backward()
-    print(stats)
-
-Who owns what:
-
-- Memory: while a block's graphs live, torch's CPU allocations of 256 KiB or more come from
-  fastensor's host pool (:class:`fastensor.torch.caching_allocator`), and the store reads
-  offloaded tensors back into blocks of the same pool: the memory an activation frees once
-  written serves the next activation, or the read of an earlier one, already faulted in.
-- A saved tensor's storage is written in place (a pool block is page-aligned: direct I/O
-  takes it without a copy, to its page-rounded length). The store keeps a reference to the
-  storage until it is written, and after that while ``budget_bytes`` has room: the last
-  tensors saved by the forward pass are the first backward needs, and take no read. The
-  last of them (``write_behind`` bytes: by default the budget less room for the writes in
-  flight) are not even written
-  unless a later pack needs their room: backward takes them straight from memory.
-  The budget counts everything the store holds (tensors being written or kept, reads in
-  flight, tensors read back ahead); a pack waits (with the GIL released) for room, after
-  dropping the kept tensors needed last. A storage larger than the whole budget is written
-  on the spot instead (the pack returns once it is on disk) and never held.
-- On its way to the swap file a storage is cut into 1 MiB chunks; a chunk that holds only 0
-  and one other value (a dropout mask, float or bool; zeros) or is mostly zeros is written
-  as a bitmap (through a scratch block of the pool sized to the transfer, at most 4 MiB,
-  outside the budget) and unpacked into the block it is read back into, bit for bit
-  (``pack``).
-- On unpack, a storage still in memory (kept, or alive elsewhere) is used as it is; else its
-  bytes come back in a pool block the store read them into (ahead of time when prefetched);
-  ``torch.from_dlpack`` turns it into a tensor that owns the block, which goes back to the
-  pool when that tensor is freed. The saved tensor is rebuilt as a view of it with its
-  dtype, shape, strides and storage offset, so views of one storage share one write and one
-  read.
-- CUDA tensors: the last ones saved (``budget_bytes`` of them per device) stay on their
-  device, unoffloaded, since backward needs them first. Older ones are handed to the store
-  through DLPack with the stream handshake: a copy stream of the store's waits for the
-  compute stream's work on the tensor, copies it into pinned memory reused step after step
-  (or, where cuFile moves device memory itself, the tensor is written from device memory),
-  and the device memory is given back once that copy (or write) has passed. On unpack the
-  bytes are copied into new device memory on the current stream, which orders them before
-  backward's kernels. Nothing waits for the device in pack or unpack.
-
-The swap file is read and written around the page cache (where a backend that does so can
-open it): a cached copy would hold the very memory offload frees. It lives as long as the
-block runs or any graph built inside it still holds an offloaded tensor, and its space is
-freed when the last one is (after backward, or when a graph is dropped without one). It has
-no name in the directory (``O_TMPFILE``, else unlinked once open), so no crash or kill can
-leave it behind.
-"""
+"""The hook glue of :func:`fastensor.torch.offload` (``_offload_block.py``, which says who
+owns what): a session per block, its ``pack`` and ``unpack`` hooks for
+``torch.autograd.graph.saved_tensors_hooks``, and the record of each offloaded storage.
+Every byte moves in the native ``OffloadStore``; this module decides what to hand it and
+rebuilds the saved tensors from what comes back."""
 
 from __future__ import annotations
 
@@ -61,38 +11,17 @@ import collections
 import contextlib
 import itertools
 import os
-import tempfile
 import threading
 import time
-import warnings
 import weakref
 from typing import Any
 
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from . import _native
 from ._allocator import _disable as _allocator_disable
-from ._allocator import _enable as _allocator_enable
-from ._engine import Engine, engine_or_default
+from ._offload_stats import OffloadStats
 from .errors import FileChangedError, _invalid
-
-__all__ = ["OffloadStats", "offload", "release_freed_memory"]
-
-#: The defaults of offload: Rust's table (``fastensor::offload::defaults``), one for both.
-_DEFAULTS: dict[str, Any] = _native.OFFLOAD_DEFAULTS
-
-#: Prefetch depth standing for "as many tensors as the budget holds".
-_UNLIMITED: int = _DEFAULTS["prefetch_as_budget_holds"]
-
-#: The most glibc accepts as its mmap threshold (64-bit).
-_MMAP_THRESHOLD_MAX = 32 << 20
-
-#: torch's CPU requests of at least this many bytes come from the pool while offload runs.
-_POOL_MIN_BYTES: int = _DEFAULTS["pool_min_bytes"]
-
-#: The mmap threshold this module set (None: malloc left alone so far).
-_mmap_threshold: int | None = None
 
 #: The swap file size the last block in each directory needed: the next block's store
 #: reserves it at once (growing a swap file while writes are in flight waits for them).
@@ -100,36 +29,6 @@ _capacity_hints: dict[str, int] = {}
 
 _live_sessions: weakref.WeakSet[_Session] = weakref.WeakSet()
 _live_lock = threading.Lock()
-
-
-def _default_dir() -> str:
-    """``$FASTENSOR_OFFLOAD_DIR``, else the system's temporary directory."""
-    return os.environ.get("FASTENSOR_OFFLOAD_DIR") or tempfile.gettempdir()
-
-
-def release_freed_memory(threshold: int = 1 << 20) -> bool:
-    """Makes glibc give blocks of at least ``threshold`` bytes back to the system when freed.
-
-    glibc's malloc raises its mmap threshold as large blocks are freed, after which such
-    blocks come from its heap, and freed ones stay there (docs/lab/offload-allocator.md has the
-    figures). Fixing the threshold (``mallopt``, as ``MALLOC_MMAP_THRESHOLD_`` does) maps
-    such blocks on their own and unmaps them on free.
-
-    Never called behind the caller's back: only by the caller, or by
-    ``offload(..., release_memory=True)`` (with its ``min_bytes``, where the pool is not in
-    use). It affects the whole process (every library's ``malloc``), for the rest of its life
-    (glibc cannot tell the threshold it replaces, so it is not put back), and each large
-    allocation then faults in fresh pages. Returns whether the threshold is set (False off
-    glibc).
-    """
-    global _mmap_threshold
-    threshold = max(1, min(int(threshold), _MMAP_THRESHOLD_MAX))
-    if _mmap_threshold is not None and _mmap_threshold <= threshold:
-        return True
-    if not _native.set_mmap_threshold(threshold):
-        return False
-    _mmap_threshold = threshold
-    return True
 
 
 def _close_all_at_exit() -> None:
@@ -212,125 +111,6 @@ class _Record:
 
 # A packed saved tensor: its record, dtype, size, stride and storage offset.
 _Packed = tuple
-
-
-def _field(name: str, doc: str) -> property:
-    return property(lambda self: self.as_dict()[name], doc=doc)
-
-
-class OffloadStats:
-    """What an :func:`offload` block did; read it any time (live while its store is open,
-    the final figures after it closed). Bytes are ints, times seconds."""
-
-    def __init__(self, session: _Session):
-        self._session = weakref.ref(session)
-        self._final: dict[str, Any] | None = None
-
-    def as_dict(self) -> dict[str, Any]:
-        """Every figure as a dict."""
-        s = self._session()
-        if s is not None and self._final is None:
-            return s.figures()
-        return dict(self._final or {})
-
-    budget_bytes = _field("budget_bytes", "The memory budget of the store.")
-    tensors_offloaded = _field("tensors_offloaded", "Storages written to the swap file.")
-    bytes_offloaded = _field("bytes_offloaded", "Bytes of the storages handed to the store.")
-    saves_deduplicated = _field(
-        "saves_deduplicated", "Saves answered by a storage already offloaded (no new write)."
-    )
-    tensors_kept = _field(
-        "tensors_kept", "Saved tensors left in memory (small, parameters, other leaves)."
-    )
-    bytes_kept = _field("bytes_kept", "Bytes of the tensors left in memory (by storage).")
-    peak_held_bytes = _field(
-        "peak_held_bytes",
-        "Most bytes the store held at once (being written, kept, or read back); at most the "
-        "budget.",
-    )
-    peak_resident_bytes = _field(
-        "peak_resident_bytes",
-        "The process's largest resident memory (bytes, as the kernel counts it) seen by a "
-        "pack or unpack.",
-    )
-    written_through = _field(
-        "written_through", "Storages larger than the budget, written on the spot by the pack."
-    )
-    held_bytes = _field("held_bytes", "Bytes the store holds now.")
-    bytes_written = _field(
-        "bytes_written", "Bytes of the tensors written to the swap file (as in memory)."
-    )
-    bytes_read = _field(
-        "bytes_read", "Bytes of the tensors read back from the swap file (as in memory)."
-    )
-    file_bytes_written = _field(
-        "file_bytes_written",
-        "Bytes that crossed to the swap file: ``bytes_written`` less what packing saved.",
-    )
-    file_bytes_read = _field(
-        "file_bytes_read",
-        "Bytes that came from the swap file: ``bytes_read`` less what packing saved.",
-    )
-    bytes_never_written = _field(
-        "bytes_never_written",
-        "Bytes of offloaded storages backward took from memory before they were ever written "
-        "(the last ones saved: ``write_behind``).",
-    )
-    unpacks = _field("unpacks", "Saved tensors unpacked (each view counted).")
-    restored_in_place = _field(
-        "restored_in_place",
-        "Offloaded storages backward took from their original memory, still alive (no read).",
-    )
-    unpack_stall_s = _field(
-        "unpack_stall_s", "Time unpack waited for bytes to come back (wall, in backward)."
-    )
-    pack_wait_s = _field("pack_wait_s", "Time pack waited for room in the budget (forward).")
-    write_time_s = _field("write_time_s", "Time the I/O threads spent writing.")
-    read_time_s = _field("read_time_s", "Time spent reading back (prefetch and on demand).")
-    prefetches = _field("prefetches", "Reads started ahead of their unpack.")
-    gets_from_memory = _field(
-        "gets_from_memory", "Reads back answered from memory (prefetched or still there)."
-    )
-    swap_path = _field("swap_path", "The swap file's path.")
-    devices = _field(
-        "devices",
-        "Per CUDA device (``'cuda:0'``...): bytes offloaded, bytes kept on the device (the last "
-        "ones saved, used in place by backward), and the time unpack waited.",
-    )
-    bytes_to_host = _field(
-        "bytes_to_host", "Bytes copied out of GPU memory into pinned memory (the staged path)."
-    )
-    bytes_to_device = _field("bytes_to_device", "Bytes copied back into GPU memory.")
-    caching_allocator = _field(
-        "caching_allocator",
-        "Whether torch's large CPU allocations came from fastensor's pool.",
-    )
-
-    @property
-    def write_gbps(self) -> float:
-        """Write bandwidth: bytes written per second of writing (GB/s)."""
-        d = self.as_dict()
-        return d["bytes_written"] / d["write_time_s"] / 1e9 if d["write_time_s"] else 0.0
-
-    @property
-    def read_gbps(self) -> float:
-        """Read bandwidth: bytes read per second of reading (GB/s)."""
-        d = self.as_dict()
-        return d["bytes_read"] / d["read_time_s"] / 1e9 if d["read_time_s"] else 0.0
-
-    def __repr__(self) -> str:
-        d = self.as_dict()
-        if not d:
-            return "<OffloadStats (none)>"
-        return (
-            f"<OffloadStats offloaded {d['bytes_offloaded'] / 2**20:.1f} MiB in "
-            f"{d['tensors_offloaded']} tensors (kept {d['bytes_kept'] / 2**20:.1f} MiB), "
-            f"peak held {d['peak_held_bytes'] / 2**20:.1f} of "
-            f"{d['budget_bytes'] / 2**20:.1f} MiB, unpack stall {d['unpack_stall_s']:.3f} s, "
-            f"written {d['bytes_written'] / 2**20:.1f} MiB as "
-            f"{d['file_bytes_written'] / 2**20:.1f} MiB to disk, "
-            f"write {self.write_gbps:.2f} GB/s, read {self.read_gbps:.2f} GB/s>"
-        )
 
 
 class _Session:
@@ -630,165 +410,3 @@ class _Session:
             rec.restored = storage
         out = torch.empty(0, dtype=dtype, device=rec.device)
         return out.set_(storage, offset, size, stride)
-
-
-class offload:  # noqa: N801 (a context manager named as a function, like torch.no_grad)
-    """Offloads the tensors autograd saves inside the block to a swap file on disk.
-
-    ``with offload(...) as stats:`` around the forward pass: every tensor saved for
-    backward whose storage has at least ``min_bytes`` is written to the swap file in the
-    background (its memory freed once written), and read back when backward needs it:
-    from the first unpack on (backward's start), the store reads ahead in the reverse of
-    the order the tensors were saved, so reads overlap backward compute.
-    Parameters, views of them, other leaves that require grad and small tensors stay in
-    memory (offloading them frees nothing). The same storage saved several times (views,
-    the same tensor twice) is written once. Gradients are bit-identical to a run without
-    offload. Backward may run after the block; the swap file's space is freed once every
-    graph built inside the block is freed (after its backward, or when dropped).
-
-    Args:
-        dir: directory of the swap file (an SSD); default ``$FASTENSOR_OFFLOAD_DIR``, else
-            the system's temporary directory (warned about when it is in memory: tmpfs).
-        budget_bytes: most bytes the store holds in memory at once: saved tensors being
-            written or kept after their write (the last ones saved stay, for the start of
-            backward), and tensors read back ahead of use; packs wait while it is full.
-            Default 1 GiB. A saved storage larger than the budget is written on the spot
-            and read back when backward needs it.
-        min_bytes: storages smaller than this stay in memory (default 1 MiB).
-        prefetch: how many tensors to read back ahead of backward; ``None`` (default): as
-            many as the budget holds; ``0``: none (each unpack reads its own).
-        io_threads: background I/O threads (default 2).
-        write_behind: most bytes of the last tensors saved that wait in memory unwritten
-            (within the budget): backward needs them first and takes them from memory, so
-            they are never written nor read; older ones are written, oldest first, and a pack
-            that needs their room starts their writes. ``None`` (default): ``budget_bytes``
-            less room for the writes in flight (the smaller of half the budget and four times
-            the largest tensor saved); ``0``: every tensor is written as soon as it is saved. A
-            tensor changed in place after it was saved (which autograd refuses without
-            offload; a change through a view or the base of the tensor saved counts) comes
-            back from disk as it was saved where its write was seen finished before the
-            change (at a pack, an unpack, the end of the block, or a read of ``stats``);
-            changed before that (unwritten, or its write in flight), backward raises
-            ``RuntimeError`` as autograd does.
-        pack: store chunks of saved tensors that are mostly zeros or hold only 0 and one
-            other value (dropout masks, as float or bool; all-zero blocks) as bitmaps in the
-            swap file, and unpack them when read back, bit for bit: fewer bytes cross to the
-            disk and back. Other chunks cost a glance at their first 4 KiB and go as they
-            are. Default True; ``stats.file_bytes_written`` against ``stats.bytes_written``
-            shows what it saved.
-        caching_allocator: serve torch's CPU allocations of 256 KiB or more from fastensor's
-            host pool while the block's graphs live (see
-            :class:`fastensor.torch.caching_allocator`): the memory each offloaded tensor
-            frees serves the next activation (or a read back), already faulted in, and is
-            written to disk without a copy. Default True; where torch's allocator cannot be
-            replaced, ``stats.as_dict()["caching_allocator_reason"]`` says why (offload
-            works without it, holding more memory).
-        device_path: how CUDA tensors reach the swap file: ``"staged"`` (copied into pinned
-            memory on a copy stream, written through the host path), ``"direct"`` (written
-            from device memory: cuFile), or ``"auto"`` (direct where cuFile moves device
-            memory itself, GPUDirect Storage; else staged).
-        release_memory: where the pool is not in use, make glibc give freed blocks of
-            ``min_bytes`` or more back to the system (:func:`release_freed_memory`:
-            ``mallopt``, process-wide and for the rest of the process), so that the memory
-            of offloaded tensors is really freed. Default False: malloc is left alone.
-        engine: the fastensor engine to use (default: the module's engine).
-
-    Yields:
-        OffloadStats: live counters (bytes offloaded, peak held, unpack stall, bandwidth).
-
-    Raises:
-        ValueError (InvalidInputError): tensors on a device other than cpu or cuda.
-        OSError: the swap file cannot be made or written (raised by the forward pass, or
-            by backward for a failed read).
-    """
-
-    def __init__(
-        self,
-        dir: str | os.PathLike[str] | None = None,  # noqa: A002 (the issue's name)
-        budget_bytes: int = _DEFAULTS["budget"],
-        min_bytes: int = _DEFAULTS["small_threshold"],
-        prefetch: int | None = None,
-        *,
-        io_threads: int = _DEFAULTS["io_threads"],
-        write_behind: int | None = None,
-        pack: bool = _DEFAULTS["pack"],
-        caching_allocator: bool = True,
-        release_memory: bool = False,
-        device_path: str = _DEFAULTS["device_path"],
-        engine: Engine | None = None,
-    ):
-        if budget_bytes <= 0:
-            raise _invalid(f"fastensor offload: budget_bytes must be positive, not {budget_bytes}")
-        if prefetch is not None and prefetch < 0:
-            raise _invalid(f"fastensor offload: prefetch must be >= 0, not {prefetch}")
-        self.dir = os.fspath(dir) if dir is not None else _default_dir()
-        self.budget_bytes = int(budget_bytes)
-        self.min_bytes = max(1, int(min_bytes))
-        self.prefetch = prefetch
-        self.io_threads = io_threads
-        if write_behind is not None and write_behind < 0:
-            raise _invalid(f"fastensor offload: write_behind must be >= 0, not {write_behind}")
-        self.write_behind = write_behind
-        self.pack = bool(pack)
-        self.caching_allocator = caching_allocator
-        self.release_memory = release_memory
-        try:
-            self.device_path = _native.parse_device_path(device_path)
-        except ValueError as exc:
-            raise _invalid(f"fastensor offload: {exc}") from None
-        self.engine = engine
-        self._session: _Session | None = None
-        self._hooks: contextlib.AbstractContextManager | None = None
-
-    def __enter__(self) -> OffloadStats:
-        if self._session is not None:
-            raise RuntimeError("fastensor offload: this block is already active")
-        fs = _native.fs_type(self.dir)
-        if fs in ("tmpfs", "ramfs"):
-            warnings.warn(
-                f"fastensor offload: {self.dir} is in memory ({fs}); offloaded "
-                "tensors still take RAM there (pass dir= or set FASTENSOR_OFFLOAD_DIR)",
-                stacklevel=2,
-            )
-        allocator: tuple = (None, "not asked for (caching_allocator=False)")
-        if self.caching_allocator:
-            allocator = _allocator_enable(min(self.min_bytes, _POOL_MIN_BYTES))
-        if allocator[0] is None and self.release_memory:
-            release_freed_memory(self.min_bytes)
-        depth = _UNLIMITED if self.prefetch is None else self.prefetch
-        hint_key = os.path.realpath(self.dir)
-        try:
-            store = _native.OffloadStore(
-                engine_or_default(self.engine),
-                self.dir,
-                self.budget_bytes,
-                prefetch_depth=depth,
-                io_threads=self.io_threads,
-                initial_capacity=_capacity_hints.get(hint_key, 0),
-                device_path=self.device_path,
-                write_behind=self.write_behind,
-                pack=self.pack,
-            )
-        except BaseException:
-            _allocator_disable(allocator[0])
-            raise
-        session = _Session(
-            store, self.min_bytes, depth, allocator, hint_key, gpu_keep_bytes=self.budget_bytes
-        )
-        self._hooks = torch.autograd.graph.saved_tensors_hooks(session.pack, session.unpack)
-        self._hooks.__enter__()
-        self._session = session
-        return session.stats
-
-    def __exit__(self, *exc: object) -> None:
-        session, self._session = self._session, None
-        hooks, self._hooks = self._hooks, None
-        if hooks is not None:
-            hooks.__exit__(*exc)
-        if session is not None and not session.store.closed:
-            session.confirm_writes()
-            # The forward pass is over: read back, in backward order, what backward needs
-            # first, while the caller computes its loss and starts backward.
-            session.store.expect_backward()
-        # From here, the session lives as long as the graphs that hold its records.
-        del session

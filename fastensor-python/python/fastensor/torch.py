@@ -26,13 +26,13 @@ from collections.abc import Iterable, Mapping
 import torch
 
 from . import _bytes, _native
-from ._allocator import allocator_stats, caching_allocator, empty_cache
+from ._allocator import allocator_stats, caching_allocator, empty_cache, release_freed_memory
 from ._checksum import load_torch_verified, open_file
 from ._common import PathLike, check_metadata, fspath, is_sharded
 from ._engine import Engine, engine_or_default
 from ._model import _remove_duplicate_names as _remove_duplicate_names  # (safetensors.torch)
 from ._model import load_model, save_model
-from ._offload import offload, release_freed_memory
+from ._offload_block import offload
 from ._safe_open import SafeOpenBase
 from ._sharded import load_sharded, open_sharded, save_sharded
 from ._torch_dtypes import TO_NAME as _TO_NAME  # noqa: F401 (the name other modules read)
