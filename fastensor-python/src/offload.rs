@@ -479,7 +479,6 @@ impl PyOffloadStore {
     }
 }
 
-/// Adds the offload classes to the module.
 /// `device_path` parsed (`fastensor::offload::DevicePath`): its name, or a `ValueError`.
 #[pyfunction]
 fn parse_device_path(device_path: &str) -> PyResult<String> {
