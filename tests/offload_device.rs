@@ -9,8 +9,9 @@
 #[macro_use]
 mod common;
 
+use fastensor::core::device_copies::DeviceEvent;
 use fastensor::core::DeviceRange;
-use fastensor::gds::copies::{DeviceBytes, DeviceDest, DeviceSource, Done, StreamRef};
+use fastensor::gds::copies::{CudaRuntime, DeviceBytes, DeviceDest, DeviceSource, Done, StreamRef};
 use fastensor::gds::cuda::{self, PinnedBuffer, Stream};
 use fastensor::gds::DeviceBuffer;
 use fastensor::offload::{DevicePath, Handle, OffloadConfig, OffloadStore};
@@ -46,7 +47,8 @@ fn store(path: DevicePath, budget: u64) -> (tempfile::TempDir, OffloadStore) {
     let dir = tempfile::tempdir().unwrap();
     let config = OffloadConfig::new(dir.path(), budget)
         .small_threshold(0)
-        .device_path(path);
+        .device_path(path)
+        .device_runtime(CudaRuntime::shared());
     let store = OffloadStore::new(&Engine::new().unwrap(), config).unwrap();
     (dir, store)
 }
@@ -181,7 +183,8 @@ fn produced_late(store: &OffloadStore, ordered: bool) -> (Vec<u8>, Vec<u8>) {
     }
     // SAFETY: as above.
     unsafe { cuda_htod_async(&mut target, &host, &producer) };
-    let after = ordered.then(|| Done::record(stream_ref(&producer, 0)).unwrap());
+    let after = ordered
+        .then(|| Box::new(Done::record(stream_ref(&producer, 0)).unwrap()) as Box<dyn DeviceEvent>);
     // The test keeps the memory too, until the producer is done with it.
     let target = Arc::new(target);
     let lent = Lent {
@@ -380,7 +383,8 @@ scenario_test!(
         let config = OffloadConfig::new(dir.path(), 1 << 20)
             .small_threshold(0)
             .io_threads(1)
-            .device_path(DevicePath::Staged);
+            .device_path(DevicePath::Staged)
+            .device_runtime(CudaRuntime::shared());
         let store = OffloadStore::new(&engine, config).unwrap();
         let returned = Arc::new(AtomicUsize::new(0));
         let mut hs = Vec::new();
@@ -434,7 +438,8 @@ scenario_test!(
         let config = OffloadConfig::new(dir.path(), 1 << 20)
             .small_threshold(0)
             .io_threads(1)
-            .device_path(DevicePath::Staged);
+            .device_path(DevicePath::Staged)
+            .device_runtime(CudaRuntime::shared());
         let store = OffloadStore::new(&Engine::new().unwrap(), config).unwrap();
         let returned = Arc::new(AtomicUsize::new(0));
         let hs: Vec<Handle> = (0..6u64)

@@ -1,6 +1,7 @@
 //! Core contracts of fastensor: tensor descriptors, memory kinds and buffers, the transfer
-//! context, the [`Backend`] trait every I/O path implements, the [`Registry`], and one
-//! [`Error`] type. This crate does no I/O and knows no CUDA.
+//! context, the [`Backend`] trait every I/O path implements, the [`Registry`], one
+//! [`Error`] type, and the contract of stream-ordered device copies
+//! ([`device_copies`]). This crate does no I/O and knows no CUDA.
 #![deny(missing_docs)]
 
 /// `Display` for a type that names itself with a method returning `&str` (`as_str`).
@@ -36,6 +37,7 @@ mod backend;
 mod capabilities;
 mod clock;
 mod context;
+pub mod device_copies;
 mod dtype;
 mod error;
 mod handle;

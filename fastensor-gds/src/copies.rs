@@ -12,140 +12,45 @@
 //! Who owns what: device memory to copy out is lent as a [`DeviceBytes`] value, held (and
 //! so kept allocated by its owner) until the copy's event has passed, then dropped; pinned
 //! blocks belong to the pool and are lent to one copy or one holder at a time.
+//!
+//! The values that cross to the offload store ([`DeviceSource`], [`DeviceDest`],
+//! [`StreamRef`], [`PinnedStats`], the [`DeviceBytes`] contract) are
+//! [`fastensor_core::device_copies`]'s, re-exported here; [`CudaRuntime`] and
+//! [`CopyEngine`] implement that module's traits for CUDA ([`CudaRuntime::shared`] is what
+//! `OffloadConfig::device_runtime` takes).
 
 use crate::cuda::{self, device_error, Event, PinnedBuffer, Stream};
 use crate::DeviceBuffer;
 use cudarc::driver::{result, sys};
-use fastensor_core::{DeviceRange, DeviceSlice, Error, ErrorKind, Result};
+use fastensor_core::device_copies::{
+    DeviceCopies, DeviceEvent, DeviceMemory, DeviceRuntime, OutgoingCopy, PinnedBytes,
+};
+use fastensor_core::{DeviceSlice, DeviceSliceMut, Error, ErrorKind, Result};
 use parking_lot::{Condvar, Mutex};
+use std::any::Any;
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
+pub use fastensor_core::device_copies::{
+    DeviceBytes, DeviceDest, DeviceSource, PinnedStats, StreamRef,
+};
+
 /// Driver entry points this module needs beyond those every backend needs.
 const SYMBOLS: [&str; 2] = ["cuStreamWaitEvent", "cuEventQuery"];
 
-/// Device memory owned elsewhere (a framework's tensor), lent for a copy out of it.
-///
-/// # Safety
-/// [`DeviceBytes::range`] must name device memory that stays allocated, at a fixed address,
-/// for as long as the value lives, and that nobody writes once the work the copy is ordered
-/// after has passed. Dropping the value gives the memory back to its owner.
-pub unsafe trait DeviceBytes: Send + Sync {
-    /// The memory: address, length, GPU.
-    fn range(&self) -> DeviceRange;
+/// Makes `stream`'s GPU context current and blocks the calling thread until the work queued
+/// on the stream has passed.
+pub fn synchronize(stream: StreamRef) -> Result<()> {
+    cuda::require()?.bind(stream.ordinal())?;
+    // SAFETY: the stream is alive (the contract of `StreamRef::from_raw`).
+    unsafe { result::stream::synchronize(raw_stream(stream)) }
+        .map_err(|e| device_error("cuStreamSynchronize failed", e))
 }
 
-/// Device memory to copy out of (or write from), and the work it must wait for.
-pub struct DeviceSource {
-    bytes: Box<dyn DeviceBytes>,
-    after: Option<Done>,
-}
-
-impl std::fmt::Debug for DeviceSource {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("DeviceSource")
-            .field("range", &self.bytes.range())
-            .finish_non_exhaustive()
-    }
-}
-
-impl DeviceSource {
-    /// The memory of `bytes`, ready once `after` (the producer's work) has passed (`None`:
-    /// ready now, or ordered by its owner with the streams that will read it).
-    pub fn new(bytes: Box<dyn DeviceBytes>, after: Option<Done>) -> Self {
-        DeviceSource { bytes, after }
-    }
-
-    /// The memory.
-    pub fn range(&self) -> DeviceRange {
-        self.bytes.range()
-    }
-
-    /// The memory as a transfer source (an engine write of device memory).
-    pub fn slice(&self) -> DeviceSlice<'_> {
-        let r = self.bytes.range();
-        // SAFETY: DeviceBytes' contract: the memory stays allocated, fixed and unwritten
-        // while `bytes` lives, which the borrow of self guarantees.
-        unsafe { DeviceSlice::from_raw(r.ptr(), r.len(), r.ordinal()) }
-    }
-
-    /// Blocks the calling thread until the producer's work has passed.
-    pub fn wait_ready(&self) -> Result<()> {
-        match &self.after {
-            Some(done) => done.wait(),
-            None => Ok(()),
-        }
-    }
-}
-
-/// Device memory a copy may fill, on the stream whose later work reads it.
-#[derive(Debug, Clone, Copy)]
-pub struct DeviceDest {
-    range: DeviceRange,
-    stream: StreamRef,
-}
-
-impl DeviceDest {
-    /// `range`, filled by copies queued on `stream`.
-    ///
-    /// # Safety
-    /// `range` must be device memory of `stream`'s GPU that the stream's later work may
-    /// write, and stay allocated until the copies queued now on `stream` have passed (memory
-    /// a stream-ordered allocator handed out for `stream` qualifies).
-    pub unsafe fn new(range: DeviceRange, stream: StreamRef) -> Self {
-        DeviceDest { range, stream }
-    }
-
-    /// The memory.
-    pub fn range(&self) -> DeviceRange {
-        self.range
-    }
-
-    /// The stream.
-    pub fn stream(&self) -> StreamRef {
-        self.stream
-    }
-}
-
-/// A stream owned elsewhere (a framework's current stream), named by its handle.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct StreamRef {
-    raw: usize,
-    ordinal: u32,
-}
-
-impl StreamRef {
-    /// The stream of handle `raw` on GPU `ordinal` (0: the default stream).
-    ///
-    /// # Safety
-    /// `raw` must be a stream of GPU `ordinal`'s primary context, alive while the value is
-    /// used.
-    pub unsafe fn from_raw(raw: usize, ordinal: u32) -> Self {
-        StreamRef { raw, ordinal }
-    }
-
-    /// The GPU.
-    pub fn ordinal(&self) -> u32 {
-        self.ordinal
-    }
-
-    /// The stream's handle (what DLPack's stream handshake takes).
-    pub fn handle(&self) -> usize {
-        self.raw
-    }
-
-    /// Blocks the calling thread until the work queued on the stream has passed.
-    pub fn synchronize(&self) -> Result<()> {
-        cuda::require()?.bind(self.ordinal)?;
-        // SAFETY: the stream is alive (the contract of `from_raw`).
-        unsafe { result::stream::synchronize(self.raw()) }
-            .map_err(|e| device_error("cuStreamSynchronize failed", e))
-    }
-
-    fn raw(&self) -> sys::CUstream {
-        self.raw as sys::CUstream
-    }
+/// The CUDA handle of `stream`.
+fn raw_stream(stream: StreamRef) -> sys::CUstream {
+    stream.handle() as sys::CUstream
 }
 
 /// The end of some queued device work (an event recorded after it).
@@ -158,7 +63,7 @@ impl Done {
     /// Marks the current end of `stream`'s queue (an event recorded there).
     pub fn record(stream: StreamRef) -> Result<Done> {
         cuda::require()?.bind(stream.ordinal())?;
-        Done::at(stream.raw())
+        Done::at(raw_stream(stream))
     }
 
     /// Records an event at the current end of `stream`'s queue.
@@ -199,21 +104,6 @@ impl Done {
         }
         .map_err(|e| device_error("cuStreamWaitEvent failed", e))
     }
-}
-
-/// Counters of a [`PinnedPool`].
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct PinnedStats {
-    /// The most pinned bytes the pool may hold.
-    pub budget: u64,
-    /// Pinned bytes held now (lent and idle).
-    pub held_bytes: u64,
-    /// The most it held at once.
-    pub peak_held_bytes: u64,
-    /// Blocks allocated (`cuMemHostAlloc` calls) since the pool was made.
-    pub allocations: u64,
-    /// Blocks lent.
-    pub lent: u64,
 }
 
 #[derive(Default)]
@@ -589,12 +479,13 @@ impl CopyEngine {
     }
 
     /// The stream copies out of device memory run on: work a producer orders before it
-    /// (DLPack's stream handshake, or [`Done::record`] on it) precedes them.
+    /// (DLPack's stream handshake, or [`Done::record`] on it) precedes them. It lives as
+    /// long as the engine.
     pub fn stream(&self) -> StreamRef {
-        StreamRef {
-            raw: self.out.lock().raw() as usize,
-            ordinal: self.ordinal,
-        }
+        let raw = self.out.lock().raw() as usize;
+        // SAFETY: the stream is of this GPU's primary context (made in `new` with it
+        // current), alive while the engine lives.
+        unsafe { StreamRef::from_raw(raw, self.ordinal) }
     }
 
     /// Starts copying `src` into `block` (which must hold its length) on the copy stream,
@@ -614,8 +505,8 @@ impl CopyEngine {
         }
         cuda::require()?.bind(self.ordinal)?;
         let out = self.out.lock();
-        if let Some(after) = &src.after {
-            after.order(out.raw())?;
+        if let Some(after) = src.after() {
+            cuda_event(after)?.order(out.raw())?;
         }
         if !range.is_empty() {
             let dst = &mut block.whole()[..range.len()];
@@ -642,10 +533,12 @@ impl CopyEngine {
         if !dst.is_empty() {
             // SAFETY: DeviceDest's contract for `dst`; the source is the block, held until
             // the copy has passed (`hold_until` below).
-            unsafe { result::memcpy_htod_async(dst.ptr(), &block[..dst.len()], stream.raw()) }
-                .map_err(|e| device_error("cuMemcpyHtoDAsync failed", e))?;
+            unsafe {
+                result::memcpy_htod_async(dst.ptr(), &block[..dst.len()], raw_stream(stream))
+            }
+            .map_err(|e| device_error("cuMemcpyHtoDAsync failed", e))?;
         }
-        let done = Done::at(stream.raw())?;
+        let done = Done::at(raw_stream(stream))?;
         self.pool.hold_until(Box::new(block), done);
         Ok(())
     }
@@ -666,7 +559,8 @@ impl CopyEngine {
         let r = src.range();
         self.same_gpu(r.ordinal())?;
         self.check_dest(dest, r.len())?;
-        let done = self.device_to_device(r.ptr(), dest, src.after.as_ref())?;
+        let after = src.after().map(cuda_event).transpose()?;
+        let done = self.device_to_device(r.ptr(), dest, after)?;
         self.pool.hold_until(Box::new(src), done);
         Ok(())
     }
@@ -676,16 +570,16 @@ impl CopyEngine {
         let (dst, stream) = (dest.range(), dest.stream());
         cuda::require()?.bind(self.ordinal)?;
         if let Some(after) = after {
-            after.order(stream.raw())?;
+            after.order(raw_stream(stream))?;
         }
         if !dst.is_empty() {
             // SAFETY: DeviceDest's contract for `dst`; `src` is device memory of this GPU
             // held by the caller until the copy has passed (its callers hand it to
             // `hold_until`), at least `dst.len()` bytes long (checked by the callers).
-            unsafe { result::memcpy_dtod_async(dst.ptr(), src, dst.len(), stream.raw()) }
+            unsafe { result::memcpy_dtod_async(dst.ptr(), src, dst.len(), raw_stream(stream)) }
                 .map_err(|e| device_error("cuMemcpyDtoDAsync failed", e))?;
         }
-        Done::at(stream.raw())
+        Done::at(raw_stream(stream))
     }
 
     /// `dest` is of this GPU, on a stream of it, and at most `have` bytes long.
@@ -741,4 +635,163 @@ pub unsafe fn upload_async(dst: &mut DeviceBuffer, src: &[u8], stream: &Stream) 
     // SAFETY: the caller's contract: both stay valid until the stream passed the copy.
     unsafe { result::memcpy_htod_async(dst.ptr(), src, stream.raw()) }
         .map_err(|e| device_error("cuMemcpyHtoDAsync failed", e))
+}
+
+/// `event` as an event of this crate's (CUDA's), or an error: an event of another device
+/// library cannot order a CUDA stream.
+fn cuda_event(event: &dyn DeviceEvent) -> Result<&Done> {
+    (event as &dyn Any).downcast_ref::<Done>().ok_or_else(|| {
+        Error::new(
+            ErrorKind::InvalidInput,
+            "an event of another device library given to CUDA copies",
+        )
+    })
+}
+
+/// `block` as a block of a [`PinnedPool`], or an error.
+fn pinned_block(block: Box<dyn PinnedBytes>) -> Result<PinnedBlock> {
+    let block: Box<dyn Any + Send + Sync> = block;
+    block.downcast::<PinnedBlock>().map(|b| *b).map_err(|_| {
+        Error::new(
+            ErrorKind::InvalidInput,
+            "host memory of another device library given to CUDA copies",
+        )
+    })
+}
+
+impl DeviceEvent for Done {
+    fn is_done(&self) -> Result<bool> {
+        Done::is_done(self)
+    }
+
+    fn wait(&self) -> Result<()> {
+        Done::wait(self)
+    }
+}
+
+impl PinnedBytes for PinnedBlock {
+    fn bytes(&self) -> &[u8] {
+        self
+    }
+
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        self
+    }
+
+    fn capacity(&self) -> usize {
+        PinnedBlock::capacity(self)
+    }
+
+    fn set_len(&mut self, len: usize) {
+        PinnedBlock::set_len(self, len);
+    }
+}
+
+impl DeviceMemory for DeviceBuffer {
+    fn device_slice(&self) -> DeviceSlice<'_> {
+        self.slice(0, self.len())
+    }
+
+    fn device_slice_mut(&mut self) -> DeviceSliceMut<'_> {
+        let len = self.len();
+        self.slice_mut(0, len)
+    }
+}
+
+impl OutgoingCopy for Outgoing {
+    fn finish(self: Box<Self>) -> Result<Box<dyn PinnedBytes>> {
+        Outgoing::finish(*self).map(|b| Box::new(b) as Box<dyn PinnedBytes>)
+    }
+}
+
+impl DeviceCopies for CopyEngine {
+    fn ordinal(&self) -> u32 {
+        CopyEngine::ordinal(self)
+    }
+
+    fn stream(&self) -> StreamRef {
+        CopyEngine::stream(self)
+    }
+
+    fn record(&self) -> Result<Box<dyn DeviceEvent>> {
+        Ok(Box::new(Done::record(CopyEngine::stream(self))?))
+    }
+
+    fn take_pinned(&self, len: usize, wait: Duration) -> Result<Box<dyn PinnedBytes>> {
+        Ok(Box::new(self.pool.take(len, wait)?))
+    }
+
+    fn copy_out(
+        &self,
+        src: DeviceSource,
+        block: Box<dyn PinnedBytes>,
+    ) -> Result<Box<dyn OutgoingCopy>> {
+        let block = pinned_block(block)?;
+        Ok(Box::new(CopyEngine::copy_out(self, src, block)?))
+    }
+
+    fn copy_in(&self, block: Box<dyn PinnedBytes>, dest: &DeviceDest) -> Result<()> {
+        CopyEngine::copy_in(self, pinned_block(block)?, dest)
+    }
+
+    fn copy_device(&self, buf: Box<dyn DeviceMemory>, dest: &DeviceDest) -> Result<()> {
+        let buf: Box<dyn Any + Send + Sync> = buf;
+        let buf = buf.downcast::<DeviceBuffer>().map_err(|_| {
+            Error::new(
+                ErrorKind::InvalidInput,
+                "device memory of another device library given to CUDA copies",
+            )
+        })?;
+        CopyEngine::copy_device(self, *buf, dest)
+    }
+
+    fn copy_source(&self, src: Arc<DeviceSource>, dest: &DeviceDest) -> Result<()> {
+        CopyEngine::copy_source(self, src, dest)
+    }
+
+    fn pinned_stats(&self) -> PinnedStats {
+        self.pool.stats()
+    }
+}
+
+/// CUDA as the device library of offload's GPU tensors ([`DeviceRuntime`]): device memory
+/// in [`DeviceBuffer`]s, the copies of each GPU in a [`CopyEngine`], and files that take
+/// device memory directly where cuFile runs in GPUDirect mode (not its compatibility mode).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct CudaRuntime;
+
+impl CudaRuntime {
+    /// CUDA as a shared [`DeviceRuntime`] (what `OffloadConfig::device_runtime` takes).
+    pub fn shared() -> Arc<dyn DeviceRuntime> {
+        Arc::new(CudaRuntime)
+    }
+}
+
+impl DeviceRuntime for CudaRuntime {
+    fn copies(&self, ordinal: u32, pinned_budget: u64) -> Result<Arc<dyn DeviceCopies>> {
+        Ok(Arc::new(CopyEngine::new(ordinal, pinned_budget)?))
+    }
+
+    fn alloc(&self, len: usize, ordinal: u32) -> Result<Box<dyn DeviceMemory>> {
+        Ok(Box::new(DeviceBuffer::new(len, ordinal)?))
+    }
+
+    fn copy_to_host(&self, src: DeviceSlice<'_>, dst: &mut [u8]) -> Result<()> {
+        if dst.len() > src.len() {
+            return Err(Error::new(
+                ErrorKind::InvalidInput,
+                format!(
+                    "{} bytes of device memory cannot fill {} bytes",
+                    src.len(),
+                    dst.len()
+                ),
+            ));
+        }
+        crate::copy_to_host(src.ptr(), src.ordinal(), dst)
+    }
+
+    fn writes_device_memory_directly(&self) -> bool {
+        crate::cufile::cufile(None)
+            .is_ok_and(|cf| matches!(cf.mode(), crate::cufile::GdsMode::Direct { .. }))
+    }
 }

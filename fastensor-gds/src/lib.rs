@@ -5,8 +5,9 @@
 //!   copy (or cuFile's compatibility mode, reported by [`GdsBackend::describe`]);
 //! * [`CUDA_STAGED`] (`cuda-staged`): `O_DIRECT` reads and writes through pinned host
 //!   buffers, overlapped with asynchronous copies to and from the GPU;
-//! * [`copies`]: stream-ordered copies between GPU memory and a pool of pinned host memory
-//!   (what offload of GPU tensors is built on);
+//! * [`copies`]: stream-ordered copies between GPU memory and a pool of pinned host memory,
+//!   and [`copies::CudaRuntime`], CUDA as the device runtime of offload's GPU tensors (the
+//!   traits of `fastensor_core::device_copies`);
 //! * [`DeviceBuffer`]: GPU memory usable wherever a host buffer is
 //!   ([`as_mem`](DeviceBuffer::as_mem), [`as_mem_mut`](DeviceBuffer::as_mem_mut)).
 //!

@@ -13,21 +13,30 @@
 //!   through the engine (cuFile where it moves device memory itself), then gives it back;
 //!   reads back land in device memory of the store's, copied into the caller's on the
 //!   caller's stream. Device memory held counts against the device budget.
+//!
+//! The copies, pinned blocks, device memory and events are the store's device runtime's
+//! ([`OffloadConfig::device_runtime`](super::OffloadConfig::device_runtime), the traits of
+//! [`fastensor_core::device_copies`]); without one, GPU tensors are
+//! [`ErrorKind::Unsupported`].
 
 use super::packing::Written;
 use super::state::Taken;
 use super::state::{Data, Home, Job};
 use super::{Handle, OffloadStore, Payload, PINNED_WAIT};
-use fastensor_core::{Error, ErrorKind, Result};
-use fastensor_gds::copies::{CopyEngine, DeviceDest, DeviceSource};
+use fastensor_core::device_copies::{
+    DeviceCopies, DeviceDest, DeviceEvent, DeviceRuntime, DeviceSource, PinnedBytes, PinnedStats,
+    StreamRef,
+};
+use fastensor_core::{Error, ErrorKind, MemRef, Result};
 use std::sync::Arc;
 use std::time::Instant;
 
 /// How GPU tensors reach the swap file (see the module documentation).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum DevicePath {
-    /// Direct where cuFile moves device memory to files itself (GPUDirect Storage, not its
-    /// compatibility mode), else staged.
+    /// Direct where files take device memory without a copy through host memory (cuFile in
+    /// GPUDirect Storage mode, not its compatibility mode: the device runtime's
+    /// [`DeviceRuntime::writes_device_memory_directly`]), else staged.
     #[default]
     Auto,
     /// Through the GPU's pinned pool and the fastest host path.
@@ -65,13 +74,12 @@ impl std::fmt::Display for DevicePath {
 }
 
 impl DevicePath {
-    /// Whether this path writes from device memory, on this machine.
-    fn direct(self) -> bool {
+    /// Whether this path writes from device memory, on this machine (as `runtime` says).
+    fn direct(self, runtime: &dyn DeviceRuntime) -> bool {
         match self {
             DevicePath::Direct => true,
             DevicePath::Staged => false,
-            DevicePath::Auto => fastensor_gds::cufile::cufile(None)
-                .is_ok_and(|cf| matches!(cf.mode(), fastensor_gds::cufile::GdsMode::Direct { .. })),
+            DevicePath::Auto => runtime.writes_device_memory_directly(),
         }
     }
 }
@@ -82,13 +90,15 @@ impl OffloadStore {
     /// `src` names has passed. Waits first when the budget of the tensor's path has no
     /// room (after dropping the kept tensors needed least); a tensor larger than that
     /// budget is written through from device memory on the caller's thread (which waits for
-    /// the producer's work), and read back into device memory when got. Fails as [`OffloadStore::put`] does, and where the GPU's copies
-    /// cannot be set up (no CUDA; a driver without stream-ordered events).
+    /// the producer's work), and read back into device memory when got. Fails as
+    /// [`OffloadStore::put`] does, where the store has no device runtime
+    /// ([`ErrorKind::Unsupported`]), and where the GPU's copies cannot be set up (no CUDA; a
+    /// driver without stream-ordered events).
     pub fn put_device(&self, src: DeviceSource, label: impl Into<String>) -> Result<Handle> {
         let s = &self.shared;
         let range = src.range();
         let (gpu, len) = (range.ordinal(), range.len() as u64);
-        let direct = s.config.device_path.direct();
+        let direct = s.config.device_path.direct(s.runtime()?.as_ref());
         let engine = if direct {
             None
         } else {
@@ -136,8 +146,7 @@ impl OffloadStore {
         st.entries.insert(id, entry);
         drop(st);
         let copy = engine
-            .pool()
-            .take(len as usize, PINNED_WAIT)
+            .take_pinned(len as usize, PINNED_WAIT)
             .and_then(|block| engine.copy_out(src, block));
         let mut st = s.lock();
         match copy {
@@ -183,7 +192,7 @@ impl OffloadStore {
         let result = src.wait_ready().and_then(|()| {
             self.shared
                 .file
-                .write_at(offset, fastensor_core::MemRef::Device(src.slice()))
+                .write_at(offset, MemRef::Device(src.slice()))
                 .map(|()| Written::raw(src.slice().len() as u64))
         });
         self.written_through(handle, t0, result)
@@ -194,7 +203,8 @@ impl OffloadStore {
     /// for the device. The bytes come as [`OffloadStore::get`]'s do (from memory when there,
     /// else read now), then: from a pinned block (back to its pool once the copy has
     /// passed), from device memory of the store's, or from the tensor's own memory (not
-    /// written yet). A host tensor is staged through a pinned block.
+    /// written yet). A host tensor is staged through a pinned block. Without a device runtime
+    /// this is [`ErrorKind::Unsupported`].
     pub fn get_into_device(&self, handle: &Handle, dest: &DeviceDest) -> Result<()> {
         let s = &self.shared;
         if dest.range().len() as u64 != handle.len {
@@ -208,27 +218,28 @@ impl OffloadStore {
                 ),
             ));
         }
+        let runtime = s.runtime()?;
         let engine = s.copies(dest.range().ordinal())?;
         let taken = self.take(handle, true)?;
         let gpu = engine.ordinal();
         let result = match taken {
             Taken::Payload(Payload::Pinned(block)) => engine.copy_in(block, dest),
-            Taken::Payload(other) => stage(&engine, &other).and_then(|b| engine.copy_in(b, dest)),
-            Taken::Shared(bytes) => stage(&engine, &bytes).and_then(|b| engine.copy_in(b, dest)),
-            Taken::Device(buf) if buf.ordinal() == gpu => engine.copy_device(buf, dest),
+            Taken::Payload(other) => stage(&*engine, &other).and_then(|b| engine.copy_in(b, dest)),
+            Taken::Shared(bytes) => stage(&*engine, &bytes).and_then(|b| engine.copy_in(b, dest)),
+            Taken::Device(buf) if buf.range().ordinal() == gpu => engine.copy_device(buf, dest),
             Taken::Source(src) if src.range().ordinal() == gpu => engine.copy_source(src, dest),
             // Device memory of another GPU: through a pinned block, copied out synchronously
             // on that GPU (the destination's stream still never waits on the host).
             Taken::Device(buf) => {
-                let mut block = engine.pool().take(buf.len(), PINNED_WAIT)?;
-                buf.copy_to_host(0, &mut block)
+                let mut block = engine.take_pinned(buf.range().len(), PINNED_WAIT)?;
+                runtime
+                    .copy_to_host(buf.device_slice(), block.bytes_mut())
                     .and_then(|()| engine.copy_in(block, dest))
             }
             Taken::Source(src) => {
-                let r = src.range();
-                let mut block = engine.pool().take(r.len(), PINNED_WAIT)?;
+                let mut block = engine.take_pinned(src.range().len(), PINNED_WAIT)?;
                 src.wait_ready()
-                    .and_then(|()| fastensor_gds::copy_to_host(r.ptr(), r.ordinal(), &mut block))
+                    .and_then(|()| runtime.copy_to_host(src.slice(), block.bytes_mut()))
                     .and_then(|()| engine.copy_in(block, dest))
             }
         };
@@ -254,29 +265,30 @@ impl OffloadStore {
 }
 
 impl OffloadStore {
-    /// The stream of the store's copies of GPU `gpu` (made on first use): a producer that
-    /// orders its work on a tensor before the work queued on this stream (DLPack's stream
-    /// handshake) may then put the tensor with [`OffloadStore::ready_after_handshake`].
-    pub fn copy_stream(&self, gpu: u32) -> Result<fastensor_gds::copies::StreamRef> {
+    /// The stream of the store's copies of GPU `gpu` (made on first use; it lives as long as
+    /// the store): a producer that orders its work on a tensor before the work queued on
+    /// this stream (DLPack's stream handshake) may then put the tensor with
+    /// [`OffloadStore::ready_after_handshake`].
+    pub fn copy_stream(&self, gpu: u32) -> Result<StreamRef> {
         Ok(self.shared.copies(gpu)?.stream())
     }
 
     /// The end of the work ordered on [`OffloadStore::copy_stream`] so far: a tensor
     /// handed over with the stream handshake is ready once it has passed.
-    pub fn ready_after_handshake(&self, gpu: u32) -> Result<fastensor_gds::copies::Done> {
-        fastensor_gds::copies::Done::record(self.copy_stream(gpu)?)
+    pub fn ready_after_handshake(&self, gpu: u32) -> Result<Box<dyn DeviceEvent>> {
+        self.shared.copies(gpu)?.record()
     }
 
     /// The counters of GPU `gpu`'s pinned pool, once a tensor of that GPU was put here.
-    pub fn pinned_stats(&self, gpu: u32) -> Option<fastensor_gds::copies::PinnedStats> {
-        self.shared.copies_made(gpu).map(|e| e.pool().stats())
+    pub fn pinned_stats(&self, gpu: u32) -> Option<PinnedStats> {
+        self.shared.copies_made(gpu).map(|e| e.pinned_stats())
     }
 }
 
 /// A pinned block of `engine`'s pool holding a copy of `bytes`.
-fn stage(engine: &CopyEngine, bytes: &[u8]) -> Result<fastensor_gds::copies::PinnedBlock> {
-    let mut block = engine.pool().take(bytes.len(), PINNED_WAIT)?;
-    block.copy_from_slice(bytes);
+fn stage(engine: &dyn DeviceCopies, bytes: &[u8]) -> Result<Box<dyn PinnedBytes>> {
+    let mut block = engine.take_pinned(bytes.len(), PINNED_WAIT)?;
+    block.bytes_mut().copy_from_slice(bytes);
     Ok(block)
 }
 

@@ -38,12 +38,16 @@
 //! Memory: the budget bounds every byte the store holds; buffers of reads back come from a
 //! [`HostPool`] (page-aligned blocks moved, not faulted, between sizes), which a caller can
 //! share with the framework that allocates the tensors (see [`OffloadConfig::pool`]).
+//!
+//! GPU tensors ([`OffloadStore::put_device`], [`OffloadStore::get_into_device`]) go through
+//! the device library the store is given ([`OffloadConfig::device_runtime`]), by the
+//! contract of [`fastensor_core::device_copies`]: this crate knows no CUDA
+//! (`fastensor-gds` implements the contract).
 
 #![deny(missing_docs)]
 
 mod allocator;
 mod codec;
-#[cfg(feature = "gds")]
 mod device;
 mod packing;
 mod payload;
@@ -56,15 +60,14 @@ mod swap;
 mod worker;
 
 pub use allocator::{round_up, Extent, ExtentAllocator, EXTENT_ALIGN};
-#[cfg(feature = "gds")]
 pub use device::DevicePath;
 pub use payload::{ForeignBytes, Payload};
 pub use pool::{HostPool, PoolStats};
 pub use schedule::Schedule;
-#[cfg(feature = "gds")]
 pub use shared::PINNED_WAIT;
 pub use store::{Handle, OffloadStore};
 
+use fastensor_core::device_copies::DeviceRuntime;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -122,8 +125,12 @@ pub struct OffloadConfig {
     /// pinned blocks). Default: `budget`.
     pub device_budget: u64,
     /// How GPU tensors reach the swap file.
-    #[cfg(feature = "gds")]
     pub device_path: DevicePath,
+    /// The device library GPU tensors go through (`fastensor_gds::copies::CudaRuntime`
+    /// for CUDA); `None` (default): [`OffloadStore::put_device`] and
+    /// [`OffloadStore::get_into_device`] are [`ErrorKind::Unsupported`](
+    /// fastensor_core::ErrorKind::Unsupported).
+    pub device_runtime: Option<Arc<dyn DeviceRuntime>>,
     /// Most bytes of host tensors left in memory unwritten, the last ones put (within the
     /// budget): backward takes them first, so they never touch the disk. Older ones are
     /// written, oldest first, and a put that needs their room starts their writes. `None`
@@ -153,8 +160,8 @@ impl OffloadConfig {
             pin: None,
             pool: None,
             device_budget: budget,
-            #[cfg(feature = "gds")]
             device_path: DevicePath::Auto,
+            device_runtime: None,
             write_behind: None,
             pack: defaults::PACK,
         }
@@ -218,9 +225,14 @@ impl OffloadConfig {
     }
 
     /// Sets [`OffloadConfig::device_path`].
-    #[cfg(feature = "gds")]
     pub fn device_path(mut self, path: DevicePath) -> Self {
         self.device_path = path;
+        self
+    }
+
+    /// Sets [`OffloadConfig::device_runtime`].
+    pub fn device_runtime(mut self, runtime: Arc<dyn DeviceRuntime>) -> Self {
+        self.device_runtime = Some(runtime);
         self
     }
 

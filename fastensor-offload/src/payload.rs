@@ -1,6 +1,7 @@
 //! What a `put` hands the store: a buffer it owns, or memory that stays owned elsewhere (a
 //! framework's tensor) and is written from in place, without a copy.
 
+use fastensor_core::device_copies::PinnedBytes;
 use fastensor_core::HostBuffer;
 use std::fmt;
 use std::ops::Deref;
@@ -21,8 +22,7 @@ pub enum Payload {
     /// Memory owned elsewhere, written in place and given back once written.
     Foreign(Box<dyn ForeignBytes>),
     /// A block of a GPU's pinned pool (a GPU tensor on its way to or from the disk).
-    #[cfg(feature = "gds")]
-    Pinned(fastensor_gds::copies::PinnedBlock),
+    Pinned(Box<dyn PinnedBytes>),
 }
 
 impl Payload {
@@ -45,8 +45,7 @@ impl Deref for Payload {
         match self {
             Payload::Owned(b) => b,
             Payload::Foreign(f) => f.bytes(),
-            #[cfg(feature = "gds")]
-            Payload::Pinned(b) => b,
+            Payload::Pinned(b) => b.bytes(),
         }
     }
 }
@@ -56,7 +55,6 @@ impl fmt::Debug for Payload {
         let kind = match self {
             Payload::Owned(_) => "Owned",
             Payload::Foreign(_) => "Foreign",
-            #[cfg(feature = "gds")]
             Payload::Pinned(_) => "Pinned",
         };
         write!(f, "Payload::{kind}({} bytes)", self.len())

@@ -7,15 +7,14 @@ use super::state::{Home, State};
 use super::swap::SwapFile;
 use super::HostPool;
 use super::OffloadConfig;
-use fastensor_core::{HostBuffer, Result};
+use fastensor_core::device_copies::{DeviceCopies, DeviceRuntime};
+use fastensor_core::{Error, ErrorKind, HostBuffer, Result};
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
-#[cfg(feature = "gds")]
-use std::time::Duration;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// How long a copy waits for pinned memory to come back to its pool before failing.
-#[cfg(feature = "gds")]
 pub const PINNED_WAIT: Duration = Duration::from_secs(60);
 
 /// What the store, its I/O threads and its handles share.
@@ -35,8 +34,7 @@ pub(crate) struct Shared {
     /// Where the buffers of reads back come from (see [`OffloadStore::pool`]).
     pub(crate) pool: Arc<HostPool>,
     /// The copies of each GPU that put a tensor here, made on its first one.
-    #[cfg(feature = "gds")]
-    copies: Mutex<std::collections::HashMap<u32, Arc<fastensor_gds::copies::CopyEngine>>>,
+    copies: Mutex<HashMap<u32, Arc<dyn DeviceCopies>>>,
 }
 
 impl Shared {
@@ -61,8 +59,7 @@ impl Shared {
             work: Condvar::new(),
             changed: Condvar::new(),
             pool: config.pool.clone().unwrap_or_default(),
-            #[cfg(feature = "gds")]
-            copies: Mutex::new(std::collections::HashMap::new()),
+            copies: Mutex::new(HashMap::new()),
         }
     }
 
@@ -87,24 +84,32 @@ impl Shared {
         self.changed.notify_all();
     }
 
+    /// The device library of GPU tensors ([`OffloadConfig::device_runtime`]), or an
+    /// [`ErrorKind::Unsupported`] error saying there is none.
+    pub(crate) fn runtime(&self) -> Result<&Arc<dyn DeviceRuntime>> {
+        self.config.device_runtime.as_ref().ok_or_else(|| {
+            Error::new(
+                ErrorKind::Unsupported,
+                "GPU tensors need a device runtime: this store has none \
+                 (OffloadConfig::device_runtime; CUDA's is fastensor-gds's CudaRuntime, \
+                 in the `gds` feature of fastensor)",
+            )
+        })
+    }
+
     /// The copies of GPU `gpu` (made on first use, with a pinned pool of the budget's size).
-    #[cfg(feature = "gds")]
-    pub(crate) fn copies(&self, gpu: u32) -> Result<Arc<fastensor_gds::copies::CopyEngine>> {
+    pub(crate) fn copies(&self, gpu: u32) -> Result<Arc<dyn DeviceCopies>> {
         let mut map = self.copies.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(e) = map.get(&gpu) {
             return Ok(e.clone());
         }
-        let engine = Arc::new(fastensor_gds::copies::CopyEngine::new(
-            gpu,
-            self.config.budget,
-        )?);
+        let engine = self.runtime()?.copies(gpu, self.config.budget)?;
         map.insert(gpu, engine.clone());
         Ok(engine)
     }
 
     /// The copies of GPU `gpu`, if made.
-    #[cfg(feature = "gds")]
-    pub(crate) fn copies_made(&self, gpu: u32) -> Option<Arc<fastensor_gds::copies::CopyEngine>> {
+    pub(crate) fn copies_made(&self, gpu: u32) -> Option<Arc<dyn DeviceCopies>> {
         let map = self.copies.lock().unwrap_or_else(|p| p.into_inner());
         map.get(&gpu).cloned()
     }

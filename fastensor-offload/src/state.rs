@@ -17,6 +17,7 @@ use super::packing::{Layout, Written};
 use super::payload::Payload;
 use super::schedule::Schedule;
 use super::OffloadStats;
+use fastensor_core::device_copies::{DeviceMemory, DeviceSource, OutgoingCopy};
 use fastensor_core::{Error, ErrorKind, Result};
 use std::collections::{BTreeMap, VecDeque};
 use std::path::PathBuf;
@@ -101,41 +102,37 @@ pub(crate) enum Data {
     Failed(Failure),
     /// A GPU tensor being copied into a pinned block (the staged path: the copy and its
     /// device memory are in the tensor's job), then written.
-    #[cfg(feature = "gds")]
     Staging,
     /// A GPU tensor being written from its device memory (the direct path).
-    #[cfg(feature = "gds")]
-    WritingDevice(Arc<fastensor_gds::copies::DeviceSource>),
+    WritingDevice(Arc<DeviceSource>),
     /// Read back ahead of its `get` into device memory (the direct path).
-    #[cfg(feature = "gds")]
-    LoadedDevice(fastensor_gds::DeviceBuffer),
+    LoadedDevice(Box<dyn DeviceMemory>),
 }
 
 impl Data {
     /// A transfer queued or under way.
     pub(crate) fn in_flight(&self) -> bool {
-        match self {
-            Data::Writing(_) | Data::Reading | Data::Queued => true,
-            #[cfg(feature = "gds")]
-            Data::Staging | Data::WritingDevice(_) => true,
-            _ => false,
-        }
+        matches!(
+            self,
+            Data::Writing(_)
+                | Data::Reading
+                | Data::Queued
+                | Data::Staging
+                | Data::WritingDevice(_)
+        )
     }
 
     /// In memory and on disk: may be dropped to make room.
     fn droppable(&self) -> bool {
-        match self {
-            Data::Kept(_) | Data::Loaded(_) => true,
-            #[cfg(feature = "gds")]
-            Data::LoadedDevice(_) => true,
-            _ => false,
-        }
+        matches!(
+            self,
+            Data::Kept(_) | Data::Loaded(_) | Data::LoadedDevice(_)
+        )
     }
 }
 
 /// Where a tensor's bytes live while the store holds them, and where reads back go.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[cfg_attr(not(feature = "gds"), allow(dead_code))]
 pub(crate) enum Home {
     /// Host memory (the host pool).
     Host,
@@ -170,11 +167,9 @@ pub(crate) enum Taken {
     /// Bytes still shared (small, being written, or kept and held elsewhere): copied.
     Shared(Arc<Payload>),
     /// A GPU tensor read back into device memory.
-    #[cfg(feature = "gds")]
-    Device(fastensor_gds::DeviceBuffer),
+    Device(Box<dyn DeviceMemory>),
     /// A GPU tensor's own memory, not written yet (the direct path).
-    #[cfg(feature = "gds")]
-    Source(Arc<fastensor_gds::copies::DeviceSource>),
+    Source(Arc<DeviceSource>),
 }
 
 impl Taken {
@@ -182,7 +177,6 @@ impl Taken {
     pub(crate) fn of_read(data: Data) -> Taken {
         match data {
             Data::Loaded(p) => Taken::Payload(p),
-            #[cfg(feature = "gds")]
             Data::LoadedDevice(buf) => Taken::Device(buf),
             _ => unreachable!("a read gives bytes in memory"),
         }
@@ -221,27 +215,26 @@ pub(crate) enum Job {
         home: Home,
     },
     /// Wait for a GPU tensor's copy into its pinned block, then write the block.
-    #[cfg(feature = "gds")]
     Stage {
         id: u64,
         offset: u64,
-        copy: fastensor_gds::copies::Outgoing,
+        copy: Box<dyn OutgoingCopy>,
     },
     /// Write a GPU tensor from its device memory.
-    #[cfg(feature = "gds")]
     WriteDevice {
         id: u64,
         offset: u64,
-        src: Arc<fastensor_gds::copies::DeviceSource>,
+        src: Arc<DeviceSource>,
     },
 }
 
 impl Job {
     fn id(&self) -> u64 {
         match self {
-            Job::Write { id, .. } | Job::Read { id, .. } => *id,
-            #[cfg(feature = "gds")]
-            Job::Stage { id, .. } | Job::WriteDevice { id, .. } => *id,
+            Job::Write { id, .. }
+            | Job::Read { id, .. }
+            | Job::Stage { id, .. }
+            | Job::WriteDevice { id, .. } => *id,
         }
     }
 }
@@ -412,9 +405,7 @@ impl State {
                         ),
                     ));
                 }
-                Data::Reading => return Ok(Step::Wait),
-                #[cfg(feature = "gds")]
-                Data::Staging => return Ok(Step::Wait),
+                Data::Reading | Data::Staging => return Ok(Step::Wait),
                 Data::Failed(f) => return Err(f.error()),
                 Data::Queued => {
                     self.cancel_queued(id);
@@ -434,7 +425,6 @@ impl State {
                     return Ok(Step::Taken(Taken::Shared(b)));
                 }
                 Data::Writing(b) => Step::Taken(Taken::Shared(b.clone())),
-                #[cfg(feature = "gds")]
                 Data::WritingDevice(src) => Step::Taken(Taken::Source(src.clone())),
                 _ => {
                     // Unwritten, kept or read back: the bytes leave the store.
@@ -605,12 +595,10 @@ impl State {
 
     /// Whether `data` is a transfer under way whose end frees the entry of a dropped handle.
     fn in_transfer(data: &Data) -> bool {
-        match data {
-            Data::Writing(_) | Data::Reading => true,
-            #[cfg(feature = "gds")]
-            Data::Staging | Data::WritingDevice(_) => true,
-            _ => false,
-        }
+        matches!(
+            data,
+            Data::Writing(_) | Data::Reading | Data::Staging | Data::WritingDevice(_)
+        )
     }
 
     /// The handle of `id` was dropped.

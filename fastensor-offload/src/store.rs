@@ -293,16 +293,15 @@ impl OffloadStore {
         let st = self.shared.lock();
         st.entries.get(&handle.id).is_some_and(|e| {
             e.extent.is_some()
-                && match &e.data {
+                && matches!(
+                    e.data,
                     Data::Kept(_)
-                    | Data::OnDisk
-                    | Data::Queued
-                    | Data::Reading
-                    | Data::Loaded(_) => true,
-                    #[cfg(feature = "gds")]
-                    Data::LoadedDevice(_) => true,
-                    _ => false,
-                }
+                        | Data::OnDisk
+                        | Data::Queued
+                        | Data::Reading
+                        | Data::Loaded(_)
+                        | Data::LoadedDevice(_)
+                )
         })
     }
 
@@ -312,20 +311,19 @@ impl OffloadStore {
             Taken::Payload(Payload::Owned(buf)) => Ok(buf),
             Taken::Payload(other) => s.copy_to_pool(&other),
             Taken::Shared(bytes) => s.copy_to_pool(&bytes),
-            #[cfg(feature = "gds")]
             Taken::Device(buf) => {
-                let mut out = s.pool.take(buf.len())?;
-                out.truncate(buf.len());
-                buf.copy_to_host(0, &mut out)?;
+                let len = buf.range().len();
+                let mut out = s.pool.take(len)?;
+                out.truncate(len);
+                s.runtime()?.copy_to_host(buf.device_slice(), &mut out)?;
                 Ok(out)
             }
-            #[cfg(feature = "gds")]
             Taken::Source(src) => {
                 src.wait_ready()?;
                 let r = src.range();
                 let mut out = s.pool.take(r.len())?;
                 out.truncate(r.len());
-                fastensor_gds::copy_to_host(r.ptr(), r.ordinal(), &mut out)?;
+                s.runtime()?.copy_to_host(src.slice(), &mut out)?;
                 Ok(out)
             }
         }

@@ -4,11 +4,10 @@
 use super::allocator::round_up;
 use super::packing::{self, Layout, Written};
 use super::payload::Payload;
-use super::shared::Shared;
-#[cfg(feature = "gds")]
-use super::shared::PINNED_WAIT;
+use super::shared::{Shared, PINNED_WAIT};
 use super::state::{Data, Home, Job};
-use fastensor_core::{Error, ErrorKind, HostBuffer, Result};
+use fastensor_core::device_copies::OutgoingCopy;
+use fastensor_core::{Error, ErrorKind, HostBuffer, MemMut, MemRef, Result};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Instant;
@@ -73,16 +72,12 @@ fn run(shared: &Shared) {
                     shared.notify_changed();
                 }
             }
-            #[cfg(feature = "gds")]
             Job::Stage { id, offset, copy } => stage(shared, id, offset, copy),
-            #[cfg(feature = "gds")]
             Job::WriteDevice { id, offset, src } => {
                 let t0 = Instant::now();
-                let result = src.wait_ready().and_then(|()| {
-                    shared
-                        .file
-                        .write_at(offset, fastensor_core::MemRef::Device(src.slice()))
-                });
+                let result = src
+                    .wait_ready()
+                    .and_then(|()| shared.file.write_at(offset, MemRef::Device(src.slice())));
                 let len = src.range().len() as u64;
                 drop(src); // the device memory goes back to its owner once written
                 let mut st = shared.lock();
@@ -96,19 +91,18 @@ fn run(shared: &Shared) {
 
 /// Finishes a GPU tensor's copy into its pinned block (its device memory then goes back to
 /// its owner) and writes the block (its whole pages).
-#[cfg(feature = "gds")]
-fn stage(shared: &Shared, id: u64, offset: u64, copy: fastensor_gds::copies::Outgoing) {
+fn stage(shared: &Shared, id: u64, offset: u64, copy: Box<dyn OutgoingCopy>) {
     let t0 = Instant::now();
     let staged = copy.finish();
     let waited = t0.elapsed();
     let t1 = Instant::now();
     let result = staged.map(|mut block| {
-        let len = block.len();
+        let len = block.bytes().len();
         block.set_len(round_up(len as u64) as usize);
         let written = shared
             .file
-            .write_at(offset, &block[..])
-            .map(|()| Written::raw(block.len() as u64));
+            .write_at(offset, block.bytes())
+            .map(|()| Written::raw(block.bytes().len() as u64));
         block.set_len(len);
         (written, Arc::new(Payload::Pinned(block)))
     });
@@ -157,28 +151,23 @@ pub(crate) fn read(
     match home {
         Home::Host => read_host(shared, offset, layout, n)
             .map(|(b, moved)| (Data::Loaded(Payload::Owned(b)), moved)),
-        #[cfg(feature = "gds")]
         Home::Pinned(gpu) => {
             let engine = shared.copies(gpu)?;
-            let mut block = engine.pool().take(n, PINNED_WAIT)?;
+            let mut block = engine.take_pinned(n, PINNED_WAIT)?;
             block.set_len(round_up(len) as usize);
-            let got = shared.file.read_at(offset, &mut block[..])?;
+            let got = shared.file.read_at(offset, block.bytes_mut())?;
             block.set_len(n);
             complete(shared, offset, n, got)?;
             Ok((Data::Loaded(Payload::Pinned(block)), got as u64))
         }
-        #[cfg(feature = "gds")]
         Home::Device(gpu) => {
-            let mut buf = fastensor_gds::DeviceBuffer::new(n, gpu)?;
-            let got = shared.file.read_at(offset, buf.as_mem_mut())?;
+            let mut buf = shared.runtime()?.alloc(n, gpu)?;
+            let got = shared
+                .file
+                .read_at(offset, MemMut::Device(buf.device_slice_mut()))?;
             complete(shared, offset, n, got)?;
             Ok((Data::LoadedDevice(buf), got as u64))
         }
-        #[cfg(not(feature = "gds"))]
-        Home::Pinned(_) | Home::Device(_) => Err(Error::new(
-            ErrorKind::Unsupported,
-            "GPU tensors need the `gds` feature",
-        )),
     }
 }
 

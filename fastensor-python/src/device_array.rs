@@ -7,7 +7,7 @@
 //! memory alive until the consumer deletes it.
 
 use crate::errors::IntoPy;
-use fastensor::gds::copies::StreamRef;
+use fastensor::gds::copies::{self, StreamRef};
 use fastensor::gds::DeviceBuffer;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
@@ -44,7 +44,7 @@ impl PyDeviceArray {
         let bytes = py
             .detach(move || {
                 // SAFETY: 0 is the default stream of every context.
-                unsafe { StreamRef::from_raw(0, buf.ordinal()) }.synchronize()?;
+                copies::synchronize(unsafe { StreamRef::from_raw(0, buf.ordinal()) })?;
                 buf.to_vec()
             })
             .py_err()?;
