@@ -41,14 +41,14 @@ impl Drop for Lent {
     }
 }
 
-/// A store in a new directory over the machine's engine (every backend compiled in),
-/// every tensor written, `budget` bytes of host and of device memory.
+/// A store in a new directory over the machine's engine (every backend compiled in, and
+/// its device library: CUDA, with no runtime named in the config), every tensor written,
+/// `budget` bytes of host and of device memory.
 fn store(path: DevicePath, budget: u64) -> (tempfile::TempDir, OffloadStore) {
     let dir = tempfile::tempdir().unwrap();
     let config = OffloadConfig::new(dir.path(), budget)
         .small_threshold(0)
-        .device_path(path)
-        .device_runtime(CudaRuntime::shared());
+        .device_path(path);
     let store = OffloadStore::new(&Engine::new().unwrap(), config).unwrap();
     (dir, store)
 }

@@ -377,6 +377,13 @@ pub trait FileOpener: Send + Sync {
         self.open_file(path, OpenMode::Truncate)
     }
 
+    /// The device library GPU memory moves through where this opener has one (an engine
+    /// built with CUDA support), for the users of its files that copy device memory
+    /// themselves (offload's GPU tensors). The default, none.
+    fn device_runtime(&self) -> Option<std::sync::Arc<dyn crate::device_copies::DeviceRuntime>> {
+        None
+    }
+
     /// What the place `path` names is ([`Place`]), as this opener reaches it. The default,
     /// a local file system.
     fn place(&self, path: &Path) -> Place {

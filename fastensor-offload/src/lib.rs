@@ -127,9 +127,11 @@ pub struct OffloadConfig {
     /// How GPU tensors reach the swap file.
     pub device_path: DevicePath,
     /// The device library GPU tensors go through (`fastensor_gds::copies::CudaRuntime`
-    /// for CUDA); `None` (default): [`OffloadStore::put_device`] and
-    /// [`OffloadStore::get_into_device`] are [`ErrorKind::Unsupported`](
-    /// fastensor_core::ErrorKind::Unsupported).
+    /// for CUDA); `None` (default): the opener's
+    /// ([`FileOpener::device_runtime`](fastensor_core::FileOpener::device_runtime): the
+    /// facade's `Engine` built with its `gds` feature has CUDA's), and where it has none
+    /// [`OffloadStore::put_device`] and [`OffloadStore::get_into_device`] are
+    /// [`ErrorKind::Unsupported`](fastensor_core::ErrorKind::Unsupported).
     pub device_runtime: Option<Arc<dyn DeviceRuntime>>,
     /// Most bytes of host tensors left in memory unwritten, the last ones put (within the
     /// budget): backward takes them first, so they never touch the disk. Older ones are

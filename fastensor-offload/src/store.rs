@@ -100,6 +100,10 @@ impl OffloadStore {
                     .with_path(&config.dir)
                     .with_source(e)
             })?;
+        let config = OffloadConfig {
+            device_runtime: config.device_runtime.or_else(|| opener.device_runtime()),
+            ..config
+        };
         let mut store = OffloadStore {
             shared: Arc::new(Shared::new(SwapFile(file), path, swap, &config)),
             threads: Vec::new(),

@@ -16,7 +16,7 @@
 use crate::engine::PyEngine;
 use crate::errors::IntoPy;
 use crate::memory::{self, Access, Lent, Place};
-use fastensor::gds::copies::{CudaRuntime, DeviceBytes, DeviceDest, DeviceSource, StreamRef};
+use fastensor::gds::copies::{DeviceBytes, DeviceDest, DeviceSource, StreamRef};
 use fastensor::offload::{
     defaults, DevicePath, ForeignBytes, Handle, HostPool, OffloadConfig, OffloadStore, Payload,
 };
@@ -182,8 +182,7 @@ impl PyOffloadStore {
             .io_threads(io_threads)
             .initial_capacity(initial_capacity)
             .pack(pack)
-            .pool(crate::torch_alloc::pool())
-            .device_runtime(CudaRuntime::shared());
+            .pool(crate::torch_alloc::pool());
         let store = py
             .detach(|| OffloadStore::new(&engine.engine, config))
             .py_err()?;

@@ -49,6 +49,17 @@ impl fastensor_core::FileOpener for Engine {
         Ok(Box::new(file))
     }
 
+    /// CUDA (`fastensor_gds::copies::CudaRuntime`) where the engine is built with the `gds`
+    /// feature; else none.
+    fn device_runtime(
+        &self,
+    ) -> Option<std::sync::Arc<dyn fastensor_core::device_copies::DeviceRuntime>> {
+        #[cfg(feature = "gds")]
+        return Some(fastensor_gds::copies::CudaRuntime::shared());
+        #[cfg(not(feature = "gds"))]
+        None
+    }
+
     /// An object URL (`s3://…`) is an object store's place; any other path, a local file
     /// system's ([`resolve`]).
     fn place(&self, path: &Path) -> Place {
