@@ -178,24 +178,20 @@ pub(crate) fn read_index_from<O: FileOpener + ?Sized>(
     if opener.place(path).directories {
         return read_index(path);
     }
-    let text = path.to_str().unwrap_or_default();
-    let join = |name: &str| {
-        let prefix = text.strip_suffix('/').unwrap_or(text);
-        PathBuf::from(format!("{prefix}/{name}"))
-    };
-    let index_path = if text.ends_with(".json") {
+    // (`Path::join` keeps the prefix as spelled: `s3://b/a//` and `x` give `s3://b/a//x`.)
+    let index_path = if path.to_str().is_some_and(|t| t.ends_with(".json")) {
         path.to_path_buf()
     } else {
         let names = opener.list_names(path)?;
         if names.iter().any(|n| n == INDEX_NAME) {
-            join(INDEX_NAME)
+            path.join(INDEX_NAME)
         } else {
             let found: Vec<&String> = names
                 .iter()
                 .filter(|n| n.ends_with(".safetensors.index.json") && !n.starts_with('.'))
                 .collect();
             match found[..] {
-                [one] => join(one),
+                [one] => path.join(one),
                 [] => return Err(no_index(path)),
                 _ => return Err(many_indexes(found.len(), path)),
             }
@@ -258,6 +254,22 @@ fn parse_index(bytes: &[u8], index_path: PathBuf) -> Result<ShardedIndex> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn names_under_an_object_prefix_join_as_spelled() {
+        // What `read_index_from` relies on: one separator, and a prefix's own `//` kept.
+        let join = |p: &str, n: &str| Path::new(p).join(n);
+        assert_eq!(
+            join("s3://b/dir/", "x.json"),
+            PathBuf::from("s3://b/dir/x.json")
+        );
+        assert_eq!(
+            join("s3://b/dir", "x.json"),
+            PathBuf::from("s3://b/dir/x.json")
+        );
+        assert_eq!(join("s3://b", "x"), PathBuf::from("s3://b/x"));
+        assert_eq!(join("s3://b/dir//", "x"), PathBuf::from("s3://b/dir//x"));
+    }
 
     #[test]
     fn the_length_limit_holds_for_the_bytes_read() {

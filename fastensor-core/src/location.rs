@@ -4,7 +4,7 @@
 //! saves, mapped loads) can decide from the value rather than from a string prefix scattered
 //! through the code.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 /// The URL schemes of object storage understood as object locations.
 pub const OBJECT_SCHEMES: &[&str] = &["s3"];
@@ -40,16 +40,6 @@ impl<'a> Location<'a> {
             None => Location::File(path),
         }
     }
-
-    /// True for an object.
-    pub fn is_object(&self) -> bool {
-        matches!(self, Location::Object(_))
-    }
-}
-
-/// True when `path` names an object rather than a file.
-pub fn is_object(path: &Path) -> bool {
-    Location::of(path).is_object()
 }
 
 impl<'a> ObjectUrl<'a> {
@@ -69,18 +59,6 @@ impl<'a> ObjectUrl<'a> {
             bucket,
             key,
         })
-    }
-
-    /// The URL of `name` under this one taken as a prefix ("directory"): `s3://b/dir` and
-    /// `x.json` give `s3://b/dir/x.json`. One trailing `/` is the separator; any before it
-    /// belong to the key (`s3://b/dir//` and `x` give `s3://b/dir//x`).
-    pub fn join(&self, name: &str) -> PathBuf {
-        let key = self.key.strip_suffix('/').unwrap_or(self.key);
-        let sep = if key.is_empty() { "" } else { "/" };
-        PathBuf::from(format!(
-            "{}://{}/{key}{sep}{name}",
-            self.scheme, self.bucket
-        ))
     }
 }
 
@@ -114,18 +92,8 @@ mod tests {
             "gs://b/k",
             "model",
         ] {
-            assert!(!url(file).is_object(), "{file}");
+            assert!(matches!(url(file), Location::File(_)), "{file}");
         }
-    }
-
-    #[test]
-    fn joins_keep_one_separator() {
-        let u = ObjectUrl::parse("s3://b/dir/").unwrap();
-        assert_eq!(u.join("x.json"), PathBuf::from("s3://b/dir/x.json"));
-        let root = ObjectUrl::parse("s3://b").unwrap();
-        assert_eq!(root.join("x"), PathBuf::from("s3://b/x"));
-        let empty = ObjectUrl::parse("s3://b/dir//").unwrap();
-        assert_eq!(empty.join("x"), PathBuf::from("s3://b/dir//x"));
     }
 
     #[test]

@@ -50,32 +50,29 @@ impl Schedule {
         live: impl Fn(&V) -> bool,
         mut more: impl FnMut(&V) -> bool,
     ) -> Vec<u64> {
-        match (&self.hint, self.cursor) {
+        let expected: Box<dyn Iterator<Item = (u64, &V)> + '_> = match (&self.hint, self.cursor) {
             (Some(order), cursor) => {
                 let start = cursor
                     .and_then(|c| order.iter().position(|&x| x == c))
                     .map_or(0, |p| p + 1);
-                order[start..]
-                    .iter()
-                    .filter_map(|id| entries.get(id).filter(|v| live(v)).map(|v| (*id, v)))
-                    .take(depth)
-                    .take_while(|(_, v)| more(v))
-                    .map(|(id, _)| id)
-                    .collect()
+                Box::new(
+                    order[start..]
+                        .iter()
+                        .filter_map(|&id| entries.get(&id).map(|v| (id, v))),
+                )
             }
             // Backward order: the last put of those still expected comes first, wherever
             // the cursor is (backward does not take tensors in exactly the reverse order
             // they were put: a tensor passed over stays expected, and comes first).
-            (None, Some(_)) => entries
-                .iter()
-                .rev()
-                .filter(|(_, v)| live(v))
-                .take(depth)
-                .take_while(|(_, v)| more(v))
-                .map(|(&id, _)| id)
-                .collect(),
-            (None, None) => Vec::new(),
-        }
+            (None, Some(_)) => Box::new(entries.iter().rev().map(|(&id, v)| (id, v))),
+            (None, None) => return Vec::new(),
+        };
+        expected
+            .filter(|(_, v)| live(v))
+            .take(depth)
+            .take_while(|(_, v)| more(v))
+            .map(|(id, _)| id)
+            .collect()
     }
 }
 
