@@ -65,7 +65,12 @@ impl ShardedIndex {
 /// but one ending in `.safetensors` is (a prefix such as `s3://bucket/model/` is a sharded
 /// checkpoint's "directory"); no request is made.
 pub fn is_sharded<O: FileOpener + ?Sized>(opener: &O, path: &Path) -> bool {
-    if !opener.place(path).directories {
+    is_sharded_at(opener.place(path), path)
+}
+
+/// [`is_sharded`] of `path`, whose place is `place` (as an opener answers it).
+pub fn is_sharded_at(place: fastensor_core::Place, path: &Path) -> bool {
+    if !place.directories {
         return !path.to_str().is_some_and(|p| p.ends_with(".safetensors"));
     }
     path.is_dir()

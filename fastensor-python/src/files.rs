@@ -40,11 +40,12 @@ fn list_names(py: Python<'_>, engine: &PyEngine, path: PathBuf) -> PyResult<Vec<
     py.detach(|| engine.engine.list_names(&path)).py_err()
 }
 
-/// True when the place `path` names, as `engine` resolves it, has directories of its own (a
-/// local file system: `os` calls apply), false for an object store's prefix or object.
+/// True when the place `path` names, as the engine resolves it
+/// (`fastensor::engine::place_of`), has directories of its own (a local file system: `os`
+/// calls apply), false for an object store's prefix or object.
 #[pyfunction]
-fn has_directories(engine: &PyEngine, path: PathBuf) -> bool {
-    engine.engine.place(&path).directories
+fn has_directories(path: PathBuf) -> bool {
+    fastensor::engine::place_of(&path).directories
 }
 
 /// Registers this module's functions.

@@ -188,12 +188,12 @@ impl PyShardedFile {
     }
 }
 
-/// True when `path` names a sharded checkpoint (`checkpoint::sharded::is_sharded`, asked
-/// of `engine`'s place for it): a directory, or a file ending in `.index.json`; under an
-/// object prefix, any name but a `.safetensors` one.
+/// True when `path` names a sharded checkpoint (`checkpoint::sharded::is_sharded` at the
+/// place the engine resolves `path` to): a directory, or a file ending in `.index.json`;
+/// under an object prefix, any name but a `.safetensors` one.
 #[pyfunction]
-fn is_sharded(engine: &PyEngine, path: PathBuf) -> bool {
-    checkpoint::sharded::is_sharded(&engine.engine, &path)
+fn is_sharded(path: PathBuf) -> bool {
+    checkpoint::sharded::is_sharded_at(fastensor::engine::place_of(&path), &path)
 }
 
 /// Registers this module's classes and functions.

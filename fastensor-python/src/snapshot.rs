@@ -168,11 +168,10 @@ fn with_running<T>(f: impl FnOnce(&mut Vec<(PathBuf, Arc<Outcome>)>) -> T) -> T 
     f(&mut running.saves)
 }
 
-/// The key of a target path: absolute where `engine`'s place for it has directories, so
-/// two spellings of one path are one key (an object's URL as it is).
-fn path_key(engine: &Engine, path: &std::path::Path) -> PathBuf {
-    use fastensor::core::FileOpener;
-    if !engine.place(path).directories {
+/// The key of a target path: absolute where its place has directories, so two spellings of
+/// one path are one key (an object's URL as it is).
+fn path_key(path: &std::path::Path) -> PathBuf {
+    if !fastensor::engine::place_of(path).directories {
         return path.to_path_buf();
     }
     std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf())
@@ -219,7 +218,7 @@ impl SaveHandle {
         });
         let done = outcome.clone();
         let target = path.clone();
-        let key = path_key(&engine, &path);
+        let key = path_key(&path);
         let before = with_running(|saves| {
             let before = saves
                 .iter()

@@ -36,6 +36,7 @@ pub use builder::EngineBuilder;
 pub use file::EngineFile;
 pub use group::{GroupChoice, GroupContext, GroupRead, GroupSource};
 pub use measure::{evict, SystemClock};
+pub use opener::place_of;
 pub use placement::{NewLoads, NewLoadsMeasured};
 pub use report::{BackendUsage, Report};
 pub use tune::{default_profile_path, tune, TuneOptions, TuneOutcome};

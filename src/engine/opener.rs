@@ -9,9 +9,20 @@ use std::path::Path;
 
 /// `path` resolved: a local file, or an object of a store. The one place the engine (and
 /// so fastensor) tells locations apart by their spelling; everything above asks the
-/// opener ([`FileOpener::place`](fastensor_core::FileOpener::place)).
+/// opener ([`FileOpener::place`](fastensor_core::FileOpener::place)), or [`place_of`].
 pub(crate) fn resolve(path: &Path) -> Location<'_> {
     Location::of(path)
+}
+
+/// What the place `path` names is, as every engine resolves it (what
+/// [`FileOpener::place`](fastensor_core::FileOpener::place) answers for an engine): an
+/// object URL (`s3://…`) is an object store's place, any other path a local file
+/// system's. Pure: no engine is needed to ask.
+pub fn place_of(path: &Path) -> Place {
+    match resolve(path) {
+        Location::Object(_) => Place::OBJECT,
+        Location::File(_) => Place::LOCAL,
+    }
 }
 
 /// Checkpoints opened through the engine pick their backend per transfer, and their
@@ -63,10 +74,7 @@ impl fastensor_core::FileOpener for Engine {
     /// An object URL (`s3://…`) is an object store's place; any other path, a local file
     /// system's ([`resolve`]).
     fn place(&self, path: &Path) -> Place {
-        match resolve(path) {
-            Location::Object(_) => Place::OBJECT,
-            Location::File(_) => Place::LOCAL,
-        }
+        place_of(path)
     }
 
     /// The pinned backend's capabilities, or every backend's; whether mapped loads are on

@@ -20,7 +20,8 @@ mod read;
 mod save;
 
 pub use super::shard_index::{
-    is_sharded, read_index, resolve_index, shard_name, tagged_shard_name, ShardedIndex, INDEX_NAME,
+    is_sharded, is_sharded_at, read_index, resolve_index, shard_name, tagged_shard_name,
+    ShardedIndex, INDEX_NAME,
 };
 pub use read::{
     load_into_sharded, load_selected_sharded, load_sharded, open_sharded, read_ranges,

@@ -41,7 +41,7 @@ def open_file(engine: _native.Engine, path: str, verify: bool):
 def open_any(engine: _native.Engine, path: str, verify: bool = False):
     """A sharded checkpoint's open file for a directory or an index, else the file's; with
     ``verify``, its reads are checked against the checksums saved with it."""
-    if _native.is_sharded(engine, path):
+    if _native.is_sharded(path):
         return _native.open_sharded(engine, path, verify)
     return open_file(engine, path, verify)
 

@@ -7,7 +7,6 @@ from collections.abc import Callable, Mapping
 from typing import Any, Union
 
 from . import _native
-from ._engine import engine_or_default
 from .errors import OutOfMemoryError, _invalid
 
 PathLike = Union[str, "os.PathLike[str]"]
@@ -28,12 +27,19 @@ def fspath(path: PathLike) -> str:
         ) from None
 
 
-def is_sharded(path: PathLike, *, engine: Any = None) -> bool:
+def is_sharded(path: PathLike) -> bool:
     """True when ``path`` names a sharded checkpoint: a directory or a ``*.index.json``;
-    under an object prefix (``s3://``), any name but a ``.safetensors`` one. The native
-    checkpoint code decides, asking ``engine`` (a :class:`fastensor.Engine`; the default
-    engine when ``None``) what the place is; no request is made."""
-    return _native.is_sharded(engine_or_default(engine), fspath(path))
+    under an object prefix (``s3://``), any name but a ``.safetensors`` one (the native
+    checkpoint code decides, at the place the engine resolves ``path`` to; no request is
+    made)."""
+    return _native.is_sharded(fspath(path))
+
+
+def has_directories(path: str) -> bool:
+    """Whether the place ``path`` names, as the engine resolves it, has directories of its
+    own (a local file system, where ``os`` calls apply); false for an object store
+    (``s3://``)."""
+    return _native.has_directories(path)
 
 
 def check_metadata(metadata: Mapping[str, str] | None, path: str) -> dict[str, str] | None:

@@ -223,9 +223,3 @@ class Backend(tuple):
 def backends() -> list[Backend]:
     """Every backend compiled into this build, available or not (and why)."""
     return [Backend(b) for b in _native.backends()]
-
-
-def has_directories(path: str, engine: Engine | None = None) -> bool:
-    """Whether the place ``path`` names, as the engine resolves it, has directories of its own
-    (a local file system, where ``os`` calls apply); false for an object store (``s3://``)."""
-    return _native.has_directories(engine_or_default(engine), path)

@@ -108,10 +108,10 @@ class StorageInfo:
     length: int
 
 
-def _sync_dir(engine: _native.Engine, path: str) -> None:
+def _sync_dir(path: str) -> None:
     """Makes the entries of directory ``path`` (names added or removed) durable; an object
     prefix has nothing to sync."""
-    if not _native.has_directories(engine, path):
+    if not _native.has_directories(path):
         return
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
@@ -185,7 +185,7 @@ class Writer(StorageWriter, BlockingAsyncStager):
     def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
         """Creates the directory (an object prefix needs none); without rank coordination,
         names this rank's data file (each rank then plans alone)."""
-        if _native.has_directories(self.engine, self.path):
+        if _native.has_directories(self.path):
             os.makedirs(self.path, exist_ok=True)
         if not self.use_collectives:
             plan = dataclasses.replace(plan, storage_data=f"__{self.rank or 0}_{self.save_id}")
@@ -279,7 +279,7 @@ class Writer(StorageWriter, BlockingAsyncStager):
         for f in stale:
             _native.remove(self.engine, os.path.join(self.path, f))
         if not self.use_collectives:
-            _sync_dir(self.engine, self.path)  # the global metadata's removal is durable too
+            _sync_dir(self.path)  # the global metadata's removal is durable too
 
     def storage_meta(self) -> StorageMeta | None:
         """The checkpoint's id (its directory) and this save's id."""
@@ -374,7 +374,7 @@ class Reader(StorageReader):
             metadata = pickle.loads(_native.read_whole(self.engine, path))
         except FileNotFoundError:
             hint = ""
-            if _native.has_directories(self.engine, self.path) and os.path.exists(
+            if _native.has_directories(self.path) and os.path.exists(
                 os.path.join(self.path, ".metadata")
             ):
                 hint = " (it holds a FileSystemWriter checkpoint: load it with FileSystemReader)"

@@ -40,8 +40,8 @@ import torch
 
 from . import _native
 from . import torch as _fst
-from ._common import PathLike, fspath
-from ._engine import Engine, engine_or_default, has_directories
+from ._common import PathLike, fspath, has_directories
+from ._engine import Engine, engine_or_default
 from ._host_load import load_host_later
 from ._sharded import load_host_later_by_shard, parse_size
 from .errors import FileChangedError
@@ -75,7 +75,7 @@ def weights_file(
     """
     d = fspath(directory)
     wanted = (_with_variant(_WEIGHTS, variant), _with_variant(_INDEX, variant))
-    if not has_directories(d, engine):
+    if not has_directories(d):
         names = set(_native.list_names(engine_or_default(engine), d))
         found = [n for n in wanted if n in names]
     else:
@@ -241,7 +241,7 @@ def from_pretrained(
         kwargs["_fastensor_group"] = (process_group, group_read)
     if "state_dict" in kwargs:
         raise ValueError("from_pretrained: the weights are read from the directory; no state_dict")
-    if not has_directories(path, engine):
+    if not has_directories(path):
         return _from_objects(model_class, path, model_args, engine, kwargs)
     directory = os.path.join(path, kwargs.get("subfolder") or "")
     if not os.path.isdir(directory):
@@ -415,7 +415,7 @@ def save_pretrained(
         OSError: a file could not be written.
     """
     directory = fspath(save_directory)
-    objects = not has_directories(directory, engine)
+    objects = not has_directories(directory)
     if not objects:
         if os.path.isfile(directory):
             raise FileExistsError(f"{directory}: a file, not a directory")
@@ -454,7 +454,7 @@ def save_pretrained(
 def _listing(directory: str, engine: Engine | None) -> Any:
     """A function giving the names in ``directory`` (a local directory, or an object prefix
     listed through ``engine``)."""
-    if not has_directories(directory, engine):
+    if not has_directories(directory):
         return lambda: _native.list_names(engine_or_default(engine), directory)
     return lambda: os.listdir(directory)
 
