@@ -3,7 +3,6 @@
 use clap::Subcommand;
 use fastensor::checkpoint::Header;
 use fastensor::checkpoint::{self, sharded};
-use fastensor::core::FileOpener;
 use fastensor::{Engine, Result};
 use std::path::{Path, PathBuf};
 
@@ -74,11 +73,11 @@ pub fn run(cmd: CkptCommand) -> Result<()> {
 /// headers; where the engine's place for `path` has no directories (an object, `s3://…`),
 /// by ranged reads through the engine.
 fn inspect(path: &Path) -> Result<()> {
-    let engine = Engine::new()?;
-    if !engine.place(path).directories {
-        return inspect_object(&engine, path);
+    let place = fastensor::engine::place_of(path);
+    if !place.directories {
+        return inspect_object(&Engine::new()?, path);
     }
-    if sharded::is_sharded(&engine, path) {
+    if sharded::is_sharded_at(place, path) {
         let (index, shards) = sharded::inspect_sharded(path)?;
         print_sharded(&index, &shards);
         return Ok(());
