@@ -42,12 +42,14 @@ impl Drop for Lent {
 }
 
 /// A store in a new directory over the machine's engine (every backend compiled in, and
-/// its device library: CUDA, with no runtime named in the config), every tensor written,
-/// `budget` bytes of host and of device memory.
+/// its device library: CUDA, with no runtime named in the config), every tensor written
+/// (copied out by its put: none kept on its device), `budget` bytes of host and of device
+/// memory.
 fn store(path: DevicePath, budget: u64) -> (tempfile::TempDir, OffloadStore) {
     let dir = tempfile::tempdir().unwrap();
     let config = OffloadConfig::new(dir.path(), budget)
         .small_threshold(0)
+        .device_write_behind(0)
         .device_path(path);
     let store = OffloadStore::new(&Engine::new().unwrap(), config).unwrap();
     (dir, store)
@@ -230,6 +232,43 @@ scenario_test!(
 );
 
 scenario_test!(
+    a_tensor_kept_on_its_device_is_copied_out_after_its_producer_when_a_later_put_passes_the_limit,
+    [("FASTENSOR_STAND_IN_DELAY_US", "3000")],
+    || {
+        for path in [DevicePath::Staged, DevicePath::Direct] {
+            let dir = tempfile::tempdir().unwrap();
+            let config = OffloadConfig::new(dir.path(), 64 << 20)
+                .small_threshold(0)
+                .device_write_behind(256 << 10)
+                .device_path(path);
+            let store = OffloadStore::new(&Engine::new().unwrap(), config).unwrap();
+            // produced_late's tensor (256 KiB) is kept; flush copies it out like a put past
+            // the limit would: the copy still waits for the event of its put.
+            let (got, want) = produced_late(&store, true);
+            assert!(
+                got == want,
+                "{path:?}: the copy read the tensor before its producer"
+            );
+            let returned = Arc::new(AtomicUsize::new(0));
+            let older = put(&store, &common::bytes(200_000, 1), 0, "older", &returned);
+            let newer = put(&store, &common::bytes(200_000, 2), 0, "newer", &returned);
+            let s = store.stats();
+            assert_eq!(s.device_unwritten_bytes, 200_000, "{path:?}: {s:?}");
+            assert!(get(&store, &newer, 0).unwrap() == common::bytes(200_000, 2));
+            assert!(get(&store, &older, 0).unwrap() == common::bytes(200_000, 1));
+            drop((older, newer));
+            drop(store);
+            assert_eq!(
+                returned.load(Ordering::SeqCst),
+                2,
+                "device memory given back"
+            );
+        }
+        common::assert_clean("kept on the device");
+    }
+);
+
+scenario_test!(
     pinned_memory_is_reused_and_stays_within_its_budget,
     [],
     || {
@@ -382,6 +421,7 @@ scenario_test!(
         let dir = tempfile::tempdir().unwrap();
         let config = OffloadConfig::new(dir.path(), 1 << 20)
             .small_threshold(0)
+            .device_write_behind(0)
             .io_threads(1)
             .device_path(DevicePath::Staged)
             .device_runtime(CudaRuntime::shared());
@@ -437,6 +477,7 @@ scenario_test!(
         let dir = tempfile::tempdir().unwrap();
         let config = OffloadConfig::new(dir.path(), 1 << 20)
             .small_threshold(0)
+            .device_write_behind(0)
             .io_threads(1)
             .device_path(DevicePath::Staged)
             .device_runtime(CudaRuntime::shared());

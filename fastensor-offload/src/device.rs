@@ -85,32 +85,28 @@ impl DevicePath {
 }
 
 impl OffloadStore {
-    /// Offloads a GPU tensor under `label` and returns at once: its device memory (held
-    /// until copied out, or written on the direct path) is read once the producer's work
-    /// `src` names has passed. Waits first when the budget of the tensor's path has no
-    /// room (after dropping the kept tensors needed least); a tensor larger than that
-    /// budget is written through from device memory on the caller's thread (which waits for
-    /// the producer's work), and read back into device memory when got. Fails as
+    /// Offloads a GPU tensor under `label` and returns at once. One of the last GPU tensors
+    /// put ([`OffloadConfig::device_write_behind`](super::OffloadConfig::device_write_behind))
+    /// stays in its own device memory, as lent, until later puts on its GPU pass that limit;
+    /// then (or at once, beyond the limit) its device memory is read once the producer's
+    /// work `src` names has passed: copied out (held until then) or written (the direct
+    /// path). Copying out waits first when the budget of the tensor's path has no room
+    /// (after dropping the kept tensors needed least); a tensor larger than that budget is
+    /// written through from device memory on the caller's thread (which waits for the
+    /// producer's work), and read back into device memory when got. Fails as
     /// [`OffloadStore::put`] does, where the store has no device runtime
     /// ([`ErrorKind::Unsupported`]), and where the GPU's copies cannot be set up (no CUDA; a
-    /// driver without stream-ordered events).
+    /// driver without stream-ordered events). An older tensor this put copies out whose
+    /// copy fails keeps the failure: its `get` raises it, and the next put reports it.
+    ///
+    /// `src`'s event, recorded when it was put, is all a later copy needs: the tensor's bytes
+    /// were produced before it, and the store's copies run on one stream, after every
+    /// earlier wait queued there.
     pub fn put_device(&self, src: DeviceSource, label: impl Into<String>) -> Result<Handle> {
         let s = &self.shared;
         let range = src.range();
         let (gpu, len) = (range.ordinal(), range.len() as u64);
-        let direct = s.config.device_path.direct(s.runtime()?.as_ref());
-        let engine = if direct {
-            None
-        } else {
-            Some(s.copies(gpu).map_err(|err| {
-                Error::new(err.kind(), "GPU tensors cannot be offloaded here").with_source(err)
-            })?)
-        };
-        let home = if direct {
-            Home::Device(gpu)
-        } else {
-            Home::Pinned(gpu)
-        };
+        let home = self.device_home(gpu)?;
         let (mut st, handle, mut entry) = self.begin_put(len, label.into(), home)?;
         st.stats.device_puts += 1;
         let id = handle.id;
@@ -124,30 +120,100 @@ impl OffloadStore {
             drop(st);
             return self.write_device_through(handle, extent.offset, &src);
         }
+        let limit = s.config.device_write_behind_bytes();
+        if len <= limit {
+            st.insert_on_device(id, gpu, entry, src);
+            let older = st.device_overflow(Some(gpu), limit);
+            drop(st);
+            self.send_older(older);
+            return Ok(handle);
+        }
+        entry.data = Data::Staging;
+        st.entries.insert(id, entry);
+        drop(st);
+        if let Err(err) = self.send_device(id, src) {
+            let e = Error::new(
+                err.kind(),
+                format!(
+                    "tensor `{}` was not stored: {}",
+                    handle.label,
+                    err.message()
+                ),
+            )
+            .with_source(err);
+            drop(handle);
+            return Err(e);
+        }
+        Ok(handle)
+    }
+
+    /// Where GPU `gpu`'s tensors live while the store holds them: pinned blocks (staged) or
+    /// device memory of the store's (direct). Fails where GPU tensors cannot be stored here.
+    fn device_home(&self, gpu: u32) -> Result<Home> {
+        let s = &self.shared;
+        if s.config.device_path.direct(s.runtime()?.as_ref()) {
+            return Ok(Home::Device(gpu));
+        }
+        s.copies(gpu).map_err(|err| {
+            Error::new(err.kind(), "GPU tensors cannot be offloaded here").with_source(err)
+        })?;
+        Ok(Home::Pinned(gpu))
+    }
+
+    /// Copies out and writes the GPU tensors a put took off their device
+    /// ([`State::device_overflow`](super::state::State::device_overflow)); a failure stays
+    /// with its tensor.
+    pub(crate) fn send_older(&self, older: Vec<(u64, DeviceSource)>) {
+        for (id, src) in older {
+            if let Err(err) = self.send_device(id, src) {
+                let mut st = self.shared.lock();
+                st.record_failure(id, &err, "copy out of device memory");
+                self.shared.after_change(&mut st);
+            }
+        }
+    }
+
+    /// Sends the GPU tensor `id` (its entry [`Data::Staging`], no bytes held yet) on its way
+    /// to the swap file: once its path's budget has room, an extent, then a job of an I/O
+    /// thread (the direct path), or a copy into a pinned block and its job. On failure the
+    /// entry holds no bytes ([`Data::OnDisk`]) and the error is returned.
+    fn send_device(&self, id: u64, src: DeviceSource) -> Result<()> {
+        let s = &self.shared;
+        let st = s.lock();
+        let (home, len) = (st.entries[&id].home, st.entries[&id].len);
         let mut st = s.wait_for_room(st, home, len);
-        let extent = s.extent_for(&mut st, len)?;
+        let extent = match s.extent_for(&mut st, len) {
+            Ok(x) => x,
+            Err(err) => {
+                if let Some(e) = st.entries.get_mut(&id) {
+                    e.data = Data::OnDisk;
+                }
+                s.after_change(&mut st);
+                return Err(err);
+            }
+        };
         st.hold_in(home, len);
-        entry.extent = Some(extent);
-        let Some(engine) = engine else {
+        let e = st.entries.get_mut(&id).expect("entries being sent stay");
+        e.extent = Some(extent);
+        let Home::Pinned(gpu) = home else {
             let src = Arc::new(src);
-            entry.data = Data::WritingDevice(src.clone());
-            st.entries.insert(id, entry);
+            e.data = Data::WritingDevice(src.clone());
             st.jobs.push_back(Job::WriteDevice {
                 id,
                 offset: extent.offset,
                 src,
             });
             s.work.notify_one();
-            return Ok(handle);
+            return Ok(());
         };
+        drop(st);
         // The room is reserved: the pinned block is taken with the lock released (it may
         // wait for copies into device memory to give theirs back).
-        entry.data = Data::Staging;
-        st.entries.insert(id, entry);
-        drop(st);
-        let copy = engine
-            .take_pinned(len as usize, PINNED_WAIT)
-            .and_then(|block| engine.copy_out(src, block));
+        let copy = s.copies(gpu).and_then(|engine| {
+            engine
+                .take_pinned(len as usize, PINNED_WAIT)
+                .and_then(|block| engine.copy_out(src, block))
+        });
         let mut st = s.lock();
         match copy {
             Ok(copy) => {
@@ -158,7 +224,7 @@ impl OffloadStore {
                     copy,
                 });
                 s.work.notify_one();
-                Ok(handle)
+                Ok(())
             }
             Err(err) => {
                 st.unhold(home, len);
@@ -166,17 +232,11 @@ impl OffloadStore {
                     e.data = Data::OnDisk;
                 }
                 s.after_change(&mut st);
-                drop(st);
-                let e = Error::new(
+                Err(Error::new(
                     err.kind(),
-                    format!(
-                        "tensor `{}` was not stored: its copy out of device memory failed",
-                        handle.label
-                    ),
+                    "its copy out of device memory failed".to_string(),
                 )
-                .with_source(err);
-                drop(handle);
-                Err(e)
+                .with_source(err))
             }
         }
     }

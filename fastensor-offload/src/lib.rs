@@ -140,6 +140,14 @@ pub struct OffloadConfig {
     /// budget and four times the largest tensor put so far; `Some(0)`: every tensor is
     /// written as soon as it is put.
     pub write_behind: Option<u64>,
+    /// Most bytes of GPU tensors left in their own device memory unwritten, per GPU, the
+    /// last ones put: backward takes them first, with no copy at all. Older ones are copied
+    /// out and written, oldest first, by the put that passes the limit (on its thread,
+    /// waiting for room as any put does). The store holds such a tensor as it was lent (its
+    /// memory stays the caller's and is counted in no budget of the store's). A tensor
+    /// larger than its path's budget is never kept. `None` (default): the budget;
+    /// `Some(0)`: every GPU tensor is copied out as soon as it is put.
+    pub device_write_behind: Option<u64>,
     /// Pack host tensors' chunks that are mostly zeros or two-valued (dropout masks, boolean
     /// masks, all-zero blocks) into a bitmap on their way to the swap file, and unpack them
     /// on the way back, bit for bit: fewer bytes cross to the disk. Other chunks cost a
@@ -165,6 +173,7 @@ impl OffloadConfig {
             device_path: DevicePath::Auto,
             device_runtime: None,
             write_behind: None,
+            device_write_behind: None,
             pack: defaults::PACK,
         }
     }
@@ -181,6 +190,18 @@ impl OffloadConfig {
     /// Sets [`OffloadConfig::write_behind`].
     pub fn write_behind(mut self, bytes: u64) -> Self {
         self.write_behind = Some(bytes);
+        self
+    }
+
+    /// The bytes of GPU tensors each GPU may keep unwritten
+    /// ([`OffloadConfig::device_write_behind`]).
+    pub(crate) fn device_write_behind_bytes(&self) -> u64 {
+        self.device_write_behind.unwrap_or(self.budget)
+    }
+
+    /// Sets [`OffloadConfig::device_write_behind`].
+    pub fn device_write_behind(mut self, bytes: u64) -> Self {
+        self.device_write_behind = Some(bytes);
         self
     }
 
@@ -249,7 +270,7 @@ impl OffloadConfig {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct OffloadStats {
     /// The memory budget (bytes).
-    pub budget: u64,
+    pub budget_bytes: u64,
     /// Bytes held now: being written, being read back, or prefetched.
     pub held_bytes: u64,
     /// The most bytes ever held at once (resident plus in flight); never above the budget.
@@ -257,8 +278,13 @@ pub struct OffloadStats {
     /// The process's largest resident memory seen by `put` and `get` (bytes, as the kernel
     /// counts it: `/proc/self/statm`); 0 where it cannot be read.
     pub peak_resident_bytes: u64,
-    /// The GPU memory budget ([`OffloadConfig::device_budget`]).
-    pub device_budget: u64,
+    /// The GPU memory budget ([`OffloadConfig::device_budget`], bytes).
+    pub device_budget_bytes: u64,
+    /// Bytes of GPU tensors kept in their own device memory unwritten now
+    /// ([`OffloadConfig::device_write_behind`]), all GPUs together.
+    pub device_unwritten_bytes: u64,
+    /// The most such bytes at once.
+    pub peak_device_unwritten_bytes: u64,
     /// GPU memory held now (the direct path).
     pub device_held_bytes: u64,
     /// The most GPU memory held at once.
@@ -303,7 +329,8 @@ pub struct OffloadStats {
     /// Tensors kept or read back ahead that were dropped from memory to make room.
     pub evictions: u64,
     /// Bytes of tensors that left the store (taken by a get, discarded or dropped) before
-    /// they were ever written: the unwritten tail ([`OffloadConfig::write_behind`]).
+    /// they were ever written: the unwritten tails ([`OffloadConfig::write_behind`],
+    /// [`OffloadConfig::device_write_behind`]).
     pub bytes_never_written: u64,
     /// Background transfers that failed.
     pub errors: u64,
@@ -317,4 +344,105 @@ pub struct OffloadStats {
     pub write_time: Duration,
     /// Time spent reading, prefetches and `get`'s own reads (summed over threads).
     pub read_time: Duration,
+}
+
+/// One of [`OffloadStats`]' figures, as [`OffloadStats::figures`] lists them.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Figure {
+    /// A count or a number of bytes.
+    Count(u64),
+    /// A time, in seconds.
+    Seconds(f64),
+}
+
+impl OffloadStats {
+    /// Every figure under its field's name (a time as seconds, its name ending in `_s`),
+    /// in the order of the fields: what bindings expose as is, so that a field added here
+    /// reaches them with no list of theirs to update.
+    pub fn figures(&self) -> Vec<(&'static str, Figure)> {
+        // Destructured in full: a new field fails to compile until it is listed.
+        let OffloadStats {
+            budget_bytes,
+            held_bytes,
+            peak_held_bytes,
+            peak_resident_bytes,
+            device_budget_bytes,
+            device_unwritten_bytes,
+            peak_device_unwritten_bytes,
+            device_held_bytes,
+            peak_device_held_bytes,
+            device_puts,
+            device_gets,
+            bytes_to_host,
+            bytes_to_device,
+            stage_wait,
+            small_bytes,
+            file_capacity,
+            file_allocated,
+            puts,
+            gets,
+            gets_from_memory,
+            gets_waited,
+            gets_from_disk,
+            bytes_written,
+            bytes_read,
+            file_bytes_written,
+            file_bytes_read,
+            prefetches,
+            evictions,
+            bytes_never_written,
+            errors,
+            written_through,
+            put_wait,
+            get_stall,
+            write_time,
+            read_time,
+        } = self;
+        vec![
+            ("budget_bytes", Figure::Count(*budget_bytes)),
+            ("held_bytes", Figure::Count(*held_bytes)),
+            ("peak_held_bytes", Figure::Count(*peak_held_bytes)),
+            ("peak_resident_bytes", Figure::Count(*peak_resident_bytes)),
+            ("device_budget_bytes", Figure::Count(*device_budget_bytes)),
+            (
+                "device_unwritten_bytes",
+                Figure::Count(*device_unwritten_bytes),
+            ),
+            (
+                "peak_device_unwritten_bytes",
+                Figure::Count(*peak_device_unwritten_bytes),
+            ),
+            ("device_held_bytes", Figure::Count(*device_held_bytes)),
+            (
+                "peak_device_held_bytes",
+                Figure::Count(*peak_device_held_bytes),
+            ),
+            ("device_puts", Figure::Count(*device_puts)),
+            ("device_gets", Figure::Count(*device_gets)),
+            ("bytes_to_host", Figure::Count(*bytes_to_host)),
+            ("bytes_to_device", Figure::Count(*bytes_to_device)),
+            ("stage_wait_s", Figure::Seconds(stage_wait.as_secs_f64())),
+            ("small_bytes", Figure::Count(*small_bytes)),
+            ("file_capacity", Figure::Count(*file_capacity)),
+            ("file_allocated", Figure::Count(*file_allocated)),
+            ("puts", Figure::Count(*puts)),
+            ("gets", Figure::Count(*gets)),
+            ("gets_from_memory", Figure::Count(*gets_from_memory)),
+            ("gets_waited", Figure::Count(*gets_waited)),
+            ("gets_from_disk", Figure::Count(*gets_from_disk)),
+            ("bytes_written", Figure::Count(*bytes_written)),
+            ("bytes_read", Figure::Count(*bytes_read)),
+            ("file_bytes_written", Figure::Count(*file_bytes_written)),
+            ("file_bytes_read", Figure::Count(*file_bytes_read)),
+            ("prefetches", Figure::Count(*prefetches)),
+            ("evictions", Figure::Count(*evictions)),
+            ("bytes_never_written", Figure::Count(*bytes_never_written)),
+            ("errors", Figure::Count(*errors)),
+            ("written_through", Figure::Count(*written_through)),
+            ("put_wait_s", Figure::Seconds(put_wait.as_secs_f64())),
+            ("get_stall_s", Figure::Seconds(get_stall.as_secs_f64())),
+            ("write_time_s", Figure::Seconds(write_time.as_secs_f64())),
+            ("read_time_s", Figure::Seconds(read_time.as_secs_f64())),
+        ]
+    }
 }

@@ -11,6 +11,9 @@
 //! a tensor written stays in memory while the budget has room; room is made by dropping the
 //! kept tensors least needed: those the schedule does not expect soon, oldest first, then
 //! the farthest expected ones.
+//! GPU tensors likewise wait unwritten in their own device memory, the last ones put on
+//! each GPU up to the device write-behind limit; the put that passes it copies out the
+//! oldest ([`State::device_overflow`]).
 
 use super::allocator::{Extent, ExtentAllocator};
 use super::packing::{Layout, Written};
@@ -100,6 +103,11 @@ pub(crate) enum Data {
     Loaded(Payload),
     /// A background transfer failed.
     Failed(Failure),
+    /// A GPU tensor in its own device memory, as lent, not copied out yet (counted in no
+    /// budget): one of the last GPU tensors put, which backward takes first. Copied out once
+    /// its GPU's unwritten bytes pass the device write-behind limit
+    /// ([`State::device_overflow`]); taken (or dropped) before, it is never copied.
+    OnDevice(DeviceSource),
     /// A GPU tensor being copied into a pinned block (the staged path: the copy and its
     /// device memory are in the tensor's job), then written.
     Staging,
@@ -265,6 +273,10 @@ pub(crate) struct State {
     /// lengths, and the sum of those.
     unwritten: BTreeMap<u64, u64>,
     unwritten_bytes: u64,
+    /// The GPU tensors kept in their device memory ([`Data::OnDevice`]), oldest first, with
+    /// their GPU and length, and the sum of those per GPU.
+    on_device: BTreeMap<u64, (u32, u64)>,
+    on_device_bytes: BTreeMap<u32, u64>,
     pub(crate) next_id: u64,
     pub(crate) shutdown: bool,
     pub(crate) stats: OffloadStats,
@@ -355,8 +367,9 @@ impl State {
             } else {
                 (&mut host, self.budget)
             };
-            if e.len > budget {
-                return true; // never held (read back on its get): passed over
+            if e.len > budget || matches!(e.data, Data::OnDevice(_)) {
+                // Never held (read back on its get), or never read: passed over.
+                return true;
             }
             *sum = sum.saturating_add(e.len);
             *sum <= budget
@@ -426,6 +439,13 @@ impl State {
                 }
                 Data::Writing(b) => Step::Taken(Taken::Shared(b.clone())),
                 Data::WritingDevice(src) => Step::Taken(Taken::Source(src.clone())),
+                Data::OnDevice(_) => {
+                    let Data::OnDevice(src) = std::mem::replace(&mut e.data, Data::OnDisk) else {
+                        unreachable!("matched above")
+                    };
+                    self.never_on_disk(id);
+                    Step::Taken(Taken::Source(Arc::new(src)))
+                }
                 _ => {
                     // Unwritten, kept or read back: the bytes leave the store.
                     let data = std::mem::replace(&mut e.data, Data::OnDisk);
@@ -583,6 +603,79 @@ impl State {
         }
     }
 
+    /// Adds `entry` as the GPU tensor `id` of GPU `gpu`, kept in its own device memory
+    /// (`src`) unwritten.
+    pub(crate) fn insert_on_device(
+        &mut self,
+        id: u64,
+        gpu: u32,
+        mut entry: Entry,
+        src: DeviceSource,
+    ) {
+        let len = entry.len;
+        self.on_device.insert(id, (gpu, len));
+        let sum = self.on_device_bytes.entry(gpu).or_default();
+        *sum += len;
+        entry.data = Data::OnDevice(src);
+        self.entries.insert(id, entry);
+    }
+
+    /// The GPU tensors of GPU `gpu` kept in device memory beyond `limit` bytes, oldest
+    /// first (the ones backward needs last), taken out to be copied out and written
+    /// (`OffloadStore::send_device`); each is [`Data::Staging`] meanwhile, so a get of it
+    /// waits. `None` for `gpu`: every GPU's, down to `limit` each. Tracks the peak of the
+    /// bytes kept (after this: a put's own tensor joins before the oldest leave).
+    pub(crate) fn device_overflow(
+        &mut self,
+        gpu: Option<u32>,
+        limit: u64,
+    ) -> Vec<(u64, DeviceSource)> {
+        let mut out = Vec::new();
+        let over: Vec<u64> = self
+            .on_device
+            .iter()
+            .filter(|(_, (g, _))| gpu.is_none_or(|want| *g == want))
+            .map(|(&id, _)| id)
+            .collect();
+        for id in over {
+            let (g, _) = self.on_device[&id];
+            if self.on_device_bytes.get(&g).copied().unwrap_or(0) <= limit {
+                continue;
+            }
+            self.leave_device(id);
+            let e = self.entries.get_mut(&id).expect("kept tensors are live");
+            let Data::OnDevice(src) = std::mem::replace(&mut e.data, Data::Staging) else {
+                unreachable!("listed as kept on its device")
+            };
+            out.push((id, src));
+        }
+        let total = self.device_unwritten_bytes();
+        self.stats.peak_device_unwritten_bytes = self.stats.peak_device_unwritten_bytes.max(total);
+        out
+    }
+
+    /// Takes `id` off the list of GPU tensors kept in device memory; its bytes there.
+    fn leave_device(&mut self, id: u64) -> u64 {
+        let Some((gpu, len)) = self.on_device.remove(&id) else {
+            return 0;
+        };
+        if let Some(sum) = self.on_device_bytes.get_mut(&gpu) {
+            *sum -= len;
+        }
+        len
+    }
+
+    /// The GPU tensor `id`, kept in device memory, leaves the store without a write (taken,
+    /// discarded or dropped).
+    fn never_on_disk(&mut self, id: u64) {
+        self.stats.bytes_never_written += self.leave_device(id);
+    }
+
+    /// Bytes of GPU tensors kept in device memory now, all GPUs together.
+    pub(crate) fn device_unwritten_bytes(&self) -> u64 {
+        self.on_device_bytes.values().sum()
+    }
+
     /// Removes a tensor and frees its extent.
     fn remove(&mut self, id: u64) {
         if let Some(e) = self.entries.remove(&id) {
@@ -622,6 +715,7 @@ impl State {
                 self.unhold(home, len);
                 self.never_written(id);
             }
+            Data::OnDevice(_) => self.never_on_disk(id),
             _ => self.unhold(home, len), // kept or read back
         }
         self.remove(id);
@@ -634,7 +728,11 @@ impl State {
         };
         e.taken = true;
         e.discarded = true;
-        if e.data.droppable() || matches!(e.data, Data::Unwritten(_)) {
+        if matches!(e.data, Data::OnDevice(_)) {
+            // Given back to its owner unwritten: the lent memory is released now.
+            e.data = Data::OnDisk;
+            self.never_on_disk(id);
+        } else if e.data.droppable() || matches!(e.data, Data::Unwritten(_)) {
             // No get is answered after a discard: what was never written is never read.
             let unwritten = matches!(e.data, Data::Unwritten(_));
             e.data = Data::OnDisk;
@@ -737,16 +835,25 @@ impl State {
     /// the failure (its `get` raises it), the failure waits to be reported, and the entry's
     /// bytes are no longer held; an entry whose handle was dropped goes.
     fn fail(&mut self, id: u64, err: &fastensor_core::Error, what: &str) {
+        let e = &self.entries[&id];
+        let (home, len) = (e.home, e.len);
+        self.unhold(home, len);
+        self.record_failure(id, err, what);
+    }
+
+    /// Records a failure of `id` during `what` whose bytes are held no more: the entry keeps
+    /// it (its `get` raises it), it waits to be reported by a put, and an entry whose handle
+    /// was dropped goes.
+    pub(crate) fn record_failure(&mut self, id: u64, err: &fastensor_core::Error, what: &str) {
         let e = self
             .entries
             .get_mut(&id)
             .expect("transferred tensors stay until done");
         let f = Failure::new(err, what, id, &e.label);
         e.data = Data::Failed(f.clone());
-        let (home, len, dropped) = (e.home, e.len, e.dropped);
+        let dropped = e.dropped;
         self.unreported.push_back(f);
         self.stats.errors += 1;
-        self.unhold(home, len);
         if dropped {
             self.remove(id);
         }

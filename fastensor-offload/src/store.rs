@@ -461,9 +461,12 @@ impl OffloadStore {
         s.after_change(&mut st);
     }
 
-    /// Writes every tensor still unwritten, and waits until every background write and read
+    /// Writes every tensor still unwritten (GPU tensors kept in device memory included),
+    /// and waits until every background write and read
     /// has finished.
     pub fn flush(&self) {
+        let kept = self.shared.lock().device_overflow(None, 0);
+        self.send_older(kept);
         let mut st = self.shared.lock();
         self.shared.wake_for(st.write_behind(0));
         while !st.jobs.is_empty() || st.entries.values().any(|e| e.data.in_flight()) {
@@ -475,9 +478,10 @@ impl OffloadStore {
     pub fn stats(&self) -> OffloadStats {
         let st = self.shared.lock();
         let mut out = st.stats.clone();
-        out.budget = self.shared.config.budget;
+        out.budget_bytes = self.shared.config.budget;
         out.held_bytes = st.held;
-        out.device_budget = self.shared.config.device_budget;
+        out.device_budget_bytes = self.shared.config.device_budget;
+        out.device_unwritten_bytes = st.device_unwritten_bytes();
         out.device_held_bytes = st.device_held;
         out.file_capacity = st.alloc.capacity();
         out.file_allocated = st.alloc.allocated();

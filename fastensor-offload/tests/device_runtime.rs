@@ -90,6 +90,23 @@ struct Outgoing {
     block: Box<dyn PinnedBytes>,
 }
 
+/// The producer's work failed (a device fault): waiting for it says so.
+#[derive(Debug)]
+struct Faulted;
+
+impl DeviceEvent for Faulted {
+    fn is_done(&self) -> Result<bool> {
+        Err(fastensor_core::Error::new(
+            ErrorKind::Io,
+            "the device faulted",
+        ))
+    }
+
+    fn wait(&self) -> Result<()> {
+        self.is_done().map(drop)
+    }
+}
+
 impl DeviceEvent for Passed {
     fn is_done(&self) -> Result<bool> {
         Ok(true)
@@ -234,21 +251,56 @@ fn bytes(n: usize, seed: u64) -> Vec<u8> {
 }
 
 fn source(data: &[u8], returned: &Arc<AtomicUsize>) -> DeviceSource {
+    source_after(data, returned, Box::new(Passed))
+}
+
+/// "Device memory" holding `data`, produced by the work `after` names.
+fn source_after(
+    data: &[u8],
+    returned: &Arc<AtomicUsize>,
+    after: Box<dyn DeviceEvent>,
+) -> DeviceSource {
     let lent = Lent {
         bytes: data.into(),
         ordinal: 0,
         returned: returned.clone(),
     };
-    DeviceSource::new(Box::new(lent), Some(Box::new(Passed)))
+    DeviceSource::new(Box::new(lent), Some(after))
 }
 
 fn store(dir: &std::path::Path, runtime: Option<Arc<dyn DeviceRuntime>>) -> OffloadStore {
+    store_with(dir, runtime, |c| c)
+}
+
+fn store_with(
+    dir: &std::path::Path,
+    runtime: Option<Arc<dyn DeviceRuntime>>,
+    set: impl FnOnce(OffloadConfig) -> OffloadConfig,
+) -> OffloadStore {
     // Room for one of the largest tensors: the others are read back from the swap file.
-    let mut config = OffloadConfig::new(dir, 400_000)
+    let mut config = set(OffloadConfig::new(dir, 400_000)
         .small_threshold(0)
-        .device_path(DevicePath::Auto);
+        .device_path(DevicePath::Auto));
     config.device_runtime = runtime;
     OffloadStore::new(&fastensor_posix::PosixBackend, config).unwrap()
+}
+
+/// A store of the host runtime that keeps up to `limit` bytes of GPU tensors on their device.
+fn keeping(dir: &std::path::Path, limit: u64) -> OffloadStore {
+    store_with(dir, Some(Arc::new(HostRuntime)), |c| {
+        c.device_write_behind(limit)
+    })
+}
+
+/// Copies the tensor of `h` into "device memory" and returns it.
+fn get_device(store: &OffloadStore, h: &fastensor_offload::Handle) -> Result<Vec<u8>> {
+    let mut dest = vec![0u8; h.len() as usize];
+    let range = DeviceRange::new(dest.as_mut_ptr() as u64, dest.len(), 0);
+    // SAFETY: `dest` is host memory standing in for device memory, alive and unused until
+    // the (synchronous) copy has passed.
+    let dest_ref = unsafe { DeviceDest::new(range, store.copy_stream(0)?) };
+    store.get_into_device(h, &dest_ref)?;
+    Ok(dest)
 }
 
 #[test]
@@ -322,4 +374,120 @@ fn without_a_device_runtime_gpu_tensors_are_unsupported() {
     assert_eq!(e.kind(), ErrorKind::Unsupported, "{e}");
     assert!(store.get(&h).is_ok(), "the host tensor is still there");
     assert!(store.pinned_stats(0).is_none());
+}
+
+#[test]
+fn the_last_gpu_tensors_put_stay_on_their_device_until_later_puts_pass_the_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = keeping(dir.path(), 250_000);
+    let returned = Arc::new(AtomicUsize::new(0));
+    let n = 100_000;
+    let mut hs = Vec::new();
+    for i in 0..5u64 {
+        hs.push(
+            store
+                .put_device(source(&bytes(n, i), &returned), format!("t{i}"))
+                .unwrap(),
+        );
+        // Two fit under the limit; each put beyond copies out the oldest kept.
+        let kept = (i as usize + 1).min(2);
+        assert_eq!(
+            returned.load(Ordering::SeqCst),
+            i as usize + 1 - kept,
+            "after put {i}"
+        );
+        assert_eq!(store.stats().device_unwritten_bytes, (kept * n) as u64);
+    }
+    assert!(
+        !store.is_written(&hs[4]),
+        "kept on its device, never written"
+    );
+    let s = store.stats();
+    assert_eq!(s.peak_device_unwritten_bytes, 2 * n as u64, "{s:?}");
+    assert_eq!(
+        s.bytes_to_host,
+        3 * n as u64,
+        "only the older ones were copied out: {s:?}"
+    );
+
+    // Backward takes the newest from its own memory, with no write or read.
+    assert!(get_device(&store, &hs[4]).unwrap() == bytes(n, 4));
+    assert_eq!(
+        returned.load(Ordering::SeqCst),
+        4,
+        "given back once copied in"
+    );
+    // The caller used the other one in place: discarding it gives its memory back.
+    store.discard(&hs[3]);
+    assert_eq!(returned.load(Ordering::SeqCst), 5);
+    let s = store.stats();
+    assert_eq!(s.device_unwritten_bytes, 0, "{s:?}");
+    assert_eq!(s.bytes_never_written, 2 * n as u64, "{s:?}");
+    for i in (0..3).rev() {
+        assert!(
+            get_device(&store, &hs[i]).unwrap() == bytes(n, i as u64),
+            "t{i}"
+        );
+    }
+    assert_eq!(store.stats().bytes_written, 3 * n as u64);
+}
+
+#[test]
+fn a_gpu_tensor_kept_on_its_device_is_written_by_flush_and_given_back_when_dropped() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = store(dir.path(), Some(Arc::new(HostRuntime)));
+    let returned = Arc::new(AtomicUsize::new(0));
+    let kept = store
+        .put_device(source(&bytes(5000, 1), &returned), "kept")
+        .unwrap();
+    let dropped = store
+        .put_device(source(&bytes(5000, 2), &returned), "dropped")
+        .unwrap();
+    assert_eq!(
+        returned.load(Ordering::SeqCst),
+        0,
+        "both within the default limit"
+    );
+    drop(dropped);
+    assert_eq!(
+        returned.load(Ordering::SeqCst),
+        1,
+        "a dropped handle gives its memory back"
+    );
+    store.flush();
+    assert_eq!(
+        returned.load(Ordering::SeqCst),
+        2,
+        "flush copies out what is kept"
+    );
+    assert!(store.is_written(&kept));
+    assert!(store.get(&kept).unwrap()[..] == bytes(5000, 1)[..]);
+
+    let at_once = keeping(dir.path(), 0);
+    let h = at_once
+        .put_device(source(&bytes(5000, 3), &returned), "t")
+        .unwrap();
+    assert_eq!(returned.load(Ordering::SeqCst), 3, "copied out by its put");
+    assert!(at_once.get(&h).unwrap()[..] == bytes(5000, 3)[..]);
+}
+
+#[test]
+fn a_kept_gpu_tensor_whose_copy_out_fails_keeps_the_failure_and_the_next_put_reports_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = keeping(dir.path(), 6000);
+    let returned = Arc::new(AtomicUsize::new(0));
+    let faulted = source_after(&bytes(5000, 1), &returned, Box::new(Faulted));
+    let bad = store.put_device(faulted, "faulted").unwrap();
+    // This put passes the limit: the faulted tensor is copied out, and its copy fails.
+    let good = store
+        .put_device(source(&bytes(5000, 2), &returned), "good")
+        .unwrap();
+    let e = store.get(&bad).unwrap_err();
+    assert!(e.to_string().contains("`faulted`"), "{e}");
+    assert!(e.to_string().contains("copy out of device memory"), "{e}");
+    let e = store
+        .put_device(source(&bytes(5000, 3), &returned), "next")
+        .unwrap_err();
+    assert!(e.to_string().contains("`next` was not stored"), "{e}");
+    assert!(get_device(&store, &good).unwrap() == bytes(5000, 2));
 }

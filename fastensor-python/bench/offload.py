@@ -248,7 +248,7 @@ def worker(spec: dict) -> None:
                 write_s=s["write_time_s"],
                 read_s=s["read_time_s"],
                 stall=s["unpack_stall_s"],
-                wait=s["pack_wait_s"],
+                wait=s["put_wait_s"],
                 pool=s["caching_allocator"],
             )
         print(json.dumps(out), flush=True)

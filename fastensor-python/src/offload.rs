@@ -18,7 +18,8 @@ use crate::errors::IntoPy;
 use crate::memory::{self, Access, Lent, Place};
 use fastensor::gds::copies::{DeviceBytes, DeviceDest, DeviceSource, StreamRef};
 use fastensor::offload::{
-    defaults, DevicePath, ForeignBytes, Handle, HostPool, OffloadConfig, OffloadStore, Payload,
+    defaults, DevicePath, Figure, ForeignBytes, Handle, HostPool, OffloadConfig, OffloadStore,
+    Payload,
 };
 use fastensor::HostBuffer;
 use pyo3::exceptions::PyValueError;
@@ -151,12 +152,14 @@ impl PyOffloadStore {
     /// A store whose swap file is a new file in `dir`, opened through `engine`. Every tensor
     /// put goes to the store (the caller keeps small ones itself); the last ones put, up to
     /// `write_behind` bytes (`None`: `OffloadConfig::write_behind`'s default), wait
-    /// unwritten and are never written if taken back first. `initial_capacity` bytes are
+    /// unwritten and are never written if taken back first; so do the last GPU tensors put,
+    /// in their own device memory, up to `device_write_behind` bytes per GPU (`None`: the
+    /// budget). `initial_capacity` bytes are
     /// reserved in the swap file at once: growing it later waits for the writes in flight.
     /// With `pack`, chunks that are mostly zeros or two-valued cross to the file as bitmaps
     /// (`OffloadConfig::pack`).
     #[new]
-    #[pyo3(signature = (engine, dir, budget, prefetch_depth=defaults::PREFETCH_AS_BUDGET_HOLDS, io_threads=defaults::IO_THREADS, initial_capacity=0, device_path="auto", write_behind=None, pack=defaults::PACK))]
+    #[pyo3(signature = (engine, dir, budget, prefetch_depth=defaults::PREFETCH_AS_BUDGET_HOLDS, io_threads=defaults::IO_THREADS, initial_capacity=0, device_path="auto", write_behind=None, pack=defaults::PACK, device_write_behind=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -169,10 +172,12 @@ impl PyOffloadStore {
         device_path: &str,
         write_behind: Option<u64>,
         pack: bool,
+        device_write_behind: Option<u64>,
     ) -> PyResult<Self> {
         let device_path: DevicePath = device_path.parse().py_err()?;
         let config = OffloadConfig {
             write_behind,
+            device_write_behind,
             ..OffloadConfig::new(dir, budget)
         };
         let config = config
@@ -432,48 +437,16 @@ impl PyOffloadStore {
         })
     }
 
-    /// The store's counters (bytes as int, times in seconds).
+    /// The store's counters, every field of `fastensor::offload::OffloadStats` under its
+    /// name (bytes as int; times in seconds, named `<field>_s`).
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let s = self.with(|s| Ok(s.stats()))?;
         let d = PyDict::new(py);
-        for (k, v) in [
-            ("budget", s.budget),
-            ("held_bytes", s.held_bytes),
-            ("peak_held_bytes", s.peak_held_bytes),
-            ("file_capacity", s.file_capacity),
-            ("file_allocated", s.file_allocated),
-            ("puts", s.puts),
-            ("gets", s.gets),
-            ("gets_from_memory", s.gets_from_memory),
-            ("gets_waited", s.gets_waited),
-            ("gets_from_disk", s.gets_from_disk),
-            ("bytes_written", s.bytes_written),
-            ("bytes_read", s.bytes_read),
-            ("file_bytes_written", s.file_bytes_written),
-            ("file_bytes_read", s.file_bytes_read),
-            ("prefetches", s.prefetches),
-            ("evictions", s.evictions),
-            ("bytes_never_written", s.bytes_never_written),
-            ("errors", s.errors),
-            ("written_through", s.written_through),
-            ("device_puts", s.device_puts),
-            ("device_gets", s.device_gets),
-            ("bytes_to_host", s.bytes_to_host),
-            ("bytes_to_device", s.bytes_to_device),
-            ("device_held_bytes", s.device_held_bytes),
-            ("peak_device_held_bytes", s.peak_device_held_bytes),
-            ("peak_resident_bytes", s.peak_resident_bytes),
-        ] {
-            d.set_item(k, v)?;
-        }
-        for (k, v) in [
-            ("put_wait_s", s.put_wait),
-            ("get_stall_s", s.get_stall),
-            ("write_time_s", s.write_time),
-            ("read_time_s", s.read_time),
-            ("stage_wait_s", s.stage_wait),
-        ] {
-            d.set_item(k, v.as_secs_f64())?;
+        for (name, figure) in s.figures() {
+            match figure {
+                Figure::Count(n) => d.set_item(name, n)?,
+                Figure::Seconds(t) => d.set_item(name, t)?,
+            }
         }
         Ok(d)
     }

@@ -24,10 +24,18 @@ def _cuda_or_skip() -> None:
         pytest.skip(f"no CUDA (not even the stand-in) in this process: {e}")
 
 
-def _store(tmp_path, path: str, budget: int = 2 * MIB):
+def _store(tmp_path, path: str, budget: int = 2 * MIB, device_write_behind: int | None = 0):
+    """A store that copies out every CUDA tensor at its put, unless ``device_write_behind``
+    says how many bytes of the last ones to keep on their device (``None``: the default)."""
     from fastensor._engine import engine_or_default
 
-    return _native.OffloadStore(engine_or_default(None), str(tmp_path), budget, device_path=path)
+    return _native.OffloadStore(
+        engine_or_default(None),
+        str(tmp_path),
+        budget,
+        device_path=path,
+        device_write_behind=device_write_behind,
+    )
 
 
 @pytest.mark.parametrize("path", ["staged", "direct"])
@@ -49,6 +57,32 @@ def test_cuda_memory_round_trips_bit_exact_at_odd_sizes(tmp_path, path):
     stats = store.stats()
     assert stats["device_puts"] == stats["device_gets"] == len(sizes)
     assert stats["bytes_written"] >= sum(sizes)
+    store.close()
+
+
+@pytest.mark.parametrize("path", ["staged", "direct"])
+def test_the_last_cuda_tensors_stay_on_their_device_and_the_older_ones_are_written(tmp_path, path):
+    _cuda_or_skip()
+    store = _store(tmp_path, path, budget=4 * MIB, device_write_behind=None)
+    rng = random.Random(5)
+    data = [rng.randbytes(MIB + i) for i in range(6)]
+    handles = [
+        store.put_device(_native.DeviceArray.from_bytes(d, 0), f"t{i}") for i, d in enumerate(data)
+    ]
+    stats = store.stats()
+    kept = stats["device_unwritten_bytes"]
+    assert 0 < kept <= 4 * MIB, "the default keeps up to the budget on the device"
+    assert stats["peak_device_unwritten_bytes"] == kept
+    store.expect_backward()
+    for i in reversed(range(len(data))):
+        out = _native.DeviceArray.zeros(len(data[i]), 0)
+        store.get_into(handles[i], out)
+        assert out.to_bytes() == data[i], f"tensor {i}"
+    store.flush()
+    stats = store.stats()
+    assert stats["device_unwritten_bytes"] == 0
+    assert stats["bytes_never_written"] == kept, "the kept ones were never written"
+    assert stats["bytes_written"] == sum(map(len, data)) - kept
     store.close()
 
 

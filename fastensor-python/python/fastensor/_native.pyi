@@ -254,6 +254,7 @@ class OffloadStore:
         device_path: str = "auto",
         write_behind: int | None = None,
         pack: bool = ...,
+        device_write_behind: int | None = None,
     ) -> OffloadStore: ...
     @property
     def path(self) -> Path: ...

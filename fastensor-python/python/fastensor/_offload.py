@@ -47,8 +47,6 @@ class _Record:
     __slots__ = (
         "session",
         "handle",
-        "kept",
-        "tail_key",
         "source",
         "original",
         "saved",
@@ -64,14 +62,11 @@ class _Record:
     def __init__(self, session: _Session, handle: Any, source: StorageWeakRef, device, nbytes):
         self.session = session
         self.handle = handle
-        #: A CUDA storage kept on its device, not offloaded (yet): a uint8 tensor over it,
-        #: and its key in the session's tail.
-        self.kept: torch.Tensor | None = None
-        self.tail_key = 0
         #: The original storage, weakly: a dead one means its address may be reused.
         self.source = source
-        #: The original storage's Python object (CPU), weakly: alive while its write is still
-        #: pending or something else holds it; unpack then takes it as it is.
+        #: The original storage's Python object, weakly: alive while the store still holds
+        #: it (a CPU storage until written, a CUDA one until copied out: the last ones saved
+        #: stay on their device) or something else does; unpack then takes it as it is.
         self.original: weakref.ref | None = None
         #: The saved tensor (weakly) and its version when packed: a tensor changed in place
         #: since then comes back from disk, as packed (once its write was seen finished).
@@ -124,7 +119,6 @@ class _Session:
         depth: int,
         allocator: tuple,
         hint_key: str,
-        gpu_keep_bytes: int,
     ):
         self.store = store
         self.hint_key = hint_key
@@ -146,12 +140,6 @@ class _Session:
             0,
         )
         self.unpack_stall_s = 0.0
-        #: CUDA storages kept on their device, oldest first, per device (weakly: a record
-        #: dies with its graph), and their bytes.
-        self.gpu_tail: dict[torch.device, collections.OrderedDict[int, tuple]] = {}
-        self.gpu_tail_bytes: dict[torch.device, int] = {}
-        self.tail_keys = itertools.count(1)
-        self.gpu_keep_bytes = gpu_keep_bytes
         #: Per CUDA device: bytes offloaded, bytes kept on the device, unpack stall.
         self.per_device: dict[str, dict[str, float]] = {}
         self.labels = itertools.count()
@@ -184,40 +172,18 @@ class _Session:
             queue.popleft()
 
     def figures(self) -> dict[str, Any]:
-        out: dict[str, Any] = dict(self.counts)
+        """The store's figures as Rust names them (``OffloadStats``), then the hooks' own."""
+        if not self.store.closed:
+            self._native = self.store.stats()
+            # After the figures: a write they count as done is seen finished.
+            self.confirm_writes()
+        out: dict[str, Any] = dict(getattr(self, "_native", None) or {})
+        out.update(self.counts)
         out["unpack_stall_s"] = self.unpack_stall_s
         out["swap_path"] = self.swap_path
         out["devices"] = {k: dict(v) for k, v in self.per_device.items()}
         out["caching_allocator"] = self.allocator_token is not None
         out["caching_allocator_reason"] = self.allocator_reason
-        if not self.store.closed:
-            n = self.store.stats()
-            self._native = n
-            # After the figures: a write they count as done is seen finished.
-            self.confirm_writes()
-        else:
-            n = getattr(self, "_native", None) or {}
-        out["budget_bytes"] = n.get("budget", 0)
-        for k in (
-            "peak_held_bytes",
-            "held_bytes",
-            "bytes_written",
-            "bytes_read",
-            "file_bytes_written",
-            "file_bytes_read",
-            "prefetches",
-            "peak_resident_bytes",
-            "written_through",
-            "bytes_never_written",
-        ):
-            out[k] = n.get(k, 0)
-        out["gets_from_memory"] = n.get("gets_from_memory", 0)
-        for k in ("bytes_to_host", "bytes_to_device", "device_puts", "device_gets"):
-            out[k] = n.get(k, 0)
-        out["stage_wait_s"] = n.get("stage_wait_s", 0.0)
-        out["pack_wait_s"] = n.get("put_wait_s", 0.0)
-        out["write_time_s"] = n.get("write_time_s", 0.0)
-        out["read_time_s"] = n.get("read_time_s", 0.0)
         return out
 
     def close(self) -> None:
@@ -303,8 +269,12 @@ class _Session:
         self.counts["tensors_offloaded"] += 1
         self.counts["bytes_offloaded"] += nbytes
         if dev.type == "cuda":
-            rec = _Record(self, None, source, dev, nbytes)
-            self._keep_on_device(rec, flat)
+            # Handed over with the stream handshake: no wait for the device here. The store
+            # keeps the last ones saved on their device, as they are.
+            handle = self.store.put_device(flat, f"saved{next(self.labels)}")
+            self._device_figures(dev)["bytes_offloaded"] += nbytes
+            rec = _Record(self, handle, source, dev, nbytes)
+            rec.original = weakref.ref(storage)
             return rec
         # A block of the caching allocator may be written to its page-rounded end (direct
         # I/O from the tensor, with no copy of a partial page): the store checks the block.
@@ -317,40 +287,6 @@ class _Session:
             {"bytes_offloaded": 0, "bytes_kept_on_device": 0, "unpack_stall_s": 0.0},
         )
 
-    def _keep_on_device(self, rec: _Record, flat: torch.Tensor) -> None:
-        """Keeps a CUDA storage on its device as the newest of the tail; hands the oldest
-        ones to the store while the tail holds more than its budget."""
-        dev = rec.device
-        rec.kept = flat
-        tail = self.gpu_tail.setdefault(dev, collections.OrderedDict())
-        rec.tail_key = next(self.tail_keys)
-        tail[rec.tail_key] = (weakref.ref(rec), rec.nbytes)
-        self.gpu_tail_bytes[dev] = self.gpu_tail_bytes.get(dev, 0) + rec.nbytes
-        while self.gpu_tail_bytes[dev] > self.gpu_keep_bytes and tail:
-            ref, nbytes = next(iter(tail.values()))
-            old = ref()
-            if old is not None and old.kept is not None:
-                # Handed over with the stream handshake: no wait for the device here. Should
-                # the store refuse it, the record keeps its tensor on the device (and the
-                # error is raised in the forward pass).
-                old.handle = self.store.put_device(old.kept, f"saved{next(self.labels)}")
-                kept, old.kept = old.kept, None
-                old.original = weakref.ref(kept.untyped_storage())
-                self._device_figures(dev)["bytes_offloaded"] += nbytes
-            tail.popitem(last=False)
-            self.gpu_tail_bytes[dev] -= nbytes
-
-    def _take_kept(self, rec: _Record) -> torch.UntypedStorage | None:
-        """The storage of a record still kept on its device (leaving the tail), or None."""
-        if rec.kept is None:
-            return None
-        tail = self.gpu_tail.get(rec.device)
-        if tail is not None and tail.pop(rec.tail_key, None) is not None:
-            self.gpu_tail_bytes[rec.device] -= rec.nbytes
-        kept, rec.kept = rec.kept, None
-        self._device_figures(rec.device)["bytes_kept_on_device"] += rec.nbytes
-        return kept.untyped_storage()
-
     def unpack(self, p: torch.Tensor | _Packed) -> torch.Tensor:
         """The saved tensor back: ``p`` itself, or rebuilt from the bytes read back."""
         if isinstance(p, torch.Tensor):
@@ -360,15 +296,14 @@ class _Session:
         self.confirm_writes()
         storage = rec.restored
         if storage is None:
-            storage = self._take_kept(rec)
-            if storage is not None:
-                rec.restored = storage
-        if storage is None:
             storage = rec.in_memory()
             if storage is not None:
-                # Still in memory (its write pending, or held elsewhere): no read at all.
+                # Still in memory (not written or copied out yet, or held elsewhere): no
+                # read at all.
                 self.store.discard(rec.handle)
                 self.counts["restored_in_place"] += 1
+                if rec.device.type == "cuda":
+                    self._device_figures(rec.device)["bytes_kept_on_device"] += rec.nbytes
                 rec.restored = storage
         if storage is None and rec.device.type == "cuda":
             t0 = time.perf_counter()

@@ -128,6 +128,11 @@ class offload:  # noqa: N801 (a context manager named as a function, like torch.
             change (at a pack, an unpack, the end of the block, or a read of ``stats``);
             changed before that (unwritten, or its write in flight), backward raises
             ``RuntimeError`` as autograd does.
+        device_write_behind: most bytes of the last CUDA tensors saved that stay in their own
+            device memory, per device: backward takes them first, in place, with no copy;
+            older ones are copied out and written, oldest first, by the pack that passes
+            the limit. ``None`` (default): ``budget_bytes``; ``0``: every CUDA tensor is
+            copied out as soon as it is saved.
         pack: store chunks of saved tensors that are mostly zeros or hold only 0 and one
             other value (dropout masks, as float or bool; all-zero blocks) as bitmaps in the
             swap file, and unpack them when read back, bit for bit: fewer bytes cross to the
@@ -169,6 +174,7 @@ class offload:  # noqa: N801 (a context manager named as a function, like torch.
         *,
         io_threads: int = _DEFAULTS["io_threads"],
         write_behind: int | None = None,
+        device_write_behind: int | None = None,
         pack: bool = _DEFAULTS["pack"],
         caching_allocator: bool = True,
         release_memory: bool = False,
@@ -187,6 +193,11 @@ class offload:  # noqa: N801 (a context manager named as a function, like torch.
         if write_behind is not None and write_behind < 0:
             raise _invalid(f"fastensor offload: write_behind must be >= 0, not {write_behind}")
         self.write_behind = write_behind
+        if device_write_behind is not None and device_write_behind < 0:
+            raise _invalid(
+                f"fastensor offload: device_write_behind must be >= 0, not {device_write_behind}"
+            )
+        self.device_write_behind = device_write_behind
         self.pack = bool(pack)
         self.caching_allocator = caching_allocator
         self.release_memory = release_memory
@@ -225,14 +236,13 @@ class offload:  # noqa: N801 (a context manager named as a function, like torch.
                 initial_capacity=_capacity_hints.get(hint_key, 0),
                 device_path=self.device_path,
                 write_behind=self.write_behind,
+                device_write_behind=self.device_write_behind,
                 pack=self.pack,
             )
         except BaseException:
             _allocator_disable(allocator[0])
             raise
-        session = _Session(
-            store, self.min_bytes, depth, allocator, hint_key, gpu_keep_bytes=self.budget_bytes
-        )
+        session = _Session(store, self.min_bytes, depth, allocator, hint_key)
         self._hooks = torch.autograd.graph.saved_tensors_hooks(session.pack, session.unpack)
         self._hooks.__enter__()
         self._session = session

@@ -3,6 +3,7 @@ the store is open, kept once it closed."""
 
 from __future__ import annotations
 
+import warnings
 import weakref
 from typing import Any, Protocol
 
@@ -81,7 +82,7 @@ class OffloadStats:
     unpack_stall_s = _field(
         "unpack_stall_s", "Time unpack waited for bytes to come back (wall, in backward)."
     )
-    pack_wait_s = _field("pack_wait_s", "Time pack waited for room in the budget (forward).")
+    put_wait_s = _field("put_wait_s", "Time pack waited for room in the store's budget (forward).")
     write_time_s = _field("write_time_s", "Time the I/O threads spent writing.")
     read_time_s = _field("read_time_s", "Time spent reading back (prefetch and on demand).")
     prefetches = _field("prefetches", "Reads started ahead of their unpack.")
@@ -91,8 +92,13 @@ class OffloadStats:
     swap_path = _field("swap_path", "The swap file's path.")
     devices = _field(
         "devices",
-        "Per CUDA device (``'cuda:0'``...): bytes offloaded, bytes kept on the device (the last "
-        "ones saved, used in place by backward), and the time unpack waited.",
+        "Per CUDA device (``'cuda:0'``...): bytes offloaded, bytes backward took from their "
+        "own device memory (the last ones saved, never copied out: ``device_write_behind``), "
+        "and the time unpack waited.",
+    )
+    device_unwritten_bytes = _field(
+        "device_unwritten_bytes",
+        "Bytes of CUDA tensors the store keeps in their own device memory now.",
     )
     bytes_to_host = _field(
         "bytes_to_host", "Bytes copied out of GPU memory into pinned memory (the staged path)."
@@ -102,6 +108,16 @@ class OffloadStats:
         "caching_allocator",
         "Whether torch's large CPU allocations came from fastensor's pool.",
     )
+
+    @property
+    def pack_wait_s(self) -> float:
+        """Deprecated name of :attr:`put_wait_s`."""
+        warnings.warn(
+            "OffloadStats.pack_wait_s is put_wait_s (the store's name for it)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return self.put_wait_s
 
     @property
     def write_gbps(self) -> float:
