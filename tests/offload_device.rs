@@ -342,15 +342,8 @@ scenario_test!(
     [("FASTENSOR_STAND_IN_FAULT", "pinned-oom@0")],
     || {
         let (_dir, store) = store(DevicePath::Staged, 8 << 20);
-        let buf = Arc::new(DeviceBuffer::from_host(&[1u8; 8192], 0).unwrap());
         let returned = Arc::new(AtomicUsize::new(0));
-        let lent = Lent {
-            buf,
-            returned: returned.clone(),
-        };
-        let e = store
-            .put_device(DeviceSource::new(Box::new(lent), None), "act-1")
-            .unwrap_err();
+        let e = try_put(&store, &[1u8; 8192], 0, "act-1", &returned).unwrap_err();
         assert_eq!(e.kind(), ErrorKind::OutOfMemory, "{e}");
         assert!(e.to_string().contains("`act-1`"), "{e}");
         assert_eq!(
@@ -516,15 +509,8 @@ scenario_test!(
     ["cuStreamWaitEvent"],
     || {
         let (_dir, store) = store(DevicePath::Staged, 8 << 20);
-        let buf = Arc::new(DeviceBuffer::from_host(&[3u8; 5000], 0).unwrap());
         let returned = Arc::new(AtomicUsize::new(0));
-        let lent = Lent {
-            buf,
-            returned: returned.clone(),
-        };
-        let e = store
-            .put_device(DeviceSource::new(Box::new(lent), None), "y")
-            .unwrap_err();
+        let e = try_put(&store, &[3u8; 5000], 0, "y", &returned).unwrap_err();
         assert_eq!(e.kind(), ErrorKind::Unsupported, "{e}");
         assert!(format!("{e:?}").contains("cuStreamWaitEvent"), "{e:?}");
         assert_eq!(returned.load(Ordering::SeqCst), 1);

@@ -95,28 +95,17 @@ mod tests {
         s.taken(5);
         assert_eq!(s.next(&live, 5, |_| true, |_| true), vec![7]);
         // Bounded by the caller: the list ends before the first it refuses.
-        let mut room = 2;
-        let bounded = s.next(
-            &live,
-            5,
-            |_| true,
-            |_| {
+        let room_for_two = || {
+            let mut room = 2;
+            move |_: &()| {
                 room -= 1;
                 room >= 0
-            },
-        );
+            }
+        };
+        let bounded = s.next(&live, 5, |_| true, room_for_two());
         assert_eq!(bounded, vec![7]);
         s.clear_hint();
-        let mut room = 2;
-        let bounded = s.next(
-            &live,
-            5,
-            |_| true,
-            |_| {
-                room -= 1;
-                room >= 0
-            },
-        );
+        let bounded = s.next(&live, 5, |_| true, room_for_two());
         assert_eq!(bounded, vec![9, 8]);
     }
 }
