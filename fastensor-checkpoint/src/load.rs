@@ -107,6 +107,8 @@ fn load_as<O: FileOpener + ?Sized>(
     placement: NewLoads,
     without: WithoutLease,
 ) -> Result<Checkpoint> {
+    let local = super::source::readable(opener, path)?;
+    let path = local.as_path();
     if placement == NewLoads::Mapped {
         mappable(opener, path)?;
         return match names {
@@ -178,8 +180,11 @@ pub fn load_later<O: FileOpener + ?Sized>(
     names: Option<&[&str]>,
 ) -> Result<(Checkpoint, Option<PendingPages>)> {
     planned(opener, |placement, without| match placement {
-        NewLoads::Mapped => mappable(opener, path)
-            .and_then(|()| super::mapped::load_later_named(path, names, without))
+        NewLoads::Mapped => super::source::readable(opener, path)
+            .and_then(|local| {
+                mappable(opener, &local)?;
+                super::mapped::load_later_named(&local, names, without)
+            })
             .map(|(ckpt, pending)| (ckpt, Some(pending))),
         NewLoads::Read => {
             load_as(opener, path, names, false, placement, without).map(|ckpt| (ckpt, None))

@@ -43,8 +43,17 @@ pub struct CheckpointSource {
 
 debug_fields!(CheckpointSource, "CheckpointSource", |s| { path: s.path(), files: s.files.len() });
 
-/// Opens `path` and reads its header (validated).
+/// `path`, or the local copy of it the opener reads instead (a cache of remote objects:
+/// [`FileOpener::local_copy`]).
+pub(crate) fn readable<O: FileOpener + ?Sized>(opener: &O, path: &Path) -> Result<PathBuf> {
+    Ok(opener
+        .local_copy(path)?
+        .unwrap_or_else(|| path.to_path_buf()))
+}
+
+/// Opens `path` (or its local copy) and reads its header (validated).
 fn open_file<O: FileOpener + ?Sized>(opener: &O, path: PathBuf) -> Result<SourceFile> {
+    let path = readable(opener, &path)?;
     let file = opener.open_file(&path, OpenMode::Read)?;
     let header = Some(read_header(&*file, &path)?);
     Ok(SourceFile {

@@ -416,6 +416,15 @@ pub trait FileOpener: Send + Sync {
         Err(Error::new(ErrorKind::Unsupported, "this opener cannot remove a file").with_path(path))
     }
 
+    /// A local copy of the file at `path` that a load reads instead, where this opener keeps
+    /// one (a cache of remote objects): fetched now unless a complete copy of the current
+    /// version is there already. `None`: read `path` itself. The copy is the caller's to
+    /// read only. The default, none.
+    fn local_copy(&self, path: &Path) -> Result<Option<std::path::PathBuf>> {
+        let _ = path;
+        Ok(None)
+    }
+
     /// Told once per load into new host memory (all tensors or a selection) where it put the bytes
     /// (a mapping the file system or a lease refused counts as the read that replaced it).
     /// The default does nothing; an engine counts them.

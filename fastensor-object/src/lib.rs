@@ -43,6 +43,7 @@
 #![forbid(unsafe_code)]
 
 mod bucket;
+mod cache;
 mod config;
 mod error;
 mod profile;
@@ -50,6 +51,7 @@ mod read;
 mod stores;
 mod write;
 
+pub use cache::{CacheUse, ObjectCache};
 pub use config::ObjectConfig;
 pub use stores::{ObjectStores, Vars};
 

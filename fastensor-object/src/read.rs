@@ -44,6 +44,11 @@ impl ObjectFile {
         })
     }
 
+    /// The object's ETag when it was opened (its version), where the server gave one.
+    pub(crate) fn etag(&self) -> Option<&str> {
+        self.etag.as_deref()
+    }
+
     /// Reads `dst.len()` bytes at `offset` (inside the object) in one ranged GET, once a
     /// request slot of the bucket is free; the bytes go into `dst` as they arrive.
     async fn get_into(&self, offset: u64, dst: &mut [u8]) -> Result<()> {

@@ -193,6 +193,27 @@ impl ObjectStores {
         Ok(names)
     }
 
+    /// The bucket and key of the object `path` names; an URL without a key is
+    /// [`ErrorKind::InvalidInput`].
+    fn object(&self, path: &Path) -> Result<(Arc<Bucket>, object_store::path::Path)> {
+        let url = object_url(path)?;
+        if url.key.is_empty() || url.key.ends_with('/') {
+            return Err(about(
+                ErrorKind::InvalidInput,
+                "an object URL needs a key after the bucket (s3://bucket/key)",
+                path,
+            ));
+        }
+        let key = object_key(url.key, path)?;
+        Ok((self.bucket(&url, path)?, key))
+    }
+
+    /// The object at `url` opened for reading (one HEAD: its size and ETag).
+    pub(crate) fn open_read(&self, url: &Path) -> Result<ObjectFile> {
+        let (bucket, key) = self.object(url)?;
+        ObjectFile::open(bucket, key, url.to_path_buf())
+    }
+
     /// Deletes the object at `url` (nothing when there is none).
     pub fn delete(&self, url: &Path) -> Result<()> {
         let parsed = object_url(url)?;
@@ -268,16 +289,7 @@ impl FileOpener for ObjectStores {
     }
 
     fn open_file(&self, path: &Path, mode: OpenMode) -> Result<Box<dyn BackendFile>> {
-        let url = object_url(path)?;
-        if url.key.is_empty() || url.key.ends_with('/') {
-            return Err(about(
-                ErrorKind::InvalidInput,
-                "an object URL needs a key after the bucket (s3://bucket/key)",
-                path,
-            ));
-        }
-        let key = object_key(url.key, path)?;
-        let bucket = self.bucket(&url, path)?;
+        let (bucket, key) = self.object(path)?;
         let path = PathBuf::from(path);
         match mode {
             OpenMode::Read => Ok(Box::new(ObjectFile::open(bucket, key, path)?)),

@@ -14,7 +14,10 @@ the timed region. Each subject runs with its library's defaults.
 Loads: fastensor ``load_file("s3://...")``; Run:ai's streamer (``runai-model-streamer-s3``,
 ``SafetensorsStreamer``, each tensor cloned out of its reused buffer into a state dict, as
 ``load_file`` returns one); boto3's ``download_fileobj`` (its threaded ranged transfer) then
-``safetensors.torch.load`` of the bytes; the raw ranged-GET limit. Saves: fastensor
+``safetensors.torch.load`` of the bytes; the raw ranged-GET limit. Through the local cache
+of remote checkpoints (``FASTENSOR_CACHE_DIR``): a load whose version is cached (one HEAD,
+then the local copy), against ``load_file`` of the same file on the local disk; and a load
+that fetches into an empty cache. Saves: fastensor
 ``save_file("s3://...")``; ``safetensors.torch.save`` then boto3's ``upload_fileobj``; the raw
 multipart limit.
 
@@ -45,6 +48,10 @@ MODEL = f"s3://{BUCKET}/model.safetensors"
 SUBJECTS = subjects(
     load={
         "fastensor.load_file": "fastensor.torch.load_file('s3://...')",
+        "cached": "load_file('s3://...') with FASTENSOR_CACHE_DIR holding its version",
+        "local file": "load_file of the same file on the local disk (what `cached` is held to)",
+        "cache miss": "load_file('s3://...') with an empty FASTENSOR_CACHE_DIR: fetched, then"
+        " loaded from the local copy",
         "runai": "runai_model_streamer SafetensorsStreamer, tensors cloned into a dict",
         "boto3+safetensors": "boto3 download_fileobj, then safetensors.torch.load",
         "raw GET limit": "parallel ranged GETs (8 MiB, 16 in flight), each copied into its"
@@ -82,6 +89,11 @@ def child(subject: str, scale: float, limit: str) -> dict:
         t0 = time.perf_counter()
         save(subject, sd)
         return {"seconds": time.perf_counter() - t0}
+    if subject in ("cached", "cache miss"):
+        os.environ["FASTENSOR_CACHE_DIR"] = os.environ["FASTENSOR_BENCH_CACHE"]
+        if subject == "cache miss":
+            shutil.rmtree(os.environ["FASTENSOR_BENCH_CACHE"] + "-miss", ignore_errors=True)
+            os.environ["FASTENSOR_CACHE_DIR"] += "-miss"
     prepare = loader(subject)
     t0 = time.perf_counter()
     tensors = prepare()
@@ -94,10 +106,14 @@ def nbytes() -> int:
 
 
 def loader(subject: str):
-    if subject == "fastensor.load_file":
+    if subject in ("fastensor.load_file", "cached", "cache miss"):
         import fastensor.torch as ft
 
         return lambda: ft.load_file(MODEL)
+    if subject == "local file":
+        import fastensor.torch as ft
+
+        return lambda: ft.load_file(os.environ["FASTENSOR_BENCH_LOCAL"])
     if subject == "runai":
         from runai_model_streamer import SafetensorsStreamer
 
@@ -186,6 +202,12 @@ def report(times: dict[str, list[float]], args, cache: str, size: int, missing: 
     lines += ["", "Raw times (s):", ""]
     for name, ts in times.items():
         lines.append(f"- {name}: {', '.join(f'{t:.3f}' for t in ts)}")
+    if "cached" in times:
+        lines += [
+            "",
+            "A cached load against a load of the local file (per round):"
+            f" {fmt_ratio(ratios('cached', 'local file'))} (local time / cached time)",
+        ]
     if missing:
         lines += ["", f"Not installed, left out: {', '.join(missing)}."]
     lines += ["", "Subjects:", ""]
@@ -223,12 +245,18 @@ def main() -> None:
     )
     try:
         os.environ.update(env)
+        import fastensor
         import fastensor.torch as ft
 
         sd = state_dict(args.scale)
         ft.save_file(sd, MODEL)  # through the server: it keeps the object's ETag
         size = (root / BUCKET / "model.safetensors").stat().st_size
         env["FASTENSOR_BENCH_BYTES"] = str(size)
+        (root / "local").mkdir()
+        shutil.copyfile(root / BUCKET / "model.safetensors", root / "local/model.safetensors")
+        env["FASTENSOR_BENCH_LOCAL"] = str(root / "local/model.safetensors")
+        env["FASTENSOR_BENCH_CACHE"] = str(root / "cache")
+        ft.load_file(MODEL, engine=fastensor.Engine(cache_dir=root / "cache"))
         del sd
         missing = []
         names = list(SUBJECTS)

@@ -4,10 +4,12 @@ over a temporary directory, with fault injection; built by scripts/test and name
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import os
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 BUCKET = "ckpt"
@@ -40,6 +42,24 @@ class S3Server:
             "AWS_ENDPOINT_URL": self.url,
         }
 
+    @classmethod
+    @contextlib.contextmanager
+    def in_environment(cls, root: Path) -> Iterator[S3Server]:
+        """A server on ``root`` while the block runs, the process environment pointing AWS
+        clients at it (restored after)."""
+        server = cls(server_binary() or "", root)
+        saved = {k: os.environ.get(k) for k in server.env()}
+        os.environ.update(server.env())
+        try:
+            yield server
+        finally:
+            server.stop()
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+
     def stop(self) -> None:
         self.proc.terminate()
         self.proc.wait(timeout=10)
@@ -62,9 +82,19 @@ class S3Server:
         assert 200 <= resp.status < 300, (resp.status, text)
         return json.loads(text) if text else {}
 
-    def fault(self, kind: str, method: str = "GET", times: int = 1) -> None:
-        """The next ``times`` requests of ``method`` meet fault ``kind``."""
-        self._faults("POST", {"kind": kind, "method": method, "times": times})
+    def fault(
+        self, kind: str, method: str = "GET", times: int = 1, delay_ms: int | None = None
+    ) -> None:
+        """The next ``times`` requests of ``method`` meet fault ``kind`` (``delay`` takes
+        ``delay_ms``)."""
+        rule: dict = {"kind": kind, "method": method, "times": times}
+        if delay_ms is not None:
+            rule["delay_ms"] = delay_ms
+        self._faults("POST", rule)
+
+    def sent_bytes(self) -> int:
+        """Body bytes of every S3 response since the last :meth:`clear`."""
+        return int(self._faults("GET")["sent_bytes"])
 
     def clear(self) -> None:
         """No faults left; counters reset."""

@@ -26,16 +26,8 @@ pytestmark = pytest.mark.skipif(
 @pytest.fixture(scope="module")
 def s3(tmp_path_factory):
     """The server, with the process environment pointing AWS clients at it."""
-    server = S3Server(server_binary(), tmp_path_factory.mktemp("s3"))
-    saved = {k: os.environ.get(k) for k in server.env()}
-    os.environ.update(server.env())
-    yield server
-    server.stop()
-    for k, v in saved.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
+    with S3Server.in_environment(tmp_path_factory.mktemp("s3")) as server:
+        yield server
 
 
 @pytest.fixture

@@ -114,7 +114,16 @@ impl EngineBuilder {
     /// use ([`ObjectStores::from_env`](fastensor_object::ObjectStores::from_env)).
     #[cfg(feature = "s3")]
     pub fn object_stores(mut self, stores: fastensor_object::ObjectStores) -> Self {
-        self.objects = super::objects::Objects::given(stores);
+        self.objects.set_stores(stores);
+        self
+    }
+
+    /// The cache remote objects are loaded through (a local copy of each version, read as
+    /// a local file; see [`ObjectCache`](fastensor_object::ObjectCache)), or `None` for
+    /// none, rather than the one `FASTENSOR_CACHE_DIR` names (read on first use).
+    #[cfg(feature = "s3")]
+    pub fn object_cache(mut self, cache: Option<fastensor_object::ObjectCache>) -> Self {
+        self.objects.set_cache(cache);
         self
     }
 

@@ -118,6 +118,16 @@ impl fastensor_core::FileOpener for Engine {
         Ok(names)
     }
 
+    /// An object's copy in the engine's cache of remote objects, where it has one
+    /// ([`EngineBuilder::object_cache`](super::EngineBuilder::object_cache)); a local file
+    /// is read as it is.
+    fn local_copy(&self, path: &Path) -> Result<Option<std::path::PathBuf>> {
+        match resolve(path) {
+            Location::Object(_) => self.inner.objects.local_copy(path),
+            Location::File(_) => Ok(None),
+        }
+    }
+
     /// [`Engine::remove`]: a local file or an object.
     fn remove_file(&self, path: &Path) -> Result<()> {
         Engine::remove(self, path)

@@ -8,6 +8,7 @@ import threading
 import warnings
 
 from . import _native
+from .errors import _invalid
 
 __all__ = ["Engine", "default_engine", "backends", "Backend"]
 
@@ -41,6 +42,15 @@ class Engine:
             place then shows through the tensors and a truncation makes a read of them
             raise ``SIGBUS``, as with every mmap-based loader (default: no; such a load
             reads the file into memory of its own).
+        cache_dir: a directory on a local SSD where remote checkpoints (``s3://``) are kept
+            once loaded: each load asks the server for the object's current version (one
+            HEAD) and loads the local copy of that version, fetching it first where it is
+            missing (published whole, atomically; processes loading the same object fetch
+            it once). A replaced object is fetched again, never served stale. Default:
+            ``$FASTENSOR_CACHE_DIR``, else no cache.
+        cache_max_bytes: the most bytes the cache keeps (least recently used copies go
+            first); default a quarter of its file system (``$FASTENSOR_CACHE_MAX_BYTES``
+            sizes the cache ``$FASTENSOR_CACHE_DIR`` names).
 
     Raises:
         NotFoundError: an unknown backend name (the message lists the known ones).
@@ -56,15 +66,21 @@ class Engine:
         pin: str | None = None,
         mapped_loads: bool = True,
         unprotected_maps: bool = False,
+        cache_dir: str | os.PathLike[str] | None = None,
+        cache_max_bytes: int | None = None,
     ) -> None:
         if profile is not None:
             profile = os.fspath(profile)
+        if cache_dir is None and cache_max_bytes is not None:
+            raise _invalid("cache_max_bytes needs cache_dir")
         self._native = _native.Engine(
             backends=backends,
             profile=profile,
             pin=pin,
             mapped_loads=mapped_loads,
             unprotected_maps=unprotected_maps,
+            cache_dir=os.fspath(cache_dir) if cache_dir is not None else None,
+            cache_max_bytes=cache_max_bytes,
         )
 
     def new_loads(self) -> tuple[int, int]:
