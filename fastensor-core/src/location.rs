@@ -7,7 +7,7 @@
 use std::path::Path;
 
 /// The URL schemes of object storage understood as object locations.
-pub const OBJECT_SCHEMES: &[&str] = &["s3"];
+pub const OBJECT_SCHEMES: &[&str] = &["s3", "gs", "az"];
 
 /// A location given as a path: a local file, or an object.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -4,7 +4,8 @@
 use crate::config::ObjectConfig;
 use crate::error::about;
 use fastensor_core::{ErrorKind, Result};
-use object_store::aws::AmazonS3;
+use object_store::multipart::MultipartStore;
+use object_store::ObjectStore;
 use std::future::Future;
 use std::path::Path;
 use std::sync::Arc;
@@ -12,10 +13,15 @@ use tokio::runtime::Runtime;
 use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
 
+/// A client of one cloud's object store: reads, writes, and uploads in parts.
+pub(crate) trait Store: ObjectStore + MultipartStore {}
+
+impl<T: ObjectStore + MultipartStore> Store for T {}
+
 /// One bucket's client and the limit on its requests in flight.
 #[derive(Debug)]
 pub(crate) struct Bucket {
-    pub(crate) store: Arc<AmazonS3>,
+    pub(crate) store: Arc<dyn Store>,
     pub(crate) in_flight: Arc<Semaphore>,
     pub(crate) io: Arc<IoThreads>,
     pub(crate) config: ObjectConfig,

@@ -32,7 +32,7 @@ pub(crate) fn from_store(e: object_store::Error, url: &Path, doing: &str) -> Err
         _ => (ErrorKind::Io, format!("cannot {doing} it")),
     };
     Error::new(kind, what)
-        .with_backend(crate::BACKEND)
+        .with_backend(crate::backend_of(url))
         .with_path(url)
         .with_source(e)
 }
@@ -40,6 +40,6 @@ pub(crate) fn from_store(e: object_store::Error, url: &Path, doing: &str) -> Err
 /// An error of `kind` about the object at `url`.
 pub(crate) fn about(kind: ErrorKind, what: impl Into<String>, url: &Path) -> Error {
     Error::new(kind, what)
-        .with_backend(crate::BACKEND)
+        .with_backend(crate::backend_of(url))
         .with_path(url)
 }

@@ -1,7 +1,10 @@
-//! Checkpoints in object storage: S3 and S3-compatible servers as a source and destination
-//! of fastensor's checkpoint code.
+//! Checkpoints in object storage: S3 and S3-compatible servers (`s3://bucket/key`), Google
+//! Cloud Storage (`gs://bucket/key`) and Azure Blob Storage (`az://container/key`) as a
+//! source and destination of fastensor's checkpoint code, each through `object_store`'s
+//! client of that cloud; what follows holds for the three (`docs/objects.md` says how the
+//! other two are configured), and [`ObjectCache`] keeps local copies of what is loaded.
 //!
-//! [`ObjectStores`] is a [`FileOpener`] for object URLs (`s3://bucket/key`, see
+//! [`ObjectStores`] is a [`FileOpener`] for object URLs (see
 //! [`fastensor_core::location`]): opening an object for reading asks the server for its
 //! size and ETag once (a HEAD), and every read after that is ranged GETs of
 //! [`ObjectConfig::request_bytes`] each, [`ObjectConfig::concurrency`] of them in flight per
@@ -44,6 +47,7 @@
 
 mod bucket;
 mod cache;
+mod clouds;
 mod config;
 mod error;
 mod profile;
@@ -55,5 +59,15 @@ pub use cache::{CacheUse, ObjectCache};
 pub use config::ObjectConfig;
 pub use stores::{ObjectStores, Vars};
 
-/// The name objects report as their backend in errors.
+/// The name `s3://` objects report as their backend in errors ([`backend_of`] names each
+/// store's).
 pub const BACKEND: &str = "s3";
+
+/// The name the object at `url` reports as its backend in errors: `s3`, `gcs` or `azure`.
+pub fn backend_of(url: &std::path::Path) -> &'static str {
+    match fastensor_core::location::Location::of(url) {
+        fastensor_core::location::Location::Object(u) if u.scheme == "gs" => "gcs",
+        fastensor_core::location::Location::Object(u) if u.scheme == "az" => "azure",
+        _ => BACKEND,
+    }
+}

@@ -9,7 +9,7 @@ use fastensor_core::{
     readable_len, unsupported_memory, BackendFile, ErrorKind, MemMut, MemRef, ReadRequest, Result,
 };
 use futures::{StreamExt, TryStreamExt};
-use object_store::{GetOptions, GetRange, ObjectStore};
+use object_store::{GetOptions, GetRange};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -148,7 +148,7 @@ impl ObjectFile {
                 Ok(&mut h[..n])
             }
             MemMut::Device(d) => Err(unsupported_memory(
-                crate::BACKEND,
+                crate::backend_of(&self.url),
                 MemMut::Device(d).kind(),
                 &self.url,
             )),

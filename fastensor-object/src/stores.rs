@@ -1,6 +1,7 @@
 //! [`ObjectStores`]: one client per bucket, made on first use from the environment and the
 //! AWS shared files, and the [`FileOpener`] of object URLs.
 
+use crate::bucket::Store;
 use crate::bucket::{Bucket, IoThreads};
 use crate::config::ObjectConfig;
 use crate::error::{about, from_store};
@@ -8,8 +9,10 @@ use crate::read::ObjectFile;
 use crate::write::ObjectWriter;
 use fastensor_core::location::{Location, ObjectUrl};
 use fastensor_core::{BackendFile, ErrorKind, FileOpener, OpenMode, Result};
-use object_store::aws::{AmazonS3, AmazonS3Builder, AmazonS3ConfigKey};
-use object_store::{BackoffConfig, ClientOptions, ObjectStore, RetryConfig};
+use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
+use object_store::azure::MicrosoftAzureBuilder;
+use object_store::gcp::GoogleCloudStorageBuilder;
+use object_store::{BackoffConfig, ClientOptions, RetryConfig};
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -99,62 +102,104 @@ impl ObjectStores {
             });
         }
         let here = process.as_mut().expect("made above");
-        if let Some(b) = here.buckets.get(url.bucket) {
+        let name = format!("{}://{}", url.scheme, url.bucket);
+        if let Some(b) = here.buckets.get(&name) {
             return Ok(b.clone());
         }
-        let store = self.client(url.bucket, path)?;
+        let store = self.client(url, path)?;
         let bucket = Arc::new(Bucket {
-            store: Arc::new(store),
+            store,
             in_flight: Arc::new(Semaphore::new(self.config.concurrency)),
             io: here.io.clone(),
             config: self.config.clone(),
         });
-        here.buckets.insert(url.bucket.to_string(), bucket.clone());
+        here.buckets.insert(name, bucket.clone());
         Ok(bucket)
     }
 
-    /// A client of `bucket`: credentials from the first source of them that is set (see
-    /// [`crate::profile::settings`]), region and endpoint from the environment over the AWS
-    /// shared files; plain `http://` allowed where the endpoint says so. Errors name `url`.
-    fn client(&self, bucket: &str, url: &Path) -> Result<AmazonS3> {
-        let settings = crate::profile::settings(&*self.vars).map_err(|e| e.with_path(url))?;
-        let mut builder = AmazonS3Builder::new().with_bucket_name(bucket);
-        let mut http = false;
-        for (key, value) in settings {
-            let Ok(key) = AmazonS3ConfigKey::from_str(&key) else {
-                continue;
-            };
-            if key == AmazonS3ConfigKey::Endpoint {
-                http = value.starts_with("http://");
-            }
-            builder = builder.with_config(key, value);
-        }
-        let c = &self.config;
-        builder
-            .with_client_options(
-                ClientOptions::new()
-                    .with_allow_http(http)
-                    .with_timeout(Duration::from_secs(120))
-                    .with_connect_timeout(Duration::from_secs(10)),
+    /// A client of `url`'s bucket (S3), bucket (GCS) or container (Azure), configured as
+    /// each cloud's tools are ([`crate::profile`] for S3, [`crate::clouds`] for the
+    /// others); plain `http://` allowed where the endpoint says so. Errors name `path`.
+    fn client(&self, url: &ObjectUrl<'_>, path: &Path) -> Result<Arc<dyn Store>> {
+        let refused = |e: object_store::Error| {
+            about(
+                ErrorKind::InvalidInput,
+                "cannot set up the object-storage client",
+                path,
             )
-            .with_retry(RetryConfig {
-                backoff: BackoffConfig {
-                    init_backoff: Duration::from_millis(50),
-                    max_backoff: Duration::from_secs(10),
-                    base: 2.0,
-                },
-                max_retries: c.retries,
-                retry_timeout: c.retry_timeout,
-            })
-            .build()
-            .map_err(|e| {
-                about(
-                    ErrorKind::InvalidInput,
-                    "cannot set up the object-storage client",
-                    url,
-                )
-                .with_source(e)
-            })
+            .with_source(e)
+        };
+        let named = |e: fastensor_core::Error| e.with_path(path);
+        match url.scheme {
+            "gs" => {
+                let settings = crate::clouds::gcs(&*self.vars).map_err(named)?;
+                let mut builder = GoogleCloudStorageBuilder::new().with_bucket_name(url.bucket);
+                for (key, value) in settings.keys {
+                    builder = builder.with_config(key, value);
+                }
+                let store = builder
+                    .with_client_options(self.client_options(settings.http))
+                    .with_retry(self.retry())
+                    .build()
+                    .map_err(refused)?;
+                Ok(Arc::new(store))
+            }
+            "az" => {
+                let settings = crate::clouds::azure(&*self.vars).map_err(named)?;
+                let mut builder = MicrosoftAzureBuilder::new().with_container_name(url.bucket);
+                for (key, value) in settings.keys {
+                    builder = builder.with_config(key, value);
+                }
+                let store = builder
+                    .with_client_options(self.client_options(settings.http))
+                    .with_retry(self.retry())
+                    .build()
+                    .map_err(refused)?;
+                Ok(Arc::new(store))
+            }
+            _ => {
+                let settings = crate::profile::settings(&*self.vars).map_err(named)?;
+                let mut builder = AmazonS3Builder::new().with_bucket_name(url.bucket);
+                let mut http = false;
+                for (key, value) in settings {
+                    let Ok(key) = AmazonS3ConfigKey::from_str(&key) else {
+                        continue;
+                    };
+                    if key == AmazonS3ConfigKey::Endpoint {
+                        http = value.starts_with("http://");
+                    }
+                    builder = builder.with_config(key, value);
+                }
+                let store = builder
+                    .with_client_options(self.client_options(http))
+                    .with_retry(self.retry())
+                    .build()
+                    .map_err(refused)?;
+                Ok(Arc::new(store))
+            }
+        }
+    }
+
+    /// The HTTP settings of every client: time limits, and plain `http://` where `http`.
+    fn client_options(&self, http: bool) -> ClientOptions {
+        ClientOptions::new()
+            .with_allow_http(http)
+            .with_timeout(Duration::from_secs(120))
+            .with_connect_timeout(Duration::from_secs(10))
+    }
+
+    /// Retries with exponential backoff, as [`ObjectConfig`] says.
+    fn retry(&self) -> RetryConfig {
+        let c = &self.config;
+        RetryConfig {
+            backoff: BackoffConfig {
+                init_backoff: Duration::from_millis(50),
+                max_backoff: Duration::from_secs(10),
+                base: 2.0,
+            },
+            max_retries: c.retries,
+            retry_timeout: c.retry_timeout,
+        }
     }
 
     /// The names directly under the prefix `url` (as a directory: `s3://b/dir` lists

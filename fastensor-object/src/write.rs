@@ -19,8 +19,8 @@ use crate::config::MAX_PARTS;
 use crate::error::{about, from_store};
 use bytes::Bytes;
 use fastensor_core::{unsupported_memory, BackendFile, Error, ErrorKind, MemMut, MemRef, Result};
-use object_store::multipart::{MultipartStore, PartId};
-use object_store::{MultipartId, ObjectStore, PutPayload};
+use object_store::multipart::PartId;
+use object_store::{MultipartId, PutPayload};
 use parking_lot::Mutex;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -231,7 +231,7 @@ impl BackendFile for ObjectWriter {
             MemRef::Host(h) => h,
             MemRef::Device(d) => {
                 return Err(unsupported_memory(
-                    crate::BACKEND,
+                    crate::backend_of(&self.url),
                     MemRef::Device(d).kind(),
                     &self.url,
                 ))
@@ -241,7 +241,8 @@ impl BackendFile for ObjectWriter {
         if up.complete {
             return Err(self.refuse("the object is complete: it cannot be written again"));
         }
-        let end = fastensor_core::write_end(offset, src.len(), crate::BACKEND, &self.url)?;
+        let end =
+            fastensor_core::write_end(offset, src.len(), crate::backend_of(&self.url), &self.url)?;
         let size = up.part_bytes;
         if end.div_ceil(size) > MAX_PARTS {
             return Err(self.too_many_parts(&up, end).with_offset(offset));

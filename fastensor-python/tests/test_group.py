@@ -115,7 +115,7 @@ def s3_case(tmp_path_factory):
         url = lambda n: f"s3://{BUCKET}/group/{n}"  # noqa: E731
         # An engine of its own: the default engine's clients stay unmade for other tests.
         engine = fastensor.Engine()
-        extra = {"s3": True, "server": server.url, "env": server.env(), "model": url("gpt2")}
+        extra = {"s3": True, "server": server.url_base, "env": server.env(), "model": url("gpt2")}
         case = write_case(d, url, extra, engine=engine)
         from _tiny_models import tiny_gpt2
 

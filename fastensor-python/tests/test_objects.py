@@ -1,10 +1,12 @@
-"""Checkpoints in object storage (``s3://bucket/key``), against a real S3 server on the
-loopback interface: every API a trainer uses gives the same tensors as the local file path,
-and faults end in a retry that succeeds or a typed error, never a partial tensor or a
-visible partial object."""
+"""Checkpoints in object storage (``s3://``, ``gs://`` and ``az://`` URLs), against servers
+on the loopback interface (``_s3.py`` says which): every API a trainer uses gives the same
+tensors as the local file path, on every store, and faults end in a retry that succeeds or
+a typed error, never a partial tensor or a visible partial object. Each test runs once per
+store (``server``'s parameter)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -15,7 +17,7 @@ import fastensor
 import fastensor.torch as ft
 import pytest
 import torch
-from _s3 import BUCKET, S3Server, server_binary
+from _s3 import BUCKET, Azurite, S3Server, azurite_binary, server_binary, serving
 from fastensor import _native
 
 pytestmark = pytest.mark.skipif(
@@ -24,21 +26,35 @@ pytestmark = pytest.mark.skipif(
 
 
 @pytest.fixture(scope="module")
-def s3(tmp_path_factory):
-    """The server, with the process environment pointing AWS clients at it."""
-    with S3Server.in_environment(tmp_path_factory.mktemp("s3")) as server:
-        yield server
+def stores(tmp_path_factory):
+    """Every store's server, with the process environment pointing its clients at it."""
+    with contextlib.ExitStack() as stack:
+        out = {
+            "s3": stack.enter_context(S3Server.in_environment(tmp_path_factory.mktemp("s3"))),
+            "gs": stack.enter_context(
+                S3Server.in_environment(tmp_path_factory.mktemp("gs"), anonymous=True)
+            ),
+        }
+        azurite = azurite_binary()
+        if azurite:
+            root = tmp_path_factory.mktemp("az")
+            out["az"] = stack.enter_context(serving(Azurite(azurite, root)))
+        yield out
 
 
-@pytest.fixture
-def server(s3):
-    s3.clear()
-    yield s3
-    s3.clear()
+@pytest.fixture(params=["s3", "gs", "az"])
+def server(request, stores):
+    if request.param not in stores:
+        pytest.skip("no Azurite (FASTENSOR_AZURITE unset)")
+    store = stores[request.param]
+    store.clear()
+    yield store
+    store.clear()
 
 
-def url(key: str) -> str:
-    return f"s3://{BUCKET}/{key}"
+def needs_faults(server) -> None:
+    if not server.faults:
+        pytest.skip(f"{server.scheme}://'s emulator (Azurite) has no fault injection")
 
 
 def tensors() -> dict[str, torch.Tensor]:
@@ -63,19 +79,19 @@ def test_files_load_and_save_bit_exact_against_the_local_path(server, tmp_path):
     t = tensors()
     local = tmp_path / "m.safetensors"
     ft.save_file(t, local, {"step": "7"}, checksum=True)
-    ft.save_file(t, url("m.safetensors"), {"step": "7"}, checksum=True)
-    assert server.file("m.safetensors").read_bytes() == local.read_bytes()
+    ft.save_file(t, server.url("m.safetensors"), {"step": "7"}, checksum=True)
+    assert server.read("m.safetensors") == local.read_bytes()
     assert server.uploads_left() == []
 
-    assert_equal(ft.load_file(url("m.safetensors")), t)
-    assert_equal(ft.load_file(url("m.safetensors"), verify=True), t)
-    assert_equal(ft.load_selected(url("m.safetensors"), ["ids"]), {"ids": t["ids"]})
+    assert_equal(ft.load_file(server.url("m.safetensors")), t)
+    assert_equal(ft.load_file(server.url("m.safetensors"), verify=True), t)
+    assert_equal(ft.load_selected(server.url("m.safetensors"), ["ids"]), {"ids": t["ids"]})
 
     into = {k: torch.full_like(v, 3) for k, v in t.items()}
-    ft.load_into(into, url("m.safetensors"))
+    ft.load_into(into, server.url("m.safetensors"))
     assert_equal(into, t)
 
-    with ft.safe_open(url("m.safetensors"), framework="pt") as f:
+    with ft.safe_open(server.url("m.safetensors"), framework="pt") as f:
         assert f.metadata()["step"] == "7"
         assert sorted(f.keys()) == sorted(t)
         assert torch.equal(f.get_tensor("bias"), t["bias"])
@@ -85,65 +101,69 @@ def test_files_load_and_save_bit_exact_against_the_local_path(server, tmp_path):
 
 def test_background_saves_and_verification_of_objects(server):
     t = tensors()
-    handle = ft.save_file_async(t, url("async.safetensors"), checksum=True)
+    handle = ft.save_file_async(t, server.url("async.safetensors"), checksum=True)
     handle.wait()
-    assert handle.path == url("async.safetensors")  # a str: pathlib would fold s3://
-    assert_equal(ft.load_file(url("async.safetensors")), t)
-    tensors_checked, _ = fastensor.verify_file(url("async.safetensors"))
+    assert handle.path == server.url("async.safetensors")  # a str: pathlib would fold s3://
+    assert_equal(ft.load_file(server.url("async.safetensors")), t)
+    tensors_checked, _ = fastensor.verify_file(server.url("async.safetensors"))
     assert tensors_checked == len(t)
 
 
 def test_sharded_checkpoints_under_a_prefix(server):
     t = tensors()
-    ft.save_sharded(t, url("sharded"), max_shard_size="5MB")
-    assert server.file("sharded/model.safetensors.index.json").is_file()
-    assert fastensor.torch.is_sharded(url("sharded"))
-    assert not fastensor.torch.is_sharded(url("sharded/model-00001-of-00003.safetensors"))
+    ft.save_sharded(t, server.url("sharded"), max_shard_size="5MB")
+    assert server.exists("sharded/model.safetensors.index.json")
+    assert fastensor.torch.is_sharded(server.url("sharded"))
+    assert not fastensor.torch.is_sharded(server.url("sharded/model-00001-of-00003.safetensors"))
     for where in ("sharded", "sharded/", "sharded/model.safetensors.index.json"):
-        assert_equal(ft.load_sharded(url(where)), t)
+        assert_equal(ft.load_sharded(server.url(where)), t)
     into = {k: torch.zeros_like(v) for k, v in t.items()}
-    ft.load_into(into, url("sharded"))
+    ft.load_into(into, server.url("sharded"))
     assert_equal(into, t)
 
 
 @pytest.mark.parametrize("kind", ["slow_down", "internal_error", "drop", "truncate"])
 def test_faults_on_loads_are_retried(server, kind):
+    needs_faults(server)
     t = tensors()
-    ft.save_file(t, url("f.safetensors"))
+    ft.save_file(t, server.url("f.safetensors"))
     server.fault(kind, "GET", times=3)
-    assert_equal(ft.load_file(url("f.safetensors")), t)
+    assert_equal(ft.load_file(server.url("f.safetensors")), t)
     assert server.fired(kind) == 3
 
 
 def test_missing_objects_and_failed_saves(server, monkeypatch):
-    with pytest.raises(FileNotFoundError, match="s3://ckpt/none.safetensors"):
-        ft.load_file(url("none.safetensors"))
+    with pytest.raises(FileNotFoundError, match=re.escape(server.url("none.safetensors"))):
+        ft.load_file(server.url("none.safetensors"))
     with pytest.raises(fastensor.errors.NotFoundError):
-        ft.safe_open(url("none.safetensors"), framework="pt")
+        ft.safe_open(server.url("none.safetensors"), framework="pt")
     # A server that keeps failing: the save is an error naming the object, and leaves no
     # object and no parts (an engine made now reads FASTENSOR_S3_RETRIES).
+    needs_faults(server)
     monkeypatch.setenv("FASTENSOR_S3_RETRIES", "1")
     engine = fastensor.Engine()
     server.fault("internal_error", "PUT", times=1000)
-    with pytest.raises(OSError, match="s3://ckpt/fail.safetensors"):
-        ft.save_file(tensors(), url("fail.safetensors"), engine=engine)
+    with pytest.raises(OSError, match=re.escape(server.url("fail.safetensors"))):
+        ft.save_file(tensors(), server.url("fail.safetensors"), engine=engine)
     server.clear()
-    assert not server.file("fail.safetensors").exists()
+    assert not server.exists("fail.safetensors")
     assert server.uploads_left() == []
 
 
 def test_the_cli_copies_between_objects_and_files(server, tmp_path):
     t = tensors()
-    ft.save_file(t, url("c.safetensors"))
+    ft.save_file(t, server.url("c.safetensors"))
     cli = os.environ.get("FASTENSOR_CLI")
     if not cli:
         pytest.skip("no fastensor binary (FASTENSOR_CLI unset)")
     local = tmp_path / "c.safetensors"
     env = dict(os.environ)
-    subprocess.run([cli, "ckpt", "copy", url("c.safetensors"), str(local)], check=True, env=env)
+    subprocess.run(
+        [cli, "ckpt", "copy", server.url("c.safetensors"), str(local)], check=True, env=env
+    )
     assert_equal(ft.load_file(local), t)
     out = subprocess.run(
-        [cli, "ckpt", "inspect", url("c.safetensors")],
+        [cli, "ckpt", "inspect", server.url("c.safetensors")],
         check=True,
         env=env,
         capture_output=True,
@@ -155,9 +175,11 @@ def test_the_cli_copies_between_objects_and_files(server, tmp_path):
 def test_dcp_saves_and_loads_on_two_ranks(server, tmp_path):
     from _dist import run_world
 
-    (tmp_path / "s3.json").write_text(json.dumps({"env": server.env(), "url": url("dcp/step-1")}))
+    (tmp_path / "s3.json").write_text(
+        json.dumps({"env": server.env(), "url": server.url("dcp/step-1")})
+    )
     run_world("s3", 2, tmp_path)
-    names = _native.list_names(fastensor._engine.engine_or_default(None), url("dcp/step-1"))
+    names = _native.list_names(fastensor._engine.engine_or_default(None), server.url("dcp/step-1"))
     assert ".fastensor_metadata" in names
     assert sum(n.endswith(".safetensors") for n in names) == 2
     assert server.uploads_left() == []
@@ -173,9 +195,9 @@ def test_transformers_from_pretrained_of_a_prefix(server, tmp_path):
     model.save_pretrained(tmp_path, max_shard_size="40KB")
     engine = fastensor._engine.engine_or_default(None)
     for name in os.listdir(tmp_path):
-        _native.write_whole(engine, url(f"gpt2/{name}"), (tmp_path / name).read_bytes())
-    ours = ftr.from_pretrained(type(model), url("gpt2"))
-    assert ours.config.name_or_path == url("gpt2")
+        _native.write_whole(engine, server.url(f"gpt2/{name}"), (tmp_path / name).read_bytes())
+    ours = ftr.from_pretrained(type(model), server.url("gpt2"))
+    assert ours.config.name_or_path == server.url("gpt2")
     theirs = type(model).from_pretrained(tmp_path)
     ours_sd, theirs_sd = ours.state_dict(), theirs.state_dict()
     assert ours_sd.keys() == theirs_sd.keys()
@@ -187,14 +209,14 @@ def test_transformers_from_pretrained_of_a_prefix(server, tmp_path):
 
 def test_a_forked_child_loads_objects_with_clients_of_its_own(server):
     t = tensors()
-    ft.save_file(t, url("fork.safetensors"))
-    assert_equal(ft.load_file(url("fork.safetensors")), t)  # the parent's clients exist
+    ft.save_file(t, server.url("fork.safetensors"))
+    assert_equal(ft.load_file(server.url("fork.safetensors")), t)  # the parent's clients exist
     pid = os.fork()
     if pid == 0:  # the child: the parent's I/O threads are not here
         code = 1
         try:
             # (compared as bytes through numpy: torch's OpenMP pool does not survive a fork)
-            got = ft.load_file(url("fork.safetensors"))
+            got = ft.load_file(server.url("fork.safetensors"))
             same = all(
                 (
                     got[k].reshape(-1).view(torch.uint8).numpy()
@@ -207,7 +229,7 @@ def test_a_forked_child_loads_objects_with_clients_of_its_own(server):
             os._exit(code)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
-    assert_equal(ft.load_file(url("fork.safetensors")), t)  # and the parent's still work
+    assert_equal(ft.load_file(server.url("fork.safetensors")), t)  # and the parent's still work
 
 
 def _boto3_client(server):
@@ -223,6 +245,43 @@ def _boto3_client(server):
     )
 
 
+class _OwnTool:
+    """The store's own way in, not fastensor's: boto3 for S3; plain HTTP to the XML API for
+    GCS (unauthenticated, as its emulator takes it); Azure's REST API (shared-key signed)
+    for Azure."""
+
+    def __init__(self, server):
+        self.server = server
+        self.s3 = _boto3_client(server) if server.scheme == "s3" else None
+
+    def _gcs(self, method: str, key: str, body: bytes = b"") -> bytes:
+        import http.client
+        import urllib.parse
+
+        host = self.server.url_base.removeprefix("http://")
+        conn = http.client.HTTPConnection(host, timeout=30)
+        conn.request(method, f"/{BUCKET}/{urllib.parse.quote(key)}", body=body)
+        resp = conn.getresponse()
+        data = resp.read()
+        assert resp.status == 200, (resp.status, data[:200])
+        return data
+
+    def get(self, key: str) -> bytes:
+        if self.s3 is not None:
+            return self.s3.get_object(Bucket=BUCKET, Key=key)["Body"].read()
+        if self.server.scheme == "gs":
+            return self._gcs("GET", key)
+        return self.server.read(key)
+
+    def put(self, key: str, data: bytes) -> None:
+        if self.s3 is not None:
+            self.s3.put_object(Bucket=BUCKET, Key=key, Body=data)
+        elif self.server.scheme == "gs":
+            self._gcs("PUT", key, data)
+        else:
+            self.server.write(key, data)
+
+
 @pytest.mark.parametrize(
     "key",
     [
@@ -232,50 +291,52 @@ def _boto3_client(server):
         "a%2Fb/c+d/m.safetensors",
     ],
 )
-def test_object_keys_round_trip_with_boto3_both_ways(server, key):
-    s3 = _boto3_client(server)
+def test_object_keys_round_trip_with_the_stores_own_tools_both_ways(server, key):
+    tool = _OwnTool(server)
     t = {"ids": tensors()["ids"], "bias": tensors()["bias"]}
-    ft.save_file(t, url(key))  # ours, read by boto3 under the same key
-    body = s3.get_object(Bucket=BUCKET, Key=key)["Body"].read()
-    assert body == server.file(key).read_bytes()
-    assert s3.head_object(Bucket=BUCKET, Key=key)["ContentLength"] == len(body)
+    ft.save_file(t, server.url(key))  # ours, read by the store's tool under the same key
+    body = tool.get(key)
+    assert body == server.read(key)
+    assert_equal(ft.load(body), t)
+    if tool.s3 is not None:
+        assert tool.s3.head_object(Bucket=BUCKET, Key=key)["ContentLength"] == len(body)
     engine = fastensor._engine.engine_or_default(None)
-    assert _native.list_names(engine, url(key.rsplit("/", 1)[0])) == ["m.safetensors"]
+    assert _native.list_names(engine, server.url(key.rsplit("/", 1)[0])) == ["m.safetensors"]
     other = key.replace("m.safetensors", "boto.safetensors")
-    s3.put_object(Bucket=BUCKET, Key=other, Body=body)  # boto3's, read by us
-    assert_equal(ft.load_file(url(other)), t)
-    with ft.safe_open(url(other), framework="pt") as f:
+    tool.put(other, body)  # the tool's, read by us
+    assert_equal(ft.load_file(server.url(other)), t)
+    with ft.safe_open(server.url(other), framework="pt") as f:
         assert torch.equal(f.get_tensor("ids"), t["ids"])
 
 
-def test_keys_with_empty_segments_round_trip_with_boto3_both_ways(server):
-    s3 = _boto3_client(server)
+def test_keys_with_empty_segments_round_trip_with_the_stores_own_tools_both_ways(server):
+    tool = _OwnTool(server)
     t = {"ids": tensors()["ids"]}
     u = {"ids": tensors()["ids"] + 1}
-    ft.save_file(t, url("a/m.safetensors"))
-    ft.save_file(u, url("a//m.safetensors"))  # another object than a/m
-    body = s3.get_object(Bucket=BUCKET, Key="a//m.safetensors")["Body"].read()
+    ft.save_file(t, server.url("a/m.safetensors"))
+    ft.save_file(u, server.url("a//m.safetensors"))  # another object than a/m
+    body = tool.get("a//m.safetensors")
     assert_equal(ft.load(body), u)
-    assert_equal(ft.load_file(url("a/m.safetensors")), t)
-    s3.put_object(Bucket=BUCKET, Key="b//c///boto.safetensors", Body=body)
-    assert_equal(ft.load_file(url("b//c///boto.safetensors")), u)
-    with ft.safe_open(url("b//c///boto.safetensors"), framework="pt") as f:
+    assert_equal(ft.load_file(server.url("a/m.safetensors")), t)
+    tool.put("b//c///boto.safetensors", body)
+    assert_equal(ft.load_file(server.url("b//c///boto.safetensors")), u)
+    with ft.safe_open(server.url("b//c///boto.safetensors"), framework="pt") as f:
         assert torch.equal(f.get_tensor("ids"), u["ids"])
     # Listing such a prefix is refused, naming it (the objects stay reachable by URL).
     engine = fastensor._engine.engine_or_default(None)
-    with pytest.raises(ValueError, match=r"empty segment.*: s3://ckpt/a// "):
-        _native.list_names(engine, url("a//"))
+    with pytest.raises(ValueError, match=r"empty segment.*: " + re.escape(server.url("a//")) + " "):
+        _native.list_names(engine, server.url("a//"))
 
 
 def test_keys_the_store_cannot_name_are_refused_naming_the_key(server):
     t = {"ids": tensors()["ids"]}
-    ft.save_file(t, url("a/m.safetensors"))
+    ft.save_file(t, server.url("a/m.safetensors"))
     for key in ["a/./m.safetensors", "a/../m.safetensors", "/m.safetensors"]:
-        with pytest.raises(ValueError, match=re.escape(url(key))):
-            ft.save_file(t, url(key))
+        with pytest.raises(ValueError, match=re.escape(server.url(key))):
+            ft.save_file(t, server.url(key))
         with pytest.raises(ValueError, match="refused rather than changed"):
-            ft.load_file(url(key))
-    assert_equal(ft.load_file(url("a/m.safetensors")), t)
+            ft.load_file(server.url(key))
+    assert_equal(ft.load_file(server.url("a/m.safetensors")), t)
 
 
 def test_save_pretrained_to_a_prefix_touches_no_local_path(server, tmp_path, monkeypatch):
@@ -289,19 +350,19 @@ def test_save_pretrained_to_a_prefix_touches_no_local_path(server, tmp_path, mon
     monkeypatch.chdir(cwd)
     model = tiny_gpt2()
     engine = fastensor._engine.engine_or_default(None)
-    ftr.save_pretrained(model, url("gpt"), max_shard_size="40KB")
-    names = _native.list_names(engine, url("gpt"))
+    ftr.save_pretrained(model, server.url("gpt"), max_shard_size="40KB")
+    names = _native.list_names(engine, server.url("gpt"))
     assert {"config.json", "generation_config.json", "model.safetensors.index.json"} <= set(names)
-    ours = ftr.from_pretrained(type(model), url("gpt"))
+    ours = ftr.from_pretrained(type(model), server.url("gpt"))
     assert ours.config.n_embd == model.config.n_embd
     want = model.state_dict()
     for k, v in ours.state_dict().items():
         assert torch.equal(v, want[k]), k
     # Saved again as one file: the shards and their index are gone from the prefix.
-    ftr.save_pretrained(model, url("gpt"))
-    names = _native.list_names(engine, url("gpt"))
+    ftr.save_pretrained(model, server.url("gpt"))
+    names = _native.list_names(engine, server.url("gpt"))
     assert sorted(names) == ["config.json", "generation_config.json", "model.safetensors"]
-    ours = ftr.from_pretrained(type(model), url("gpt"))
+    ours = ftr.from_pretrained(type(model), server.url("gpt"))
     for k, v in ours.state_dict().items():
         assert torch.equal(v, want[k]), k
     assert list(cwd.iterdir()) == []
@@ -309,11 +370,11 @@ def test_save_pretrained_to_a_prefix_touches_no_local_path(server, tmp_path, mon
 
 def test_a_handle_opened_before_fork_raises_in_the_child_and_nothing_hangs(server, tmp_path):
     t = tensors()
-    ft.save_file(t, url("inherited.safetensors"))
+    ft.save_file(t, server.url("inherited.safetensors"))
     script = f"""
 import os, sys, time
 import fastensor, fastensor.torch as ft
-with ft.safe_open({url("inherited.safetensors")!r}, framework="pt") as f:
+with ft.safe_open({server.url("inherited.safetensors")!r}, framework="pt") as f:
     f.get_tensor("ids")  # the parent's clients and I/O threads exist
     pid = os.fork()
     if pid == 0:

@@ -1,7 +1,9 @@
 //! Who may call: every S3 request must be signed, and a SigV4 signature must name the
 //! server's region in its credential scope (as AWS answers `AuthorizationHeaderMalformed`
 //! when a client signs for the wrong region). s3s verifies the signature itself before this
-//! check runs; it does not compare regions.
+//! check runs; it does not compare regions. With `--anonymous`, unsigned requests are
+//! served too ([`Anyone`]): how a client of Google Cloud Storage's XML API (the same REST
+//! protocol) calls an emulator, with authentication turned off.
 
 use http::{HeaderMap, Uri};
 use s3s::access::{S3Access, S3AccessContext};
@@ -34,6 +36,17 @@ impl S3Access for SignedForRegion {
             )),
             _ => Ok(()),
         }
+    }
+}
+
+/// The access policy of `--anonymous`: every request, signed (and verified) or not.
+#[derive(Debug)]
+pub struct Anyone;
+
+#[async_trait::async_trait]
+impl S3Access for Anyone {
+    async fn check(&self, _cx: &mut S3AccessContext<'_>) -> S3Result<()> {
+        Ok(())
     }
 }
 

@@ -8,14 +8,16 @@ use std::path::PathBuf;
 pub const USAGE: &str = "\
 usage: fastensor-s3-server --root DIR [--listen 127.0.0.1:0] [--access-key fastensor]
                            [--secret-key fastensor-secret] [--region us-east-1]
-                           [--bandwidth BYTES_PER_SECOND]
+                           [--bandwidth BYTES_PER_SECOND] [--anonymous]
 
 A local S3-compatible server with fault injection, for tests and benchmarks only.
 Serves DIR (each subdirectory is a bucket; DIR is created if missing), path-style, SigV4
 signed with the given keys. Prints `http://ADDR:PORT` on one line once listening, then
 serves until SIGTERM or SIGINT. Faults are controlled over HTTP at /_faults (see README).
 With --bandwidth, all response bodies together go out at most that fast (a shared
-storage or network bottleneck); GET /_faults reports the body bytes sent.";
+storage or network bottleneck); GET /_faults reports the body bytes sent. With
+--anonymous, unsigned requests are served too: Google Cloud Storage's XML API (the same
+REST protocol) as a GCS client speaks it to an emulator, with no credentials.";
 
 /// The server's settings.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -32,6 +34,8 @@ pub struct Args {
     pub region: String,
     /// Bytes a second for all response bodies together (`None`: unpaced).
     pub bandwidth: Option<u64>,
+    /// Unsigned requests are served too.
+    pub anonymous: bool,
 }
 
 /// Why the command line was not accepted.
@@ -58,6 +62,7 @@ impl Args {
         let mut secret_key = "fastensor-secret".to_owned();
         let mut region = "us-east-1".to_owned();
         let mut bandwidth = None;
+        let mut anonymous = false;
 
         let mut args = args.into_iter();
         while let Some(arg) = args.next() {
@@ -66,6 +71,10 @@ impl Args {
                 .map_err(|a| invalid(format!("not a flag: {a:?}")))?;
             if arg == "-h" || arg == "--help" {
                 return Err(ArgsError::Help);
+            }
+            if arg == "--anonymous" {
+                anonymous = true;
+                continue;
             }
             let (flag, inline) = match arg.split_once('=') {
                 Some((flag, value)) if flag.starts_with("--") => {
@@ -119,6 +128,7 @@ impl Args {
             secret_key,
             region,
             bandwidth,
+            anonymous,
         })
     }
 }

@@ -40,6 +40,8 @@ pub struct FaultLayer {
     s3: S3Service,
     faults: Arc<FaultState>,
     meter: Arc<Meter>,
+    /// `--anonymous`: a bearer token (a GCS client's OAuth header) is dropped, not verified.
+    anonymous: bool,
 }
 
 /// The error that makes hyper close the connection without answering (the `drop` fault).
@@ -80,7 +82,15 @@ impl FaultLayer {
             s3,
             faults: Arc::default(),
             meter: Arc::new(meter),
+            anonymous: false,
         }
+    }
+
+    /// Serves unauthenticated clients of GCS's XML API too: their `Authorization: Bearer`
+    /// header (an OAuth token, empty for an emulator) is dropped before s3s sees it.
+    pub fn anonymous(mut self, on: bool) -> Self {
+        self.anonymous = on;
+        self
     }
 
     /// Handles one request. An `Err` makes hyper close the connection without a response
@@ -92,7 +102,17 @@ impl FaultLayer {
         self.handle(req).await.map_err(CloseConnection)
     }
 
-    async fn handle(&self, req: Request<Incoming>) -> Result<Response<Body>, StdError> {
+    async fn handle(&self, mut req: Request<Incoming>) -> Result<Response<Body>, StdError> {
+        if self.anonymous {
+            let bearer = req
+                .headers()
+                .get(http::header::AUTHORIZATION)
+                .and_then(|v| v.to_str().ok())
+                .is_some_and(|v| v.starts_with("Bearer"));
+            if bearer {
+                req.headers_mut().remove(http::header::AUTHORIZATION);
+            }
+        }
         let path = req.uri().path();
         if path == FAULTS_PATH || path.starts_with("/_faults/") {
             return Ok(self.control(req).await);

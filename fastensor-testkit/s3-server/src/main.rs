@@ -27,7 +27,7 @@ use s3s::service::S3ServiceBuilder;
 use tokio::net::TcpListener;
 use tokio::signal::unix::{signal, SignalKind};
 
-use crate::access::SignedForRegion;
+use crate::access::{Anyone, SignedForRegion};
 use crate::args::{Args, ArgsError, USAGE};
 use crate::layer::FaultLayer;
 
@@ -75,11 +75,15 @@ async fn serve(args: Args) -> Result<(), String> {
     let s3 = {
         let mut builder = S3ServiceBuilder::new(fs);
         builder.set_auth(SimpleAuth::from_single(args.access_key, args.secret_key));
-        builder.set_access(SignedForRegion::new(args.region));
+        if args.anonymous {
+            builder.set_access(Anyone);
+        } else {
+            builder.set_access(SignedForRegion::new(args.region));
+        }
         builder.build()
     };
     let bandwidth = args.bandwidth;
-    let layer = FaultLayer::new(s3, meter::Meter::new(bandwidth));
+    let layer = FaultLayer::new(s3, meter::Meter::new(bandwidth)).anonymous(args.anonymous);
 
     let listener = TcpListener::bind(args.listen)
         .await
