@@ -17,7 +17,10 @@ Loads: fastensor ``load_file("s3://...")``; Run:ai's streamer (``runai-model-str
 ``safetensors.torch.load`` of the bytes; the raw ranged-GET limit. Through the local cache
 of remote checkpoints (``FASTENSOR_CACHE_DIR``): a load whose version is cached (one HEAD,
 then the local copy), against ``load_file`` of the same file on the local disk; and a load
-that fetches into an empty cache. Saves: fastensor
+that fetches into an empty cache. The other clouds: ``load_file("gs://...")`` against the
+same server answering GCS's XML API (``--anonymous``), and ``load_file("az://...")``
+against Azurite (where ``FASTENSOR_AZURITE`` names its ``azurite-blob``): emulators, so
+these say what the client path costs on the loopback, not what a cloud gives. Saves: fastensor
 ``save_file("s3://...")``; ``safetensors.torch.save`` then boto3's ``upload_fileobj``; the raw
 multipart limit.
 
@@ -52,6 +55,8 @@ SUBJECTS = subjects(
         "local file": "load_file of the same file on the local disk (what `cached` is held to)",
         "cache miss": "load_file('s3://...') with an empty FASTENSOR_CACHE_DIR: fetched, then"
         " loaded from the local copy",
+        "gs://": "load_file('gs://...'), the same server answering GCS's XML API",
+        "az://": "load_file('az://...'), Azurite (Azure's emulator, Node.js)",
         "runai": "runai_model_streamer SafetensorsStreamer, tensors cloned into a dict",
         "boto3+safetensors": "boto3 download_fileobj, then safetensors.torch.load",
         "raw GET limit": "parallel ranged GETs (8 MiB, 16 in flight), each copied into its"
@@ -110,6 +115,10 @@ def loader(subject: str):
         import fastensor.torch as ft
 
         return lambda: ft.load_file(MODEL)
+    if subject in ("gs://", "az://"):
+        import fastensor.torch as ft
+
+        return lambda: ft.load_file(f"{subject}ckpt/model.safetensors")
     if subject == "local file":
         import fastensor.torch as ft
 
@@ -202,6 +211,13 @@ def report(times: dict[str, list[float]], args, cache: str, size: int, missing: 
     lines += ["", "Raw times (s):", ""]
     for name, ts in times.items():
         lines.append(f"- {name}: {', '.join(f'{t:.3f}' for t in ts)}")
+    for store in ("gs://", "az://"):
+        if store in times:
+            lines += [
+                "",
+                f"{store} against s3:// (per round): "
+                f"{fmt_ratio(ratios(store, 'fastensor.load_file'))} (s3 time / {store} time)",
+            ]
     if "cached" in times:
         lines += [
             "",
@@ -232,6 +248,13 @@ def main() -> None:
         raise SystemExit("--server and --limit (or FASTENSOR_S3_SERVER, FASTENSOR_S3_LIMIT)")
     root = _util.scratch("fastensor-objects-", args.dir)
     proc, endpoint = start_server(args.server, root)
+    # The other clouds' emulators (tests/_s3.py: the same server for GCS, Azurite).
+    sys.path.insert(0, str(HERE.parent / "tests"))
+    from _s3 import Azurite, S3Server
+
+    clouds: list = [S3Server(args.server, root / "gs", anonymous=True)]
+    if os.environ.get("FASTENSOR_AZURITE"):
+        clouds.append(Azurite(os.environ["FASTENSOR_AZURITE"], root / "az"))
     env = dict(
         os.environ,
         FASTENSOR_PROFILE="",
@@ -257,6 +280,10 @@ def main() -> None:
         env["FASTENSOR_BENCH_LOCAL"] = str(root / "local/model.safetensors")
         env["FASTENSOR_BENCH_CACHE"] = str(root / "cache")
         ft.load_file(MODEL, engine=fastensor.Engine(cache_dir=root / "cache"))
+        for store in clouds:
+            env.update(store.env())
+            os.environ.update(store.env())
+            ft.save_file(sd, store.url("model.safetensors"))
         del sd
         missing = []
         names = list(SUBJECTS)
@@ -268,6 +295,9 @@ def main() -> None:
                 missing.append(name)
         if "boto3" in missing:
             names.remove("safetensors+boto3")
+        if len(clouds) < 2:
+            names.remove("az://")
+            missing.append("az:// (FASTENSOR_AZURITE unset)")
         times: dict[str, list[float]] = {n: [] for n in names}
         cache = ""
         for r, order in interleaved(names, args.rounds, seed=7):
@@ -280,6 +310,8 @@ def main() -> None:
         print(text)
         write_report(args.out, text)
     finally:
+        for store in clouds:
+            store.stop()
         proc.terminate()
         proc.wait()
         shutil.rmtree(root, ignore_errors=True)
