@@ -35,18 +35,16 @@ pub(crate) struct Settings<K> {
 /// The GCS client's settings (see the module documentation).
 pub(crate) fn gcs(var: &dyn Fn(&str) -> Option<String>) -> Result<Settings<GoogleConfigKey>> {
     let mut keys = Vec::new();
-    for name in [
-        "GOOGLE_SERVICE_ACCOUNT",
-        "GOOGLE_SERVICE_ACCOUNT_PATH",
-        "GOOGLE_SERVICE_ACCOUNT_KEY",
-        "GOOGLE_APPLICATION_CREDENTIALS",
-    ] {
-        if let Some(v) = var(name).filter(|v| !v.is_empty()) {
-            let key = GoogleConfigKey::from_str(&name.to_ascii_lowercase())
-                .map_err(|e| Error::new(ErrorKind::InvalidInput, format!("{name}: {e}")))?;
-            keys.push((key, v));
-        }
-    }
+    set_from(
+        var,
+        &[
+            "GOOGLE_SERVICE_ACCOUNT",
+            "GOOGLE_SERVICE_ACCOUNT_PATH",
+            "GOOGLE_SERVICE_ACCOUNT_KEY",
+            "GOOGLE_APPLICATION_CREDENTIALS",
+        ],
+        &mut keys,
+    )?;
     let mut http = false;
     if let Some(host) = var("STORAGE_EMULATOR_HOST").filter(|v| !v.trim().is_empty()) {
         let host = host.trim().trim_end_matches('/');
@@ -75,35 +73,53 @@ pub(crate) fn azure(var: &dyn Fn(&str) -> Option<String>) -> Result<Settings<Azu
     if let Some(cs) = var("AZURE_STORAGE_CONNECTION_STRING").filter(|v| !v.trim().is_empty()) {
         keys = connection_string(&cs)?;
     }
-    for name in [
-        "AZURE_STORAGE_ACCOUNT_NAME",
-        "AZURE_STORAGE_ACCOUNT_KEY",
-        "AZURE_STORAGE_ACCESS_KEY",
-        "AZURE_STORAGE_SAS_KEY",
-        "AZURE_STORAGE_SAS_TOKEN",
-        "AZURE_STORAGE_TOKEN",
-        "AZURE_STORAGE_ENDPOINT",
-        "AZURE_STORAGE_USE_EMULATOR",
-        "AZURE_CLIENT_ID",
-        "AZURE_CLIENT_SECRET",
-        "AZURE_TENANT_ID",
-        "AZURE_AUTHORITY_HOST",
-        "AZURE_FEDERATED_TOKEN_FILE",
-        "AZURE_MSI_ENDPOINT",
-        "AZURE_USE_AZURE_CLI",
-        "AZURE_SKIP_SIGNATURE",
-    ] {
+    set_from(
+        var,
+        &[
+            "AZURE_STORAGE_ACCOUNT_NAME",
+            "AZURE_STORAGE_ACCOUNT_KEY",
+            "AZURE_STORAGE_ACCESS_KEY",
+            "AZURE_STORAGE_SAS_KEY",
+            "AZURE_STORAGE_SAS_TOKEN",
+            "AZURE_STORAGE_TOKEN",
+            "AZURE_STORAGE_ENDPOINT",
+            "AZURE_STORAGE_USE_EMULATOR",
+            "AZURE_CLIENT_ID",
+            "AZURE_CLIENT_SECRET",
+            "AZURE_TENANT_ID",
+            "AZURE_AUTHORITY_HOST",
+            "AZURE_FEDERATED_TOKEN_FILE",
+            "AZURE_MSI_ENDPOINT",
+            "AZURE_USE_AZURE_CLI",
+            "AZURE_SKIP_SIGNATURE",
+        ],
+        &mut keys,
+    )?;
+    let http = keys
+        .iter()
+        .any(|(k, v)| *k == AzureConfigKey::Endpoint && v.starts_with("http://"));
+    Ok(Settings { keys, http })
+}
+
+/// Each variable of `names` that is set, as the client's setting of that name (lowercased),
+/// in place of an earlier value of the same setting in `keys`.
+fn set_from<K: FromStr + PartialEq>(
+    var: &dyn Fn(&str) -> Option<String>,
+    names: &[&str],
+    keys: &mut Vec<(K, String)>,
+) -> Result<()>
+where
+    K::Err: std::fmt::Display,
+{
+    for name in names {
         if let Some(v) = var(name).filter(|v| !v.is_empty()) {
-            let key = AzureConfigKey::from_str(&name.to_ascii_lowercase())
+            let key = K::from_str(&name.to_ascii_lowercase())
                 .map_err(|e| Error::new(ErrorKind::InvalidInput, format!("{name}: {e}")))?;
             keys.retain(|(k, _)| *k != key);
             keys.push((key, v));
         }
     }
-    let http = keys
-        .iter()
-        .any(|(k, v)| *k == AzureConfigKey::Endpoint && v.starts_with("http://"));
-    Ok(Settings { keys, http })
+    Ok(())
 }
 
 /// An Azure storage connection string's settings.

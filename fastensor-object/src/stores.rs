@@ -130,52 +130,46 @@ impl ObjectStores {
             .with_source(e)
         };
         let named = |e: fastensor_core::Error| e.with_path(path);
+        // Each builder takes its settings, the HTTP options and the retries the same way.
+        macro_rules! built {
+            ($builder:expr, $keys:expr, $http:expr) => {{
+                let mut builder = $builder;
+                for (key, value) in $keys {
+                    builder = builder.with_config(key, value);
+                }
+                let store = builder
+                    .with_client_options(self.client_options($http))
+                    .with_retry(self.retry())
+                    .build()
+                    .map_err(refused)?;
+                Ok(Arc::new(store) as Arc<dyn Store>)
+            }};
+        }
         match url.scheme {
             "gs" => {
-                let settings = crate::clouds::gcs(&*self.vars).map_err(named)?;
-                let mut builder = GoogleCloudStorageBuilder::new().with_bucket_name(url.bucket);
-                for (key, value) in settings.keys {
-                    builder = builder.with_config(key, value);
-                }
-                let store = builder
-                    .with_client_options(self.client_options(settings.http))
-                    .with_retry(self.retry())
-                    .build()
-                    .map_err(refused)?;
-                Ok(Arc::new(store))
+                let s = crate::clouds::gcs(&*self.vars).map_err(named)?;
+                let builder = GoogleCloudStorageBuilder::new().with_bucket_name(url.bucket);
+                built!(builder, s.keys, s.http)
             }
             "az" => {
-                let settings = crate::clouds::azure(&*self.vars).map_err(named)?;
-                let mut builder = MicrosoftAzureBuilder::new().with_container_name(url.bucket);
-                for (key, value) in settings.keys {
-                    builder = builder.with_config(key, value);
-                }
-                let store = builder
-                    .with_client_options(self.client_options(settings.http))
-                    .with_retry(self.retry())
-                    .build()
-                    .map_err(refused)?;
-                Ok(Arc::new(store))
+                let s = crate::clouds::azure(&*self.vars).map_err(named)?;
+                let builder = MicrosoftAzureBuilder::new().with_container_name(url.bucket);
+                built!(builder, s.keys, s.http)
             }
             _ => {
                 let settings = crate::profile::settings(&*self.vars).map_err(named)?;
-                let mut builder = AmazonS3Builder::new().with_bucket_name(url.bucket);
-                let mut http = false;
-                for (key, value) in settings {
-                    let Ok(key) = AmazonS3ConfigKey::from_str(&key) else {
-                        continue;
-                    };
-                    if key == AmazonS3ConfigKey::Endpoint {
-                        http = value.starts_with("http://");
-                    }
-                    builder = builder.with_config(key, value);
-                }
-                let store = builder
-                    .with_client_options(self.client_options(http))
-                    .with_retry(self.retry())
-                    .build()
-                    .map_err(refused)?;
-                Ok(Arc::new(store))
+                let keys: Vec<(AmazonS3ConfigKey, String)> = settings
+                    .into_iter()
+                    .filter_map(|(k, v)| Some((AmazonS3ConfigKey::from_str(&k).ok()?, v)))
+                    .collect();
+                let http = keys
+                    .iter()
+                    .any(|(k, v)| *k == AmazonS3ConfigKey::Endpoint && v.starts_with("http://"));
+                built!(
+                    AmazonS3Builder::new().with_bucket_name(url.bucket),
+                    keys,
+                    http
+                )
             }
         }
     }

@@ -6,7 +6,6 @@ store (``server``'s parameter)."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
@@ -17,39 +16,12 @@ import fastensor
 import fastensor.torch as ft
 import pytest
 import torch
-from _s3 import BUCKET, Azurite, S3Server, azurite_binary, server_binary, serving
+from _s3 import BUCKET, server_binary
 from fastensor import _native
 
 pytestmark = pytest.mark.skipif(
     server_binary() is None, reason="no S3 server (FASTENSOR_S3_SERVER unset)"
 )
-
-
-@pytest.fixture(scope="module")
-def stores(tmp_path_factory):
-    """Every store's server, with the process environment pointing its clients at it."""
-    with contextlib.ExitStack() as stack:
-        out = {
-            "s3": stack.enter_context(S3Server.in_environment(tmp_path_factory.mktemp("s3"))),
-            "gs": stack.enter_context(
-                S3Server.in_environment(tmp_path_factory.mktemp("gs"), anonymous=True)
-            ),
-        }
-        azurite = azurite_binary()
-        if azurite:
-            root = tmp_path_factory.mktemp("az")
-            out["az"] = stack.enter_context(serving(Azurite(azurite, root)))
-        yield out
-
-
-@pytest.fixture(params=["s3", "gs", "az"])
-def server(request, stores):
-    if request.param not in stores:
-        pytest.skip("no Azurite (FASTENSOR_AZURITE unset)")
-    store = stores[request.param]
-    store.clear()
-    yield store
-    store.clear()
 
 
 def needs_faults(server) -> None:
