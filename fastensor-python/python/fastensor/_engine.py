@@ -42,11 +42,11 @@ class Engine:
             place then shows through the tensors and a truncation makes a read of them
             raise ``SIGBUS``, as with every mmap-based loader (default: no; such a load
             reads the file into memory of its own).
-        cache_dir: a directory on a local SSD where remote checkpoints (``s3://``) are kept
-            once loaded: each load asks the server for the object's current version (one
-            HEAD) and loads the local copy of that version, fetching it first where it is
-            missing (published whole, atomically; processes loading the same object fetch
-            it once). A replaced object is fetched again, never served stale. Default:
+        cache_dir: a directory on a local SSD where remote checkpoints (``s3://``, ``gs://``,
+            ``az://``) are kept once loaded: each load asks the server for the object's
+            current version (one HEAD) and loads the local copy of that version, fetching it
+            first where it is missing (published whole, atomically; processes loading the
+            same object fetch it once). A replaced object is fetched again, never served stale. Default:
             ``$FASTENSOR_CACHE_DIR``, else no cache.
         cache_max_bytes: the most bytes the cache keeps (least recently used copies go
             first); default a quarter of its file system (``$FASTENSOR_CACHE_MAX_BYTES``
