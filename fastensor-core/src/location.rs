@@ -84,12 +84,19 @@ mod tests {
             })
         );
         assert!(matches!(url("s3://bucket"), Location::Object(u) if u.key.is_empty()));
+        for (text, scheme) in [("gs://b/k", "gs"), ("az://c/k", "az")] {
+            assert!(
+                matches!(url(text), Location::Object(u) if u.scheme == scheme && u.key == "k"),
+                "{text}"
+            );
+        }
         for file in [
             "/tmp/s3://x",
             "s3:/b/k",
             "s3:///k",
             "./s3://b/k",
-            "gs://b/k",
+            "hdfs://b/k",
+            "abfs://c/k",
             "model",
         ] {
             assert!(matches!(url(file), Location::File(_)), "{file}");

@@ -186,9 +186,10 @@ impl ObjectCache {
         Ok(Some((entry, CacheUse::Fetched)))
     }
 
-    /// Whether the complete entry `entry` of `len` bytes is there; marks it used.
+    /// Whether the complete entry `entry` of `len` bytes is there; marks it used (where
+    /// this process may: a cache of another user's is read, not touched).
     fn take(&self, entry: &Path, len: u64) -> Result<bool> {
-        match File::options().write(true).open(entry) {
+        match File::open(entry) {
             Ok(f) => {
                 let meta = f
                     .metadata()
