@@ -46,8 +46,8 @@ class Engine:
             ``az://``) are kept once loaded: each load asks the server for the object's
             current version (one HEAD) and loads the local copy of that version, fetching it
             first where it is missing (published whole, atomically; processes loading the
-            same object fetch it once). A replaced object is fetched again, never served stale. Default:
-            ``$FASTENSOR_CACHE_DIR``, else no cache.
+            same object fetch it once). A replaced object is fetched again, never served
+            stale. Default: ``$FASTENSOR_CACHE_DIR``, else no cache.
         cache_max_bytes: the most bytes the cache keeps (least recently used copies go
             first); default a quarter of its file system (``$FASTENSOR_CACHE_MAX_BYTES``
             sizes the cache ``$FASTENSOR_CACHE_DIR`` names).
