@@ -15,7 +15,7 @@
 //!   [`CheckpointFile`] and [`ShardedFile`] are its single-file and sharded faces.
 //! * [`serialize`] lays tensors out as a file in memory, as the `safetensors` crate does.
 //! * [`parse_header`] validates hostile input without panicking; every defect is an
-//!   [`ErrorKind::Corrupt`](fastensor_core::ErrorKind::Corrupt) error naming the file and the tensor.
+//!   [`fastensor_core::ErrorKind::Corrupt`] error naming the file and the tensor.
 //! * [`inspect`], [`rows`] and [`copy`] serve the command line.
 //!
 //! Files written by other tools (unaligned data sections) load too.

@@ -204,7 +204,7 @@ impl CheckpointSource {
         }
     }
 
-    /// Every tensor of [`tensors`](Self::tensors): its file's index, its header entry and
+    /// Every tensor of `tensors`: its file's index, its header entry and
     /// its absolute file range.
     pub fn entries(&self) -> Vec<(usize, &HeaderEntry, Range<u64>)> {
         self.tensors()
@@ -248,7 +248,7 @@ impl CheckpointSource {
     /// together; small host tensors next to each other are read together through a staging
     /// buffer. A read that would reach another file than the one opened (one renamed over
     /// the path since) fails with [`ErrorKind::Changed`]: bytes of two versions are never
-    /// mixed. On a source opened [`verifying`](Self::verifying), every tensor is checked.
+    /// mixed. On a source opened `verifying`, every tensor is checked.
     pub fn read_into(&self, mut targets: Vec<(&str, MemMut<'_>)>) -> Result<()> {
         self.fill(&mut targets)
     }
@@ -300,7 +300,7 @@ impl CheckpointSource {
     /// section, and the destination exactly the range's length; else
     /// [`ErrorKind::InvalidInput`] naming the file, before anything is read. All requests go
     /// out as one job per file, the files' in flight together. On a source opened
-    /// [`verifying`](Self::verifying), a request that is exactly one tensor's bytes is
+    /// `verifying`, a request that is exactly one tensor's bytes is
     /// checked against its checksum; parts of tensors cannot be checked.
     pub fn read_spans(&self, spans: Vec<(usize, Range<u64>, MemMut<'_>)>) -> Result<()> {
         let mut reqs = Vec::with_capacity(spans.len());

@@ -4,7 +4,7 @@
 //! client of that cloud; what follows holds for the three (`docs/objects.md` says how the
 //! other two are configured), and [`ObjectCache`] keeps local copies of what is loaded.
 //!
-//! [`ObjectStores`] is a [`FileOpener`] for object URLs (see
+//! [`ObjectStores`] is a [`FileOpener`](fastensor_core::FileOpener) for object URLs (see
 //! [`fastensor_core::location`]): opening an object for reading asks the server for its
 //! size and ETag once (a HEAD), and every read after that is ranged GETs of
 //! [`ObjectConfig::request_bytes`] each, [`ObjectConfig::concurrency`] of them in flight per

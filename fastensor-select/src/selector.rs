@@ -259,7 +259,7 @@ impl Selector {
     }
 
     /// Records `obs` only when it shows `backend` far behind the context's leader (another
-    /// candidate): more than 4 times its median, as judged (see [`KeyState::adjust`]).
+    /// candidate): more than 4 times its median, as judged (see `KeyState::adjust`).
     /// Returns whether it was recorded. For measurements that are not fair samples of the
     /// backend but still tell a slow one: the reads of a path warming up in a stream pay
     /// for the switch (a readahead ramp costs up to 2-3 times a warm read), so only a cost

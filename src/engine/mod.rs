@@ -196,7 +196,7 @@ impl Engine {
     /// Opens `path`. `Create` and `Truncate` take effect once, here; the handles of the
     /// backends the transfers choose are opened later, when first needed, and kept.
     ///
-    /// An object URL (`s3://`) is [`ErrorKind::Unsupported`](fastensor_core::ErrorKind::Unsupported):
+    /// An object URL (`s3://`) is [`fastensor_core::ErrorKind::Unsupported`]:
     /// objects are opened through [`FileOpener::open_file`](fastensor_core::FileOpener::open_file)
     /// (what every checkpoint function does), which gives the object store's file.
     pub fn open(&self, path: &Path, mode: OpenMode) -> Result<EngineFile> {

@@ -41,7 +41,7 @@ impl fastensor_core::FileOpener for Engine {
         Ok(Box::new(file))
     }
 
-    /// The engine's file of the swap file, its transfers tagged [`Purpose::Offload`]
+    /// The engine's file of the swap file, its transfers tagged [`Purpose::Offload`](fastensor_core::Purpose::Offload)
     /// (`fastensor_core::Purpose`), pinned to `pin` or kept to the backends that bypass the
     /// page cache (where one can take it).
     fn open_swap(
@@ -72,7 +72,7 @@ impl fastensor_core::FileOpener for Engine {
     }
 
     /// An object URL (`s3://…`) is an object store's place; any other path, a local file
-    /// system's ([`resolve`]).
+    /// system's (`resolve`).
     fn place(&self, path: &Path) -> Place {
         place_of(path)
     }

@@ -26,7 +26,7 @@ pub(crate) fn from_knobs(knobs: &BTreeMap<String, BTreeMap<String, String>>) -> 
         .find(|p| p.as_str() == value)
 }
 
-/// What [`measure`] found: the median time of a cold load of the same checkpoint each way.
+/// What `measure` found: the median time of a cold load of the same checkpoint each way.
 #[derive(Debug, Clone)]
 pub struct NewLoadsMeasured {
     /// Bytes of the checkpoint loaded.
@@ -36,7 +36,7 @@ pub struct NewLoadsMeasured {
     pub mapped: Option<Duration>,
     /// Read into fresh memory.
     pub read: Duration,
-    /// The winner: reading only when it is faster by more than [`READ_MARGIN`].
+    /// The winner: reading only when it is faster by more than `READ_MARGIN`.
     pub choice: NewLoads,
 }
 

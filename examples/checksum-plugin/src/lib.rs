@@ -2,7 +2,7 @@
 //! the registry with [`fastensor_core::register_backend!`].
 //!
 //! [`ChecksumBackend`] wraps another backend (by default `posix`) as a
-//! [`LayeredBackend`](fastensor_core::LayeredBackend): it writes only the methods it changes,
+//! [`fastensor_core::LayeredBackend`]: it writes only the methods it changes,
 //! the rest forward to the inner backend. It keeps a CRC-32 of every range written through
 //! it. Reads are checked against those checksums: a read that covers a recorded range whole
 //! recomputes its checksum, and a mismatch (the file changed behind the backend's back, or

@@ -240,7 +240,7 @@ pub fn disk_limit(path: &Path, bytes: u64) -> Result<DiskLimit> {
     })
 }
 
-/// Faults in `buf` (see [`super::arena::fault_in`]), split between `threads` threads.
+/// Faults in `buf` (as the checkpoint arena does), split between `threads` threads.
 fn fault_in_pages(buf: &mut [u8], threads: usize) -> Result<()> {
     let per = buf.len().div_ceil(threads.max(1)).max(1);
     let parts: Vec<&mut [u8]> = buf.chunks_mut(per).collect();

@@ -170,8 +170,9 @@ impl HostBuffer {
 
     /// A zeroed buffer of `len` bytes (page-aligned) in an anonymous mapping of its own,
     /// whatever its size: its pages are faulted in on first use, and the mapping can be
-    /// handed over whole ([`HostBuffer::into_mapping`]). From [`HUGE_PAGE_THRESHOLD`] on it
-    /// starts on a huge page and asks for transparent huge pages, as large buffers do.
+    /// moved into another mapping whole ([`HostBuffer::take_pages`]) or split
+    /// ([`HostBuffer::split_off`]). From 2 MiB (a huge page) on it starts on a huge page
+    /// and asks for transparent huge pages, as large buffers do.
     pub fn mapped_pages(len: usize) -> Result<Self> {
         if len == 0 {
             return Self::new(0);
