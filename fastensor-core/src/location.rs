@@ -7,7 +7,7 @@
 use std::path::Path;
 
 /// The URL schemes of object storage understood as object locations.
-pub const OBJECT_SCHEMES: &[&str] = &["s3", "gs", "az"];
+pub const OBJECT_SCHEMES: &[&str] = &["s3", "gs", "az", "abfs", "abfss"];
 
 /// A location given as a path: a local file, or an object.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -84,7 +84,11 @@ mod tests {
             })
         );
         assert!(matches!(url("s3://bucket"), Location::Object(u) if u.key.is_empty()));
-        for (text, scheme) in [("gs://b/k", "gs"), ("az://c/k", "az")] {
+        for (text, scheme) in [
+            ("gs://b/k", "gs"),
+            ("az://c/k", "az"),
+            ("abfs://c@a.dfs.x/k", "abfs"),
+        ] {
             assert!(
                 matches!(url(text), Location::Object(u) if u.scheme == scheme && u.key == "k"),
                 "{text}"
@@ -96,7 +100,6 @@ mod tests {
             "s3:///k",
             "./s3://b/k",
             "hdfs://b/k",
-            "abfs://c/k",
             "model",
         ] {
             assert!(matches!(url(file), Location::File(_)), "{file}");

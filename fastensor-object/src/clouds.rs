@@ -122,6 +122,15 @@ where
     Ok(())
 }
 
+/// The container and the account of an `abfs://` URL's authority
+/// (`container@account.dfs.core.windows.net`, or any host whose first label is the
+/// account); `None` when it names no container or no account.
+pub(crate) fn abfs_authority(authority: &str) -> Option<(&str, &str)> {
+    let (container, host) = authority.split_once('@')?;
+    let account = host.split('.').next()?;
+    (!container.is_empty() && !account.is_empty()).then_some((container, account))
+}
+
 /// An Azure storage connection string's settings.
 fn connection_string(cs: &str) -> Result<Vec<(AzureConfigKey, String)>> {
     let bad = |why: String| {
@@ -240,6 +249,17 @@ mod tests {
             AzureConfigKey::Endpoint,
             "https://acct.blob.core.windows.net".into()
         )));
+    }
+
+    #[test]
+    fn an_abfs_authority_names_the_container_and_the_account() {
+        assert_eq!(
+            abfs_authority("ckpt@acct.dfs.core.windows.net"),
+            Some(("ckpt", "acct"))
+        );
+        for bad in ["ckpt", "@acct.dfs.core.windows.net", "ckpt@"] {
+            assert_eq!(abfs_authority(bad), None, "{bad}");
+        }
     }
 
     #[test]

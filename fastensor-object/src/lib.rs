@@ -1,5 +1,6 @@
 //! Checkpoints in object storage: S3 and S3-compatible servers (`s3://bucket/key`), Google
-//! Cloud Storage (`gs://bucket/key`) and Azure Blob Storage (`az://container/key`) as a
+//! Cloud Storage (`gs://bucket/key`) and Azure Blob Storage (`az://container/key`, or
+//! `abfs[s]://container@account.dfs.core.windows.net/key`) as a
 //! source and destination of fastensor's checkpoint code, each through `object_store`'s
 //! client of that cloud; what follows holds for the three (`docs/objects.md` says how the
 //! other two are configured), and [`ObjectCache`] keeps local copies of what is loaded.
@@ -67,7 +68,11 @@ pub const BACKEND: &str = "s3";
 pub fn backend_of(url: &std::path::Path) -> &'static str {
     match fastensor_core::location::Location::of(url) {
         fastensor_core::location::Location::Object(u) if u.scheme == "gs" => "gcs",
-        fastensor_core::location::Location::Object(u) if u.scheme == "az" => "azure",
+        fastensor_core::location::Location::Object(u)
+            if matches!(u.scheme, "az" | "abfs" | "abfss") =>
+        {
+            "azure"
+        }
         _ => BACKEND,
     }
 }

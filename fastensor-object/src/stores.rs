@@ -156,6 +156,26 @@ impl ObjectStores {
                 let builder = MicrosoftAzureBuilder::new().with_container_name(url.bucket);
                 built!(builder, s.keys, s.http)
             }
+            "abfs" | "abfss" => {
+                // `container@account.dfs.core.windows.net`: the URL names the account too.
+                let (container, account) =
+                    crate::clouds::abfs_authority(url.bucket).ok_or_else(|| {
+                        about(
+                            ErrorKind::InvalidInput,
+                            "an abfs:// URL names `container@account.dfs.core.windows.net`",
+                            path,
+                        )
+                    })?;
+                let mut s = crate::clouds::azure(&*self.vars).map_err(named)?;
+                s.keys
+                    .retain(|(k, _)| *k != object_store::azure::AzureConfigKey::AccountName);
+                s.keys.push((
+                    object_store::azure::AzureConfigKey::AccountName,
+                    account.to_string(),
+                ));
+                let builder = MicrosoftAzureBuilder::new().with_container_name(container);
+                built!(builder, s.keys, s.http)
+            }
             _ => {
                 let settings = crate::profile::settings(&*self.vars).map_err(named)?;
                 let keys: Vec<(AmazonS3ConfigKey, String)> = settings

@@ -16,7 +16,7 @@ import fastensor
 import fastensor.torch as ft
 import pytest
 import torch
-from _s3 import BUCKET, server_binary
+from _s3 import AZ_ACCOUNT, BUCKET, server_binary
 from fastensor import _native
 
 pytestmark = pytest.mark.skipif(
@@ -379,3 +379,22 @@ print("parent done")
     )
     assert out.returncode == 0, out.stderr
     assert "parent done" in out.stdout
+
+
+def test_abfs_urls_name_the_blobs_az_urls_name(object_stores):
+    """``abfs://container@account.dfs.core.windows.net/key`` (Azure Data Lake's spelling,
+    the account in the URL) reaches the same blobs as ``az://container/key``."""
+    if "az" not in object_stores:
+        pytest.skip("no Azurite (FASTENSOR_AZURITE unset)")
+    az = object_stores["az"]
+
+    def abfs(key: str) -> str:
+        return f"abfs://{BUCKET}@{AZ_ACCOUNT}.dfs.core.windows.net/{key}"
+
+    t = tensors()
+    ft.save_file(t, az.url("abfs/m.safetensors"))
+    assert_equal(ft.load_file(abfs("abfs/m.safetensors")), t)
+    ft.save_sharded(t, abfs("abfs/sharded"), max_shard_size="5MB")
+    assert_equal(ft.load_sharded(az.url("abfs/sharded")), t)
+    with pytest.raises(ValueError, match="container@account"):
+        ft.load_file("abfs://no-account/m.safetensors")
