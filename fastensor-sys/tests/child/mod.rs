@@ -2,7 +2,6 @@
 //! [`wait`] for it with a deadline. Shared by `fastensor-sys/tests/fork.rs` and the root
 //! crate's `tests/fork.rs`, which includes this file by path.
 
-use std::sync::mpsc;
 use std::time::Instant;
 
 /// Forks a child that runs `work` and leaves with `_exit`, never returning into the test
@@ -32,40 +31,38 @@ pub fn fork(work: impl FnOnce() -> Result<(), String>) -> libc::pid_t {
 /// Waits for the child `pid` until `deadline` and reaps it: its exit code, or `Err` when a
 /// signal ended it or it had not exited by then (it is then killed).
 ///
-/// A thread blocks until the child has exited without reaping it (`WNOWAIT`), so the child
-/// stays this process's to kill until the wait below reaps it.
+/// Polls on the calling thread (`WNOHANG`), starting no thread: a thread of this process
+/// that starts or exits while the next test forks holds the standard library's lock of
+/// thread records, which then stays held in that child, whose own first thread would wait
+/// for it forever (a hang of the test's making, not of the code under test).
 pub fn wait(pid: libc::pid_t, deadline: Instant) -> Result<i32, String> {
-    let (exited_tx, exited) = mpsc::channel();
-    std::thread::spawn(move || {
+    let hung = loop {
         // SAFETY: an all-zero `siginfo_t` is a valid value of the plain C struct.
         let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
-        // SAFETY: `info` is valid for writes; `pid` is a child of this process.
+        // SAFETY: `info` is valid for writes; `pid` is a child of this process. `WNOWAIT`
+        // leaves it unreaped (still this process's to kill) until the wait below.
         let r = unsafe {
             libc::waitid(
                 libc::P_PID,
                 pid as libc::id_t,
                 &mut info,
-                libc::WEXITED | libc::WNOWAIT,
+                libc::WEXITED | libc::WNOWAIT | libc::WNOHANG,
             )
         };
-        let _ = exited_tx.send(if r == 0 {
-            Ok(())
-        } else {
-            Err(std::io::Error::last_os_error())
-        });
-    });
-    let timeout = deadline.saturating_duration_since(Instant::now());
-    let hung = match exited.recv_timeout(timeout) {
-        Ok(r) => {
-            r.map_err(|e| format!("waitid: {e}"))?;
-            false
+        if r != 0 {
+            return Err(format!("waitid: {}", std::io::Error::last_os_error()));
         }
-        Err(_) => {
+        // SAFETY: `waitid` filled `info`; `si_pid` is 0 while no child has changed state.
+        if unsafe { info.si_pid() } != 0 {
+            break false;
+        }
+        if Instant::now() >= deadline {
             // SAFETY: `pid` is this process's child, not yet reaped (only the wait below
             // reaps it).
             unsafe { libc::kill(pid, libc::SIGKILL) };
-            true
+            break true;
         }
+        std::thread::sleep(std::time::Duration::from_millis(5));
     };
     let mut status = 0;
     // SAFETY: `status` is a valid out-pointer; `pid` is a child of this process, exited or
