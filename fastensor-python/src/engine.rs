@@ -228,11 +228,17 @@ impl PyEngine {
                 let mut b = Engine::builder()
                     .mapped_loads(mapped_loads)
                     .unprotected_maps(unprotected_maps);
-                if let Some(dir) = cache_dir {
-                    b = b.object_cache(Some(fastensor::object::ObjectCache::new(
-                        dir,
-                        cache_max_bytes,
-                    )?));
+                match (cache_dir, cache_max_bytes) {
+                    (Some(dir), max) => {
+                        b = b.object_cache(Some(fastensor::object::ObjectCache::new(dir, max)?));
+                    }
+                    (None, Some(_)) => {
+                        return Err(fastensor::Error::new(
+                            fastensor::ErrorKind::InvalidInput,
+                            "cache_max_bytes needs cache_dir",
+                        ));
+                    }
+                    (None, None) => {}
                 }
                 if let Some(names) = backends {
                     b = b.backends(names);

@@ -8,7 +8,6 @@ import threading
 import warnings
 
 from . import _native
-from .errors import _invalid
 
 __all__ = ["Engine", "default_engine", "backends", "Backend"]
 
@@ -71,8 +70,6 @@ class Engine:
     ) -> None:
         if profile is not None:
             profile = os.fspath(profile)
-        if cache_dir is None and cache_max_bytes is not None:
-            raise _invalid("cache_max_bytes needs cache_dir")
         self._native = _native.Engine(
             backends=backends,
             profile=profile,
